@@ -1,0 +1,1 @@
+"""Shared plumbing for the mathrl algorithm files: env (tasks, verifiers), models (loading, generation), utils (numerics, distributed, logging)."""
