@@ -1,0 +1,566 @@
+"""Tasks, verifiers and a gym-like environment for RL on verifiable math.
+
+    env = make_env("gsm8k", split="train")            # or arithmetic, countdown, math
+    obs = env.reset()                                 # chat messages (or a plain prompt string)
+    obs, reward, done, info = env.step(response)      # info: correct, format_ok, pred, answer, steps
+    verify("gsm8k", response, "18")                   # the same grading as a pure function
+
+A task is one class registered with @register: how to load problems, how to turn a raw row into an
+example, and how to grade. MATH answers are graded by common/grader.py (LaTeX normalisation + sympy).
+Nothing here ever calls eval on model text: arithmetic goes through `safe_arith`, an AST whitelist.
+"""
+
+import ast
+import json
+import operator
+import random
+import re
+from fractions import Fraction
+from pathlib import Path
+
+from common.grader import last_boxed, math_equal
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+
+# ---------------------------------------------------------------------------------------------------
+# Safe arithmetic and number extraction
+
+
+_ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_MAX_ARITH_LEN = 300  # calculator expressions are short; the cap also bounds the AST depth
+_MAX_VALUE = 10**100
+
+
+def safe_arith(expr: str) -> Fraction | None:
+    """Exact value of an arithmetic expression with + - * / ( ) and decimal numbers, else None.
+
+    The expression is parsed with `ast` and only whitelisted nodes are walked: no names, calls,
+    attributes or `**`, so `__import__('os')` is simply not arithmetic. Division by zero, over-long
+    input and values beyond 1e100 also give None.
+    """
+    expr = expr.replace("×", "*").replace("÷", "/").replace("−", "-").strip()
+    if len(expr) > _MAX_ARITH_LEN:
+        return None
+    try:
+        return _arith(ast.parse(expr, mode="eval").body, expr)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+        return None
+
+
+def _arith(node: ast.AST, src: str) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        text = ast.get_source_segment(src, node)
+        if not re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", text):  # Python also accepts 1e9, 0x1F, 1_000, 2j
+            raise ValueError(text)
+        return Fraction(text)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        value = _arith(node.operand, src)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
+        value = _ARITH_OPS[type(node.op)](_arith(node.left, src), _arith(node.right, src))
+        if abs(value.numerator) > _MAX_VALUE or value.denominator > _MAX_VALUE:
+            raise ValueError("too large")
+        return value
+    raise ValueError(f"not arithmetic: {type(node).__name__}")
+
+
+# 1,000 (thousands separators only), 18, 18.5, -3, .5; "18." matches as 18
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|-?\.\d+")
+_ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
+
+
+def to_number(s: str) -> Fraction | None:
+    """'1,000' -> 1000, '18.0' -> 18, '-.5' -> -1/2; None if s is not a plain number."""
+    s = s.strip().replace(",", "")
+    return Fraction(s) if re.fullmatch(r"-?(?:\d+(?:\.\d*)?|\.\d+)", s) and len(s) < 100 else None
+
+
+def extract_number(response: str) -> tuple[str | None, bool]:
+    """GSM8K-style answer: (number string without commas, format_ok).
+
+    The first marker present decides, in this order: the last \\boxed{} (which must hold one number,
+    after any "="), the last `#### N`, the last "The answer is N" (first number after it, same line),
+    else the last number in the text (format_ok False). A marker without a number gives None: an
+    empty box must not fall back to an earlier number, and a box listing candidates is no answer.
+    """
+    if "\\boxed" in response or "\\fbox" in response:
+        numbers, marked = _NUMBER.findall((last_boxed(response) or "").rsplit("=", 1)[-1]), True
+        numbers = numbers if len(numbers) == 1 else []
+    elif "####" in response:
+        numbers, marked = _NUMBER.findall(response.rsplit("####", 1)[1].split("\n")[0]), True
+    elif matches := list(_ANSWER_IS.finditer(response)):
+        numbers, marked = _NUMBER.findall(response[matches[-1].end() :].split("\n")[0]), True
+    else:
+        numbers, marked = _NUMBER.findall(response)[-1:], False
+    if not numbers:
+        return None, False
+    return numbers[0].replace(",", ""), marked
+
+
+def numbers_equal(pred: str | None, gold: str) -> bool:
+    """Numeric equality: 18 == 18.0 == 18. == 1,8 is not; 180, 1.8, 18.5 are not 18."""
+    a, b = (to_number(pred) if pred is not None else None), to_number(gold)
+    return a is not None and a == b
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tasks and the registry
+
+TASKS: dict[str, type["Task"]] = {}
+
+
+def register(cls):
+    """Class decorator: adding a task is one registered Task subclass."""
+    TASKS[cls.name] = cls
+    return cls
+
+
+def _field(row: dict, names: tuple, task: str, where: str):
+    for name in names:
+        if row.get(name) is not None:
+            return row[name]
+    raise ValueError(
+        f"{where} has no {' / '.join(repr(n) for n in names)} field (fields found: {sorted(row)}). "
+        f"The {task} task accepts rows with {TASKS[task].fields}; see data/README.md."
+    )
+
+
+class Task:
+    """Base class. A task loads problems as examples {"question", "answer", ...} and grades responses."""
+
+    name = ""
+    fields = ""  # the accepted row fields, for error messages
+    hub = {}  # split -> (dataset name, config, split name) on the Hugging Face hub
+    system_prompt = ""
+    final_answer = re.compile(r"\\boxed|\\fbox|####|the (?:final )?answer is", re.IGNORECASE)  # ends a stepwise episode
+    options = {}  # task-specific make_env options and their defaults
+
+    @classmethod
+    def load(cls, split: str, path, seed: int, **options) -> list[dict]:
+        """Examples from a local file if `path` is given, else from the hub."""
+        if path is not None:
+            return [cls.from_row(row, f"{path}: row {i}") for i, row in enumerate(read_rows(path, cls.name))]
+        name, config, hub_split = cls.hub[split]
+        try:
+            from datasets import load_dataset  # lazy: generated tasks stay fast and offline
+
+            rows = load_dataset(name, config, split=hub_split)
+        except Exception as e:
+            raise RuntimeError(
+                f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {e}). If you are offline, "
+                f"pass a local .jsonl/.json/.parquet file with path=... (--dataset_path); see data/README.md."
+            ) from e
+        return [cls.from_row(row, f"{name} row {i}") for i, row in enumerate(rows)]
+
+    @classmethod
+    def from_row(cls, row: dict, where: str) -> dict:
+        """Turn a raw row (file, hub or few-shot) into an example; raise ValueError naming a missing field."""
+        raise NotImplementedError
+
+    @classmethod
+    def extract(cls, response: str) -> tuple[str | None, bool]:
+        """(extracted answer or None, whether the answer was in the asked-for format)."""
+        return extract_number(response)
+
+    @classmethod
+    def grade(cls, response: str, answer: str) -> tuple[float, str | None, bool]:
+        """(reward, extracted answer, format_ok)."""
+        pred, format_ok = cls.extract(response)
+        return float(numbers_equal(pred, answer)), pred, format_ok
+
+
+class _Generated(Task):
+    """A task whose problems are generated from a seed; "test" is a fixed file shipped in data/."""
+
+    options = {"num_examples": 10_000}
+
+    @classmethod
+    def generate(cls, rng: random.Random, **options) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, split, path, seed, num_examples=10_000, **options):
+        if path is not None or split == "test":
+            return super().load(split, path if path is not None else DATA_DIR / f"{cls.name}_test.jsonl", seed)
+        test = {ex["question"] for ex in super().load(split, DATA_DIR / f"{cls.name}_test.jsonl", seed)}
+        rng, examples = random.Random(seed), []
+        while len(examples) < num_examples:
+            ex = cls.generate(rng, **options)
+            if ex["question"] not in test:  # train never contains a held-out problem
+                examples.append(ex)
+        return examples
+
+
+_NAMES = ["Sam", "Mia", "Leo", "Ava", "Noah", "Emma", "Omar", "Lily"]
+_ITEMS = ["apples", "marbles", "stickers", "cookies", "pencils", "cards"]
+
+
+@register
+class Arithmetic(_Generated):
+    """Generated integer arithmetic, from 2-digit addition (level 1) to two-step word problems (level 5)."""
+
+    name = "arithmetic"
+    fields = "'question' and 'answer' (an integer)"
+    system_prompt = 'Solve the problem. Think briefly, then end your reply with "The answer is N." where N is a number.'
+    options = {"num_examples": 10_000, "difficulty": "mixed"}
+
+    @classmethod
+    def load(cls, split, path, seed, num_examples=10_000, difficulty="mixed"):
+        if difficulty != "mixed" and difficulty not in range(1, 6):
+            raise ValueError(f"difficulty must be 1, 2, 3, 4, 5 or 'mixed', got {difficulty!r}")
+        examples = super().load(split, path, seed, num_examples, difficulty=difficulty)
+        if split == "test" and path is None and difficulty != "mixed":
+            examples = [ex for ex in examples if ex["level"] == difficulty]  # the held-out file mixes levels
+        return examples
+
+    @classmethod
+    def generate(cls, rng, difficulty="mixed"):
+        level = rng.randint(1, 5) if difficulty == "mixed" else difficulty
+        two, one = (lambda: rng.randint(10, 99)), (lambda: rng.randint(2, 9))
+        while True:  # redraw the rare problem with a negative answer
+            a, b, c = two(), two(), one()
+            if level == 5:
+                question, answer = cls.word_problem(rng, a, b, c)
+            else:
+                expr = rng.choice({
+                    1: [f"{a} + {b}"],
+                    2: [f"{a} + {b}", f"{a} - {b}"],
+                    3: [f"{a} * {c}", f"{a} + {b} - {two()}"],
+                    4: [f"{a} + {b} * {c}", f"({a} + {b}) * {c}", f"{a} * {c} - {b}", f"({a} - {b}) * {c}"],
+                }[level])
+                question, answer = f"What is {expr}?", int(safe_arith(expr))
+            if answer >= 0:
+                return {"question": question, "answer": str(answer), "level": level}
+
+    @staticmethod
+    def word_problem(rng, a, b, c):
+        name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+        k, bill = rng.randint(2, 12), rng.choice([50, 100, 200])
+        return rng.choice([
+            (f"{name} has {a} {items} and buys {c} bags with {b} {items} in each bag. How many {items} does {name} have now?", a + c * b),
+            (f"A shop had {a + b} {items}. It sold {b} in the morning and {c} in the afternoon. How many {items} are left?", a - c),
+            (f"{name} reads {b} pages a day for {c} days and then {a} more pages. How many pages does {name} read in total?", b * c + a),
+            (f"{c * k} {items} are shared equally among {c} friends. How many {items} does each friend get?", k),
+            (f"{name} buys {c} notebooks that cost {k} dollars each and pays with a {bill} dollar bill. How much change does {name} get, in dollars?", bill - c * k),
+        ])
+
+    @classmethod
+    def from_row(cls, row, where):
+        answer = str(_field(row, ("answer",), cls.name, where)).strip()
+        if to_number(answer) is None:
+            raise ValueError(f"{where}: the answer {answer!r} is not a number")
+        return {**row, "question": _field(row, ("question",), cls.name, where), "answer": answer}
+
+
+@register
+class Countdown(_Generated):
+    """TinyZero's CountDown: combine all given numbers once each with + - * / to reach the target."""
+
+    name = "countdown"
+    fields = "'numbers' (or 'nums') and 'target'"
+    system_prompt = (
+        "You are a helpful assistant. You first think about the reasoning process in the mind "
+        "and then provide the user with the answer."
+    )
+    final_answer = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+    _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+    @classmethod
+    def generate(cls, rng):
+        size = rng.choice((3, 4))
+        while True:  # combine random pairs until one value is left; keep targets in 1..100
+            numbers = [rng.randint(1, 99) for _ in range(size)]
+            values = [(n, str(n)) for n in numbers]
+            while len(values) > 1:
+                (x, ex), (y, ey) = values.pop(rng.randrange(len(values))), values.pop(rng.randrange(len(values)))
+                # Intermediate values stay integers (division only when exact): fast, and how people solve it
+                op = rng.choice("+-*/" if y != 0 and x % y == 0 else "+-*")
+                value = {"+": x + y, "-": x - y, "*": x * y, "/": x // y if op == "/" else 0}[op]
+                values.append((value, f"({ex} {op} {ey})"))
+            target, solution = values[0]
+            if 1 <= target <= 100:
+                return cls.from_row({"numbers": numbers, "target": target, "solution": solution[1:-1]}, "generated")
+
+    @classmethod
+    def from_row(cls, row, where):
+        numbers = [int(n) for n in _field(row, ("numbers", "nums"), cls.name, where)]
+        target = int(_field(row, ("target",), cls.name, where))
+        question = (
+            f"Using the numbers {numbers}, create an equation that equals {target}. You can use basic "
+            f"arithmetic operations (+, -, *, /) and each number can only be used once. Show your work in "
+            f"<think> </think> tags. And return the final answer in <answer> </answer> tags, "
+            f"for example <answer> (1 + 2) / 3 </answer>."
+        )
+        answer = json.dumps({"numbers": numbers, "target": target})
+        return {"question": question, "answer": answer, "numbers": numbers, "target": target, "solution": row.get("solution", "")}
+
+    @classmethod
+    def extract(cls, response):
+        # Deliberate deviation from TinyZero/oat, which read only the LAST LINE: instruct models often add
+        # a closing sentence after the tag. The LAST <answer> in the whole response counts instead.
+        tags = cls._TAG.findall(response)
+        return (tags[-1].strip(), True) if tags else (None, False)
+
+    @classmethod
+    def grade(cls, response, answer):
+        """TinyZero rules: no tag 0.0; wrong numbers, bad expression or wrong value 0.1; correct 1.0."""
+        expr, format_ok = cls.extract(response)
+        if expr is None:
+            return 0.0, None, False
+        gold = json.loads(answer)
+        if len(expr) > _MAX_ARITH_LEN:
+            return 0.1, expr, True
+        used = sorted(int(n) for n in re.findall(r"\d+", expr))
+        value = safe_arith(expr)
+        if used != sorted(gold["numbers"]) or value is None:
+            return 0.1, expr, True
+        return (1.0 if abs(value - gold["target"]) < Fraction(1, 10**5) else 0.1), expr, True
+
+
+@register
+class GSM8K(Task):
+    """Grade-school word problems (openai/gsm8k). Gold = the number after '####'."""
+
+    name = "gsm8k"
+    fields = "'question' (or 'problem') and 'answer' (or 'solution'): solution text ending '#### N', or just N"
+    hub = {"train": ("openai/gsm8k", "main", "train"), "test": ("openai/gsm8k", "main", "test")}
+    system_prompt = (
+        'Solve the math word problem step by step. Write one step per line, and end with "The answer is N." '
+        "where N is a number."
+    )
+
+    @classmethod
+    def from_row(cls, row, where):
+        question = _field(row, ("question", "problem"), cls.name, where)
+        text = str(_field(row, ("answer", "solution"), cls.name, where))
+        answer = text.rsplit("####", 1)[1] if "####" in text else text
+        answer = answer.strip().replace(",", "")
+        if to_number(answer) is None:
+            raise ValueError(f"{where}: no number after '####' in {text[-80:]!r}")
+        solution = text if "####" in text else row.get("solution", "")
+        return {"question": question, "answer": answer, "solution": solution}
+
+
+@register
+class MATH(Task):
+    """Competition math (Hendrycks MATH). Gold = `answer`, or the last \\boxed{} of `solution`."""
+
+    name = "math"
+    fields = "'problem' (or 'question') and one of 'answer', 'final_answer', or 'solution' with a \\boxed{} answer"
+    # MATH-500 for test; the full 7,500-problem MATH train split for train (MATH-500 comes from MATH test).
+    hub = {"train": ("DigitalLearningGmbH/MATH-lighteval", "default", "train"), "test": ("HuggingFaceH4/MATH-500", None, "test")}
+    system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
+    final_answer = re.compile(r"\\boxed|\\fbox|the (?:final )?answer is", re.IGNORECASE)
+
+    @classmethod
+    def from_row(cls, row, where):
+        question = _field(row, ("problem", "question"), cls.name, where)
+        answer = row.get("answer") or row.get("final_answer")
+        if answer is None:
+            answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name, where))
+            if answer is None:
+                raise ValueError(f"{where}: the solution has no \\boxed{{}} answer; add an 'answer' field")
+        return {
+            "question": question, "answer": str(answer), "solution": row.get("solution", ""),
+            "level": row.get("level"), "subject": row.get("subject") or row.get("type"),
+        }
+
+    @classmethod
+    def extract(cls, response):
+        """The last \\boxed{} (empty box = no answer); else what follows "The answer is" on its line."""
+        if "\\boxed" in response or "\\fbox" in response:
+            pred = last_boxed(response)
+            return pred, pred is not None
+        if matches := list(_ANSWER_IS.finditer(response)):
+            rest = response[matches[-1].end() :].split("\n")[0].strip(" :")
+            rest = rest.split("$")[1] if rest.startswith("$") and rest.count("$") >= 2 else rest
+            return (rest.strip().rstrip(".") or None), True
+        return None, False
+
+    @classmethod
+    def grade(cls, response, answer):
+        pred, format_ok = cls.extract(response)
+        return float(math_equal(pred, answer)), pred, format_ok
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files
+
+
+def read_rows(path, task: str) -> list[dict]:
+    """Rows of a .jsonl, .json (a list of objects) or .parquet file."""
+    path = Path(path)
+    if not path.is_file():
+        hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
+        alt = f", or leave path out to load {' / '.join(hub)} from the hub" if hub else ""
+        raise FileNotFoundError(
+            f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
+            f"path=... (--dataset_path on the command line){alt}."
+        )
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    elif path.suffix == ".json":
+        rows = json.loads(path.read_text())
+        rows = rows.get("data", rows) if isinstance(rows, dict) else rows
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet  # installed with datasets
+
+        rows = pyarrow.parquet.read_table(path).to_pylist()
+    else:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
+        raise ValueError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# The environment
+
+ENV_OPTIONS = {
+    "template": "chat", "system_prompt": None, "num_few_shot": 0, "stepwise": False,
+    "step_tag": "\n", "max_steps": 10, "reward_fn": None,
+}
+
+
+def _task(name: str) -> type[Task]:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(TASKS)} (add one with @register in common/env.py)")
+    return TASKS[name]
+
+
+def verify(task: str, response: str, answer: str) -> float:
+    """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0). Pure."""
+    return _task(task).grade(response, answer)[0]
+
+
+def extract_answer(task: str, response: str) -> str | None:
+    """The answer the verifier would read from `response`, or None."""
+    return _task(task).extract(response)[0]
+
+
+def make_env(task: str, split: str = "train", path=None, seed: int = 0, **options) -> "MathEnv":
+    """Build an env over a task's problems.
+
+    task: one of TASKS ("arithmetic", "countdown", "gsm8k", "math").
+    split: "train" or "test". gsm8k/math load the hub split; generated tasks use data/<task>_test.jsonl
+        for "test" and generate `num_examples` problems from `seed` for "train", excluding test problems.
+    path: a local .jsonl/.json/.parquet file to use instead (the split is then ignored).
+    seed: seeds problem generation and the env's own RNG for `reset()`.
+    Options:
+        template="chat"      "chat": a list of {"role", "content"} messages; "plain": one prompt string
+        system_prompt=None   None = the task's default; "" = no system prompt
+        num_few_shot=0       worked examples from data/few_shot_<task>.jsonl put before the question
+        stepwise=False       one action = one reasoning step (a line) instead of the whole response
+        step_tag="\\n"        appended after each step in stepwise mode (OpenR uses " ки\\n")
+        max_steps=10         a stepwise episode ends after this many steps
+        reward_fn=None       reward_fn(example, steps, done) -> float replaces the per-step reward
+                             (default: the verifier on the final step, 0.0 before)
+        difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic) or "mixed"
+        num_examples=10000   generated tasks only: size of the train split
+    """
+    cls = _task(task)
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    unknown = sorted(set(options) - set(ENV_OPTIONS) - set(cls.options))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for task {task!r}; accepted: {sorted({**ENV_OPTIONS, **cls.options})}")
+    env_options = {k: options.get(k, default) for k, default in ENV_OPTIONS.items()}
+    task_options = {k: options.get(k, default) for k, default in cls.options.items()}
+    MathEnv.check_options(cls, **env_options)  # fail on a bad option before loading any data
+    return MathEnv(cls, cls.load(split, path, seed, **task_options), seed=seed, **env_options)
+
+
+class MathEnv:
+    """A gym-like env over a list of problems; single-turn (one action = one response) or stepwise."""
+
+    def __init__(self, task, examples, seed, template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn):
+        self.task, self.examples, self.rng = task, examples, random.Random(seed)
+        self.template, self.stepwise, self.step_tag = template, stepwise, step_tag
+        self.max_steps, self.reward_fn = max_steps, reward_fn
+        self.system_prompt = task.system_prompt if system_prompt is None else system_prompt
+        self.few_shot = load_few_shot(task, num_few_shot) if num_few_shot else []
+        self.index, self.steps, self.done = None, [], True
+
+    @staticmethod
+    def check_options(task, template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn):
+        if template not in ("chat", "plain"):
+            raise ValueError(f"template must be 'chat' or 'plain', got {template!r}")
+        if not isinstance(num_few_shot, int) or num_few_shot < 0:
+            raise ValueError(f"num_few_shot must be an integer >= 0, got {num_few_shot!r}")
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+        if reward_fn is not None and not callable(reward_fn):
+            raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, or None")
+
+    def __len__(self):
+        return len(self.examples)
+
+    def _solution(self, example) -> str:
+        """A few-shot solution, one step per line; in stepwise mode each line carries the step tag."""
+        if not self.stepwise:
+            return example["solution"]
+        return "".join(line + self.step_tag for line in example["solution"].split("\n"))
+
+    def prompt(self, index: int):
+        """The prompt for problem `index`: chat messages or, for template="plain", one string."""
+        question = self.examples[index]["question"]
+        if self.template == "plain":
+            parts = [self.system_prompt] if self.system_prompt else []
+            parts += [f"Question: {ex['question']}\nAnswer: {self._solution(ex)}" for ex in self.few_shot]
+            return "\n\n".join(parts + [f"Question: {question}\nAnswer:"])
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        for ex in self.few_shot:
+            messages += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": self._solution(ex)}]
+        return messages + [{"role": "user", "content": question}]
+
+    def reset(self, index: int | None = None):
+        """Start an episode on problem `index` (None: drawn with the env's seeded RNG). Returns the prompt."""
+        self.index = self.rng.randrange(len(self.examples)) if index is None else index
+        self.steps, self.done = [], False
+        self._prompt = self.prompt(self.index)
+        return self._prompt
+
+    def score(self, response: str, index: int) -> tuple[float, dict]:
+        """Grade a full response to problem `index`: (reward, info). Stateless, for batched callers."""
+        answer = self.examples[index]["answer"]
+        reward, pred, format_ok = self.task.grade(response, answer)
+        return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred, "answer": answer, "steps": 1}
+
+    def step(self, action: str):
+        """Single-turn: grade the whole response; obs is None, done is True.
+        Stepwise: append one step; done when it holds a final answer or after max_steps. obs is the new state."""
+        if self.done:
+            raise RuntimeError("the episode is over (or never started): call env.reset() first")
+        example = self.examples[self.index]
+        if not self.stepwise:
+            self.steps, self.done, obs = [action], True, None
+            reward, info = self.score(action, self.index)
+        else:
+            tag = self.step_tag.strip()
+            self.steps.append((action.replace(tag, "") if tag else action).rstrip())
+            self.done = bool(self.task.final_answer.search(self.steps[-1])) or len(self.steps) >= self.max_steps
+            if self.done:  # the outcome verifier reads the whole solution, without step tags
+                reward, info = self.score("\n".join(self.steps), self.index)
+            else:
+                reward, info = 0.0, {"correct": False, "format_ok": False, "pred": None, "answer": example["answer"]}
+            obs = self._state()
+        info["steps"] = len(self.steps)
+        if self.reward_fn is not None:  # process reward hook (APPO/TPPO): scores every step
+            reward = float(self.reward_fn(example, list(self.steps), self.done))
+        return obs, reward, self.done, info
+
+    def _state(self):
+        """The prompt plus the steps so far; chat puts them in a trailing assistant message to continue."""
+        text = "".join(step + self.step_tag for step in self.steps)
+        if self.template == "plain":
+            return self._prompt + text
+        return self._prompt + [{"role": "assistant", "content": text}]
+
+
+def load_few_shot(task: type[Task], k: int) -> list[dict]:
+    """The first k worked examples of data/few_shot_<task>.jsonl."""
+    path = DATA_DIR / f"few_shot_{task.name}.jsonl"
+    rows = read_rows(path, task.name) if path.is_file() else []
+    if k > len(rows):
+        raise ValueError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot <= {len(rows)}")
+    return [task.from_row(row, f"{path}: row {i}") for i, row in enumerate(rows[:k])]
