@@ -1,0 +1,299 @@
+"""Hand-picked verifier cases for every task: equivalent forms, wrong-but-close answers, adversarial output."""
+
+import json
+import time
+from fractions import Fraction
+
+import pytest
+
+from common.env import extract_answer, safe_arith, verify
+from common.grader import last_boxed, normalize
+
+# ---------------------------------------------------------------------------------------------------
+# GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is" > last number
+
+GSM8K_CASES = [
+    ("The answer is 18.", "18", 1.0),
+    ("She makes 9 * 2 = $18.\n#### 18", "18", 1.0),
+    ("#### 1,000", "1000", 1.0),
+    ("The answer is 70000", "70,000", 1.0),  # commas in the gold (GSM8K train has them)
+    ("The answer is $18.", "18", 1.0),
+    ("The answer is 18.0", "18", 1.0),
+    ("The answer is 18.00 dollars.", "18", 1.0),
+    ("The answer is: 42", "42", 1.0),
+    ("THE ANSWER IS 42", "42", 1.0),
+    ("The answer is .5", "0.5", 1.0),
+    ("The answer is -3.", "-3", 1.0),
+    ("The answer is 18 apples, not 20.", "18", 1.0),  # first number after the phrase
+    ("The answer is 17. No, wait: the final answer is 18.", "18", 1.0),  # the last phrase counts
+    ("So she makes 1,000 dollars.", "1000", 1.0),  # no marker: the last number
+    ("\\boxed{18}", "18", 1.0),
+    ("\\boxed{\\$18}", "18", 1.0),
+    ("\\boxed{2 \\times 9 = 18}", "18", 1.0),  # the number after the last "="
+    ("First \\boxed{17}, then \\boxed{18}", "18", 1.0),
+    ("#### 18\nThe answer is 17", "18", 1.0),  # #### comes before "The answer is"
+    # wrong but close
+    ("The answer is 180.", "18", 0.0),
+    ("The answer is 1.8", "18", 0.0),
+    ("The answer is 18.5", "18", 0.0),
+    ("The answer is -18", "18", 0.0),
+    ("I first got 18, but it is 17.", "18", 0.0),  # last number
+    ("The answer is 18. #### 17", "18", 0.0),
+    ("The answer is eighteen.", "18", 0.0),
+    ("", "18", 0.0),
+    # reward hacking: only the last box counts, an empty or candidate-list box is no answer
+    ("\\boxed{18} then \\boxed{17}", "18", 0.0),
+    ("\\boxed{18} \\boxed{}", "18", 0.0),
+    ("\\boxed{1, 2, 3, 18}", "18", 0.0),
+    ("18 \\boxed{18", "18", 0.0),  # unbalanced box
+]
+
+
+@pytest.mark.parametrize("response,gold,expected", GSM8K_CASES)
+def test_gsm8k(response, gold, expected):
+    assert verify("gsm8k", response, gold) == expected
+
+
+@pytest.mark.parametrize("response,gold,expected", [
+    ("47 + 38 = 85.\nThe answer is 85.", "85", 1.0),
+    ("The answer is 85", "58", 0.0),
+    ("12 * 4 = 48, 35 + 48 = 83", "83", 1.0),
+    ("(23 + 19) * 3 = 126. The answer is 127.", "126", 0.0),
+])
+def test_arithmetic(response, gold, expected):
+    assert verify("arithmetic", response, gold) == expected
+
+
+def test_extract_answer():
+    assert extract_answer("gsm8k", "#### 1,000") == "1000"
+    assert extract_answer("gsm8k", "no digits here") is None
+    assert extract_answer("arithmetic", "3 + 4 = 7. The answer is 7.") == "7"
+    assert extract_answer("math", "so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
+    assert extract_answer("math", "The answer is $\\frac{1}{2}$.") == "\\frac{1}{2}"
+    assert extract_answer("math", "The answer is: 5.") == "5"
+    assert extract_answer("math", "no answer") is None
+    assert extract_answer("countdown", "<answer> 1+2 </answer> or <answer>3*4</answer>") == "3*4"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Countdown: TinyZero rules, 1.0 correct / 0.1 right format / 0.0 no <answer>
+
+CD = json.dumps({"numbers": [3, 5, 7], "target": 22})
+COUNTDOWN_CASES = [
+    ("<answer>3*5+7</answer>", CD, 1.0),
+    ("<think>3 * 5 = 15, 15 + 7 = 22</think>\n<answer> 7 + 5 * 3 </answer>", CD, 1.0),
+    ("<answer>(3*5)+7</answer>\nSo that is the equation.", CD, 1.0),  # text after the tag is fine here
+    ("<answer>3×5+7</answer>", CD, 1.0),
+    ("<answer>3+5+7</answer> no, <answer>3*5+7</answer>", CD, 1.0),  # the last tag counts
+    ("<answer>3*5+7</answer> no, <answer>3+5+7</answer>", CD, 0.1),
+    ("<answer>3*5+7</answer>", json.dumps({"numbers": [3, 5, 7], "target": 23}), 0.1),
+    ("<answer>3*5</answer>", CD, 0.1),  # 7 not used
+    ("<answer>3*5+7+7</answer>", CD, 0.1),  # 7 used twice
+    ("<answer>3*5+7=22</answer>", CD, 0.1),  # '=' and an extra number
+    ("<answer>(3*5)+7.0</answer>", CD, 0.1),  # "7.0" reads as the numbers 7 and 0
+    ("<answer>3**5+7</answer>", CD, 0.1),  # ** is not whitelisted
+    ("<answer></answer>", CD, 0.1),
+    ("3*5+7 = 22", CD, 0.0),  # no tag
+    ("<answer>3*5+7", CD, 0.0),  # unclosed tag
+    ("<answer>3/(5-5)</answer>", json.dumps({"numbers": [5, 5, 3], "target": 3}), 0.1),  # division by zero
+    ("<answer>6/3*4</answer>", json.dumps({"numbers": [6, 4, 3], "target": 8}), 1.0),
+    ("<answer>6/4*3</answer>", json.dumps({"numbers": [6, 4, 3], "target": 8}), 0.1),
+    ("<answer>1+2</answer>", json.dumps({"numbers": [55, 65, 91, 5], "target": 96}), 0.1),
+]
+
+
+@pytest.mark.parametrize("response,answer,expected", COUNTDOWN_CASES)
+def test_countdown(response, answer, expected):
+    assert verify("countdown", response, answer) == expected
+
+
+@pytest.mark.parametrize("expr,value", [
+    ("1+2", Fraction(3)),
+    ("2*(3+4)", Fraction(14)),
+    ("7/2", Fraction(7, 2)),
+    ("-3+1", Fraction(-2)),
+    ("0.1+0.2", Fraction(3, 10)),  # exact, not 0.30000000000000004
+    ("1.5 * 2", Fraction(3)),
+    (" ((((1)))) ", Fraction(1)),
+    ("10/0", None),
+    ("2**3", None),
+    ("3 % 2", None),
+    ("x + 1", None),
+    ("abs(-1)", None),
+    ("1e3", None),
+    ("0x10", None),
+    ("1_000", None),
+    ("2j", None),
+    ("True + 1", None),
+    ("", None),
+    ("9" * 400, None),  # over the length cap
+    ("(" * 10_000 + "1" + ")" * 10_000, None),
+    ("99999999999999999999999999999999999999999999999999 * " * 5 + "9", None),  # beyond 1e100
+])
+def test_safe_arith(expr, value):
+    assert safe_arith(expr) == value
+
+
+# ---------------------------------------------------------------------------------------------------
+# MATH: normalisation, structure, sympy equivalence
+
+MATH_EQUAL = [
+    ("\\frac{1}{2}", "0.5"),
+    ("\\dfrac{1}{2}", "\\frac12"),
+    ("\\tfrac{3}{4}", "\\frac 34"),
+    ("\\frac{270}7", "\\frac{270}{7}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2"),
+    ("\\sqrt{12}", "2\\sqrt{3}"),
+    ("\\frac{1}{\\sqrt{3}}", "\\frac{\\sqrt{3}}{3}"),
+    ("\\sqrt[3]{8}", "2"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+    ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "[\\pi^2/8, 5\\pi^2/4]"),
+    ("3, 5, 7", "7,5,3"),  # a list of solutions: order does not matter
+    ("x=5", "5"),
+    ("y = 2x + 3", "2x+3"),
+    ("x \\in [-2,7]", "[-2, 7]"),
+    ("3x+2y", "2y+3x"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("6r^2-4r-24", "2(3r^2-2r-12)"),
+    ("10\\%", "10"),
+    ("30^\\circ", "30"),
+    ("90^{\\circ}", "90"),
+    ("5.4 \\text{ cents}", "5.4"),
+    ("15\\mbox{ cm}^2", "15"),
+    ("\\$18.90", "18.9"),
+    ("\\$32,\\!348", "32348"),
+    ("11,\\! 111,\\! 111,\\! 100", "11111111100"),
+    ("1,000", "1000"),
+    ("\\text{(C)}", "C"),
+    ("(c)", "\\text{(C)}"),
+    ("\\text{Evelyn}", "evelyn"),
+    ("\\text{east}", "East"),
+    ("1\\pm\\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}"),
+    ("\\{1\\pm\\sqrt{5},-2\\}", "\\{-2, 1+\\sqrt5, 1-\\sqrt5\\}"),
+    ("\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}", "\\begin{pmatrix}0.2\\\\-3.6\\end{pmatrix}"),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{bmatrix}-1&0\\\\0&-1\\end{bmatrix}"),
+    ("(-\\infty, 2) \\cup (3, \\infty)", "(3,\\infty)\\cup(-\\infty,2)"),
+    ("5x - 7y + 11z + 4 = 0", "-10x + 14y - 22z - 8 = 0"),  # the same plane
+    ("137 \\frac{1}{2}", "137.5"),  # a mixed number
+    ("1\\frac{4}{5}", "\\frac95"),
+    ("-2 + 7i", "7i-2"),
+    (".0000672", "6.72\\times10^{-5}"),
+    ("\\frac{20000}{\\pi}", "20000/\\pi"),
+    ("4210_{5}", "4210_5"),
+    ("\\cot x", "\\cot x"),
+    ("2^{10}", "1024"),
+    ("5!", "120"),
+    ("\\frac{14}{3}.", "14/3"),
+]
+
+MATH_DIFFERENT = [
+    ("\\frac{14}{3}", "4.67"),
+    ("\\frac{1}{3}", "0.333"),
+    ("\\pi", "3.14159"),
+    ("\\sqrt{2}/2", "\\sqrt{3}/2"),
+    ("2\\sqrt{3}", "\\sqrt{13}"),
+    ("\\frac{\\pi}{6}", "-\\frac{\\pi}{6}"),
+    ("(1,2)", "(1,3)"),
+    ("(2,4)", "(4,2)"),  # tuples are ordered
+    ("[1,2]", "[1,2)"),  # interval ends differ
+    ("(1,2)", "1,2"),
+    ("3, 5, 7", "3, 5"),
+    ("x^2+2x+1", "(x+1)^3"),
+    ("p - q", "q - p"),
+    ("6 - 5i", "6 + 5i"),
+    ("5x - 7y + 11z + 4 = 0", "5x - 7y + 11z + 3 = 0"),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\3\\end{pmatrix}"),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1&2\\end{pmatrix}"),
+    ("\\text{Evelyn}", "\\text{Navin}"),
+    ("\\text{(C)}", "B"),
+    ("204_5", "205_5"),
+    ("\\cot x", "\\tan x"),
+    ("18", "180"),
+    ("1,000", "1001"),
+    ("(1,000)", "1000"),  # a tuple, not a number
+    ("10^{-5}", "0"),
+]
+
+
+@pytest.mark.parametrize("a,b", MATH_EQUAL)
+def test_math_equal(a, b):
+    assert verify("math", f"So the answer is $\\boxed{{{a}}}$.", b) == 1.0
+    assert verify("math", f"\\boxed{{{b}}}", a) == 1.0  # symmetric
+
+
+@pytest.mark.parametrize("a,b", MATH_DIFFERENT)
+def test_math_different(a, b):
+    assert verify("math", f"\\boxed{{{a}}}", b) == 0.0
+    assert verify("math", f"\\boxed{{{b}}}", a) == 0.0
+
+
+def test_last_boxed_and_normalize():
+    assert last_boxed("\\boxed{1} and \\boxed{\\frac{a}{b^{2}}}") == "\\frac{a}{b^{2}}"
+    assert last_boxed("\\fbox{7}") == "7"
+    assert last_boxed("\\boxed 5$") == "5"
+    assert last_boxed("\\boxed{}") is None
+    assert last_boxed("\\boxed{ }") is None
+    assert last_boxed("\\boxed{1") is None
+    assert last_boxed("no box") is None
+    assert normalize("\\left( \\dfrac{1}{2}, 3 \\right)") == "(\\frac{1}{2},3)"
+    assert normalize("x = 10,\\!080 \\text{ dollars}") == "10080"
+    assert normalize("\\cot x") == "\\cot x"
+
+
+def test_math_only_the_last_box_counts():
+    assert verify("math", "\\boxed{1} \\boxed{2} \\boxed{18}", "18") == 1.0
+    assert verify("math", "\\boxed{18} \\boxed{2}", "18") == 0.0
+    assert verify("math", "\\boxed{18} \\boxed{}", "18") == 0.0
+    assert verify("math", "\\boxed{1, 2, 3, 18}", "18") == 0.0
+    assert verify("math", "\\boxed{18 \\text{ or } 19}", "18") == 0.0
+    assert verify("math", "The answer is 18.", "18") == 1.0  # without a box, "The answer is" counts
+    assert verify("math", "I think it is 18.", "18") == 0.0  # ... but never a bare last number
+
+
+# ---------------------------------------------------------------------------------------------------
+# Adversarial output: graded 0 within 2 s, and nothing is executed
+
+
+def adversarial(marker):
+    payload = f"__import__('os').system('touch {marker}')"
+    return [
+        f"\\boxed{{{payload}}}",
+        f"\\boxed{{\\text{{{payload}}}}}",
+        "\\boxed{9^{9^{9^9}}}",
+        "\\boxed{2^{10^{10}}}",
+        "\\boxed{10^{10^{5}}}",
+        "\\boxed{1000!}",
+        "\\boxed{" + "9" * 5000 + "}",
+        "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}",
+        "\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}",
+        "\\boxed{" + "\\sqrt{" * 300 + "2" + "}" * 300 + "}",
+        "\\boxed{" + "\\frac" * 3000 + "12}",
+        "\\boxed{" + "-" * 5000 + "1}",
+        "\\boxed{1}" * 1000 + "\\boxed{}",
+        "\\boxed{}",
+        "\\boxed{" * 5000,
+        "x" * 100_000,
+    ]
+
+
+@pytest.mark.parametrize("task", ["math", "gsm8k", "arithmetic"])
+def test_adversarial(task, tmp_path):
+    marker = tmp_path / "pwned"
+    for response in adversarial(marker):
+        start = time.monotonic()
+        assert verify(task, response, "7") == 0.0, response[:60]
+        assert time.monotonic() - start < 2.0, response[:60]
+    assert not marker.exists()
+
+
+def test_adversarial_countdown_and_calculator(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = f"__import__('os').system('touch {marker}')"
+    cd = json.dumps({"numbers": [1, 2], "target": 3})
+    for expr in [payload, "9**9**9**9", "(" * 10_000 + "1+2" + ")" * 10_000, "9" * 5000, "1+2" + "+0" * 2000]:
+        start = time.monotonic()
+        assert verify("countdown", f"<answer>{expr}</answer>", cd) == 0.1
+        assert safe_arith(expr) is None
+        assert time.monotonic() - start < 2.0
+    assert not marker.exists()
