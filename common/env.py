@@ -262,8 +262,7 @@ class Countdown(_Generated):
         "You are a helpful assistant. You first think about the reasoning process in the mind "
         "and then provide the user with the answer."
     )
-    final_answer = re.compile(r"<answer>.*?</answer>", re.DOTALL)
-    _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+    final_answer = re.compile(r"<answer>[^<]*</answer>")  # [^<]: linear time even on "<answer>" * 10**5
 
     @classmethod
     def generate(cls, rng):
@@ -298,8 +297,12 @@ class Countdown(_Generated):
     def extract(cls, response):
         # Deliberate deviation from TinyZero/oat, which read only the LAST LINE: instruct models often add
         # a closing sentence after the tag. The LAST <answer> in the whole response counts instead.
-        tags = cls._TAG.findall(response)
-        return (tags[-1].strip(), True) if tags else (None, False)
+        # (rfind, not a regex: a lazy regex is quadratic on a response of many unclosed tags)
+        end = response.rfind("</answer>")
+        start = response.rfind("<answer>", 0, max(end, 0))
+        if end < 0 or start < 0:
+            return None, False
+        return response[start + len("<answer>") : end].strip(), True
 
     @classmethod
     def grade(cls, response, answer):
@@ -466,31 +469,31 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         raise ValueError(f"unknown option(s) {unknown} for task {task!r}; accepted: {sorted({**ENV_OPTIONS, **cls.options})}")
     env_options = {k: options.get(k, default) for k, default in ENV_OPTIONS.items()}
     task_options = {k: options.get(k, default) for k, default in cls.options.items()}
-    MathEnv.check_options(cls, **env_options)  # fail on a bad option before loading any data
-    return MathEnv(cls, cls.load(split, path, seed, **task_options), seed=seed, **env_options)
+    _check_options(**env_options)  # fail on a bad option before loading any data
+    few_shot = load_few_shot(cls, env_options.pop("num_few_shot"))
+    return MathEnv(cls, cls.load(split, path, seed, **task_options), seed=seed, few_shot=few_shot, **env_options)
+
+
+def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn):
+    if template not in ("chat", "plain"):
+        raise ValueError(f"template must be 'chat' or 'plain', got {template!r}")
+    if not isinstance(num_few_shot, int) or num_few_shot < 0:
+        raise ValueError(f"num_few_shot must be an integer >= 0, got {num_few_shot!r}")
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    if reward_fn is not None and not callable(reward_fn):
+        raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, or None")
 
 
 class MathEnv:
     """A gym-like env over a list of problems; single-turn (one action = one response) or stepwise."""
 
-    def __init__(self, task, examples, seed, template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn):
+    def __init__(self, task, examples, seed, template, system_prompt, few_shot, stepwise, step_tag, max_steps, reward_fn):
         self.task, self.examples, self.rng = task, examples, random.Random(seed)
         self.template, self.stepwise, self.step_tag = template, stepwise, step_tag
-        self.max_steps, self.reward_fn = max_steps, reward_fn
+        self.max_steps, self.reward_fn, self.few_shot = max_steps, reward_fn, few_shot
         self.system_prompt = task.system_prompt if system_prompt is None else system_prompt
-        self.few_shot = load_few_shot(task, num_few_shot) if num_few_shot else []
         self.index, self.steps, self.done = None, [], True
-
-    @staticmethod
-    def check_options(task, template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn):
-        if template not in ("chat", "plain"):
-            raise ValueError(f"template must be 'chat' or 'plain', got {template!r}")
-        if not isinstance(num_few_shot, int) or num_few_shot < 0:
-            raise ValueError(f"num_few_shot must be an integer >= 0, got {num_few_shot!r}")
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
-        if reward_fn is not None and not callable(reward_fn):
-            raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, or None")
 
     def __len__(self):
         return len(self.examples)
@@ -559,6 +562,8 @@ class MathEnv:
 
 def load_few_shot(task: type[Task], k: int) -> list[dict]:
     """The first k worked examples of data/few_shot_<task>.jsonl."""
+    if k == 0:
+        return []
     path = DATA_DIR / f"few_shot_{task.name}.jsonl"
     rows = read_rows(path, task.name) if path.is_file() else []
     if k > len(rows):

@@ -16,6 +16,7 @@ they are built, so `9^{9^{9^9}}` or 10 000 nested parentheses grade 0 in millise
 """
 
 import atexit
+import cmath
 import json
 import math
 import os
@@ -171,7 +172,7 @@ def _split(s: str) -> tuple:
 
 def math_equal(pred: str | None, gold: str) -> bool:
     """Is the extracted answer `pred` equivalent to `gold`? Both are raw LaTeX answer strings."""
-    if pred is None:
+    if pred is None or len(pred) > 4 * MAX_LEN:
         return False
     a, b = normalize(pred), normalize(gold)
     if a == b:
@@ -399,7 +400,7 @@ class _Parser:
 
 def _check_power_size(base_digits: float, exp) -> None:
     """Refuse a power before computing it if the result would be huge."""
-    if abs(exp) > 10_000 or base_digits * abs(exp) > MAX_DIGITS:
+    if abs(exp) > 10_000 or max(base_digits, 1) * abs(exp) > MAX_DIGITS:
         raise ParseError("number too large")
 
 
@@ -426,12 +427,12 @@ def to_fraction(node) -> Fraction:
         return base ** int(exp)
     if op == "sqrt":
         x, n = to_fraction(args[0]), 2 if args[1] is None else to_fraction(args[1])
-        if n not in (2, 3) or x < 0:
+        if n not in (2, 3) or (x < 0 and n == 2):
             raise _NotRational
-        root = Fraction(_iroot(x.numerator, int(n)), _iroot(x.denominator, int(n)))
-        if root ** int(n) != x:
+        root = Fraction(_iroot(abs(x.numerator), int(n)), _iroot(x.denominator, int(n)))
+        if root ** int(n) != abs(x):
             raise _NotRational
-        return root
+        return root if x >= 0 else -root  # \sqrt[3]{-8} = -2, the real cube root
     if op == "!":
         x = to_fraction(args[0])
         if x.denominator != 1 or not 0 <= x <= 300:
@@ -440,15 +441,16 @@ def to_fraction(node) -> Fraction:
     raise _NotRational  # symbols, constants, functions
 
 
-def _digits(x: Fraction) -> int:
-    return max(len(str(abs(x.numerator))), len(str(x.denominator)))
+def _digits(x: Fraction) -> float:
+    """About how many decimal digits x has (bit lengths: str() of a huge int is slow, and refused)."""
+    return max(abs(x.numerator).bit_length(), x.denominator.bit_length()) * math.log10(2)
 
 
 def _iroot(n: int, k: int) -> int:
     """Integer k-th root of n >= 0, rounded (the caller checks whether it is exact)."""
     if k == 2:
         return math.isqrt(n)
-    if n.bit_length() > 3000:
+    if n.bit_length() > 1000:  # beyond float range
         raise _NotRational
     r = round(n ** (1 / k))
     return next((c for c in (r - 1, r, r + 1) if c >= 0 and c**k == n), r)
@@ -484,7 +486,10 @@ def to_sympy(node):
             _check_power_size(digits, exp)
         return sympy.Pow(base, exp)
     if op == "sqrt":
-        return sympy.root(to_sympy(args[0]), 2 if args[1] is None else to_sympy(args[1]))
+        x, n = to_sympy(args[0]), sympy.Integer(2) if args[1] is None else to_sympy(args[1])
+        if n.is_Integer and n % 2 == 1 and x.is_negative:  # the real odd root, as in school maths
+            return -sympy.root(-x, n)
+        return sympy.root(x, n)
     if op == "fn":
         name = {"ln": "log", "arcsin": "asin", "arccos": "acos", "arctan": "atan"}.get(args[0], args[0])
         return getattr(sympy, name)(to_sympy(args[1]))
@@ -518,6 +523,8 @@ def sympy_equal(a, b, equation: bool = False) -> bool:
 
 def _close(u, v) -> bool:
     u, v = complex(u), complex(v)
+    if not (cmath.isfinite(u) and cmath.isfinite(v)):
+        raise ValueError("not finite")  # inf - inf says nothing: let simplify decide
     return abs(u - v) <= 1e-12 * max(1.0, abs(v))
 
 

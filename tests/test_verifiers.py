@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from common.env import extract_answer, safe_arith, verify
-from common.grader import last_boxed, normalize
+from common.grader import last_boxed, normalize, parse, sympy_equal
 
 # ---------------------------------------------------------------------------------------------------
 # GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is" > last number
@@ -228,6 +228,37 @@ def test_math_different(a, b):
     assert verify("math", f"\\boxed{{{b}}}", a) == 0.0
 
 
+@pytest.mark.parametrize("a,b,equal", [
+    ("\\sqrt{12}", "2\\sqrt{3}", True),
+    ("\\sqrt[3]{-16}", "-2\\sqrt[3]{2}", True),
+    ("\\cos(\\pi)", "-1", True),
+    ("\\sin x", "\\sin(x)", True),
+    ("x^2-1", "(x-1)(x+1)", True),
+    ("2i \\cdot i", "-2", True),
+    ("\\infty", "\\infty", True),
+    ("\\infty", "-\\infty", False),
+    ("\\sqrt{x^2}", "x", False),  # differs for negative x
+    ("\\pi", "\\frac{355}{113}", False),  # equal to 7 digits, not to 12
+])
+def test_sympy_equal_in_process(a, b, equal):
+    """The worker's comparison, run here so that a bug raises instead of grading as 'not equal'."""
+    assert sympy_equal(parse(normalize(a)), parse(normalize(b))) is equal
+
+
+def test_sympy_equal_equations():
+    plane = ["+", parse("5x-7y+11z+4"), ["neg", parse("0")]]
+    assert sympy_equal(plane, ["+", parse("10x-14y+22z"), ["neg", parse("-8")]], equation=True)
+    assert not sympy_equal(plane, ["+", parse("5x-7y+11z"), ["neg", parse("-3")]], equation=True)
+
+
+def test_slow_simplification_times_out_and_the_worker_recovers():
+    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0  # warm the worker up
+    start = time.monotonic()
+    assert verify("math", "\\boxed{\\exp(\\exp(\\exp(\\exp(99))))}", "\\pi") == 0.0  # too big to evaluate
+    assert time.monotonic() - start < 2.0
+    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0  # a fresh worker took over
+
+
 def test_last_boxed_and_normalize():
     assert last_boxed("\\boxed{1} and \\boxed{\\frac{a}{b^{2}}}") == "\\frac{a}{b^{2}}"
     assert last_boxed("\\fbox{7}") == "7"
@@ -273,6 +304,7 @@ def adversarial(marker):
         "\\boxed{1}" * 1000 + "\\boxed{}",
         "\\boxed{}",
         "\\boxed{" * 5000,
+        "The answer is " * 20_000,
         "x" * 100_000,
     ]
 
@@ -296,4 +328,7 @@ def test_adversarial_countdown_and_calculator(tmp_path):
         assert verify("countdown", f"<answer>{expr}</answer>", cd) == 0.1
         assert safe_arith(expr) is None
         assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert verify("countdown", "<answer>" * 100_000, cd) == 0.0  # many unclosed tags: no answer, fast
+    assert time.monotonic() - start < 2.0
     assert not marker.exists()

@@ -1,0 +1,219 @@
+"""The env interface: make_env, reset/step in single-turn and stepwise mode, seeding, data files, errors."""
+
+import importlib.util
+import json
+
+import pytest
+
+from common.env import DATA_DIR, TASKS, load_few_shot, make_env, safe_arith, verify
+
+JANET = {
+    "question": "Janet's ducks lay 16 eggs per day. She eats 3 and bakes with 4. She sells the rest for $2 each. How much does she make?",
+    "answer": "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18",
+}
+
+
+@pytest.fixture
+def gsm8k_file(tmp_path):
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(json.dumps(JANET) + "\n")
+    return path
+
+
+def test_countdown_one_liner():
+    env = make_env("countdown")
+    obs = env.reset()
+    assert [m["role"] for m in obs] == ["system", "user"]
+    assert "<answer> </answer>" in obs[1]["content"]
+    obs, reward, done, info = env.step("<answer>1+2</answer>")
+    assert (obs, reward, done) == (None, 0.1, True)
+    assert info == {"correct": False, "format_ok": True, "pred": "1+2", "answer": env.examples[env.index]["answer"], "steps": 1}
+
+
+def test_registry():
+    assert list(TASKS) == ["arithmetic", "countdown", "gsm8k", "math"]
+
+
+def test_single_turn_gsm8k_from_file(gsm8k_file):
+    env = make_env("gsm8k", path=gsm8k_file)
+    assert len(env) == 1
+    assert env.examples[0]["answer"] == "18"
+    assert env.examples[0]["solution"] == JANET["answer"]
+    assert env.reset(0)[-1] == {"role": "user", "content": JANET["question"]}
+    assert env.step("She makes 9 * 2 = 18 dollars. The answer is 18.") == (
+        None, 1.0, True, {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 1})
+    env.reset(0)
+    _, reward, _, info = env.step("She makes 18 dollars a day")  # right number, but no answer marker
+    assert (reward, info["correct"], info["format_ok"]) == (1.0, True, False)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("again")
+    assert env.score("The answer is 17.", 0) == (0.0, {"correct": False, "format_ok": True, "pred": "17", "answer": "18", "steps": 1})
+
+
+def test_stepwise_plain_with_openr_tag(gsm8k_file):
+    env = make_env("gsm8k", path=gsm8k_file, template="plain", system_prompt="", stepwise=True, step_tag=" ки\n")
+    prompt = env.reset(0)
+    assert prompt == f"Question: {JANET['question']}\nAnswer:"
+    obs, reward, done, info = env.step(" Janet sells 16 - 3 - 4 = 9 eggs. ки\n")  # the tag text is stripped, then re-added
+    assert obs == prompt + " Janet sells 16 - 3 - 4 = 9 eggs. ки\n"
+    assert (reward, done, info["steps"], info["correct"]) == (0.0, False, 1, False)
+    obs, reward, done, _ = env.step(" She makes 9 * 2 = 18 dollars.\n")
+    assert (reward, done) == (0.0, False)
+    obs, reward, done, info = env.step(" The answer is 18.")
+    assert obs == prompt + " Janet sells 16 - 3 - 4 = 9 eggs. ки\n She makes 9 * 2 = 18 dollars. ки\n The answer is 18. ки\n"
+    assert (reward, done) == (1.0, True)
+    assert info == {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 3}
+
+
+def test_stepwise_chat_state_and_max_steps(gsm8k_file):
+    env = make_env("gsm8k", path=gsm8k_file, stepwise=True, max_steps=2)
+    prompt = env.reset(0)
+    obs, *_ = env.step("Janet sells 9 eggs.\n")
+    assert obs == prompt + [{"role": "assistant", "content": "Janet sells 9 eggs.\n"}]
+    obs, reward, done, info = env.step("Each costs 2 dollars.")  # max_steps reached, no final answer
+    assert obs[-1]["content"] == "Janet sells 9 eggs.\nEach costs 2 dollars.\n"
+    assert (reward, done, info["steps"], info["pred"], info["format_ok"]) == (0.0, True, 2, "2", False)
+
+
+def test_stepwise_countdown_ends_on_answer_tag():
+    env = make_env("countdown", split="test", stepwise=True)
+    env.reset(0)
+    ex = env.examples[0]
+    assert env.step("<think>let me try</think>")[1:3] == (0.0, False)
+    _, reward, done, info = env.step(f"<answer>{ex['solution']}</answer>")
+    assert (reward, done, info["correct"], info["steps"]) == (1.0, True, True, 2)
+
+
+def test_reward_fn_hook(gsm8k_file):
+    calls = []
+
+    def reward_fn(example, steps, done):
+        calls.append((example["answer"], steps, done))
+        return 0.5 * len(steps)
+
+    env = make_env("gsm8k", path=gsm8k_file, stepwise=True, reward_fn=reward_fn)
+    env.reset(0)
+    rewards = [env.step(s)[1] for s in ["Janet sells 9 eggs.", "9 * 2 = 18.", "The answer is 18."]]
+    assert rewards == [0.5, 1.0, 1.5]
+    assert calls == [
+        ("18", ["Janet sells 9 eggs."], False),
+        ("18", ["Janet sells 9 eggs.", "9 * 2 = 18."], False),
+        ("18", ["Janet sells 9 eggs.", "9 * 2 = 18.", "The answer is 18."], True),
+    ]
+    env = make_env("gsm8k", path=gsm8k_file, reward_fn=reward_fn)  # single-turn: one call, done=True
+    env.reset(0)
+    assert env.step("The answer is 17.")[1] == 0.5
+    assert calls[-1] == ("18", ["The answer is 17."], True)
+
+
+def test_few_shot_chat_and_plain():
+    env = make_env("arithmetic", split="test", num_few_shot=2, system_prompt="Be brief.")
+    msgs = env.reset(0)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[1:3] == [{"role": "user", "content": "What is 47 + 38?"}, {"role": "assistant", "content": "47 + 38 = 85.\nThe answer is 85."}]
+    assert msgs[-1]["content"] == env.examples[0]["question"]
+    env = make_env("arithmetic", split="test", num_few_shot=1, template="plain", system_prompt="Be brief.")
+    assert env.reset(0) == f"Be brief.\n\nQuestion: What is 47 + 38?\nAnswer: 47 + 38 = 85.\nThe answer is 85.\n\nQuestion: {env.examples[0]['question']}\nAnswer:"
+    env = make_env("gsm8k", path=DATA_DIR / "few_shot_gsm8k.jsonl", num_few_shot=1, stepwise=True, step_tag=" ки\n")
+    assert env.reset(0)[2]["content"].endswith("24 - 19 = 5 muffins are left. ки\nThe answer is 5. ки\n")
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_few_shot_files_are_correct(task):
+    num_rows = len((DATA_DIR / f"few_shot_{task}.jsonl").read_text().splitlines())
+    assert num_rows >= (4 if task == "countdown" else 8)
+    for ex in load_few_shot(TASKS[task], num_rows):
+        assert verify(task, ex["solution"], ex["answer"]) == 1.0, ex
+        lines = ex["solution"].split("\n")  # one step per line; only the last line holds the final answer
+        assert TASKS[task].final_answer.search(lines[-1])
+        assert not any(TASKS[task].final_answer.search(line) for line in lines[:-1])
+
+
+def test_seeding_and_splits():
+    a, b, c = (make_env("arithmetic", seed=s, num_examples=500) for s in (0, 0, 1))
+    assert a.examples == b.examples
+    assert a.examples != c.examples
+    assert [a.reset() for _ in range(5)] == [b.reset() for _ in range(5)]
+    test = make_env("arithmetic", split="test")
+    assert len(test) == 500
+    assert [len(make_env("arithmetic", split="test", difficulty=d)) for d in range(1, 6)] == [100] * 5
+    level1 = make_env("arithmetic", difficulty=1, num_examples=3000)
+    assert {ex["level"] for ex in level1.examples} == {1}
+    assert not {ex["question"] for ex in level1.examples} & {ex["question"] for ex in test.examples}
+    cd = make_env("countdown", num_examples=2000)
+    cd_test = make_env("countdown", split="test")
+    assert len(cd) == 2000 and len(cd_test) == 500
+    assert not {ex["question"] for ex in cd.examples} & {ex["question"] for ex in cd_test.examples}
+    assert make_env("countdown", seed=3, num_examples=50).examples == make_env("countdown", seed=3, num_examples=50).examples
+
+
+def test_generated_problems_are_right():
+    for ex in make_env("countdown", split="test").examples:
+        assert 3 <= len(ex["numbers"]) <= 4 and 1 <= ex["target"] <= 100
+        assert verify("countdown", f"<answer>{ex['solution']}</answer>", ex["answer"]) == 1.0
+    for ex in make_env("arithmetic", split="test").examples:
+        if ex["level"] < 5:
+            assert safe_arith(ex["question"].removeprefix("What is ").removesuffix("?")) == int(ex["answer"])
+        assert int(ex["answer"]) >= 0
+    assert make_env("arithmetic", split="test").examples[0] == {"question": "What is 66 + 24?", "answer": "90", "level": 1}
+
+
+def test_make_splits_is_deterministic(tmp_path):
+    spec = importlib.util.spec_from_file_location("make_splits", DATA_DIR / "make_splits.py")
+    make_splits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_splits)
+    make_splits.DATA_DIR = tmp_path
+    make_splits.main()
+    for name in ("arithmetic_test.jsonl", "countdown_test.jsonl"):
+        assert (tmp_path / name).read_text() == (DATA_DIR / name).read_text()
+
+
+def test_local_file_formats(tmp_path):
+    rows = [{"problem": "What is 1/2 + 1/2?", "final_answer": "1"}]  # OpenR's math_500.jsonl spelling
+    (tmp_path / "openr.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert make_env("math", path=tmp_path / "openr.jsonl").examples[0]["answer"] == "1"
+    rows = [{"problem": "p", "solution": "so $\\boxed{\\frac{1}{2}}$"}]
+    (tmp_path / "m.json").write_text(json.dumps(rows))
+    assert make_env("math", path=tmp_path / "m.json").examples[0]["answer"] == "\\frac{1}{2}"
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist([JANET]), tmp_path / "g.parquet")
+    assert make_env("gsm8k", path=tmp_path / "g.parquet").examples[0]["answer"] == "18"
+    (tmp_path / "cd.jsonl").write_text(json.dumps({"nums": [2, 3], "target": 6}))  # TinyZero's spelling
+    assert make_env("countdown", path=tmp_path / "cd.jsonl").examples[0]["answer"] == '{"numbers": [2, 3], "target": 6}'
+
+
+def test_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'gsm9k'; registered tasks: arithmetic, countdown, gsm8k, math"):
+        make_env("gsm9k")
+    with pytest.raises(ValueError, match="registered tasks"):
+        verify("gsm9k", "1", "1")
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl.*path=.*--dataset_path.*openai/gsm8k"):
+        make_env("gsm8k", path=tmp_path / "nope.jsonl")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"q": "1+1?", "a": "2"}))
+    with pytest.raises(ValueError, match=r"row 0 has no 'question' / 'problem' field \(fields found: \['a', 'q'\]\)\. The gsm8k task accepts"):
+        make_env("gsm8k", path=tmp_path / "bad.jsonl")
+    (tmp_path / "bad_math.jsonl").write_text(json.dumps({"problem": "p", "level": 1}))
+    with pytest.raises(ValueError, match="'answer' / 'final_answer' / 'solution' field"):
+        make_env("math", path=tmp_path / "bad_math.jsonl")
+    (tmp_path / "nohash.jsonl").write_text(json.dumps({"question": "q", "answer": "it is eighteen"}))
+    with pytest.raises(ValueError, match="no number after '####'"):
+        make_env("gsm8k", path=tmp_path / "nohash.jsonl")
+    (tmp_path / "data.csv").write_text("question,answer\n")
+    with pytest.raises(ValueError, match=r"unsupported file type '\.csv'"):
+        make_env("gsm8k", path=tmp_path / "data.csv")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['temperature'\]"):
+        make_env("countdown", temperature=1.0)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['difficulty'\]"):
+        make_env("countdown", difficulty=2)
+    with pytest.raises(ValueError, match="difficulty must be"):
+        make_env("arithmetic", difficulty=9)
+    with pytest.raises(ValueError, match="template must be"):
+        make_env("arithmetic", template="alpaca")
+    with pytest.raises(ValueError, match="split must be"):
+        make_env("arithmetic", split="validation")
+    with pytest.raises(ValueError, match="num_few_shot=99 but .*few_shot_countdown.jsonl has 4 examples"):
+        make_env("countdown", num_few_shot=99)
+    with pytest.raises(ValueError, match="reward_fn must be"):
+        make_env("countdown", reward_fn=1.0)

@@ -1,0 +1,71 @@
+"""Grade the real GSM8K and MATH-500 reference solutions (from ../shared/data, skipped when absent).
+
+A correct verifier grades every reference solution correct against its own answer, and grades it
+wrong against the same answer with its final number changed.
+"""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from common.env import make_env, verify
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+pytestmark = pytest.mark.skipif(not (SHARED / "math500_test.jsonl").is_file(), reason=f"{SHARED} not found")
+
+
+def change_last_digit(answer: str) -> str | None:
+    """The answer with its final number changed (last digit + 1), skipping unit exponents like cm^2."""
+    units = [m.span() for m in re.finditer(r"\\(?:mbox|text)\{[^{}]*\}\^\{?\d", answer)]
+    digits = [m.start() for m in re.finditer(r"\d", answer) if not any(a <= m.start() < b for a, b in units)]
+    if not digits:
+        return None
+    i = digits[-1]
+    return answer[:i] + str((int(answer[i]) + 1) % 10) + answer[i + 1 :]
+
+
+def test_gsm8k_reference_solutions():
+    env = make_env("gsm8k", path=SHARED / "gsm8k_test.jsonl")
+    assert len(env) == 1319
+    correct = sum(verify("gsm8k", ex["solution"], ex["answer"]) for ex in env.examples)
+    wrong_gold = [str(int(ex["answer"]) + 1) for ex in env.examples]
+    false_pos = sum(verify("gsm8k", ex["solution"], gold) for ex, gold in zip(env.examples, wrong_gold))
+    changed = [ex["solution"].rsplit("####", 1)[0] + "#### " + gold for ex, gold in zip(env.examples, wrong_gold)]
+    false_pos += sum(verify("gsm8k", text, ex["answer"]) for ex, text in zip(env.examples, changed))
+    print(f"\nGSM8K test: {correct:.0f}/1319 reference solutions graded correct; {false_pos:.0f}/2638 perturbed graded correct")
+    assert correct == 1319
+    assert false_pos == 0
+
+
+def test_math500_reference_solutions():
+    env = make_env("math", path=SHARED / "math500_test.jsonl")
+    assert len(env) == 500
+    start = time.monotonic()
+    correct = sum(verify("math", ex["solution"], ex["answer"]) for ex in env.examples)
+    seconds = time.monotonic() - start
+    perturbed = [(ex, change_last_digit(ex["answer"])) for ex in env.examples]
+    perturbed = [(ex, wrong) for ex, wrong in perturbed if wrong is not None]
+    false_pos = [wrong for ex, wrong in perturbed if verify("math", ex["solution"], wrong)]
+    print(f"\nMATH-500: {correct:.0f}/500 reference solutions graded correct in {seconds:.2f} s; "
+          f"{len(false_pos)}/{len(perturbed)} perturbed answers graded correct")
+    assert correct >= 495
+    assert false_pos == []
+
+
+def test_math500_equivalent_rewrites():
+    """The reference answers rewritten the way models write them still grade correct."""
+    rows = [json.loads(line) for line in open(SHARED / "math500_test.jsonl")]
+    rewrites = {
+        "\\frac{14}{3}": "14/3", "\\frac{1}{2}": "0.5", "\\dfrac{17}{50}": "0.34", "10,\\!080": "10080",
+        "\\$18.90": "18.9", "2\\sqrt{5}": "\\sqrt{20}", "\\left( 3, \\frac{\\pi}{2} \\right)": "(3, \\pi/2)",
+        "\\frac{\\sqrt{3}}{3}": "1/\\sqrt{3}", "x^3+3x-6": "3x + x^3 - 6", "(-\\infty, 0]": "(-\\infty,0]",
+        "\\text{(C)}": "C", "90^\\circ": "90", "x=5": "5", "-2 + 7i": "7i - 2", "1 \\pm \\sqrt{19}": "1-\\sqrt{19},1+\\sqrt{19}",
+    }
+    answers = {row["answer"] for row in rows}
+    found = {gold: pred for gold, pred in rewrites.items() if gold in answers}
+    assert len(found) >= 12
+    for gold, pred in found.items():
+        assert verify("math", f"\\boxed{{{pred}}}", gold) == 1.0, (gold, pred)
