@@ -150,7 +150,17 @@ class Task:
                 f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {e}). If you are offline, "
                 f"pass a local .jsonl/.json/.parquet file with path=... (--dataset_path); see data/README.md."
             ) from e
-        return [cls.from_row(row, f"{name} row {i}") for i, row in enumerate(rows)]
+        examples, errors = [], []
+        for i, row in enumerate(rows):
+            try:
+                examples.append(cls.from_row(row, f"{name} row {i}"))
+            except ValueError as e:  # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
+                errors.append(e)
+        if errors and not examples:
+            raise errors[0]
+        if errors:
+            print(f"{name}: skipped {len(errors)} of {len(rows)} rows, e.g. {errors[0]}")
+        return examples
 
     @classmethod
     def from_row(cls, row: dict, where: str) -> dict:

@@ -580,7 +580,7 @@ class _Worker:
 
     def equal(self, a, b, equation: bool, deadline: float) -> bool:
         with self.lock:
-            if self.broken:
+            if self.broken or time.monotonic() >= deadline:  # an earlier part of this grade used the budget up
                 return False
             if self.proc is None or self.pid != os.getpid() or self.proc.poll() is not None:
                 self.proc = None  # after a fork the worker belongs to the parent: leave it alone

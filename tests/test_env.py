@@ -217,3 +217,27 @@ def test_errors(tmp_path):
         make_env("countdown", num_few_shot=99)
     with pytest.raises(ValueError, match="reward_fn must be"):
         make_env("countdown", reward_fn=1.0)
+
+
+def test_hub_loading(monkeypatch, capsys):
+    """The hub path with datasets.load_dataset replaced (no network in tests)."""
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load_dataset(name, config, split):
+        calls.append((name, config, split))
+        if name == "openai/gsm8k":
+            return [JANET]
+        return [{"problem": "p1", "solution": "so \\boxed{1}", "type": "Algebra"}, {"problem": "p2", "solution": "no box"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert make_env("gsm8k", split="test").examples[0]["answer"] == "18"
+    env = make_env("math")
+    assert [(ex["question"], ex["answer"], ex["subject"]) for ex in env.examples] == [("p1", "1", "Algebra")]
+    assert "skipped 1 of 2 rows" in capsys.readouterr().out  # the row without \boxed{}
+    make_env("math", split="test")
+    assert calls == [
+        ("openai/gsm8k", "main", "test"),
+        ("DigitalLearningGmbH/MATH-lighteval", "default", "train"),
+        ("HuggingFaceH4/MATH-500", None, "test"),
+    ]
