@@ -8,7 +8,8 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
 4. A small LaTeX parser turns each part into a tiny AST (nested lists). Pure rationals are compared
    exactly with `fractions.Fraction` in this process.
 5. Everything else (pi, roots, symbols) goes to a sympy worker subprocess that rebuilds the AST as sympy
-   objects and runs `simplify(a - b) == 0`, with a 1 s deadline per grade; a timeout grades as wrong.
+   objects and compares them to 30 digits (at three points if there are symbols; `simplify(a - b) == 0`
+   where that fails), with a 1 s deadline per grade; a timeout grades as wrong.
 
 Safety: model text is never given to eval, `sympify` or `parse_expr` (all three call Python's eval). The
 parser accepts only a whitelist of tokens, caps length and nesting depth, and refuses huge powers before
