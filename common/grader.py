@@ -338,10 +338,14 @@ class _Parser:
             or t in _CONSTS or t in _FUNCS or t in _GREEK
         )
 
-    def atom(self):
-        self.depth += 1
+    def nest(self, step: int):
+        """Track nesting: every recursion passes through atom() or a {group}, so this bounds the stack."""
+        self.depth += step
         if self.depth > MAX_DEPTH:
             raise ParseError("nested too deeply")
+
+    def atom(self):
+        self.nest(+1)
         t = self.take()
         if t[0].isdigit() or t[0] == ".":
             node = ["num", t]
@@ -378,7 +382,7 @@ class _Parser:
             node = ["sym", t[1:]]
         else:
             raise ParseError(f"unsupported token {t!r}")
-        self.depth -= 1
+        self.nest(-1)
         return node
 
     def arg(self):
@@ -389,12 +393,10 @@ class _Parser:
             return ["num", t[0]]
         if t == "{":
             self.take()
-            self.depth += 1
-            if self.depth > MAX_DEPTH:
-                raise ParseError("nested too deeply")
+            self.nest(+1)
             node = self.expr()
             self.expect("}")
-            self.depth -= 1
+            self.nest(-1)
             return node
         return self.atom()
 
