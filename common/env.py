@@ -214,18 +214,37 @@ class Arithmetic(_Generated):
     system_prompt = 'Solve the problem. Think briefly, then end your reply with "The answer is N." where N is a number.'
     options = {"num_examples": 10_000, "difficulty": "mixed"}
 
+    @staticmethod
+    def levels(difficulty) -> list[int]:
+        """1..5, "mixed" (all five), a range "1-2", or a list "1,3" -> the list of levels to draw from."""
+        text = str(difficulty).strip()
+        try:
+            if text == "mixed":
+                levels = [1, 2, 3, 4, 5]
+            elif "-" in text:
+                lo, hi = (int(x) for x in text.split("-"))
+                levels = list(range(lo, hi + 1))
+            else:
+                levels = [int(x) for x in text.split(",")]
+        except ValueError:
+            levels = []
+        if not levels or any(lv not in range(1, 6) for lv in levels):
+            raise ValueError(f"difficulty must be 1, 2, 3, 4, 5, a range such as '1-2', a list such as '1,3', "
+                             f"or 'mixed', got {difficulty!r}")
+        return levels
+
     @classmethod
     def load(cls, split, path, seed, num_examples=10_000, difficulty="mixed"):
-        if difficulty != "mixed" and difficulty not in range(1, 6):
-            raise ValueError(f"difficulty must be 1, 2, 3, 4, 5 or 'mixed', got {difficulty!r}")
+        levels = cls.levels(difficulty)
         examples = super().load(split, path, seed, num_examples, difficulty=difficulty)
-        if split == "test" and path is None and difficulty != "mixed":
-            examples = [ex for ex in examples if ex["level"] == difficulty]  # the held-out file mixes levels
+        if split == "test" and path is None:
+            examples = [ex for ex in examples if ex["level"] in levels]  # the held-out file mixes levels
         return examples
 
     @classmethod
     def generate(cls, rng, difficulty="mixed"):
-        level = rng.randint(1, 5) if difficulty == "mixed" else difficulty
+        levels = cls.levels(difficulty)
+        level = rng.choice(levels) if len(levels) > 1 else levels[0]
         two, one = (lambda: rng.randint(10, 99)), (lambda: rng.randint(2, 9))
         while True:  # redraw the rare problem with a negative answer
             a, b, c = two(), two(), one()
@@ -241,6 +260,7 @@ class Arithmetic(_Generated):
                 question, answer = f"What is {expr}?", int(safe_arith(expr))
             if answer >= 0:
                 return {"question": question, "answer": str(answer), "level": level}
+
 
     @staticmethod
     def word_problem(rng, a, b, c):
@@ -468,7 +488,7 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         max_steps=10         a stepwise episode ends after this many steps
         reward_fn=None       reward_fn(example, steps, done) -> float replaces the per-step reward
                              (default: the verifier on the final step, 0.0 before)
-        difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic) or "mixed"
+        difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic), a range "1-2", a list "1,3", or "mixed"
         num_examples=10000   generated tasks only: size of the train split
     """
     cls = _task(task)

@@ -137,6 +137,11 @@ def test_seeding_and_splits():
     test = make_env("arithmetic", split="test")
     assert len(test) == 500
     assert [len(make_env("arithmetic", split="test", difficulty=d)) for d in range(1, 6)] == [100] * 5
+    assert len(make_env("arithmetic", split="test", difficulty="1-2")) == 200
+    assert {ex["level"] for ex in make_env("arithmetic", split="test", difficulty="1,3").examples} == {1, 3}
+    assert {ex["level"] for ex in make_env("arithmetic", difficulty="4-5", num_examples=200).examples} == {4, 5}
+    assert make_env("arithmetic", difficulty="2", num_examples=5).examples == make_env(
+        "arithmetic", difficulty=2, num_examples=5).examples  # "2" from the command line is level 2
     level1 = make_env("arithmetic", difficulty=1, num_examples=3000)
     assert {ex["level"] for ex in level1.examples} == {1}
     assert not {ex["question"] for ex in level1.examples} & {ex["question"] for ex in test.examples}
@@ -209,6 +214,8 @@ def test_errors(tmp_path):
         make_env("countdown", difficulty=2)
     with pytest.raises(ValueError, match="difficulty must be"):
         make_env("arithmetic", difficulty=9)
+    with pytest.raises(ValueError, match="difficulty must be"):
+        make_env("arithmetic", difficulty="easy")
     with pytest.raises(ValueError, match="template must be"):
         make_env("arithmetic", template="alpaca")
     with pytest.raises(ValueError, match="split must be"):
