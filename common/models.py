@@ -372,7 +372,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
         out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=positions, use_cache=True,
                     logits_to_keep=1)
         cache, next_pos = out.past_key_values, positions[:, -1:] + 1
-        for _ in range(max_new_tokens):
+        for t in range(max_new_tokens):
             token, lp = sample_token(out.logits[:, -1], temperature, top_p, generators)
             alive = ~done
             token = torch.where(alive, token, torch.full_like(token, pad_id))
@@ -386,7 +386,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
                 hit |= _long_stop_hit(tokenizer, tokens, long_stops, alive)
             finished |= hit & alive
             done |= hit
-            if bool(done.all()):
+            if bool(done.all()) or t == max_new_tokens - 1:
                 break
             attn = torch.cat([attn, alive[:, None].long()], dim=1)
             out = model(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos,
@@ -418,12 +418,14 @@ def decode_responses(tokenizer, gen):
 
 def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64, autocast_dtype=None,
              return_records=False):
-    """Greedy pass@1 on the first `num_problems` problems of `env`. Under torchrun each rank grades a
+    """Greedy pass@1 on a fixed subset of `num_problems` problems of `env`. Under torchrun each rank grades a
     strided share and the accuracy is over all of them. Returns the accuracy (and per-problem records)."""
     import torch.distributed as dist
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    indices = list(range(min(num_problems, len(env))))[rank::world]
+    # A fixed random subset: test files are often ordered (by level, by subject), so the first N would be biased.
+    chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
+    indices = sorted(chosen.tolist())[rank::world]
     records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]

