@@ -1,0 +1,33 @@
+"""Runs an algorithm file with a reward that varies even for the tiny random model, so that distributed and
+resume tests compare non-trivial updates: reward = (len(response) % 5) / 4.
+
+usage: python tests/run_with_test_reward.py grpo --model_name_or_path tiny-random ...  (torchrun works too)
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transformers import HfArgumentParser  # noqa: E402
+
+from common import env as envlib  # noqa: E402
+
+
+def make_env(task, split="train", **options):
+    env = envlib.make_env(task, split, **options)
+    real_step = env.step
+
+    def step(action):
+        obs, _, done, info = real_step(action)
+        return obs, (len(action) % 5) / 4, done, info
+
+    env.step = step
+    return env
+
+
+if __name__ == "__main__":
+    algo = importlib.import_module(sys.argv[1])
+    algo.make_env = make_env
+    algo.main(HfArgumentParser(algo.Args).parse_args_into_dataclasses(sys.argv[2:])[0])

@@ -1,0 +1,189 @@
+"""grpo.py: the loss against hand-computed values, micro-batching, and end-to-end runs on the tiny model
+(single process, torchrun with 2 CPU processes, resume)."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpo
+from common.utils import token_logprobs
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
+        "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
+
+
+def run(cmd, **kw):
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def params(path):
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+# ---- the loss -----------------------------------------------------------------------------------------------
+def _batch(lengths, R=4):
+    torch.manual_seed(0)
+    mask = torch.zeros(len(lengths), R)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    logprobs = (torch.randn(len(lengths), R) - 2).requires_grad_()
+    advantages = torch.tensor([1.0, -0.5, 2.0, -1.5])[:len(lengths)]
+    return logprobs, mask, advantages
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_loss_at_ratio_one_is_minus_mean_advantage(loss_type):
+    # Full-length responses: every aggregation reduces to -mean(A) when the ratio is 1 and beta is 0.
+    logprobs, mask, adv = _batch([4, 4, 4, 4])
+    args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
+    norm = grpo.loss_normaliser(loss_type, mask, args.max_new_tokens, world_size=1)
+    loss, stats = grpo.grpo_loss(logprobs, logprobs.detach(), adv, mask, norm, args)
+    assert loss.item() == pytest.approx(-adv.mean().item())  # -(1 - 0.5 + 2 - 1.5) / 4 = -0.25
+    assert stats["clipfrac"] == 0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize("loss_type,expected", [
+    # lengths 1, 2, 3, 4 and advantages 1, -0.5, 2, -1.5
+    ("grpo", -(1 - 0.5 + 2 - 1.5) / 4),                      # per-sequence means, then mean: -mean(A)
+    ("bnpo", -(1 * 1 - 0.5 * 2 + 2 * 3 - 1.5 * 4) / 10),     # token mean over 10 tokens
+    ("dapo", -(1 * 1 - 0.5 * 2 + 2 * 3 - 1.5 * 4) / 10),     # same on one process
+    ("dr_grpo", -(1 * 1 - 0.5 * 2 + 2 * 3 - 1.5 * 4) / 16),  # constant: 4 sequences * 4 max tokens
+])
+def test_loss_aggregation_with_uneven_lengths(loss_type, expected):
+    logprobs, mask, adv = _batch([1, 2, 3, 4])
+    args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
+    norm = grpo.loss_normaliser(loss_type, mask, 4, world_size=1)
+    loss, _ = grpo.grpo_loss(logprobs, logprobs.detach(), adv, mask, norm, args)
+    assert loss.item() == pytest.approx(expected)
+
+
+def test_loss_clips_only_in_the_direction_of_the_advantage():
+    args = replace(grpo.Args(), epsilon=0.2, epsilon_high=0.28)
+    mask = torch.ones(2, 1)
+    old = torch.zeros(2, 1)
+    new = torch.log(torch.tensor([[1.5], [1.5]])).requires_grad_()  # ratio 1.5 for both
+    loss, stats = grpo.grpo_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2.0, args)
+    # A > 0: min(1.5, 1.28) * 1 -> -1.28 (clipped, no gradient); A < 0: max(1.5, 1.28) * 1 -> +1.5 (unclipped)
+    assert loss.item() == pytest.approx((-1.28 + 1.5) / 2)
+    assert stats["clipfrac"] == pytest.approx(0.5)
+    loss.backward()
+    assert new.grad[0].item() == 0.0 and new.grad[1].item() == pytest.approx(1.5 / 2)
+
+
+def test_k3_penalty_is_added_per_token():
+    args = replace(grpo.Args(), beta=0.1)
+    lp = torch.log(torch.tensor([[0.5]])).requires_grad_()
+    ref = torch.log(torch.tensor([[0.25]]))
+    loss, stats = grpo.grpo_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), 1.0, args, ref)
+    k3 = 0.5 - 1 - torch.log(torch.tensor(0.5)).item()  # q/p - 1 - log(q/p), q/p = 0.5
+    assert loss.item() == pytest.approx(0.1 * k3) and stats["kl_ref"] == pytest.approx(k3)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_micro_batches_1x8_and_8x1_give_the_same_gradient(loss_type):
+    from common.models import load_policy
+
+    policy = load_policy("tiny-random")
+    torch.manual_seed(3)
+    ids = torch.randint(3, 1000, (8, 12))
+    attn = torch.ones_like(ids)
+    R = 6
+    response_mask = torch.ones(8, R)
+    for i in range(8):
+        response_mask[i, 1 + i % 5:] = 0  # uneven lengths
+    attn[:, -R:] = response_mask.long()
+    adv = torch.linspace(-1, 1, 8)
+    args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=R)
+    norm = grpo.loss_normaliser(loss_type, response_mask, R, world_size=1)
+    grads, losses = [], []
+    for mb in (8, 1):
+        policy.zero_grad()
+        total = 0.0
+        for i in range(0, 8, mb):
+            sl = slice(i, i + mb)
+            lp, _ = token_logprobs(policy, ids[sl], attn[sl], R)
+            # perturb the ratio away from 1 so the clipping path is exercised too
+            loss, _ = grpo.grpo_loss(lp, lp.detach() - 0.3, adv[sl], response_mask[sl], norm, args)
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
+
+
+# ---- argument checks ----------------------------------------------------------------------------------------
+def test_bad_sizes_fail_before_any_model_loads():
+    with pytest.raises(ValueError, match="divisible by the number of processes"):
+        grpo.check_args(replace(grpo.Args(), num_prompts=3), world_size=2)
+    with pytest.raises(ValueError, match="--micro_batch_size 5 must divide"):
+        grpo.check_args(replace(grpo.Args(), micro_batch_size=5), world_size=1)
+    with pytest.raises(ValueError, match="num_generations must be >= 2"):
+        grpo.check_args(replace(grpo.Args(), num_generations=1), world_size=1)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        grpo.check_args(replace(grpo.Args(), model_name_or_path="./no/such/model"), world_size=1)
+
+
+def test_help_documents_every_field():
+    out = run([sys.executable, "grpo.py", "--help"]).stdout
+    for f in fields(grpo.Args):
+        assert f"--{f.name}" in out, f.name
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+
+
+# ---- end to end -----------------------------------------------------------------------------------------------
+def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
+    run([sys.executable, "grpo.py", *TINY, "--max_steps", "2", "--output_dir", str(tmp_path)])
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy",
+                "approx_kl", "clipfrac", "grad_norm", "lr", "tokens_per_s", "time/rollout_s", "time/update_s",
+                "zero_std_frac"):
+        assert key in lines[0], key
+    assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    assert model.config.num_hidden_layers == 2
+
+
+def test_torchrun_two_processes_match_one_process(tmp_path):
+    # Same global batch (2 prompts x 4 samples), dapo loss (its normaliser is a global token count), lr large
+    # enough that the update is visible: the parameters after one update must agree to fp32 tolerance.
+    common = ["tests/run_with_test_reward.py", "grpo", *TINY, "--max_steps", "1", "--learning_rate", "1e-3",
+              "--temperature", "1.0", "--loss_type", "dapo"]
+    run([sys.executable, *common, "--output_dir", str(tmp_path / "one")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         *common, "--output_dir", str(tmp_path / "two")], env=env)
+    one, two = params(tmp_path / "one/checkpoint-1"), params(tmp_path / "two/checkpoint-1")
+    from common.models import tiny_random_model
+
+    start = tiny_random_model().state_dict()
+    moved = max((one[k] - start[k]).abs().max().item() for k in one)
+    assert moved > 1e-4  # the update did something
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-6
+    m1 = [json.loads(x) for x in (tmp_path / "one/metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
+    assert m1[0]["reward/mean"] == pytest.approx(m2[0]["reward/mean"])
+
+
+def test_resume_continues_exactly(tmp_path):
+    common = ["tests/run_with_test_reward.py", "grpo", *TINY, "--learning_rate", "1e-3"]
+    run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "straight")])
+    run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "split")])
+    run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "split"), "--resume"])
+    a, b = params(tmp_path / "straight/checkpoint-3"), params(tmp_path / "split/checkpoint-3")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    steps = [json.loads(x)["step"] for x in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

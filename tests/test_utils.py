@@ -1,0 +1,158 @@
+"""Numeric helpers of common/utils.py against hand-worked values and closed forms."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.utils import (discounted_returns, explained_variance, group_advantages, kl_k1, kl_k2, kl_k3,
+                          masked_mean, masked_whiten, step_gae, token_gae, token_logprobs)
+
+
+# ---- GAE ---------------------------------------------------------------------------------------------------
+def test_token_gae_four_steps_by_hand():
+    # Terminal reward 1 on the last of 4 tokens, gamma 0.9, lambda 0.8 (gamma * lambda = 0.72):
+    #   d3 = 1 - 0.8 = 0.2                 A3 = 0.2
+    #   d2 = 0.9*0.8 - 0.7 = 0.02          A2 = 0.02 + 0.72*0.2     = 0.164
+    #   d1 = 0.9*0.7 - 0.6 = 0.03          A1 = 0.03 + 0.72*0.164   = 0.14808
+    #   d0 = 0.9*0.6 - 0.5 = 0.04          A0 = 0.04 + 0.72*0.14808 = 0.1466176
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7, 0.8]])
+    adv, ret = token_gae(rewards, values, torch.ones(1, 4), gamma=0.9, lam=0.8)
+    torch.testing.assert_close(adv, torch.tensor([[0.1466176, 0.14808, 0.164, 0.2]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.6466176, 0.74808, 0.864, 1.0]]))
+
+
+def test_token_gae_ends_at_padding():
+    # A 2-token response padded to 4: the value after the last real token is 0, whatever sits in the padding.
+    rewards = torch.tensor([[0.0, 1.0, 5.0, 5.0]])
+    values = torch.tensor([[0.5, 0.6, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    adv, ret = token_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    # A1 = 1 - 0.6 = 0.4 ; A0 = 0 + 0.6 - 0.5 + 0.4 = 0.5
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.4, 0.0, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0, 0.0]]))
+
+
+def test_step_gae_episode_boundary_and_bootstrap():
+    # Steps 0 | 1 2 : an episode ends at step 0, a new one runs into the segment cut, bootstrapped with V=2.
+    rewards = torch.tensor([[1.0, 0.0, 2.0]])
+    values = torch.tensor([[0.5, 1.0, 1.5]])
+    dones = torch.tensor([[1.0, 0.0, 0.0]])
+    adv, ret = step_gae(rewards, values, torch.tensor([2.0]), dones, gamma=0.5, lam=1.0)
+    # A2 = 2 + 0.5*2 - 1.5 = 1.5 ; A1 = 0 + 0.5*1.5 - 1 + 0.5*1.5 = 0.5 ; A0 = 1 - 0.5 = 0.5 (no carry over the end)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 1.5]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.5, 3.0]]))
+
+
+def test_discounted_returns():
+    torch.testing.assert_close(discounted_returns(torch.tensor([[0.0, 0.0, 1.0]]), 0.5),
+                               torch.tensor([[0.25, 0.5, 1.0]]))
+
+
+# ---- group baselines ------------------------------------------------------------------------------------------
+def test_group_advantages_mean_std_with_zero_std_group():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    adv = group_advantages(rewards, 4, "mean_std", eps=1e-4)
+    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 2: all equal -> exactly 0
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    torch.testing.assert_close(adv, torch.tensor([a, -a, a, -a, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_group_advantages_mean_and_leave_one_out():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    torch.testing.assert_close(group_advantages(rewards, 4, "mean"), torch.tensor([0.5, -0.5, 0.5, -0.5]))
+    # r=1: others (0, 1, 0) average 1/3 -> 2/3 ; r=0: others (1, 1, 0) average 2/3 -> -2/3
+    torch.testing.assert_close(group_advantages(rewards, 4, "loo"), torch.tensor([2, -2, 2, -2]) / 3)
+    with pytest.raises(ValueError, match="unknown baseline"):
+        group_advantages(rewards, 4, "median")
+
+
+# ---- KL estimators ----------------------------------------------------------------------------------------------
+P = torch.tensor([0.5, 0.3, 0.2])
+Q = torch.tensor([0.25, 0.25, 0.5])
+KL_PQ = 0.5 * math.log(2.0) + 0.3 * math.log(1.2) + 0.2 * math.log(0.4)  # sum p log p/q
+
+
+def test_kl_estimators_single_sample():
+    logp, ref = torch.tensor(math.log(0.5)), torch.tensor(math.log(0.25))
+    assert kl_k1(logp, ref).item() == pytest.approx(math.log(2.0))
+    assert kl_k2(logp, ref).item() == pytest.approx(0.5 * math.log(2.0) ** 2)
+    assert kl_k3(logp, ref).item() == pytest.approx(0.5 - 1 - math.log(0.5))  # r - 1 - log r, r = q/p = 0.5
+
+
+def test_kl_estimators_expectations_match_closed_forms():
+    # Exact expectations under x ~ p (a weighted sum over the 3 outcomes, no sampling noise).
+    logp, ref = P.log(), Q.log()
+    assert (P * kl_k1(logp, ref)).sum().item() == pytest.approx(KL_PQ)
+    assert (P * kl_k3(logp, ref)).sum().item() == pytest.approx(KL_PQ)  # E_p[q/p] = 1, so E[k3] = KL
+    second_moment = 0.5 * (0.5 * math.log(2.0) ** 2 + 0.3 * math.log(1.2) ** 2 + 0.2 * math.log(0.4) ** 2)
+    assert (P * kl_k2(logp, ref)).sum().item() == pytest.approx(second_moment)
+    assert (kl_k3(logp, ref) >= 0).all()
+
+
+# ---- masks ----------------------------------------------------------------------------------------------------
+def test_masked_mean_and_whiten():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert masked_mean(x, mask).item() == pytest.approx(2.0)
+    torch.testing.assert_close(masked_mean(x, mask, dim=1), torch.tensor([1.5, 3.0]))
+    w = masked_whiten(x, mask)
+    # values 1, 2, 3: mean 2, unbiased variance 1 -> -1, 0, 1; padding stays 0 however large it was
+    torch.testing.assert_close(w, torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6, rtol=0)
+    assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_explained_variance():
+    returns = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    mask = torch.ones(1, 4)
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full_like(returns, 2.5), returns, mask) == pytest.approx(0.0)
+
+
+# ---- token log-probs ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    from common.models import load_policy
+
+    return load_policy("tiny-random")
+
+
+def test_token_logprobs_match_cross_entropy(tiny):
+    torch.manual_seed(0)
+    ids = torch.randint(3, 1000, (3, 10))
+    mask = torch.ones_like(ids)
+    R = 4
+    lp, ent = token_logprobs(tiny, ids, mask, R, temperature=0.7)
+    logits = tiny(input_ids=ids, attention_mask=mask).logits[:, -R - 1:-1] / 0.7  # one-token shift
+    expected = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, -R:].reshape(-1), reduction="none")
+    torch.testing.assert_close(lp, expected.view(3, R), atol=1e-5, rtol=0)
+    p = logits.softmax(-1)
+    torch.testing.assert_close(ent, -(p * p.log()).sum(-1), atol=1e-4, rtol=0)
+
+
+def test_token_logprobs_invariant_to_left_padding(tiny):
+    torch.manual_seed(1)
+    short = torch.randint(3, 1000, (1, 6))
+    long = torch.randint(3, 1000, (1, 9))
+    alone, _ = token_logprobs(tiny, short, torch.ones_like(short), 3)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), short], dim=1)  # 3 pads on the left
+    batch = torch.cat([padded, long])
+    mask = torch.cat([torch.tensor([[0, 0, 0] + [1] * 6]), torch.ones(1, 9, dtype=torch.long)])
+    together, _ = token_logprobs(tiny, batch, mask, 3)
+    torch.testing.assert_close(together[:1], alone, atol=1e-5, rtol=0)
+
+
+def test_token_logprobs_chunking_and_gradients_agree(tiny):
+    torch.manual_seed(2)
+    ids = torch.randint(3, 1000, (4, 8))
+    mask = torch.ones_like(ids)
+    grads = []
+    for chunk in (1, 4):
+        tiny.zero_grad()
+        lp, _ = token_logprobs(tiny, ids, mask, 5, chunk_rows=chunk)
+        lp.sum().backward()
+        grads.append(tiny.model.embed_tokens.weight.grad.clone())
+    # Same gradient up to float summation order.
+    assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
