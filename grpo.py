@@ -36,10 +36,10 @@ from transformers import HfArgumentParser
 from common.env import make_env
 from common.models import (check_model_name, decode_responses, encode_prompts, evaluate, generate,
                            load_policy, load_reference, load_tokenizer)
-from common.utils import (Logger, all_reduce_mean, all_reduce_sum, average_gradients, broadcast_parameters,
-                          group_advantages, init_distributed, kl_k3, latest_checkpoint, load_trainer_state,
-                          masked_mean, masked_sum, print0, sample_seed, save_checkpoint, set_seed,
-                          token_logprobs)
+from common.utils import (Logger, all_reduce_mean, all_reduce_sum, average_gradients, batched_token_logprobs,
+                          broadcast_parameters, group_advantages, init_distributed, kl_k3, latest_checkpoint,
+                          load_trainer_state, masked_mean, masked_sum, print0, sample_seed, save_checkpoint,
+                          set_seed, token_logprobs)
 
 
 @dataclass
@@ -211,7 +211,7 @@ def main(args):
         env_options["difficulty"] = args.difficulty
     env = make_env(args.dataset_name, "train", path=args.dataset_path, seed=args.seed, **env_options)
     eval_env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, seed=args.seed, **env_options)
-    local_prompts = args.num_prompts // world
+    local_prompts, G = args.num_prompts // world, args.num_generations
     autocast_dtype = torch.bfloat16 if args.bf16 else None
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
     print0(f"GRPO | {world} process(es) on {device} | {args.num_prompts} prompts x {args.num_generations} "
@@ -252,7 +252,6 @@ def main(args):
         indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
         first = rank * local_prompts
         indices = indices[first:first + local_prompts]
-        G = args.num_generations
         seeds = [sample_seed(args.seed, step, (first * G) + k) for k in range(local_prompts * G)]
         gen, texts, rewards, correct = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -270,13 +269,11 @@ def main(args):
         N = input_ids.shape[0]
         mb = args.micro_batch_size
         old_logprobs = ref_logprobs = None
-        with torch.no_grad(), autocast:
-            if args.num_iterations > 1:
-                old_logprobs = torch.cat([token_logprobs(policy, input_ids[i:i + mb], attention_mask[i:i + mb], R,
-                                                         args.temperature)[0] for i in range(0, N, mb)])
+        with autocast:
+            if args.num_iterations > 1:  # with one pass, pi_old is the detached policy: no extra forward
+                old_logprobs = batched_token_logprobs(policy, input_ids, attention_mask, R, args.temperature, mb)
             if ref_policy is not None:
-                ref_logprobs = torch.cat([token_logprobs(ref_policy, input_ids[i:i + mb], attention_mask[i:i + mb],
-                                                         R, args.temperature)[0] for i in range(0, N, mb)])
+                ref_logprobs = batched_token_logprobs(ref_policy, input_ids, attention_mask, R, args.temperature, mb)
 
         # ---- update: num_iterations passes, each one optimizer step accumulated over micro-batches
         lr = args.learning_rate * min(1.0, (step + 1) / max(1, args.warmup_steps))
@@ -322,8 +319,9 @@ def main(args):
         logger.log(step + 1, metrics)
         if (step + 1) % args.log_interval == 0 or step == start_step:
             logger.log_samples(step + 1, [
-                {"prompt": str(env.reset(indices[k // G])), "response": texts[k], "reward": rewards[k].item(),
-                 "advantage": advantages[k].item()} for k in range(0, N, max(1, G // 2))])
+                {"question": env.examples[indices[k // G]]["question"], "answer": env.examples[indices[k // G]]["answer"],
+                 "response": texts[k], "reward": rewards[k].item(), "advantage": advantages[k].item()}
+                for k in range(0, N, max(1, G // 2))])
 
         # ---- eval and checkpoint
         if args.eval_interval and (step + 1) % args.eval_interval == 0 and step + 1 < args.max_steps:

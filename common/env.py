@@ -148,7 +148,8 @@ class Task:
         except Exception as e:
             raise RuntimeError(
                 f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {e}). If you are offline, "
-                f"pass a local .jsonl/.json/.parquet file with path=... (--dataset_path); see data/README.md."
+                f"pass a local .jsonl/.json/.parquet file with path=... (--dataset_path for training, "
+                f"--eval_dataset_path for evaluation); see data/README.md."
             ) from e
         examples, errors = [], []
         for i, row in enumerate(rows):

@@ -7,6 +7,7 @@
     For the original (unquantised) weights pass the hub id "HuggingFaceTB/SmolLM2-135M-Instruct".
   * "tiny-random": a deterministic 2-layer, hidden-64 Llama with the same tokenizer, for tests.
 - `render_prompt` / `encode_prompts`: turn an env observation (chat messages or plain text) into token ids.
+- `ValueHead`, `Critic`, `load_critic`: scalar values per prefix, for the PPO family.
 - `generate`: batched KV-cached sampling with left padding, temperature, top-p, EOS and stop strings. It
   returns token ids, masks, finished/truncated flags and the sampler's log-probs.
 """
@@ -226,6 +227,52 @@ def load_reference(name, dtype=torch.float32, device="cpu"):
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Critics: a scalar value for every prefix
+# ---------------------------------------------------------------------------------------------------------
+class ValueHead(torch.nn.Module):
+    """hidden state -> scalar. depth 0 is one linear layer (TRL's PPO); depth N is N hidden layers of
+    `width` with ReLU (OpenR's critic is depth 2: 1024, 512 -> here a constant width)."""
+
+    def __init__(self, in_size, width=1024, depth=0):
+        super().__init__()
+        layers, size = [], in_size
+        for _ in range(depth):
+            layers += [torch.nn.Linear(size, width), torch.nn.ReLU()]
+            size = width
+        layers.append(torch.nn.Linear(size, 1))
+        self.net = torch.nn.Sequential(*layers)
+        torch.nn.init.zeros_(self.net[-1].weight)  # V starts at 0 everywhere: no random initial advantages
+        torch.nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, hidden):  # [..., H] -> [...]
+        return self.net(hidden.float()).squeeze(-1)
+
+
+class Critic(torch.nn.Module):
+    """V(prefix) at every position: a transformer body and a ValueHead. With freeze_body the body runs
+    without gradients (OpenR's critic) and only the head learns."""
+
+    def __init__(self, body, hidden_size, width=1024, depth=0, freeze_body=False):
+        super().__init__()
+        self.body, self.head, self.freeze_body = body, ValueHead(hidden_size, width, depth), freeze_body
+        if freeze_body:
+            self.body.requires_grad_(False)
+
+    def forward(self, input_ids, attention_mask):  # [B, T] -> values [B, T]
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_body):
+            hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+        return self.head(hidden)
+
+
+def load_critic(name, width=1024, depth=0, freeze_body=False, device="cpu", gradient_checkpointing=False):
+    """A separate critic whose body starts as a copy of the causal LM `name` (the policy's weights)."""
+    lm = load_policy(name, device=device, gradient_checkpointing=gradient_checkpointing and not freeze_body)
+    critic = Critic(lm.base_model, lm.config.hidden_size, width, depth, freeze_body).to(device)
+    return critic
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -74,6 +74,14 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
     return out + (hidden,) if return_hidden else out
 
 
+@torch.no_grad()
+def batched_token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0, batch_size=8):
+    """`token_logprobs` without gradients, `batch_size` rows at a time: log-probs of a frozen or old policy."""
+    return torch.cat([token_logprobs(model, input_ids[i:i + batch_size], attention_mask[i:i + batch_size],
+                                     response_len, temperature)[0]
+                      for i in range(0, input_ids.shape[0], batch_size)])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Masked statistics
 # ---------------------------------------------------------------------------------------------------------
