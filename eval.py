@@ -1,0 +1,385 @@
+"""Evaluate a model (a checkpoint folder or a hub id) on a task, or regrade saved completions.
+
+    python eval.py --model_name_or_path runs/grpo/checkpoint-20                  # greedy pass@1, arithmetic test
+    python eval.py --model_name_or_path runs/grpo/checkpoint-20 --n 8 --temperature 0.6 --k 1 4 8
+    python eval.py --dataset_name gsm8k --dataset_path data/gsm8k_test.jsonl --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --bf16
+    python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl   # regrade, no model
+    torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math --num_samples 4 --temperature 0.6
+
+Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
+- accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of problems solved).
+- pass@k: the chance that at least one of k samples is correct, with the unbiased estimator of Chen et al. 2021
+  ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374) from n >= k samples with c correct:
+      pass@k = 1 - C(n - c, k) / C(n, k)
+- maj@k: the majority answer of the first k samples is correct. Answers are grouped by value: numbers compare
+  numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of common/grader.py (so
+  `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text without spaces. A sample with no
+  extracted answer never wins; a tie goes to the answer seen first.
+
+Writes one JSON line per problem (the n responses with reward, correct, extracted answer, length; per-problem
+pass@k and maj@k) to --output and a summary next to it (<output>.summary.json).
+
+--responses FILE regrades saved completions with the task's verifier, without loading any model. It reads
+(a) this script's own output, (b) rows with `response` (a string) or `responses` (a list) and the gold `answer`,
+or (c) a GSM8K / MATH reference file as it comes (rows without a response): then the reference solution
+(`answer` ending in `#### N` for gsm8k, `solution` with \\boxed{} for math) is graded as the response, which
+checks the verifier: `python eval.py --dataset_name gsm8k --responses gsm8k_test.jsonl` gives 1319/1319.
+--response_field NAME picks the field to grade explicitly.
+"""
+
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser
+
+from common.env import TASKS, make_env, read_rows, to_number
+from common.grader import normalize
+from common.models import check_model_name, decode_responses, encode_prompts, generate, load_policy, load_tokenizer
+from common.utils import all_gather_objects, init_distributed, print0, sample_seed, set_seed
+
+# Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so that
+# the numbers match the held-out accuracy in a run's eval.jsonl.
+DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 64, "countdown": 256, "gsm8k": 512, "math": 1024}
+
+
+@dataclass
+class Args:
+    # ---- common to the algorithm files ----
+    model_name_or_path: str = field(default="SmolLM2-135M-Instruct", metadata={"help": (
+        "Model to evaluate: a checkpoint folder (runs/grpo/checkpoint-20), a hub id (Qwen/Qwen2.5-0.5B-Instruct), "
+        "'SmolLM2-135M-Instruct' (the offline default) or 'tiny-random'. Ignored with --responses.")})
+    dataset_name: str = field(default="arithmetic", metadata={"help": (
+        "Task, which also picks the verifier: arithmetic, countdown, gsm8k or math.")})
+    dataset_path: Optional[str] = field(default=None, metadata={"help": (
+        "Local jsonl/json/parquet file of problems to evaluate (see data/README.md for the fields). Default: the "
+        "task's --split (shipped in data/ for generated tasks, the hub otherwise).")})
+    difficulty: str = field(default="1-2", metadata={"help": (
+        "arithmetic only: level 1..5, a range '1-2', or 'mixed' (1 = 2-digit addition ... 5 = word problems).")})
+    template: str = field(default="chat", metadata={"help": "'chat' for instruct models, 'plain' for base models."})
+    num_few_shot: int = field(default=0, metadata={"help": "Worked examples put in each prompt."})
+    seed: int = field(default=0, metadata={"help": "Seeds sampling (sample j of problem i has its own seed) and train-split generation."})
+    max_new_tokens: Optional[int] = field(default=None, metadata={"help": (
+        "Response length limit, in tokens. Default per task: arithmetic 64 (as in training), countdown 256, "
+        "gsm8k 512, math 1024.")})
+    temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy (then --n must be 1)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forwards."})
+    # ---- eval.py ----
+    split: str = field(default="test", metadata={"help": "'test' (held-out) or 'train'; ignored when --dataset_path is given."})
+    num_problems: Optional[int] = field(default=None, metadata={"help": (
+        "Evaluate this many problems (default: all). The subset is the same fixed random one that training "
+        "evaluates (--num_eval_problems), so the numbers are comparable. With --responses: the first N rows.")})
+    num_samples: int = field(default=1, metadata={"aliases": ["--n"], "help": (
+        "n: samples per problem. Under torchrun write --num_samples (torchrun takes --n for its own --nnodes).")})
+    k: list[int] = field(default_factory=list, metadata={"help": (
+        "k values for pass@k and maj@k, each <= n, e.g. --k 1 4 8. Default: 1 and n.")})
+    batch_size: int = field(default=64, metadata={"help": "Sequences per generate call (problems x n samples)."})
+    output: Optional[str] = field(default=None, metadata={"help": (
+        "The per-problem jsonl to write; the summary goes to <output>.summary.json. Default: "
+        "runs/eval/<model>-<task>-<split>.jsonl (with --responses: runs/eval/<file>-regraded.jsonl).")})
+    responses: Optional[str] = field(default=None, metadata={"help": (
+        "Regrade the completions saved in this jsonl/json/parquet file instead of generating (no model is loaded).")})
+    response_field: Optional[str] = field(default=None, metadata={"help": (
+        "With --responses: the field to grade (a string or a list). Default: 'responses', else 'response', else "
+        "the reference solution of a GSM8K ('answer' with '#### N') or MATH ('solution' with \\boxed{}) row.")})
+
+
+def check_args(args):
+    """Every argument error before any data or model loads, each with the fix."""
+    if args.dataset_name not in TASKS:
+        raise ValueError(f"--dataset_name must be one of {', '.join(TASKS)}, got {args.dataset_name!r}")
+    if args.split not in ("train", "test"):
+        raise ValueError(f"--split must be 'train' or 'test', got {args.split!r}")
+    if args.num_samples < 1:
+        raise ValueError("--n must be >= 1.")
+    if args.num_samples > 1 and args.temperature == 0:
+        raise ValueError(f"--n {args.num_samples} with --temperature 0 gives {args.num_samples} copies of the greedy answer; "
+                         f"sample with e.g. --temperature 0.6, or use --n 1.")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise ValueError("--temperature must be >= 0 and --top_p in (0, 1].")
+    if args.num_problems is not None and args.num_problems < 1:
+        raise ValueError("--num_problems must be >= 1 (leave it out for all problems).")
+    if args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
+        raise ValueError("--batch_size and --max_new_tokens must be >= 1.")
+    if args.responses is None:
+        bad = [k for k in args.k if not 1 <= k <= args.num_samples]
+        if bad:
+            raise ValueError(f"--k {bad}: every k must be between 1 and --n ({args.num_samples}); raise --n to estimate pass@{max(bad)}.")
+        check_model_name(args.model_name_or_path)
+    elif not Path(args.responses).is_file():
+        raise FileNotFoundError(f"--responses {args.responses}: no such file. Pass a jsonl written by eval.py, or "
+                                f"rows with 'response' and 'answer' fields.")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Metrics: pass@k, majority vote
+# ---------------------------------------------------------------------------------------------------------
+def pass_at_k(n, c, k):
+    """Unbiased estimate of P(at least one of k samples is correct) from n samples with c correct:
+    1 - C(n - c, k) / C(n, k), the chance that k samples drawn without replacement from the n all miss."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n (n = {n})")
+    if n - c < k:  # every draw of k contains a correct sample
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def vote_key(task, pred):
+    """What two answers must share to count as the same vote: the number, MATH's normalised LaTeX, or the
+    text without spaces. None (no answer extracted) stays None."""
+    if pred is None:
+        return None
+    if task == "math":
+        return normalize(pred)
+    number = to_number(pred)
+    return number if number is not None else re.sub(r"\s+", "", pred)
+
+
+def majority_vote(keys, k):
+    """Position (in the first k) of the first sample of the most common non-None key, or None if none has
+    an answer. Ties go to the key seen first."""
+    counts, first = {}, {}
+    for i, key in enumerate(keys[:k]):
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+            first.setdefault(key, i)
+    if not counts:
+        return None
+    return first[max(counts, key=lambda key: (counts[key], -first[key]))]
+
+
+def problem_metrics(task, samples, ks):
+    """Per-problem num_correct, pass@k and maj@k from its graded samples (dicts with correct and pred)."""
+    n, c = len(samples), sum(s["correct"] for s in samples)
+    keys = [vote_key(task, s["pred"]) for s in samples]
+    out = {"num_correct": c}
+    for k in ks:
+        out[f"pass@{k}"] = pass_at_k(n, c, k)
+        winner = majority_vote(keys, k)
+        out[f"maj@{k}"] = winner is not None and bool(samples[winner]["correct"])
+    return out
+
+
+def summarize(records, ks):
+    """Dataset-level numbers from the per-problem records."""
+    samples = [s for r in records for s in r["responses"]]
+    P = len(records)
+    summary = {
+        "num_problems": P,
+        "num_samples": len(samples),
+        "accuracy": sum(r["num_correct"] / len(r["responses"]) for r in records) / P,
+        **{f"pass@{k}": sum(r[f"pass@{k}"] for r in records) / P for k in ks},
+        **{f"maj@{k}": sum(r[f"maj@{k}"] for r in records) / P for k in ks},
+        "reward/mean": sum(s["reward"] for s in samples) / len(samples),
+        "format_ok_frac": sum(bool(s["format_ok"]) for s in samples) / len(samples),
+        "no_answer_frac": sum(s["pred"] is None for s in samples) / len(samples),
+    }
+    if all("length" in s for s in samples):  # regraded files may not know the token counts
+        summary["response_len/mean"] = sum(s["length"] for s in samples) / len(samples)
+    if all("truncated" in s for s in samples):
+        summary["truncated_frac"] = sum(bool(s["truncated"]) for s in samples) / len(samples)
+    return summary
+
+
+def grade(task, response, gold):
+    """The task's verifier on one response: what env.score gives, for rows that are not in an env."""
+    reward, pred, format_ok = TASKS[task].grade(response, gold)
+    return {"response": response, "reward": reward, "correct": reward == 1.0, "pred": pred, "format_ok": format_ok}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Saved completions (--responses)
+# ---------------------------------------------------------------------------------------------------------
+def saved_responses(row, task, response_field, where):
+    """(name of the field read, list of {"response": text, ...}) of one saved row."""
+    if response_field is not None:
+        name = response_field
+    else:
+        name = next((f for f in ("responses", "response") if f in row), None)
+        if name is None and task == "gsm8k" and "####" in str(row.get("answer", "")):
+            name = "answer"  # a GSM8K reference row: its solution text is the response
+        elif name is None and task == "math" and "\\boxed" in str(row.get("solution", "")):
+            name = "solution"  # a MATH reference row
+    if name is None or name not in row:
+        wanted = repr(name) if name else "'response' or 'responses'"
+        raise ValueError(
+            f"{where} has no {wanted} field (fields found: {sorted(row)}). Regrading needs the completions in "
+            f"'response' (a string) or 'responses' (a list), or --response_field NAME for another field.")
+    value = row[name]
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("response"), str):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append({"response": item})
+        else:
+            raise ValueError(f"{where}: field {name!r} must hold a string, a list of strings, or a list of "
+                             f"{{'response': ...}} objects; got {type(item).__name__}")
+    if not out:
+        raise ValueError(f"{where}: field {name!r} is an empty list")
+    return name, out
+
+
+def gold_answer(task, row, where):
+    """The gold answer of a saved row, derived from it exactly as the env derives it from a data file (the
+    number after '####' for gsm8k, the `answer` or last \\boxed{} for math); the question may be absent."""
+    if task == "countdown" and "numbers" not in row and str(row.get("answer", "")).startswith("{"):
+        row = {**json.loads(row["answer"]), **row}  # eval.py's output keeps countdown's gold as JSON
+    return TASKS[task].from_row({"question": "", **row}, where)["answer"]
+
+
+def regrade(args):
+    """Records from a file of saved completions, graded again with the task's verifier."""
+    rows = read_rows(args.responses, args.dataset_name)[: args.num_problems]
+    records, fields_used = [], set()
+    for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
+        where = f"{args.responses}: row {i}"
+        name, saved = saved_responses(row, args.dataset_name, args.response_field, where)
+        fields_used.add(name)
+        gold = gold_answer(args.dataset_name, row, where)
+        samples = []
+        for s in saved:
+            kept = {k: s[k] for k in ("length", "truncated") if k in s}  # only generation knows these
+            samples.append({**grade(args.dataset_name, s["response"], gold), **kept})
+        records.append({"index": row.get("index", i), "question": row.get("question", row.get("problem")),
+                        "answer": gold, "responses": samples})
+    print0(f"graded field {' / '.join(repr(f) for f in sorted(fields_used))} of {len(rows)} rows of {args.responses}"
+           + ("  (the reference solutions: this checks the verifier, not a model)"
+              if fields_used & {"answer", "solution"} and args.response_field is None else ""))
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------------------
+def problem_indices(num_total, num_problems):
+    """All problems, or the fixed random subset that training's evaluate() uses (test files are often
+    ordered by level or subject, so the first N would be biased)."""
+    if num_problems is None or num_problems >= num_total:
+        return list(range(num_total))
+    return sorted(torch.randperm(num_total, generator=torch.Generator().manual_seed(0))[:num_problems].tolist())
+
+
+def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show_bar):
+    """n samples for each problem in `indices`, graded by the env. Sample j of problem i is drawn with its own
+    seed, so the results do not depend on the batch size or on how many processes share the problems."""
+    autocast_dtype = torch.bfloat16 if args.bf16 else None
+    per_batch = max(1, args.batch_size // args.num_samples)
+    records = []
+    bar = tqdm(total=len(indices), desc="eval", dynamic_ncols=True, disable=not show_bar)
+    for start in range(0, len(indices), per_batch):
+        chunk = indices[start:start + per_batch]
+        prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
+        prompts = [p for p in prompts for _ in range(args.num_samples)]  # consecutive rows: the n samples of one problem
+        # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
+        seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_samples)]
+        gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p, seeds=seeds,
+                       autocast_dtype=autocast_dtype)
+        texts = decode_responses(tokenizer, gen)
+        lengths = gen.response_mask.sum(1).tolist()  # [B]
+        truncated = gen.truncated.tolist()  # [B]
+        for p, i in enumerate(chunk):
+            samples = []
+            for row in range(p * args.num_samples, (p + 1) * args.num_samples):
+                reward, info = env.score(texts[row], i)
+                samples.append({"response": texts[row], "reward": reward, "correct": bool(info["correct"]),
+                                "pred": info["pred"], "format_ok": bool(info["format_ok"]),
+                                "length": lengths[row], "truncated": truncated[row]})
+            example = env.examples[i]
+            records.append({"index": i, "question": example["question"], "answer": example["answer"],
+                            "responses": samples})
+        bar.update(len(chunk))
+    bar.close()
+    return records
+
+
+def default_output(args):
+    if args.responses is not None:
+        return f"runs/eval/{Path(args.responses).stem}-regraded.jsonl"
+    model = "_".join(Path(args.model_name_or_path).parts[-2:])  # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
+    data = Path(args.dataset_path).stem if args.dataset_path else args.split
+    sampled = f"-n{args.num_samples}-t{args.temperature:g}" if args.temperature > 0 else ""
+    return f"runs/eval/{model}-{args.dataset_name}-{data}{sampled}.jsonl"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------
+def main(args):
+    check_args(args)
+    t0 = time.time()
+    if args.responses is not None:  # regrade: no model, no env, one process
+        is_main = True
+        records = regrade(args)
+        n_min = min(len(r["responses"]) for r in records)
+        bad = [k for k in args.k if not 1 <= k <= n_min]
+        if bad:
+            raise ValueError(f"--k {bad}: a row of {args.responses} has only {n_min} response(s); use k <= {n_min}.")
+        ks = sorted(set(args.k or [1, n_min]))
+        max_new_tokens = None
+    else:
+        dist_info = init_distributed()
+        rank, world, is_main = dist_info.rank, dist_info.world_size, dist_info.is_main
+        set_seed(args.seed)
+        env_options = dict(template=args.template, num_few_shot=args.num_few_shot)
+        if args.dataset_name == "arithmetic":
+            env_options["difficulty"] = args.difficulty
+        env = make_env(args.dataset_name, args.split, path=args.dataset_path, seed=args.seed, **env_options)
+        indices = problem_indices(len(env), args.num_problems)
+        max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.dataset_name, 512)
+        ks = sorted(set(args.k or [1, args.num_samples]))
+        mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
+        print0(f"eval | {args.model_name_or_path} | {args.dataset_name} "
+               f"{args.dataset_path or args.split}: {len(indices)} of {len(env)} problems x {args.num_samples} sample(s) "
+               f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on {dist_info.device}")
+        tokenizer = load_tokenizer(args.model_name_or_path)
+        policy = load_policy(args.model_name_or_path, device=dist_info.device)
+        policy.eval()
+        # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.
+        local = sample_and_grade(policy, tokenizer, env, indices[rank::world], args, max_new_tokens, is_main)
+        records = sorted((r for part in all_gather_objects(local) for r in part), key=lambda r: r["index"])
+    for r in records:
+        r.update(problem_metrics(args.dataset_name, r["responses"], ks))
+    summary = summarize(records, ks)
+    if not is_main:
+        return summary
+
+    output = Path(args.output or default_output(args))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    summary_path = output.with_name(output.name.removesuffix(".jsonl") + ".summary.json")
+    config = asdict(args)
+    config["max_new_tokens"] = max_new_tokens
+    summary_path.write_text(json.dumps({**summary, "time_s": round(time.time() - t0, 2), "args": config}, indent=2))
+
+    P = summary["num_problems"]
+    if all(len(r["responses"]) == 1 for r in records):
+        solved = sum(r["num_correct"] for r in records)
+        print(f"accuracy: {summary['accuracy']:.4f} ({solved}/{P} correct)")
+    else:
+        print(f"accuracy (pass@1, mean over samples): {summary['accuracy']:.4f} on {P} problems")
+    for k in ks:
+        if k > 1:
+            print(f"pass@{k}: {summary[f'pass@{k}']:.4f}   maj@{k}: {summary[f'maj@{k}']:.4f}")
+    extra = [f"mean reward {summary['reward/mean']:.4f}", f"answer format ok {summary['format_ok_frac']:.3f}"]
+    if "response_len/mean" in summary:
+        extra.append(f"mean response length {summary['response_len/mean']:.1f} tokens")
+    if "truncated_frac" in summary:
+        extra.append(f"truncated {summary['truncated_frac']:.3f}")
+    print(" | ".join(extra))
+    print(f"wrote {output} and {summary_path}")
+    return summary
+
+
+if __name__ == "__main__":
+    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
