@@ -1,0 +1,311 @@
+"""reinforce.py: baselines, KL-regularised and discounted returns, the loss and its masks against hand-computed
+values; the stepwise calculator with a scripted policy; end-to-end runs on the tiny model (single process,
+stepwise with the calculator, torchrun with 2 CPU processes, resume with a refreshed reference)."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import reinforce
+from common.env import make_env
+from common.models import load_tokenizer
+from common.utils import token_logprobs
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
+        "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
+STEPWISE = ["--stepwise", "--sym_calc", "--max_trajectory_steps", "3", "--n_few_shot_examples", "1"]
+
+
+def run(cmd, **kw):
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def run_in_process(argv, monkeypatch):
+    """reinforce.main with the test reward of tests/run_with_test_reward.py, in this process (no import cost)."""
+    from transformers import HfArgumentParser
+
+    import run_with_test_reward  # tests/ is on sys.path under pytest
+
+    monkeypatch.setattr(reinforce, "make_env", run_with_test_reward.make_env)
+    reinforce.main(HfArgumentParser(reinforce.Args).parse_args_into_dataclasses(argv)[0])
+
+
+def params(path):
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def metrics(path):
+    return [json.loads(x) for x in (Path(path) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---- baselines and returns -------------------------------------------------------------------------------
+def test_rloo_baseline_on_a_hand_worked_group():
+    returns = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0])  # two prompts, k = 4
+    b = reinforce.compute_baselines(returns, 4, "rloo")
+    # group 1 sums to 2: b_i = (2 - r_i) / 3; group 2 sums to 1: b_i = (1 - r_i) / 3
+    assert b.tolist() == pytest.approx([1 / 3, 2 / 3, 2 / 3, 1 / 3, 1 / 3, 1 / 3, 1 / 3, 0.0])
+    assert (returns - b).tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3, 1.0])
+    # a group whose samples all agree gets advantage 0 whatever the reward
+    assert (torch.ones(4) - reinforce.compute_baselines(torch.ones(4), 4, "rloo")).abs().max() == 0
+    assert reinforce.compute_baselines(returns, 4, "mean").tolist() == pytest.approx([3 / 8] * 8)
+    assert reinforce.compute_baselines(returns, 4, "none").tolist() == [0.0] * 8
+
+
+def test_kl_regularised_return_on_a_hand_worked_example():
+    # one response of 2 tokens (a third column is padding), reward 1, kl_coeff 0.1
+    old = torch.tensor([[-1.0, -2.0, -5.0]])
+    ref = torch.tensor([[-1.5, -1.0, -0.1]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # k1 per token: 0.5 and -1.0 (padding ignored) -> sum -0.5, mean -0.25
+    kl_sum = reinforce.sequence_logprobs(old - ref, mask, length_normalize=False)
+    kl_mean = reinforce.sequence_logprobs(old - ref, mask, length_normalize=True)
+    assert kl_sum.item() == pytest.approx(-0.5) and kl_mean.item() == pytest.approx(-0.25)
+    rewards, steps = torch.tensor([[1.0]]), torch.ones(1, 1)
+    G = reinforce.kl_regularised_returns(rewards, kl_mean[:, None], steps, gamma=0.99, kl_coeff=0.1)
+    assert G.item() == pytest.approx(1 - 0.1 * -0.25)  # 1.025: single-turn, gamma plays no part
+    G = reinforce.kl_regularised_returns(rewards, kl_sum[:, None], steps, gamma=0.99, kl_coeff=0.1)
+    assert G.item() == pytest.approx(1.05)
+
+
+def test_discounted_per_step_return_in_stepwise_mode():
+    # episode 0: three lines, reward 1 on the last; episode 1: two lines (the third column is no step)
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.5, 9.0]])
+    steps = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    G = reinforce.kl_regularised_returns(rewards, kl, steps, gamma=0.9, kl_coeff=0.5)
+    # r - 0.5 KL: [-0.05, -0.1, 0.85] -> G2 = 0.85, G1 = -0.1 + 0.9 * 0.85 = 0.665, G0 = -0.05 + 0.9 * 0.665
+    # [-0.25, 0.75] -> G1 = 0.75, G0 = -0.25 + 0.9 * 0.75 = 0.425; no step, no return (and no KL of 9 leaking in)
+    assert G.tolist()[0] == pytest.approx([0.5485, 0.665, 0.85])
+    assert G.tolist()[1] == pytest.approx([0.425, 0.75, 0.0])
+
+
+# ---- the loss -----------------------------------------------------------------------------------------------
+def test_loss_is_minus_advantage_times_sequence_logprob():
+    logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -7.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    # length-normalised: log pi = [-1.5, -0.5] -> -(1 * -1.5 + -2 * -0.5) / 2 = 0.25
+    loss, stats = reinforce.reinforce_loss(logprobs, logprobs.detach(), adv, mask, 2.0, length_normalize=True)
+    assert loss.item() == pytest.approx(0.25) and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    loss.backward()
+    # d/d logprob = -A / (|o| * N): -1 / 4 on both tokens of row 0, +2 / 2 on row 1's token, 0 on padding
+    assert logprobs.grad.flatten().tolist() == pytest.approx([-0.25, -0.25, 1.0, 0.0])
+    # plain sum: log pi = [-3, -0.5] -> -(-3 + 1) / 2 = 1
+    loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), adv, mask, 2.0, length_normalize=False)
+    assert loss.item() == pytest.approx(1.0)
+
+
+def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
+    from common.models import load_policy
+
+    policy = load_policy("tiny-random")
+    torch.manual_seed(3)
+    ids = torch.randint(3, 1000, (8, 12))
+    attn = torch.ones_like(ids)
+    R = 6
+    mask = torch.ones(8, R)
+    for i in range(8):
+        mask[i, 1 + i % 5:] = 0  # uneven lengths
+    attn[:, -R:] = mask.long()
+    adv = torch.linspace(-1, 1, 8)
+    grads, losses = [], []
+    for mb in (8, 1):
+        policy.zero_grad()
+        total = 0.0
+        for i in range(0, 8, mb):
+            sl = slice(i, i + mb)
+            lp, _ = token_logprobs(policy, ids[sl], attn[sl], R)
+            loss, _ = reinforce.reinforce_loss(lp, lp.detach(), adv[sl], mask[sl], 8.0, length_normalize=True)
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)  # advantages of both signs: the loss is near 0
+    assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
+
+
+# ---- the calculator and stepwise episodes ----------------------------------------------------------------
+def test_calculator_values():
+    assert reinforce.calculator("48/2") == "24"
+    assert reinforce.calculator("7/2") == "3.5"
+    assert reinforce.calculator("1/3") == "0.33"  # 2 decimals, as the seed rounds
+    assert reinforce.calculator("2*(3+4)=15") == "14"  # <<expr=...>>: the model's own value is ignored
+    assert reinforce.calculator(" 12 + 30 ") == "42"
+    assert reinforce.calculator("5-8") == "-3"
+    for bad in ("2**10", "x+1", "1/0", "", "print(1)"):
+        assert reinforce.calculator(bad) is None, bad
+
+
+def test_calculator_refuses_code_without_side_effect(tmp_path):
+    target = tmp_path / "pwned"
+    assert reinforce.calculator(f"__import__('os').system('touch {target}')") is None
+    assert not target.exists()
+
+
+def _scripted(tokenizer, script):
+    """A stand-in for the policy's sampler: plays script[(episode, step, call)], log-prob -1 per token."""
+    def sample(prompts, max_new_tokens, keys):
+        out = []
+        for key in keys:
+            ids = tokenizer(script[key], add_special_tokens=False)["input_ids"][:max_new_tokens]
+            out.append((ids, [-1.0] * len(ids)))
+        return out
+    return sample
+
+
+def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
+    tok = load_tokenizer("tiny-random")
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"question": "What is 12 + 30?", "answer": "42"}) + "\n")
+    env = make_env("arithmetic", path=data, stepwise=True, max_steps=3)
+    target = tmp_path / "pwned"
+    script = {
+        (0, 0, 0): "12 + 30 = <<12+30>>", (0, 0, 1): " so 42 apples.\n",   # calculator writes "42"
+        (0, 1, 0): "The answer is 42.\n",
+        (1, 0, 0): "I guess 41.\n",
+        (1, 1, 0): f"<<__import__('os').system('touch {target}')>>", (1, 1, 1): " hm.\n",  # refused
+        (1, 2, 0): "The answer is 41.\n",
+    }
+    args = replace(reinforce.Args(), stepwise=True, sym_calc=True, max_trajectory_steps=3, max_new_tokens=128)
+    ro = reinforce.stepwise_rollout(_scripted(tok, script), tok, env, [0], 2, args, torch.device("cpu"),
+                                    {tok.eos_token_id})
+    assert not target.exists()
+    assert ro.texts == ["12 + 30 = <<12+30>>42 so 42 apples.\nThe answer is 42.",
+                        f"I guess 41.\n<<__import__('os').system('touch {target}')>> hm.\nThe answer is 41."]
+    assert ro.rewards.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert ro.step_mask.tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    assert ro.correct.tolist() == [1.0, 0.0] and ro.truncated.tolist() == [False, False]
+    assert ro.calc_fired == 0.5 and ro.calc_refused == 0.5  # per episode
+    gen = ro.gen
+    assert gen.prompt_ids.shape[0] == 5  # 2 + 3 lines, episode by episode
+    # row 0 is episode 0's first line: exactly the calculator's "42" is out of the loss (and has no log-prob)
+    calc = (gen.response_mask[0] == 1) & (ro.loss_mask[0] == 0)
+    assert tok.decode(gen.response_ids[0][calc]) == "42"
+    assert gen.logprobs[0][calc].tolist() == [0.0, 0.0]
+    n_before = len(tok("12 + 30 = <<12+30>>", add_special_tokens=False)["input_ids"])
+    assert calc.nonzero().flatten().tolist() == [n_before, n_before + 1]
+    # the refused span writes nothing: every token of episode 1's second line (row 3) is the policy's
+    assert ro.loss_mask[3].sum() == gen.response_mask[3].sum()
+    # row 1 (episode 0's second line) was sampled after the state that holds the calculator's value
+    assert tok.decode(gen.prompt_ids[1][gen.prompt_mask[1].bool()]).endswith("<<12+30>>42 so 42 apples.\n")
+    # returns: episode 0 is rewarded on its second line, so G = [gamma, 1]
+    G = reinforce.kl_regularised_returns(ro.rewards, torch.zeros(2, 3), ro.step_mask, gamma=0.9, kl_coeff=0.1)
+    assert G.tolist()[0] == pytest.approx([0.9, 1.0, 0.0])
+    # and the loss gives the calculator's tokens no gradient
+    logprobs = torch.randn(gen.response_ids.shape, requires_grad=True)
+    adv = torch.ones(5)
+    loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), adv, ro.loss_mask.float(), 5.0, True)
+    loss.backward()
+    assert logprobs.grad[0][calc].abs().sum() == 0 and logprobs.grad[0][~calc & gen.response_mask[0].bool()].ne(0).all()
+
+
+def test_a_line_stops_after_four_calculations():
+    tok = load_tokenizer("tiny-random")
+    script = {(0, 0, c): "<<1+1>>" for c in range(5)}
+    (action,) = reinforce.sample_line(_scripted(tok, script), tok, [[1, 2]], [(0, 0)], 64, True, {tok.eos_token_id})
+    assert tok.decode(action.ids) == "<<1+1>>2" * 4 + "<<1+1>>" and action.fired == 4
+
+
+# ---- argument checks ----------------------------------------------------------------------------------------
+def test_bad_arguments_fail_before_any_model_loads():
+    with pytest.raises(ValueError, match="rloo needs --num_generations >= 2"):
+        reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4), world_size=1)
+    reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4, baseline="none"), 1)
+    with pytest.raises(ValueError, match="add --stepwise"):
+        reinforce.check_args(replace(reinforce.Args(), sym_calc=True), world_size=1)
+    with pytest.raises(ValueError, match="--kl_coeff is 0"):
+        reinforce.check_args(replace(reinforce.Args(), kl_coeff=0.0, update_ref_iterations=2), world_size=1)
+    with pytest.raises(ValueError, match="divisible by the number of processes"):
+        reinforce.check_args(replace(reinforce.Args(), num_prompts=3), world_size=2)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        reinforce.check_args(replace(reinforce.Args(), model_name_or_path="./no/such/model"), world_size=1)
+
+
+def test_help_documents_every_field_and_the_seeds_few_shot_name():
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(reinforce.Args)
+    out = parser.format_help()  # what `python reinforce.py --help` prints
+    for f in fields(reinforce.Args):
+        assert f"--{f.name}" in out, f.name
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+    (args,) = parser.parse_args_into_dataclasses(["--n_few_shot_examples", "3"])
+    assert args.num_few_shot == 3
+
+
+# ---- end to end -----------------------------------------------------------------------------------------------
+KEYS = ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy", "approx_kl",
+        "kl_ref", "pg_loss", "return/mean", "grad_norm", "lr", "tokens_per_s", "time/rollout_s", "time/update_s")
+
+
+def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
+    run([sys.executable, "reinforce.py", *TINY, "--max_steps", "2", "--output_dir", str(tmp_path)])
+    lines = metrics(tmp_path)
+    assert [x["step"] for x in lines] == [1, 2]
+    for key in KEYS:
+        assert key in lines[0], key
+    assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    assert model.config.num_hidden_layers == 2
+
+
+@pytest.mark.parametrize("mode", ["single_turn", "stepwise"])
+def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
+    # Same global batch, the mean baseline (a global mean) and the KL term, lr large enough that the update is
+    # visible: the parameters after the updates must agree to fp32 tolerance. Stepwise: 2 updates with the
+    # calculator on, which is also the stepwise smoke run.
+    steps = "2" if mode == "stepwise" else "1"
+    common = [*TINY, "--max_steps", steps, "--learning_rate", "1e-3", "--temperature", "1.0", "--baseline", "mean",
+              "--kl_coeff", "0.1", "--no_evaluation_at_start", *(STEPWISE if mode == "stepwise" else [])]
+    run_in_process([*common, "--output_dir", str(tmp_path / "one")], monkeypatch)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29521",
+         "tests/run_with_test_reward.py", "reinforce", *common, "--output_dir", str(tmp_path / "two")], env=env)
+    one, two = params(tmp_path / f"one/checkpoint-{steps}"), params(tmp_path / f"two/checkpoint-{steps}")
+    from common.models import tiny_random_model
+
+    start = tiny_random_model().state_dict()
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4  # the update did something
+    # Adam's first steps move every weight by about lr whatever the size of its gradient, so fp32 noise from
+    # different padding (stepwise states differ a lot in length) shows most on weights with tiny gradients.
+    tol = 2e-5 if mode == "stepwise" else 1e-6
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < tol
+    m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [m["reward/mean"] for m in m1] == pytest.approx([m["reward/mean"] for m in m2])
+    if mode == "stepwise":
+        assert [x["step"] for x in m1] == [1, 2]
+        for key in (*KEYS, "episode_steps/mean", "calc/fired", "calc/refused"):
+            assert key in m1[0], key
+        assert 1 <= m1[0]["episode_steps/mean"] <= 3
+        assert m1[0]["episode_steps/mean"] == pytest.approx(m2[0]["episode_steps/mean"])
+        assert [json.loads(x)["step"] for x in (tmp_path / "one/eval.jsonl").read_text().splitlines()] == [2]
+
+
+def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypatch):
+    # The reference is refreshed after update 2; the run stops after update 3 and resumes for update 4, whose KL
+    # is to the policy after update 2: the checkpoint must carry that reference. A large kl_coeff makes any
+    # difference show.
+    common = [*TINY, "--learning_rate", "1e-3", "--kl_coeff", "1.0", "--update_ref_iterations", "2",
+              "--no_evaluation_at_start"]
+    run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "straight")], monkeypatch)
+    run_in_process([*common, "--max_steps", "3", "--output_dir", str(tmp_path / "split")], monkeypatch)
+    run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "split"), "--resume"], monkeypatch)
+    a, b = params(tmp_path / "straight/checkpoint-4"), params(tmp_path / "split/checkpoint-4")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
+    assert [x["step"] for x in split] == [1, 2, 3, 4]
+    # right after a refresh the sampler is the reference (KL 0); one update later it is not
+    assert abs(straight[2]["kl_ref"]) < 1e-5 and abs(straight[3]["kl_ref"]) > 1e-4
+    assert straight[3]["kl_ref"] == pytest.approx(split[3]["kl_ref"])
