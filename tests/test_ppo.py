@@ -1,0 +1,314 @@
+"""ppo.py: rewards, GAE, whitening and both losses against hand-computed values; the ratio on the first
+minibatch; micro-batching; and end-to-end runs on the tiny model (single process, torchrun with 2 CPU
+processes, resume, the shared critic)."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ppo
+from common.utils import masked_whiten
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
+        "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
+
+
+def run(cmd, **kw):
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def params(path):
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def critic_params(path):
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)["extra"]["critic"]
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def _test_reward_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_with_test_reward", ROOT / "tests/run_with_test_reward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def no_whitening(**kw):
+    return replace(ppo.Args(), whiten_advantages=False, **kw)
+
+
+# ---- rewards and GAE ------------------------------------------------------------------------------------------
+def test_gae_terminal_reward_gamma_lambda_one():
+    # Score 1 on the last of 5 tokens; row 2 is a 3-token response padded to 5 (its padding values are junk).
+    # With gamma = lambda = 1 the advantage is (sum of later rewards) - V_t = 1 - V_t and every return is 1.
+    args = no_whitening(gamma=1.0, lam=1.0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    rewards = ppo.token_rewards(torch.tensor([1.0, 1.0]), torch.tensor([False, False]), mask, args)
+    torch.testing.assert_close(rewards, torch.tensor([[0.0, 0, 0, 0, 1], [0, 0, 1, 0, 0]]))
+    values = torch.tensor([[0.2, 0.4, 0.5, 0.6, 0.8], [0.5, 0.5, 0.5, 9.0, 9.0]])
+    adv, ret = ppo.compute_advantages(rewards, values, mask, args)
+    torch.testing.assert_close(adv, torch.tensor([[0.8, 0.6, 0.5, 0.4, 0.2], [0.5, 0.5, 0.5, 0, 0]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
+
+
+def test_gae_terminal_reward_gamma_09_lambda_08():
+    # gamma * lambda = 0.72, V = 0.2 0.4 0.5 0.6 0.8, reward 1 on the last token, V after it = 0:
+    #   d4 = 1 - 0.8 = 0.2                A4 = 0.2
+    #   d3 = 0.9*0.8 - 0.6 = 0.12         A3 = 0.12 + 0.72*0.2       = 0.264
+    #   d2 = 0.9*0.6 - 0.5 = 0.04         A2 = 0.04 + 0.72*0.264     = 0.23008
+    #   d1 = 0.9*0.5 - 0.4 = 0.05         A1 = 0.05 + 0.72*0.23008   = 0.2156576
+    #   d0 = 0.9*0.4 - 0.2 = 0.16         A0 = 0.16 + 0.72*0.2156576 = 0.315273472
+    args = no_whitening(gamma=0.9, lam=0.8)
+    mask = torch.ones(1, 5)
+    rewards = ppo.token_rewards(torch.tensor([1.0]), torch.tensor([False]), mask, args)
+    values = torch.tensor([[0.2, 0.4, 0.5, 0.6, 0.8]])
+    adv, ret = ppo.compute_advantages(rewards, values, mask, args)
+    expected = torch.tensor([[0.315273472, 0.2156576, 0.23008, 0.264, 0.2]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected + values)  # R = A + V: 0.515273472 0.6156576 0.73008 0.864 1.0
+
+
+def test_kl_on_every_token_score_and_non_stop_penalty_on_the_last():
+    # Row 1 stopped (EOS is its 3rd token, then padding); row 2 hit the length limit (4 tokens, no EOS).
+    args = replace(ppo.Args(), kl_coef=0.1, non_stop_penalty=-0.25)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    kl = torch.tensor([[0.2, -0.1, 0.3, 7.0], [0.1, 0.1, 0.1, 0.1]])  # log pi_old - log pi_ref; 7.0 is padding
+    rewards = ppo.token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([False, True]), mask, args, kl)
+    torch.testing.assert_close(rewards, torch.tensor([[-0.02, 0.01, -0.03 + 1.0, 0.0],
+                                                      [-0.01, -0.01, -0.01, -0.01 + 0.5 - 0.25]]))
+    # with gamma = lambda = 1 and V = 0, the return of the first token is score - kl_coef * sum_t kl_t
+    _, ret = ppo.compute_advantages(rewards, torch.zeros(2, 4), mask, replace(args, whiten_advantages=False))
+    torch.testing.assert_close(ret[:, 0], torch.tensor([1.0 - 0.1 * 0.4, 0.5 - 0.25 - 0.1 * 0.4]))
+
+
+def test_whitening_ignores_masked_entries():
+    # Real entries 1 2 3 | 4: mean 2.5, unbiased variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3.
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, -50.0, 100.0, 100.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
+    s = (5 / 3) ** 0.5
+    expected = torch.tensor([[-1.5 / s, -0.5 / s, 0.5 / s, 0], [1.5 / s, 0, 0, 0]])
+    torch.testing.assert_close(ppo.global_masked_whiten(x, mask), expected)
+    torch.testing.assert_close(ppo.global_masked_whiten(x, mask), masked_whiten(x, mask))
+    # shift_mean=False (reward whitening) scales but keeps the mean: a positive score stays positive.
+    torch.testing.assert_close(ppo.global_masked_whiten(x, mask, shift_mean=False), (expected + 2.5) * mask)
+    # advantage whitening inside compute_advantages: padding stays 0, real tokens have mean 0
+    adv, _ = ppo.compute_advantages(x, torch.zeros_like(x), mask, replace(ppo.Args(), gamma=0.0))
+    torch.testing.assert_close(adv, expected)
+
+
+def test_explained_variance():
+    mask = torch.tensor([[1.0, 1, 1, 0]])
+    returns = torch.tensor([[1.0, 2.0, 3.0, 50.0]])
+    assert ppo.explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert ppo.explained_variance(torch.full_like(returns, 7.0), returns, mask) == pytest.approx(0.0)
+    # errors 1 0 -1 -> variance 1 (unbiased), variance of returns 1 -> 0
+    assert ppo.explained_variance(torch.tensor([[0.0, 2, 4, 0]]), returns, mask) == pytest.approx(0.0)
+    assert ppo.explained_variance(torch.tensor([[1.5, 2, 2.5, 0]]), returns, mask) == pytest.approx(0.75)
+
+
+# ---- losses ---------------------------------------------------------------------------------------------------
+def test_clipped_value_loss_by_hand():
+    # old V = 0, returns 1, cliprange_value 0.2; token 4 is padding.
+    #   V = 0.5: moved toward R past the clip -> V_clip = 0.2: max(0.25, 0.64) = 0.64 (clipped, no gradient)
+    #   V = 0.1: inside the clip -> 0.81
+    #   V = -0.5: moved away from R -> max(2.25, 1.44) = 2.25 (unclipped, gradient V - R = -1.5)
+    args = replace(ppo.Args(), cliprange_value=0.2)
+    values = torch.tensor([[0.5, 0.1, -0.5, 100.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1, 1, 0]])
+    loss, stats = ppo.value_loss(values, torch.zeros(1, 4), torch.ones(1, 4), mask, 3.0, args)
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3)
+    assert stats["v_loss"] == pytest.approx(0.5 * (0.64 + 0.81 + 2.25) / 3)
+    assert stats["vf_clipfrac"] == pytest.approx(1 / 3)
+    loss.backward()
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.9 / 3, -1.5 / 3, 0.0]]))
+
+
+def test_policy_loss_clips_only_in_the_direction_of_the_advantage():
+    args = replace(ppo.Args(), cliprange=0.2)
+    new = torch.log(torch.tensor([[1.5, 1.5]])).requires_grad_()  # ratio 1.5 on both tokens
+    loss, stats = ppo.policy_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), 2.0, args)
+    # A > 0: min(1.5, 1.2) -> -1.2 (clipped, no gradient); A < 0: max(1.5, 1.2) -> +1.5 (unclipped)
+    assert loss.item() == pytest.approx((-1.2 + 1.5) / 2)
+    assert stats["clipfrac"] == pytest.approx(0.5)
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, 1.5 / 2]]))
+
+
+@pytest.mark.parametrize("aggregation,expected", [
+    # lengths 1 and 3, per-token advantages [2 | 1 1 4]; at ratio 1 the per-token loss is -A
+    ("token", -(2 + 1 + 1 + 4) / 4),            # mean over the 4 tokens
+    ("sequence", -(2 / 1 + (1 + 1 + 4) / 3) / 2),  # mean per sequence, then over the 2 sequences
+])
+def test_loss_aggregation_with_uneven_lengths(aggregation, expected):
+    args = replace(ppo.Args(), loss_aggregation=aggregation)
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
+    adv = torch.tensor([[2.0, 9, 9], [1, 1, 4]])
+    lp = torch.full((2, 3), -1.0)
+    norm = ppo.loss_normaliser(aggregation, mask, world_size=1)
+    loss, _ = ppo.policy_loss(lp, lp, adv, mask, norm, args)
+    assert loss.item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
+    from common.models import load_critic, load_policy
+
+    policy, critic = load_policy("tiny-random"), load_critic("tiny-random")
+    torch.manual_seed(3)
+    torch.nn.init.normal_(critic.head.net[-1].weight, std=0.1)  # a non-zero head, so the body gets gradients
+    ids = torch.randint(3, 1000, (8, 12))
+    attn = torch.ones_like(ids)
+    R = 6
+    mask = torch.ones(8, R)
+    for i in range(8):
+        mask[i, 1 + i % 5:] = 0  # uneven lengths
+    attn[:, -R:] = mask.long()
+    adv, ret = torch.randn(8, R), torch.randn(8, R)
+    args = replace(ppo.Args(), loss_aggregation=aggregation)
+    norm = ppo.loss_normaliser(aggregation, mask, world_size=1)
+    grads, losses = [], []
+    for mb in (8, 1):
+        policy.zero_grad()
+        critic.zero_grad()
+        total = 0.0
+        for i in range(0, 8, mb):
+            sl = slice(i, i + mb)
+            lp, _, v = ppo.forward(policy, critic, None, ids[sl], attn[sl], R, 1.0)
+            # old log-probs and values perturbed so that both clipping paths are exercised
+            pg, _ = ppo.policy_loss(lp, lp.detach() - 0.3, adv[sl], mask[sl], norm, args)
+            vf, _ = ppo.value_loss(v, v.detach() + 0.3, ret[sl], mask[sl], norm, args)
+            loss = pg + 0.1 * vf
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        grads.append(torch.cat([p.grad.flatten() for m in (policy, critic) for p in m.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
+
+
+def test_ratio_is_one_on_the_first_minibatch_of_the_first_epoch(tmp_path, monkeypatch):
+    # pi_old's log-probs are recomputed by the learner before the update (not taken from the sampler), so the
+    # first minibatch sees exactly the policy that produced them; after one optimizer step they differ.
+    calls = []
+    real = ppo.policy_loss
+
+    def spy(logprobs, old_logprobs, *a, **kw):
+        calls.append((logprobs - old_logprobs).abs().max().item())
+        return real(logprobs, old_logprobs, *a, **kw)
+
+    monkeypatch.setattr(ppo, "policy_loss", spy)
+    monkeypatch.setattr(ppo, "make_env", _test_reward_module().make_env)  # a reward that varies: real updates
+    argv = [*TINY, "--micro_batch_size", "4", "--num_mini_batch", "2", "--num_ppo_epochs", "2",
+            "--max_steps", "1", "--learning_rate", "1e-3", "--temperature", "1.0", "--output_dir", str(tmp_path)]
+    from transformers import HfArgumentParser
+
+    ppo.main(HfArgumentParser(ppo.Args).parse_args_into_dataclasses(argv)[0])
+    # one call per minibatch (micro-batch = minibatch): (epoch 0, mb 0), (0, 1), (1, 0), (1, 1)
+    assert len(calls) == 4
+    assert calls[0] < 1e-5  # |log rho| = 0 up to float noise: rho = 1
+    assert min(calls[1:]) > 1e-3  # every later minibatch follows an update: rho != 1
+
+
+# ---- argument checks ----------------------------------------------------------------------------------------
+def test_bad_sizes_fail_before_any_model_loads():
+    with pytest.raises(ValueError, match="divisible by the number of processes"):
+        ppo.check_args(replace(ppo.Args(), num_prompts=3), world_size=2)
+    with pytest.raises(ValueError, match="--num_mini_batch 3 must divide"):
+        ppo.check_args(replace(ppo.Args(), num_mini_batch=3), world_size=1)
+    with pytest.raises(ValueError, match="--micro_batch_size 5 must divide"):
+        ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)
+    with pytest.raises(ValueError, match="--gamma and --lam"):
+        ppo.check_args(replace(ppo.Args(), lam=1.5), world_size=1)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        ppo.check_args(replace(ppo.Args(), model_name_or_path="./no/such/model"), world_size=1)
+
+
+def test_help_documents_every_field():
+    out = run([sys.executable, "ppo.py", "--help"]).stdout
+    for f in fields(ppo.Args):
+        assert f"--{f.name}" in out, f.name
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+
+
+# ---- end to end -----------------------------------------------------------------------------------------------
+def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
+    run([sys.executable, "ppo.py", *TINY, "--max_steps", "2", "--output_dir", str(tmp_path)])
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy",
+                "approx_kl", "clipfrac", "grad_norm", "lr", "tokens_per_s", "time/rollout_s", "time/update_s",
+                "v_loss", "explained_variance", "vf_clipfrac", "critic_grad_norm"):
+        assert key in lines[0], key
+    assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    assert model.config.num_hidden_layers == 2
+    assert "head.net.0.weight" in critic_params(tmp_path / "checkpoint-2")  # the separate critic is saved too
+
+
+def test_shared_critic_with_every_option_on(tmp_path):
+    # A 1-hidden-layer value head on the policy's body, with the KL reward (loads a reference), the non-stop
+    # penalty, reward whitening, the entropy bonus, per-sequence aggregation, gamma/lambda < 1.
+    run([sys.executable, "tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1",
+         "--critic_type", "shared", "--critic_layer_N", "1", "--critic_hidden_size", "16", "--kl_coef", "0.05",
+         "--non_stop_penalty", "-0.5", "--whiten_rewards", "--entropy_coef", "0.01", "--loss_aggregation",
+         "sequence", "--gamma", "0.9", "--lam", "0.95", "--output_dir", str(tmp_path)])
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["kl_ref"] == pytest.approx(0.0, abs=1e-5)  # pi_old is still pi_ref before the first update
+    assert line["v_loss"] > 0 and line["grad_norm"] > 0 and line["critic_grad_norm"] > 0
+    head = critic_params(tmp_path / "checkpoint-1")
+    assert set(head) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    assert head["net.2.weight"].abs().max() > 0  # the zero-initialised output layer learned
+
+
+def test_torchrun_two_processes_match_one_process(tmp_path):
+    # Same global batch (2 prompts x 4 samples), two epochs, the KL reward on: whitening, the token-mean
+    # denominator and explained variance are global, so policy and critic after one update must agree.
+    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1", "--learning_rate", "1e-3",
+              "--critic_learning_rate", "1e-3", "--temperature", "1.0", "--num_mini_batch", "1",
+              "--num_ppo_epochs", "2", "--kl_coef", "0.05"]
+    run([sys.executable, *common, "--output_dir", str(tmp_path / "one")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523",
+         *common, "--output_dir", str(tmp_path / "two")], env=env)
+    one, two = params(tmp_path / "one/checkpoint-1"), params(tmp_path / "two/checkpoint-1")
+    from common.models import tiny_random_model
+
+    start = tiny_random_model().state_dict()
+    assert max_diff(one, {k: start[k] for k in one}) > 1e-4  # the update did something
+    assert max_diff(one, two) < 1e-6
+    c1, c2 = critic_params(tmp_path / "one/checkpoint-1"), critic_params(tmp_path / "two/checkpoint-1")
+    assert c1["head.net.0.weight"].abs().max() > 1e-4  # the critic learned too
+    assert max_diff(c1, c2) < 1e-6
+    m1 = json.loads((tmp_path / "one/metrics.jsonl").read_text().splitlines()[0])
+    m2 = json.loads((tmp_path / "two/metrics.jsonl").read_text().splitlines()[0])
+    for key in ("reward/mean", "explained_variance"):
+        assert m1[key] == pytest.approx(m2[key], abs=1e-5)
+
+
+def test_resume_continues_exactly(tmp_path):
+    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3"]
+    run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "straight")])
+    run([sys.executable, *common, "--max_steps", "1", "--output_dir", str(tmp_path / "split")])
+    run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "split"), "--resume"])
+    a, b = tmp_path / "straight/checkpoint-2", tmp_path / "split/checkpoint-2"
+    assert max_diff(params(a), params(b)) < 1e-6
+    assert max_diff(critic_params(a), critic_params(b)) < 1e-6
+    steps = [json.loads(x)["step"] for x in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
