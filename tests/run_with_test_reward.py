@@ -15,15 +15,15 @@ from transformers import HfArgumentParser  # noqa: E402
 from common import env as envlib  # noqa: E402
 
 
-def make_env(task, split="train", **options):
-    env = envlib.make_env(task, split, **options)
-    real_step = env.step
-
-    def step(action):
-        obs, _, done, info = real_step(action)
+class TestRewardEnv(envlib.MathEnv):
+    def step(self, action):
+        obs, _, done, info = super().step(action)
         return obs, (len(action) % 5) / 4, done, info
 
-    env.step = step
+
+def make_env(task, split="train", **options):
+    env = envlib.make_env(task, split, **options)
+    env.__class__ = TestRewardEnv  # a subclass, not a patched method: copies of the env (stepwise) keep it
     return env
 
 
