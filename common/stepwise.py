@@ -91,18 +91,19 @@ class ProcessRewardModel:
             self.model = load_reference(name, dtype=dtype, device=device)
         self.autocast_dtype, self.batch_size = autocast_dtype, batch_size
 
-    def input_ids(self, question, steps):
-        """question \\n step_1 <tag> \\n step_2 <tag> ... with the tag inserted as its id: however the tokenizer
-        would merge it with the text around it, each step ends with exactly one tag token."""
-        ids = self.tokenizer(question + "\n", add_special_tokens=True)["input_ids"]
-        for k, step in enumerate(steps):
-            text = ("\n" if k else "") + step.replace(self.step_tag, "").strip() + " "  # the policy can't fake a tag
-            ids += self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tag_id]
-        return ids
+    def text(self, question, steps):
+        """OpenR's PRM input: 'question\\nstep_1 ки\\nstep_2 ки...', ending with the newest step's tag. A tag that the
+        policy wrote itself is removed, so it can't add a position the PRM would be read at."""
+        return question + "\n" + "\n".join(f"{step.replace(self.step_tag, '').strip()} {self.step_tag}" for step in steps)
 
     def __call__(self, questions, steps):
         """Scores in (0, 1) of the newest step of each (question, steps so far)."""
-        rows = [self.input_ids(q, s) for q, s in zip(questions, steps)]
+        rows = [self.tokenizer(self.text(q, s))["input_ids"] for q, s in zip(questions, steps)]
+        if any(row[-1] != self.tag_id for row in rows):
+            raise ValueError(
+                f"the PRM's tokenizer does not end {self.text(questions[0], steps[0])[-40:]!r} with the step tag's "
+                f"token {self.tag_id}: it merges the tag with the text before it. Pass --prm_step_tag as the "
+                f"token your PRM was trained with (Math-Shepherd: 'ки').")
         return torch.cat([prm_scores(self.model, rows[i:i + self.batch_size], self.tag_id, self.good_id,
                                      self.bad_id, self.tokenizer.pad_token_id, self.autocast_dtype).cpu()
                           for i in range(0, len(rows), self.batch_size)])
