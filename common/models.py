@@ -413,15 +413,31 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     done = torch.zeros(B, dtype=torch.bool, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     alive_mask = []  # per step: was the row still generating when this token was sampled
+    rows = torch.arange(B, device=device)  # the original rows still in the forward batch
     with autocast:
         attn = prompt_mask
         positions = position_ids_from_mask(prompt_mask)
-        out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=positions, use_cache=True,
-                    logits_to_keep=1)
+        # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill: only the
+        # distinct prompts run through the model, and their KV cache rows are then copied out to every row.
+        first_row = {}
+        for i, p in enumerate(prompts):
+            first_row.setdefault(tuple(p), i)
+        slot = {p: j for j, p in enumerate(first_row)}
+        distinct = torch.tensor(list(first_row.values()), device=device)
+        inverse = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+        out = model(input_ids=prompt_ids[distinct], attention_mask=attn[distinct], position_ids=positions[distinct],
+                    use_cache=True, logits_to_keep=1)
         cache, next_pos = out.past_key_values, positions[:, -1:] + 1
+        if len(distinct) < B:
+            cache.batch_select_indices(inverse)
+        logits = out.logits[:, -1][inverse]  # [B, V]
         for t in range(max_new_tokens):
-            token, lp = sample_token(out.logits[:, -1], temperature, top_p, generators)
+            gens = None if generators is None else [generators[i] for i in rows.tolist()]
+            sampled, lp_rows = sample_token(logits, temperature, top_p, gens)
+            token = torch.full((B,), pad_id, dtype=sampled.dtype, device=device)
+            lp = torch.zeros(B, device=device)
             alive = ~done
+            token[rows], lp[rows] = sampled, lp_rows.float()
             token = torch.where(alive, token, torch.full_like(token, pad_id))
             tokens.append(token)
             logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
@@ -435,10 +451,17 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             done |= hit
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
-            attn = torch.cat([attn, alive[:, None].long()], dim=1)
-            out = model(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos,
+            # Finished rows leave the forward batch (their KV cache rows too): once the model answers
+            # concisely, most of a batch is done long before the slowest row, and a dead row costs as much
+            # as a live one. A row's sample depends only on its own logits and its own generator.
+            keep = (~done[rows]).nonzero()[:, 0]
+            if len(keep) < len(rows):
+                rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
+                cache.batch_select_indices(keep)
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = model(input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
                         past_key_values=cache, use_cache=True)
-            cache, next_pos = out.past_key_values, next_pos + 1
+            cache, next_pos, logits = out.past_key_values, next_pos + 1, out.logits[:, -1]
     model.train(was_training)
 
     response_ids = torch.stack(tokens, dim=1)  # [B, R]

@@ -60,12 +60,38 @@ def test_samples_depend_on_the_row_seed_not_the_batch(tok, tiny):
     assert other_seed[0].tolist() != alone[0].tolist()
 
 
+def test_identical_prompts_share_one_prefill(tiny, tok):
+    # A GRPO group is G copies of one prompt: the prefill runs once per distinct prompt, and each row's
+    # samples are still those it draws alone.
+    p = encode_prompts(tok, ["same question", "other"])
+    shapes = []
+    hook = tiny.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                          with_kwargs=True)
+    try:
+        shared = generate(tiny, tok, [p[0], p[0], p[1]], 5, temperature=1.0, seeds=[1, 2, 3]).response_ids
+    finally:
+        hook.remove()
+    assert shapes[0][0] == 2 and all(s == (3, 1) for s in shapes[1:])
+    for row, (prompt, seed) in enumerate([(p[0], 1), (p[0], 2), (p[1], 3)]):
+        alone = generate(tiny, tok, [prompt], 5, temperature=1.0, seeds=[seed]).response_ids
+        assert shared[row].tolist() == alone[0].tolist()
+
+
 def test_stop_strings_and_eos_end_rows_independently(tok):
     # A model that always predicts the same fixed token sequence, so the stopping logic is checked exactly:
     # row 0 says "a", "\n", ... ; row 1 says "b", EOS.
     newline = tok("\n", add_special_tokens=False)["input_ids"][-1]
     a, b = tok("a", add_special_tokens=False)["input_ids"][0], tok("b", add_special_tokens=False)["input_ids"][0]
     script = {0: [a, newline, a, a], 1: [b, tok.eos_token_id, b, b]}
+
+    class Cache:  # the step count and which original rows are still in the batch
+        def __init__(self, rows):
+            self.t, self.rows = 0, rows
+
+        def batch_select_indices(self, keep):
+            self.rows = [self.rows[i] for i in keep.tolist()]
+
+    batch_sizes = []
 
     class Scripted(torch.nn.Module):
         def __init__(self):
@@ -74,11 +100,15 @@ def test_stop_strings_and_eos_end_rows_independently(tok):
             self.config = type("C", (), {})()
 
         def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, **kw):
-            t = 0 if past_key_values is None else past_key_values + 1
-            logits = torch.full((2, 1, len(tok)), -1e4)
-            for row in (0, 1):
-                logits[row, 0, script[row][t]] = 0.0
-            return type("O", (), {"logits": logits, "past_key_values": t})()
+            cache = Cache([0, 1]) if past_key_values is None else past_key_values
+            if past_key_values is not None:
+                cache.t += 1
+            assert input_ids.shape[0] == attention_mask.shape[0] == len(cache.rows)
+            batch_sizes.append(len(cache.rows))
+            logits = torch.full((len(cache.rows), 1, len(tok)), -1e4)
+            for i, row in enumerate(cache.rows):
+                logits[i, 0, script[row][cache.t]] = 0.0
+            return type("O", (), {"logits": logits, "past_key_values": cache})()
 
     gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
     assert gen.response_mask.tolist() == [[1, 1], [1, 1]]  # all rows done after 2 tokens: no wasted columns
@@ -87,6 +117,7 @@ def test_stop_strings_and_eos_end_rows_independently(tok):
     gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
     assert gen.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert gen.truncated.tolist() == [True, False]
+    assert batch_sizes[-4:] == [2, 2, 1, 1]  # row 1 ended with EOS at step 2 and left the forward batch
     gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))  # spans tokens
     assert gen.response_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
 
