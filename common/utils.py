@@ -43,6 +43,31 @@ def backbone_and_head(model):
     return model.base_model, model.get_output_embeddings()
 
 
+def _body_forward(model, body, input_ids, attention_mask, prompt_len):
+    """Hidden states [B, T, H]. Rows with identical prompt columns (a GRPO group: G responses to one question)
+    run the prompt once; its keys/values are copied out to every row of the group, and the responses attend to
+    them. Gradients flow back through the copies, so this is the same function of the weights as a plain
+    forward, at a fraction of the prompt's cost in forward and backward."""
+    positions = position_ids_from_mask(attention_mask)
+    first_row = {}
+    keys = [tuple(r) for r in torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1).tolist()]
+    for i, k in enumerate(keys):
+        first_row.setdefault(k, i)
+    # HF turns the cache off under gradient checkpointing, so prompts are shared only without it.
+    if len(first_row) == len(keys) or prompt_len < 1 or getattr(body, "gradient_checkpointing", False):
+        return body(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
+    slot = {k: j for j, k in enumerate(first_row)}
+    distinct = torch.tensor(list(first_row.values()), device=input_ids.device)
+    inverse = torch.tensor([slot[k] for k in keys], device=input_ids.device)
+    prompt = body(input_ids=input_ids[distinct, :prompt_len], attention_mask=attention_mask[distinct, :prompt_len],
+                  position_ids=positions[distinct, :prompt_len], use_cache=True)
+    cache = prompt.past_key_values
+    cache.batch_select_indices(inverse)
+    rest = body(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask,
+                position_ids=positions[:, prompt_len:], past_key_values=cache, use_cache=True)
+    return torch.cat([prompt.last_hidden_state[inverse], rest.last_hidden_state], dim=1)
+
+
 def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0, chunk_rows=None,
                    return_hidden=False):
     """Log-prob and entropy of each of the last `response_len` tokens of `input_ids`, given the tokens before.
@@ -53,8 +78,16 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
     so the [B, R, V] float32 logits never exist at once (V is 49k-152k: that tensor would dominate memory).
     """
     body, head = backbone_and_head(model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=position_ids_from_mask(attention_mask)).last_hidden_state  # [B, T, H]
+    # Columns that are padding in every row (left of the longest prompt, right of the longest response) change
+    # nothing for the real tokens, so they are cut before the forward and zero-filled after: a micro-batch
+    # costs what its own longest sequence costs, not the whole rollout's.
+    T, full_R = input_ids.shape[1], response_len
+    used = attention_mask.bool().any(0).nonzero()[:, 0]
+    lo = min(int(used[0]), T - response_len - 1) if len(used) else 0
+    hi = max(int(used[-1]) + 1, T - response_len + 1) if len(used) else T
+    input_ids, attention_mask = input_ids[:, lo:hi], attention_mask[:, lo:hi]
+    response_len = response_len - (T - hi)
+    hidden = _body_forward(model, body, input_ids, attention_mask, input_ids.shape[1] - response_len)  # [B, T', H]
     # CRUCIAL: the hidden state at position t predicts token t+1, so the R response tokens (the last R
     # columns) are scored by the R hidden states just before them.
     h = hidden[:, -response_len - 1:-1]  # [B, R, H]
@@ -70,8 +103,12 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
             lp, ent = _chunk_logprobs_entropy(*args)
         logps.append(lp)
         ents.append(ent)
-    out = (torch.cat(logps), torch.cat(ents))
-    return out + (hidden,) if return_hidden else out
+    out = [torch.cat(logps), torch.cat(ents)]
+    if response_len < full_R:  # the trimmed response columns: log-prob and entropy 0, as padding
+        out = [F.pad(x, (0, full_R - response_len)) for x in out]
+    if return_hidden:
+        out.append(F.pad(hidden, (0, 0, lo, T - hi)))
+    return tuple(out)
 
 
 @torch.no_grad()

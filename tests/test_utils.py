@@ -144,6 +144,24 @@ def test_token_logprobs_invariant_to_left_padding(tiny):
     torch.testing.assert_close(together[:1], alone, atol=1e-5, rtol=0)
 
 
+def test_token_logprobs_cut_all_padding_columns_and_zero_fill_them(tiny):
+    # A micro-batch padded for a longer rollout: 2 extra pad columns on the left of every prompt and 3 on the
+    # right of every response. The real tokens' log-probs and hidden states must be those of the unpadded
+    # batch, and the pad columns come back as 0.
+    torch.manual_seed(3)
+    ids = torch.randint(3, 1000, (2, 7))  # 4 prompt + 3 response tokens
+    mask = torch.ones_like(ids)
+    lp, ent, hidden = token_logprobs(tiny, ids, mask, 3, return_hidden=True)
+    pad_ids = F.pad(ids, (2, 3))
+    pad_mask = F.pad(mask, (2, 3))
+    lp_p, ent_p, hidden_p = token_logprobs(tiny, pad_ids, pad_mask, 6, return_hidden=True)
+    assert lp_p.shape == (2, 6) and hidden_p.shape[:2] == (2, 12)
+    torch.testing.assert_close(lp_p[:, :3], lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_p[:, :3], ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden_p[:, 2:9], hidden, atol=1e-5, rtol=0)
+    assert lp_p[:, 3:].abs().sum() == 0 and hidden_p[:, :2].abs().sum() == 0 and hidden_p[:, 9:].abs().sum() == 0
+
+
 def test_token_logprobs_chunking_and_gradients_agree(tiny):
     torch.manual_seed(2)
     ids = torch.randint(3, 1000, (4, 8))
@@ -156,3 +174,26 @@ def test_token_logprobs_chunking_and_gradients_agree(tiny):
         grads.append(tiny.model.embed_tokens.weight.grad.clone())
     # Same gradient up to float summation order.
     assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
+
+
+def test_token_logprobs_share_identical_prompts_exactly(tiny):
+    # Rows 0 and 1 share a prompt (run once, its keys/values copied), row 2 has its own. Log-probs and
+    # gradients must equal those of each row run on its own.
+    torch.manual_seed(4)
+    prompt_a, prompt_b = torch.randint(3, 1000, (1, 5)), torch.randint(3, 1000, (1, 5))
+    responses = torch.randint(3, 1000, (3, 4))
+    ids = torch.cat([torch.cat([prompt_a, prompt_a, prompt_b]), responses], dim=1)
+    mask = torch.ones_like(ids)
+    mask[1, -1] = 0  # a shorter response in the shared group
+    tiny.zero_grad()
+    lp, _ = token_logprobs(tiny, ids, mask, 4)
+    (lp * mask[:, -4:]).sum().backward()
+    shared_grad = tiny.model.layers[0].self_attn.k_proj.weight.grad.clone()
+    tiny.zero_grad()
+    alone = []
+    for row in range(3):
+        lp_row, _ = token_logprobs(tiny, ids[row:row + 1], mask[row:row + 1], 4)
+        (lp_row * mask[row:row + 1, -4:]).sum().backward()
+        alone.append(lp_row)
+    torch.testing.assert_close(lp * mask[:, -4:], torch.cat(alone) * mask[:, -4:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared_grad, tiny.model.layers[0].self_attn.k_proj.weight.grad, atol=1e-5, rtol=1e-4)
