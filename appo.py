@@ -73,11 +73,11 @@ class Args:
     num_few_shot: int = field(default=0, metadata={"help": "Worked examples put in each prompt."})
     output_dir: str = field(default="runs/appo", metadata={"help": "Where metrics.jsonl, samples.jsonl and checkpoints go."})
     seed: int = field(default=0, metadata={"help": "Seeds prompt order, sampling and model init; runs are reproducible."})
-    max_steps: int = field(default=20, metadata={"help": "Number of policy updates (one rollout batch each)."})
-    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate (constant after warmup)."})
+    max_steps: int = field(default=15, metadata={"help": "Number of policy updates (one rollout batch each)."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW learning rate (constant after warmup)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warmup, in updates."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clip."})
-    max_new_tokens: int = field(default=48, metadata={"help": "Response length limit, in tokens."})
+    max_new_tokens: int = field(default=32, metadata={"help": "Response length limit, in tokens."})
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (also applied to training log-probs)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
     micro_batch_size: int = field(default=8, metadata={"help": "Sequences per forward/backward; gradients accumulate."})
@@ -101,7 +101,8 @@ class Args:
     num_env_steps: Optional[int] = field(default=None, metadata={"help": (
         "OpenR's budget in env steps over all threads; when given, max_steps = num_env_steps // "
         "(episode_length * n_rollout_threads).")})
-    max_episode_steps: int = field(default=10, metadata={"help": "An episode ends after this many steps (OpenR: 10)."})
+    max_episode_steps: int = field(default=2, metadata={"help": (
+        "An episode ends after this many steps (OpenR: 10; 2 here because an arithmetic answer is one line).")})
     step_tag: str = field(default="\n", metadata={"help": (
         "Text appended after each step in the policy's context (OpenR: ' ки\\n'). A step always ends at the "
         "first token holding a newline.")})

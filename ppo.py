@@ -87,8 +87,9 @@ class Args:
     wandb_project: str = field(default="mathrl", metadata={"help": "wandb project name."})
     # ---- PPO ----
     num_prompts: int = field(default=16, metadata={"help": "Prompts per update, over all ranks."})
-    num_generations: int = field(default=2, metadata={"help": (
-        "Responses sampled per prompt. The critic is the baseline, so 1 works; 2 gives more samples per prompt.")})
+    num_generations: int = field(default=1, metadata={"help": (
+        "Responses sampled per prompt. The critic is the baseline, so 1 (the default, as in oat and TRL) works; "
+        "more gives several samples per prompt.")})
     num_ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     num_mini_batch: int = field(default=2, metadata={"help": (
         "Optimizer steps per pass: the rollout batch is shuffled and split into this many minibatches.")})
@@ -96,7 +97,7 @@ class Args:
     critic_type: Literal["separate", "shared"] = field(default="separate", metadata={"help": (
         "separate: a second transformer initialised from the policy's weights, with a value head (oat, TRL); "
         "shared: a value head on the policy's own last hidden states (value gradients reach the policy's body).")})
-    critic_learning_rate: float = field(default=5e-5, metadata={"help": "AdamW learning rate of the critic (or of the shared value head)."})
+    critic_learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate of the critic (or of the shared value head)."})
     critic_hidden_size: int = field(default=1024, metadata={"help": "Width of the value head's hidden layers."})
     critic_layer_N: int = field(default=0, metadata={"help": "Hidden layers in the value head (0: one linear layer, as TRL)."})
     cliprange_value: float = field(default=0.2, metadata={"help": "The new value may move at most this far from the old one before the loss clips."})
