@@ -21,7 +21,8 @@ PANELS = [
     ("response_len/mean", "metrics", "Response length", "mean tokens per response"),
     ("kl", "metrics", "KL", None),  # y label: the key(s) actually plotted
 ]
-KL_LABELS = {"kl_ref": "kl_ref (k3, policy vs reference)", "approx_kl": "approx_kl (k3, old vs new policy)"}
+# No estimator in the label: grpo/ppo log k3 to the reference, reinforce logs k1 (its KL-in-the-return term).
+KL_LABELS = {"kl_ref": "kl_ref (policy vs reference)", "approx_kl": "approx_kl (old vs new policy)"}
 
 
 def read_log(path):
