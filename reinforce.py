@@ -45,7 +45,7 @@ Launch:
     python reinforce.py                                       # CPU, offline: SmolLM2-135M-Instruct, arithmetic
     python reinforce.py --stepwise --sym_calc --n_few_shot_examples 2                        # CPU, stepwise
     python reinforce.py --model_name_or_path meta-llama/Llama-3.2-1B-Instruct --dataset_name gsm8k --bf16 \\
-        --stepwise --sym_calc --n_few_shot_examples 5 --kl_coeff 0.25 --update_ref_iterations 2  # 1 GPU, the seed's
+        --stepwise --sym_calc --n_few_shot_examples 5 --update_ref_iterations 20        # 1 GPU, stepwise
     torchrun --nproc_per_node 8 reinforce.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
         --dataset_name gsm8k --bf16 --num_prompts 64                                           # N GPUs
 """
