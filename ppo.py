@@ -183,7 +183,7 @@ def compute_advantages(rewards, values, response_mask, args):
     """Token-level GAE. rewards, values: [B, R] -> (advantages, returns), both [B, R] and 0 on padding."""
     mask = response_mask.float()
     if args.whiten_rewards:
-        rewards = global_masked_whiten(rewards, mask, shift_mean=False)  # scale only: the sign of a score stays
+        rewards = global_masked_whiten(rewards, mask, shift_mean=False)  # TRL: (r - mean)/std + mean, mean kept
     # CRUCIAL: the episode ends at each row's last real token: V after it is 0 (a truncated response too).
     advantages, returns = token_gae(rewards, values, mask, args.gamma, args.lam)  # [B, R]
     # CRUCIAL: returns are taken before whitening: they are the critic's targets, in reward units.
