@@ -110,8 +110,7 @@ def mathrl_worker(args):
     def log(self, step, metrics):
         real_log(self, step, metrics)
         report(side="mathrl", step=step, seconds=time.time() - clock["t0"], reward=metrics["reward/mean"],
-               response_len=metrics["response_len/mean"], rollout_s=metrics["time/rollout_s"],
-               update_s=metrics["time/update_s"])
+               response_len=metrics["response_len/mean"], update_s=metrics["time/update_s"])
 
     grpo.rollout, grpo.Logger.log = rollout, log
     report(side="mathrl", ready=True)
@@ -155,22 +154,37 @@ def main(args):
         peak[side] = read_report(proc)["peak_rss_mb"]
         proc.wait()
 
-    med = {side: statistics.median(r["seconds"] for r in rows[side]) for side in rows}
-    last = max(1, args.steps // 4)
-    reward = {side: statistics.mean(r["reward"] for r in rows[side][-last:]) for side in rows}
-    summary = {
-        "steps": args.steps, "median_step_s": med, "ratio_mathrl_over_trl": med["mathrl"] / med["trl"],
-        "peak_rss_mb": peak, f"reward_last_{last}_steps": reward,
-        "mathrl_rollout_s_median": statistics.median(r["rollout_s"] for r in rows["mathrl"]),
-        "mathrl_update_s_median": statistics.median(r["update_s"] for r in rows["mathrl"]),
-    }
+    summary = summarize(rows, peak)
     if args.eval_problems:
         summary["heldout_greedy_accuracy"] = evaluate_both(out, args.eval_problems)
     print(json.dumps(summary, indent=2))
     Path(out, "summary.json").write_text(json.dumps({**summary, "rows": rows}, indent=2))
+    med, last, reward = summary["median_step_s"], summary["reward_last_steps"], summary["reward"]
     print(f"median step: mathrl {med['mathrl']:.1f} s, TRL {med['trl']:.1f} s, ratio {summary['ratio_mathrl_over_trl']:.2f}"
+          f" (per completion token {summary['ratio_per_completion_token']:.2f})"
           f" | peak RSS: mathrl {peak['mathrl']:.0f} MB, TRL {peak['trl']:.0f} MB"
           f" | reward (last {last} steps): mathrl {reward['mathrl']:.3f}, TRL {reward['trl']:.3f} | {out}")
+
+
+def summarize(rows, peak):
+    """Medians and ratios from the per-step rows of both sides (also usable on a saved summary.json's rows)."""
+    med = {side: statistics.median(r["seconds"] for r in rows[side]) for side in rows}
+    steps = len(rows["mathrl"])
+    last = max(1, steps // 4)
+    # The two runs learn at different speeds and shorter answers make cheaper steps, so the step-time ratio is
+    # also given per sampled completion token (32 completions per step on both sides).
+    per_token = {side: sum(r["seconds"] for r in rows[side]) / sum(r["response_len"] for r in rows[side])
+                 for side in rows}
+    return {
+        "steps": steps, "median_step_s": med, "ratio_mathrl_over_trl": med["mathrl"] / med["trl"],
+        "ratio_per_completion_token": per_token["mathrl"] / per_token["trl"],
+        "mean_response_len": {side: statistics.mean(r["response_len"] for r in rows[side]) for side in rows},
+        "peak_rss_mb": peak, "reward_last_steps": last,
+        "reward": {side: statistics.mean(r["reward"] for r in rows[side][-last:]) for side in rows},
+        # grpo.py's own time/rollout_s includes the wait for the baton, so the rollout is step time - update time
+        "mathrl_rollout_s_median": statistics.median(r["seconds"] - r["update_s"] for r in rows["mathrl"]),
+        "mathrl_update_s_median": statistics.median(r["update_s"] for r in rows["mathrl"]),
+    }
 
 
 def evaluate_both(out, n):
