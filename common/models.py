@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from common.utils import all_gather_objects, position_ids_from_mask
+from common.utils import all_gather_objects, identical_rows, position_ids_from_mask
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"
@@ -419,12 +419,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
         positions = position_ids_from_mask(prompt_mask)
         # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill: only the
         # distinct prompts run through the model, and their KV cache rows are then copied out to every row.
-        first_row = {}
-        for i, p in enumerate(prompts):
-            first_row.setdefault(tuple(p), i)
-        slot = {p: j for j, p in enumerate(first_row)}
-        distinct = torch.tensor(list(first_row.values()), device=device)
-        inverse = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+        distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
         out = model(input_ids=prompt_ids[distinct], attention_mask=attn[distinct], position_ids=positions[distinct],
                     use_cache=True, logits_to_keep=1)
         cache, next_pos = out.past_key_values, positions[:, -1:] + 1

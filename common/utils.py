@@ -23,6 +23,17 @@ def position_ids_from_mask(mask):
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def identical_rows(x):
+    """x [B, L] -> (first, inverse): the first row index of each distinct row of x, ascending, and for every row
+    the slot of its distinct row, so that x[first][inverse] == x (both are aranges when all rows differ). Used to
+    run a group's shared prompt once."""
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)  # slots in sorted order of the rows' values
+    rows = torch.arange(x.shape[0], device=x.device)
+    first = torch.full((int(inverse.max()) + 1,), x.shape[0], device=x.device).scatter_reduce(0, inverse, rows, "amin")
+    order = first.argsort()  # renumber the slots by first appearance
+    return first[order], order.argsort()[inverse]
+
+
 def logprobs_from_logits(logits, labels, temperature=1.0):
     """logits [..., V], labels [...] -> log softmax(logits / T)[label], computed in float32."""
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
@@ -49,16 +60,12 @@ def _body_forward(model, body, input_ids, attention_mask, prompt_len):
     them. Gradients flow back through the copies, so this is the same function of the weights as a plain
     forward, at a fraction of the prompt's cost in forward and backward."""
     positions = position_ids_from_mask(attention_mask)
-    first_row = {}
-    keys = [tuple(r) for r in torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1).tolist()]
-    for i, k in enumerate(keys):
-        first_row.setdefault(k, i)
+    distinct = None
     # HF turns the cache off under gradient checkpointing, so prompts are shared only without it.
-    if len(first_row) == len(keys) or prompt_len < 1 or getattr(body, "gradient_checkpointing", False):
+    if prompt_len >= 1 and not getattr(body, "gradient_checkpointing", False):
+        distinct, inverse = identical_rows(torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1))
+    if distinct is None or len(distinct) == len(input_ids):
         return body(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
-    slot = {k: j for j, k in enumerate(first_row)}
-    distinct = torch.tensor(list(first_row.values()), device=input_ids.device)
-    inverse = torch.tensor([slot[k] for k in keys], device=input_ids.device)
     prompt = body(input_ids=input_ids[distinct, :prompt_len], attention_mask=attention_mask[distinct, :prompt_len],
                   position_ids=positions[distinct, :prompt_len], use_cache=True)
     cache = prompt.past_key_values

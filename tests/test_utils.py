@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.utils import (discounted_returns, explained_variance, group_advantages, kl_k1, kl_k2, kl_k3,
-                          masked_mean, masked_whiten, step_gae, token_gae, token_logprobs)
+from common.utils import (discounted_returns, explained_variance, group_advantages, identical_rows, kl_k1, kl_k2,
+                          kl_k3, masked_mean, masked_whiten, step_gae, token_gae, token_logprobs)
 
 
 # ---- GAE ---------------------------------------------------------------------------------------------------
@@ -174,6 +174,17 @@ def test_token_logprobs_chunking_and_gradients_agree(tiny):
         grads.append(tiny.model.embed_tokens.weight.grad.clone())
     # Same gradient up to float summation order.
     assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
+
+
+def test_identical_rows_on_a_hand_example():
+    # rows 0, 2, 3 are one prompt, row 1 another (same tokens, different padding), row 4 a third
+    x = torch.tensor([[0, 5, 6, 0, 1, 1], [5, 6, 0, 1, 1, 0], [0, 5, 6, 0, 1, 1], [0, 5, 6, 0, 1, 1], [0, 7, 6, 0, 1, 1]])
+    first, inverse = identical_rows(x)
+    assert len(first) == 3
+    torch.testing.assert_close(x[first][inverse], x)
+    assert first.tolist() == [0, 1, 4] and inverse.tolist() == [0, 1, 0, 0, 2]
+    first, inverse = identical_rows(x[[4, 1, 0]])  # all distinct: the identity, whatever the values' order
+    assert first.tolist() == inverse.tolist() == [0, 1, 2]
 
 
 def test_token_logprobs_share_identical_prompts_exactly(tiny):
