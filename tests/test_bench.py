@@ -1,11 +1,14 @@
-"""The TRL benchmark's summary arithmetic (the benchmark itself needs TRL and ~20 min: bench/trl_vs_mathrl.py)."""
+"""The benchmarks' arithmetic by hand: the TRL comparison's summary (the benchmark itself needs TRL and ~20 min:
+bench/trl_vs_mathrl.py) and the baseline-variance statistics (bench/baseline_variance.py)."""
 
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from baseline_variance import estimator_stats, last_layer_param, per_sample_grads  # noqa: E402
 from trl_vs_mathrl import summarize  # noqa: E402
 
 
@@ -24,3 +27,46 @@ def test_summary_ratios_and_rollout_time_by_hand():
     assert out["reward_last_steps"] == 1 and out["reward"] == {"trl": 0.5, "mathrl": 0.25}
     # rollout = step - update: 8, 10, 6, 10 -> median 9; updates 12, 20, 4, 30 -> median 16
     assert out["mathrl_rollout_s_median"] == 9.0 and out["mathrl_update_s_median"] == 16.0
+
+
+def test_baseline_variance_statistics_by_hand():
+    # one prompt, M = 4 samples split into 2 groups of k = 2; a group's estimate is sum_i w_i g_i / (P k)
+    ones = torch.ones(4, dtype=torch.float64)
+    # every sample has the same gradient g and reward 1: none estimates g exactly (variance 0, |E|^2 = 1);
+    # rloo's weights sum to 0 in each group, so it estimates 0, also exactly
+    s = estimator_stats(torch.ones(4, 4, dtype=torch.float64), ones[None], k=2)
+    assert s["none"]["variance"] == pytest.approx(0) and s["none"]["signal"] == pytest.approx(1)
+    assert s["rloo"]["variance"] == pytest.approx(0) and s["rloo"]["signal"] == pytest.approx(0)
+    # orthonormal gradients, reward 1 on sample 0 only. none: the group holding sample 0 gives g0 / 2, the other
+    # 0 -> unbiased variance of 2 vectors (1/4 + 0 - |g0/2|^2 / 2) / 1 = 1/8. rloo: that group's weights are
+    # (1, -1) -> (g0 - g_b) / 2, |.|^2 = 1/2 -> (1/2 - 1/4) = 1/4. With uncorrelated gradients the baseline only
+    # adds the second sample's noise: it pays off through the gradient shared by a prompt's responses.
+    eye = torch.eye(4, dtype=torch.float64)
+    s = estimator_stats(eye, torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), k=2)
+    assert s["none"]["variance"] == pytest.approx(1 / 8) and s["rloo"]["variance"] == pytest.approx(1 / 4)
+    assert s["none"]["signal"] == pytest.approx(0) and s["rloo"]["signal"] == pytest.approx(0)
+    # two prompts of orthonormal gradients, reward 1 everywhere: the batch estimate sums 4 vectors / (P k) = 4,
+    # |.|^2 = 4 / 16; per prompt (2/8 - 1/8) = 1/8, two prompts 1/4
+    s = estimator_stats(torch.eye(8, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64), k=2)
+    assert s["none"]["variance"] == pytest.approx(1 / 4)
+    with pytest.raises(ValueError, match="at least 2 groups"):
+        estimator_stats(eye, ones[None], k=3)
+
+
+def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
+    from common.models import load_policy
+    from common.utils import masked_sum, token_logprobs
+    policy = load_policy("tiny-random")
+    name, weight = last_layer_param(policy, "mlp.down_proj.weight")
+    module = policy.get_submodule(name.rsplit(".", 1)[0])
+    ids = torch.randint(3, 200, (3, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # a left-padded prompt
+    loss_mask = torch.ones(3, 4)
+    loss_mask[2, 3] = 0  # a response that ended early
+    fast = per_sample_grads(policy, module, ids, mask, loss_mask, temperature=0.7)
+    for i in range(3):
+        lp, _ = token_logprobs(policy, ids[i:i + 1], mask[i:i + 1], 4, temperature=0.7)
+        (g,) = torch.autograd.grad(masked_sum(lp, loss_mask[i:i + 1]), weight)
+        assert torch.allclose(fast[i], g.flatten(), atol=1e-6), i
+        assert g.abs().sum() > 0

@@ -105,6 +105,24 @@ def test_loss_is_minus_advantage_times_sequence_logprob():
     assert loss.item() == pytest.approx(1.0)
 
 
+def test_a_constant_baseline_is_free_with_sums_but_favours_short_responses_when_length_normalised():
+    # A policy with one logit theta over two responses: o1 is one token (prob p = sigmoid(theta)), o2 is two
+    # tokens (1 - p, then a sure token). The exact expected gradient of -c * log pi(o) over the policy's own
+    # samples is 0 for any constant c (that is why a baseline is allowed). With length normalisation it is
+    # -c * (p(1-p) - p(1-p)/2) = -c p(1-p)/2: at p = 1/2, c = 1, -1/8, so descent raises theta, the short
+    # response. Subtracting b from every return therefore also pushes toward longer responses by b/8 here.
+    theta = torch.zeros((), requires_grad=True)
+    p = torch.sigmoid(theta)
+    logprobs = torch.stack([torch.stack([p.log(), torch.zeros(())]), torch.stack([(1 - p).log(), torch.zeros(())])])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    weights = torch.stack([p, 1 - p]).detach()  # E over o: each response weighted by its probability
+    for length_normalize, expected in [(False, 0.0), (True, -1 / 8)]:
+        theta.grad = None
+        loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), weights * 1.0, mask, 1.0, length_normalize)
+        loss.backward(retain_graph=True)
+        assert theta.grad.item() == pytest.approx(expected, abs=1e-7)
+
+
 def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
     from common.models import load_policy
 
