@@ -172,7 +172,10 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     start = tiny_random_model().state_dict()
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     assert moved > 1e-4  # the update did something
-    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-6
+    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so a wrong
+    # average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1 and 2 processes
+    # and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is almost 0 (as in test_appo.py).
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
     m1 = [json.loads(x) for x in (tmp_path / "one/metrics.jsonl").read_text().splitlines()]
     m2 = [json.loads(x) for x in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
     assert m1[0]["reward/mean"] == pytest.approx(m2[0]["reward/mean"])

@@ -292,7 +292,10 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
 
     start = tiny_random_model().state_dict()
     assert max_diff(one, {k: start[k] for k in one}) > 1e-4  # the update did something
-    assert max_diff(one, two) < 1e-6
+    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so a wrong
+    # average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1 and 2 processes
+    # and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is almost 0 (as in test_appo.py).
+    assert max_diff(one, two) < 1e-4
     c1, c2 = critic_params(tmp_path / "one/checkpoint-1"), critic_params(tmp_path / "two/checkpoint-1")
     assert c1["head.net.0.weight"].abs().max() > 1e-4  # the critic learned too
     assert max_diff(c1, c2) < 1e-6

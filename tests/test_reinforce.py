@@ -296,10 +296,11 @@ def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
 
     start = tiny_random_model().state_dict()
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4  # the update did something
-    # Adam's first steps move every weight by about lr whatever the size of its gradient, so fp32 noise from
-    # different padding (stepwise states differ a lot in length) shows most on weights with tiny gradients.
-    tol = 2e-5 if mode == "stepwise" else 1e-6
-    assert max((one[k] - two[k]).abs().max().item() for k in one) < tol
+    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so a wrong
+    # average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1 and 2 processes
+    # and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is almost 0 (as in test_appo.py).
+    # Stepwise states differ a lot in length, so padding differs more between the layouts.
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["reward/mean"] for m in m1] == pytest.approx([m["reward/mean"] for m in m2])
     if mode == "stepwise":
