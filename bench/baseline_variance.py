@@ -41,12 +41,9 @@ from common.utils import logprobs_from_logits, position_ids_from_mask, sample_se
 
 
 def group_weights(rewards, k, baseline):
-    """rewards [J, k] (J disjoint groups of one prompt) -> the weights of each g_i in a group's estimate."""
-    if baseline == "none":
-        return rewards
-    if baseline == "rloo":
-        return rewards - (rewards.sum(1, keepdim=True) - rewards) / (k - 1)
-    raise ValueError(baseline)
+    """rewards [J, k] (J disjoint groups of one prompt) -> the weights A_i = r_i - b_i of each g_i in a group's
+    estimate, with reinforce.py's own baselines."""
+    return rewards - reinforce.compute_baselines(rewards.reshape(-1), k, baseline).view_as(rewards)
 
 
 def estimator_stats(gram, rewards, k, num_splits=20, seed=0):
