@@ -113,7 +113,6 @@ def per_sample_grads(policy, module, input_ids, attention_mask, loss_mask, tempe
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct")
-    p.add_argument("--tokenizer", default=None, help="default: the model's own (a checkpoint holds its tokenizer)")
     p.add_argument("--dataset_name", default="arithmetic")
     p.add_argument("--difficulty", default="1-2")
     p.add_argument("--num_prompts", type=int, default=12, help="P: training prompts, drawn at random")
@@ -132,7 +131,7 @@ def main():
                  "the variance comes from independent groups of k")
     t0 = time.time()
     set_seed(a.seed)
-    tokenizer = load_tokenizer(a.tokenizer or a.model_name_or_path)
+    tokenizer = load_tokenizer(a.model_name_or_path)  # a checkpoint holds its tokenizer
     policy = load_policy(a.model_name_or_path)
     name, weight = last_layer_param(policy, a.param)
     for q in policy.parameters():
@@ -147,12 +146,11 @@ def main():
                               max_new_tokens=a.max_new_tokens, temperature=a.temperature)
     M, grads, rewards, lengths = a.samples_per_prompt, [], [], []
     print(f"{a.model_name_or_path}: {a.num_prompts} prompts x {M} samples, gradients of {name} ({weight.numel():,} weights)")
+    policy.eval()
     for n, idx in enumerate(indices):
-        policy.eval()
         seeds = [sample_seed(a.seed, n, j) for j in range(M)]
         ro = reinforce.rollout(policy, tokenizer, env, [idx], seeds, run_args, None)
         ids, mask = ro.gen.sequences()
-        R = ro.loss_mask.shape[1]
         for i in range(0, M, a.micro_batch_size):
             sl = slice(i, i + a.micro_batch_size)
             grads += per_sample_grads(policy, module, ids[sl], mask[sl], ro.loss_mask[sl].float(), a.temperature)

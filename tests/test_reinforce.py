@@ -115,10 +115,10 @@ def test_a_constant_baseline_is_free_with_sums_but_favours_short_responses_when_
     p = torch.sigmoid(theta)
     logprobs = torch.stack([torch.stack([p.log(), torch.zeros(())]), torch.stack([(1 - p).log(), torch.zeros(())])])
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    weights = torch.stack([p, 1 - p]).detach()  # E over o: each response weighted by its probability
+    weights = torch.stack([p, 1 - p]).detach()  # c = 1, and E over o: each response weighted by its probability
     for length_normalize, expected in [(False, 0.0), (True, -1 / 8)]:
         theta.grad = None
-        loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), weights * 1.0, mask, 1.0, length_normalize)
+        loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), weights, mask, 1.0, length_normalize)
         loss.backward(retain_graph=True)
         assert theta.grad.item() == pytest.approx(expected, abs=1e-7)
 
