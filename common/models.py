@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from common.utils import all_gather_objects, identical_rows, position_ids_from_mask
+from common.utils import KV_CACHE, all_gather_objects, identical_rows, position_ids_from_mask
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"
@@ -422,7 +422,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
         distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
         out = model(input_ids=prompt_ids[distinct], attention_mask=attn[distinct], position_ids=positions[distinct],
                     use_cache=True, logits_to_keep=1)
-        cache, next_pos = out.past_key_values, positions[:, -1:] + 1
+        cache, next_pos = getattr(out, KV_CACHE), positions[:, -1:] + 1
         if len(distinct) < B:
             cache.batch_select_indices(inverse)
         logits = out.logits[:, -1][inverse]  # [B, V]
@@ -455,8 +455,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
                 cache.batch_select_indices(keep)
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             out = model(input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
-                        past_key_values=cache, use_cache=True)
-            cache, next_pos, logits = out.past_key_values, next_pos + 1, out.logits[:, -1]
+                        use_cache=True, **{KV_CACHE: cache})
+            cache, next_pos, logits = getattr(out, KV_CACHE), next_pos + 1, out.logits[:, -1]
     model.train(was_training)
 
     response_ids = torch.stack(tokens, dim=1)  # [B, R]

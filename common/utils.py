@@ -13,6 +13,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+# transformers 5.2x renamed the KV cache from `past_key_values` to `cache`, in forward's arguments and in its
+# outputs; the old name warns there and is to go in 5.40, while 4.x knows only the old one (and would silently
+# ignore an unknown `cache=`), so the name is read off the installed version's output class.
+KV_CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -68,10 +74,10 @@ def _body_forward(model, body, input_ids, attention_mask, prompt_len):
         return body(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
     prompt = body(input_ids=input_ids[distinct, :prompt_len], attention_mask=attention_mask[distinct, :prompt_len],
                   position_ids=positions[distinct, :prompt_len], use_cache=True)
-    cache = prompt.past_key_values
+    cache = getattr(prompt, KV_CACHE)
     cache.batch_select_indices(inverse)
     rest = body(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask,
-                position_ids=positions[:, prompt_len:], past_key_values=cache, use_cache=True)
+                position_ids=positions[:, prompt_len:], use_cache=True, **{KV_CACHE: cache})
     return torch.cat([prompt.last_hidden_state[inverse], rest.last_hidden_state], dim=1)
 
 

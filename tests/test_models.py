@@ -1,11 +1,13 @@
 """common/models.py: the embedded model, tiny-random, prompt rendering and generation."""
 
+import warnings
+
 import pytest
 import torch
 
 from common.models import (EMBEDDED_MODEL, check_model_name, decode_responses, encode_prompts, generate,
                            left_pad, load_policy, load_tokenizer, render_prompt, tiny_random_model)
-from common.utils import token_logprobs
+from common.utils import KV_CACHE, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,32 @@ def test_identical_prompts_share_one_prefill(tiny, tok):
         assert shared[row].tolist() == alone[0].tolist()
 
 
+def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
+    # transformers 5.2x renamed `past_key_values` to `cache`: the old name warns and is to go in 5.40, and 4.x
+    # would ignore the new one, so a wrong name is either a future crash or a silent full recompute.
+    names = []
+
+    def record(module, args, kwargs):
+        names.append([k for k in ("cache", "past_key_values") if kwargs.get(k) is not None])
+    hooks = [tiny.register_forward_pre_hook(record, with_kwargs=True),
+             tiny.model.register_forward_pre_hook(record, with_kwargs=True)]
+    p = encode_prompts(tok, ["same question"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            gen = generate(tiny, tok, [p[0], p[0]], 3, temperature=1.0, seeds=[1, 2])
+            n_generate = len(names)
+            ids, mask = gen.sequences()
+            token_logprobs(tiny, ids, mask, gen.response_ids.shape[1])
+    finally:
+        for h in hooks:
+            h.remove()
+    # generate: one prefill (the LM, then its body), then 2 decode steps that get the cache on both
+    assert names[:n_generate] == [[], [], [KV_CACHE], [KV_CACHE], [KV_CACHE], [KV_CACHE]]
+    # the training forward: the group's shared prompt once, then the responses on its cache
+    assert names[n_generate:] == [[], [KV_CACHE]]
+
+
 def test_stop_strings_and_eos_end_rows_independently(tok):
     # A model that always predicts the same fixed token sequence, so the stopping logic is checked exactly:
     # row 0 says "a", "\n", ... ; row 1 says "b", EOS.
@@ -99,16 +127,17 @@ def test_stop_strings_and_eos_end_rows_independently(tok):
             self.w = torch.nn.Parameter(torch.zeros(1))
             self.config = type("C", (), {})()
 
-        def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, **kw):
-            cache = Cache([0, 1]) if past_key_values is None else past_key_values
-            if past_key_values is not None:
+        def forward(self, input_ids, attention_mask, position_ids, use_cache=True, **kw):
+            past = kw.get(KV_CACHE)
+            cache = Cache([0, 1]) if past is None else past
+            if past is not None:
                 cache.t += 1
             assert input_ids.shape[0] == attention_mask.shape[0] == len(cache.rows)
             batch_sizes.append(len(cache.rows))
             logits = torch.full((len(cache.rows), 1, len(tok)), -1e4)
             for i, row in enumerate(cache.rows):
                 logits[i, 0, script[row][cache.t]] = 0.0
-            return type("O", (), {"logits": logits, "past_key_values": cache})()
+            return type("O", (), {"logits": logits, KV_CACHE: cache})()
 
     gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
     assert gen.response_mask.tolist() == [[1, 1], [1, 1]]  # all rows done after 2 tokens: no wasted columns

@@ -7,6 +7,7 @@ import torch
 
 from common.env import make_env
 from common.models import load_policy, load_tokenizer
+from common.utils import KV_CACHE
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, problem_index, prm_scores,
                              single_token_id, trim_left_padding)
 
@@ -69,13 +70,13 @@ class ScriptedPolicy(torch.nn.Module):
         super().__init__()
         self.script, self.dummy, self.t = script, torch.nn.Parameter(torch.zeros(1)), 0
 
-    def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
-        if past_key_values is None:
+    def forward(self, input_ids, attention_mask, position_ids, use_cache=True, logits_to_keep=0, **kw):
+        if kw.get(KV_CACHE) is None:
             self.t = 0
         logits = torch.full((input_ids.shape[0], 1, 49152), -100.0)
         logits[:, :, self.script[min(self.t, len(self.script) - 1)]] = 100.0
         self.t += 1
-        return SimpleNamespace(logits=logits, past_key_values="cache")
+        return SimpleNamespace(logits=logits, **{KV_CACHE: "cache"})
 
 
 @pytest.fixture(scope="module")
