@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-# transformers 5.2x renamed the KV cache from `past_key_values` to `cache`, in forward's arguments and in its
-# outputs; the old name warns there and is to go in 5.40, while 4.x knows only the old one (and would silently
-# ignore an unknown `cache=`), so the name is read off the installed version's output class.
+# Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its outputs: the old
+# `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old one (and would silently ignore
+# an unknown `cache=`), so the name is read off the installed version's output class.
 KV_CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 

@@ -80,7 +80,7 @@ def test_identical_prompts_share_one_prefill(tiny, tok):
 
 
 def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
-    # transformers 5.2x renamed `past_key_values` to `cache`: the old name warns and is to go in 5.40, and 4.x
+    # Recent transformers renamed `past_key_values` to `cache`: the old name warns and is to go in 5.40, and 4.x
     # would ignore the new one, so a wrong name is either a future crash or a silent full recompute.
     names = []
 
