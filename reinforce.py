@@ -431,7 +431,7 @@ def main(args):
     if args.dataset_name == "arithmetic":
         env_options["difficulty"] = args.difficulty
     if args.stepwise:
-        env_options.update(stepwise=True, max_steps=args.max_trajectory_steps,
+        env_options.update(stepwise=True, max_steps=args.max_trajectory_steps, calc_annotations=args.sym_calc,
                            system_prompt=stepwise_system_prompt(args.dataset_name, args.sym_calc))
     env = make_env(args.dataset_name, "train", path=args.dataset_path, seed=args.seed, **env_options)
     eval_env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, seed=args.seed, **env_options)

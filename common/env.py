@@ -452,8 +452,9 @@ def read_rows(path, task: str) -> list[dict]:
 
 ENV_OPTIONS = {
     "template": "chat", "system_prompt": None, "num_few_shot": 0, "stepwise": False,
-    "step_tag": "\n", "max_steps": 10, "reward_fn": None,
+    "step_tag": "\n", "max_steps": 10, "reward_fn": None, "calc_annotations": False,
 }
+CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")  # a GSM8K-style calculator span in a few-shot solution
 
 
 def _task(name: str) -> type[Task]:
@@ -489,6 +490,8 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         max_steps=10         a stepwise episode ends after this many steps
         reward_fn=None       reward_fn(example, steps, done) -> float replaces the per-step reward
                              (default: the verifier on the final step, 0.0 before)
+        calc_annotations=False  keep the <<expr>> calculator spans of the few-shot solutions ("4 * 7 =
+                             <<4*7>>28"), for a policy that has a calculator; by default they are removed
         difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic), a range "1-2", a list "1,3", or "mixed"
         num_examples=10000   generated tasks only: size of the train split
     """
@@ -505,7 +508,7 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
     return MathEnv(cls, cls.load(split, path, seed, **task_options), seed=seed, few_shot=few_shot, **env_options)
 
 
-def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn):
+def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn, calc_annotations):
     if template not in ("chat", "plain"):
         raise ValueError(f"template must be 'chat' or 'plain', got {template!r}")
     if not isinstance(num_few_shot, int) or num_few_shot < 0:
@@ -519,8 +522,10 @@ def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, ma
 class MathEnv:
     """A gym-like env over a list of problems; single-turn (one action = one response) or stepwise."""
 
-    def __init__(self, task, examples, seed, template, system_prompt, few_shot, stepwise, step_tag, max_steps, reward_fn):
+    def __init__(self, task, examples, seed, template, system_prompt, few_shot, stepwise, step_tag, max_steps, reward_fn,
+                 calc_annotations):
         self.task, self.examples, self.rng = task, examples, random.Random(seed)
+        self.calc_annotations = calc_annotations
         self.template, self.stepwise, self.step_tag = template, stepwise, step_tag
         self.max_steps, self.reward_fn, self.few_shot = max_steps, reward_fn, few_shot
         self.system_prompt = task.system_prompt if system_prompt is None else system_prompt
@@ -530,10 +535,12 @@ class MathEnv:
         return len(self.examples)
 
     def _solution(self, example) -> str:
-        """A few-shot solution, one step per line; in stepwise mode each line carries the step tag."""
+        """A few-shot solution, one step per line; in stepwise mode each line carries the step tag. Without
+        calc_annotations its calculator spans go: a model that has no calculator should not learn to call one."""
+        text = example["solution"] if self.calc_annotations else CALC_ANNOTATION.sub("", example["solution"])
         if not self.stepwise:
-            return example["solution"]
-        return "".join(line + self.step_tag for line in example["solution"].split("\n"))
+            return text
+        return "".join(line + self.step_tag for line in text.split("\n"))
 
     def prompt(self, index: int):
         """The prompt for problem `index`: chat messages or, for template="plain", one string."""

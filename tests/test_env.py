@@ -118,6 +118,17 @@ def test_few_shot_chat_and_plain():
     assert env.reset(0)[2]["content"].endswith("24 - 19 = 5 muffins are left. ки\nThe answer is 5. ки\n")
 
 
+def test_few_shot_calculator_spans_are_shown_only_to_a_policy_with_a_calculator():
+    path = DATA_DIR / "few_shot_gsm8k.jsonl"
+    without = make_env("gsm8k", path=path, num_few_shot=2, stepwise=True).reset(0)
+    assert without[4]["content"] == "He works 6 + 4 = 10 hours.\nHe earns 10 * 12 = $120.\nThe answer is 120.\n"
+    with_calc = make_env("gsm8k", path=path, num_few_shot=2, stepwise=True, calc_annotations=True).reset(0)
+    assert with_calc[4]["content"] == ("He works 6 + 4 = <<6+4>>10 hours.\nHe earns 10 * 12 = $<<10*12>>120.\n"
+                                       "The answer is 120.\n")
+    single_turn = make_env("arithmetic", split="test", num_few_shot=3, template="plain").reset(0)
+    assert "<<" not in single_turn and "140 + 42 = 182." in single_turn
+
+
 @pytest.mark.parametrize("task", list(TASKS))
 def test_few_shot_files_are_correct(task):
     num_rows = len((DATA_DIR / f"few_shot_{task}.jsonl").read_text().splitlines())

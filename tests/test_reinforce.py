@@ -4,6 +4,7 @@ stepwise with the calculator, torchrun with 2 CPU processes, resume with a refre
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import reinforce
-from common.env import make_env
+from common.env import TASKS, load_few_shot, make_env
 from common.models import load_tokenizer
 from common.utils import token_logprobs
 
@@ -168,6 +169,20 @@ def test_calculator_refuses_code_without_side_effect(tmp_path):
     target = tmp_path / "pwned"
     assert reinforce.calculator(f"__import__('os').system('touch {target}')") is None
     assert not target.exists()
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "gsm8k"])
+def test_few_shot_calculator_spans_are_followed_by_the_calculators_value(task):
+    # the worked examples are what the model imitates: each <<expr>> must be followed by exactly the text the
+    # calculator writes for it, and no more digits
+    spans = 0
+    for ex in load_few_shot(TASKS[task], 8):
+        for m in re.finditer(r"<<([^<>\n]*)>>", ex["solution"]):
+            value = reinforce.calculator(m.group(1))
+            after = ex["solution"][m.end():]
+            assert value is not None and after.startswith(value) and not after[len(value):][:1].isdigit(), m.group(0)
+            spans += 1
+    assert spans >= 12
 
 
 def _scripted(tokenizer, script):
