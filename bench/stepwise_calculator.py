@@ -1,0 +1,90 @@
+"""Does reinforce.py's calculator help a model, and does it get used? Greedy stepwise episodes, three ways.
+
+On the same held-out problems, with the same --n_few_shot_examples worked examples in the prompt, play greedy
+stepwise episodes (reinforce.py --stepwise: one line per action) in three settings and print, per setting,
+accuracy, calculator values written and refused per episode, lines per episode and seconds:
+
+    no calculator          reinforce.py --stepwise
+    calculator, plain      --sym_calc, but the few-shot solutions without their <<expr>> spans (the system prompt
+                           alone asks for the syntax; this is how --sym_calc prompted before the spans were kept)
+    calculator, annotated  --sym_calc as it is: the worked examples show "4 * 7 = <<4*7>>28"
+
+    python bench/stepwise_calculator.py                                         # arithmetic, 200 problems
+    python bench/stepwise_calculator.py --dataset_name gsm8k --eval_dataset_path ../shared/data/gsm8k_test.jsonl \\
+        --num_problems 100 --max_new_tokens 96
+    python bench/stepwise_calculator.py --model_name_or_path tiny-random --num_problems 4 --max_new_tokens 8
+"""
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import reinforce  # noqa: E402  (the file whose calculator is measured)
+from common.env import make_env  # noqa: E402
+from common.models import eos_token_ids, load_policy, load_tokenizer  # noqa: E402
+
+SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> spans)
+    "no calculator": (False, False),
+    "calculator, plain": (True, False),
+    "calculator, annotated": (True, True),
+}
+
+
+def play(policy, tokenizer, args, sym_calc, calc_annotations):
+    """Greedy stepwise episodes on --num_problems held-out problems: means per episode."""
+    run_args = replace(reinforce.Args(), stepwise=True, sym_calc=sym_calc, max_new_tokens=args.max_new_tokens,
+                       max_trajectory_steps=args.max_trajectory_steps)
+    env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, num_few_shot=args.n_few_shot_examples,
+                   stepwise=True, max_steps=args.max_trajectory_steps, calc_annotations=calc_annotations,
+                   system_prompt=reinforce.stepwise_system_prompt(args.dataset_name, sym_calc))
+    sample = reinforce.policy_sampler(policy, tokenizer, 0.0, None, run_args, None)
+    eos_ids = set(eos_token_ids(policy, tokenizer))
+    # the fixed subset that reinforce.py's own evaluation plays, so update 0 of a run is comparable
+    chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:args.num_problems]
+    indices = sorted(chosen.tolist())
+    totals = {"correct": 0.0, "fired": 0.0, "refused": 0.0, "lines": 0.0}
+    start = time.time()
+    for i in range(0, len(indices), args.batch_size):
+        chunk = indices[i:i + args.batch_size]
+        ro = reinforce.stepwise_rollout(sample, tokenizer, env, chunk, 1, run_args, policy.device, eos_ids)
+        totals["correct"] += ro.correct.sum().item()
+        totals["fired"] += ro.calc_fired * len(chunk)  # the rollout reports per-episode means
+        totals["refused"] += ro.calc_refused * len(chunk)
+        totals["lines"] += ro.step_mask.sum().item()
+    n = len(indices)
+    return {"accuracy": totals["correct"] / n, "calc_fired": totals["fired"] / n, "calc_refused": totals["refused"] / n,
+            "lines": totals["lines"] / n, "seconds": round(time.time() - start, 1), "problems": n}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct")
+    p.add_argument("--dataset_name", default="arithmetic")
+    p.add_argument("--eval_dataset_path", default=None, help="held-out file (default: the task's test split)")
+    p.add_argument("--num_problems", type=int, default=200)
+    p.add_argument("--n_few_shot_examples", type=int, default=2)
+    p.add_argument("--max_new_tokens", type=int, default=64, help="tokens per line")
+    p.add_argument("--max_trajectory_steps", type=int, default=10)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--output", default=None, help="also write the rows as JSON lines here")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    policy, tokenizer = load_policy(args.model_name_or_path), load_tokenizer(args.model_name_or_path)
+    policy.eval()
+    rows = []
+    for name, (sym_calc, annotated) in SETTINGS.items():
+        row = {"setting": name, **play(policy, tokenizer, args, sym_calc, annotated)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.output:
+        Path(args.output).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
