@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reinforce  # noqa: E402  (the file whose calculator is measured)
@@ -36,7 +37,7 @@ SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> span
 }
 
 
-def play(policy, tokenizer, args, sym_calc, calc_annotations):
+def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     """Greedy stepwise episodes on --num_problems held-out problems: means per episode."""
     run_args = replace(reinforce.Args(), stepwise=True, sym_calc=sym_calc, max_new_tokens=args.max_new_tokens,
                        max_trajectory_steps=args.max_trajectory_steps)
@@ -49,7 +50,7 @@ def play(policy, tokenizer, args, sym_calc, calc_annotations):
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:args.num_problems]
     indices = sorted(chosen.tolist())
     totals = {"correct": 0.0, "fired": 0.0, "refused": 0.0, "lines": 0.0}
-    start = time.time()
+    start, bar = time.time(), tqdm(total=len(indices), desc=name, unit="problem")
     for i in range(0, len(indices), args.batch_size):
         chunk = indices[i:i + args.batch_size]
         ro = reinforce.stepwise_rollout(sample, tokenizer, env, chunk, 1, run_args, policy.device, eos_ids)
@@ -57,6 +58,8 @@ def play(policy, tokenizer, args, sym_calc, calc_annotations):
         totals["fired"] += ro.calc_fired * len(chunk)  # the rollout reports per-episode means
         totals["refused"] += ro.calc_refused * len(chunk)
         totals["lines"] += ro.step_mask.sum().item()
+        bar.update(len(chunk))
+    bar.close()
     n = len(indices)
     return {"accuracy": totals["correct"] / n, "calc_fired": totals["fired"] / n, "calc_refused": totals["refused"] / n,
             "lines": totals["lines"] / n, "seconds": round(time.time() - start, 1), "problems": n}
@@ -79,7 +82,7 @@ def main():
     policy.eval()
     rows = []
     for name, (sym_calc, annotated) in SETTINGS.items():
-        row = {"setting": name, **play(policy, tokenizer, args, sym_calc, annotated)}
+        row = {"setting": name, **play(policy, tokenizer, args, name, sym_calc, annotated)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.output:
