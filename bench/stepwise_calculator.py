@@ -9,7 +9,8 @@ accuracy, calculator values written and refused per episode, lines per episode a
                            alone asks for the syntax; this is how --sym_calc prompted before the spans were kept)
     calculator, annotated  --sym_calc as it is: the worked examples show "4 * 7 = <<4*7>>28"
 
-    python bench/stepwise_calculator.py                                         # arithmetic, 200 problems
+    python bench/stepwise_calculator.py                               # arithmetic levels 1-2, 200 problems
+    python bench/stepwise_calculator.py --difficulty mixed                          # levels 1-5
     python bench/stepwise_calculator.py --dataset_name gsm8k --eval_dataset_path ../shared/data/gsm8k_test.jsonl \\
         --num_problems 100 --max_new_tokens 96
     python bench/stepwise_calculator.py --model_name_or_path tiny-random --num_problems 4 --max_new_tokens 8
@@ -41,8 +42,9 @@ def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     """Greedy stepwise episodes on --num_problems held-out problems: means per episode."""
     run_args = replace(reinforce.Args(), stepwise=True, sym_calc=sym_calc, max_new_tokens=args.max_new_tokens,
                        max_trajectory_steps=args.max_trajectory_steps)
+    task_options = {"difficulty": args.difficulty} if args.dataset_name == "arithmetic" else {}
     env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, num_few_shot=args.n_few_shot_examples,
-                   stepwise=True, max_steps=args.max_trajectory_steps, calc_annotations=calc_annotations,
+                   **task_options, stepwise=True, max_steps=args.max_trajectory_steps, calc_annotations=calc_annotations,
                    system_prompt=reinforce.stepwise_system_prompt(args.dataset_name, sym_calc))
     sample = reinforce.policy_sampler(policy, tokenizer, 0.0, None, run_args, None)
     eos_ids = set(eos_token_ids(policy, tokenizer))
@@ -70,6 +72,7 @@ def main():
     p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct")
     p.add_argument("--dataset_name", default="arithmetic")
     p.add_argument("--eval_dataset_path", default=None, help="held-out file (default: the task's test split)")
+    p.add_argument("--difficulty", default="1-2", help="arithmetic only: levels, as reinforce.py's --difficulty")
     p.add_argument("--num_problems", type=int, default=200)
     p.add_argument("--n_few_shot_examples", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64, help="tokens per line")
