@@ -31,7 +31,8 @@ sample with its discounted return, the KL of every later step folded in like a r
 and the baseline of the episode (b from the returns G_0 of the batch, or of the k episodes of the same prompt).
 With --sym_calc a step that writes <<expr>> or <<expr=...>> gets the value of expr written after it by a
 calculator (AST-whitelisted arithmetic, never eval), and generation goes on; those tokens are not the
-policy's choice and are masked out of the loss.
+policy's choice and are masked out of the loss. The worked examples then show the syntax (4 * 7 = <<4*7>>28):
+without that the embedded model never calls the calculator (bench/stepwise_calculator.py).
 
 Simplified versus the seed (LLM_RL):
 - on-policy batches of num_prompts x num_generations samples and one optimizer step each, no replay buffer
