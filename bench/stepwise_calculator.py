@@ -12,7 +12,7 @@ accuracy, calculator values written and refused per episode, lines per episode a
     python bench/stepwise_calculator.py                               # arithmetic levels 1-2, 200 problems
     python bench/stepwise_calculator.py --difficulty mixed                          # levels 1-5
     python bench/stepwise_calculator.py --dataset_name gsm8k --eval_dataset_path ../shared/data/gsm8k_test.jsonl \\
-        --num_problems 100 --max_new_tokens 96
+        --num_problems 50 --batch_size 50                                            # 18 min on 2 cores
     python bench/stepwise_calculator.py --model_name_or_path tiny-random --num_problems 4 --max_new_tokens 8
 """
 
