@@ -21,7 +21,7 @@ prompt adds exactly 0, and the signal comes from prompts where some samples beat
 out keeps b_i independent of o_i, so the gradient stays unbiased (the plain group mean, as in Dr.GRPO, gives
 the same direction scaled by (k - 1) / k). Measured (docs/reinforce.md, bench/baseline_variance.py): RLOO cuts
 the gradient's variance by a third once the policy solves prompts part of the time, yet on the default easy task
-`none` was nominally ahead over 7 seeds, and level within noise with 16 prompts a step (pushing up every correct
+`none` was slightly ahead over 9 seeds, and level within noise with 16 prompts a step (pushing up every correct
 answer sharpens the policy too); with --length_normalize a baseline is not exactly free (it favours longer responses).
 
 Stepwise mode (--stepwise, the seed's few-shot stepwise math policy): one action is one line; an episode ends
