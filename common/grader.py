@@ -18,6 +18,7 @@ they are built, so `9^{9^{9^9}}` or 10 000 nested parentheses grade 0 in millise
 
 import atexit
 import cmath
+import functools
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from fractions import Fraction
 
 MAX_LEN = 1000  # a normalised answer longer than this is only compared as a string
@@ -34,6 +36,60 @@ MAX_DEPTH = 60  # bracket/argument nesting the parser accepts; far below Python'
 MAX_DIGITS = 2000  # refuse to build numbers with more digits than this
 MAX_ITEMS = 50  # elements in a tuple/set/matrix
 TIMEOUT_S = 1.0  # budget for the sympy part of one grade
+
+
+# ---------------------------------------------------------------------------------------------------
+# 0. Unicode look-alikes and hedges (shared with the GSM8K grader in common/env.py)
+
+_DASHES = "\u2212\u2012\u2013\ufe63\uff0d\u2796"  # minus sign, figure dash, en dash, small/full-width/heavy minus
+_ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff\u00ad"  # invisible: "1\u200b8" looks like 18
+_SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-"))
+_SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
+
+
+@functools.lru_cache(maxsize=4096)
+def _ascii_char(c: str) -> str:
+    if c in _DASHES:
+        return "-"
+    if "\uff01" <= c <= "\uff5e":  # full-width ASCII: ＄１８ -> $18
+        return chr(ord(c) - 0xFEE0)
+    if c in _ZERO_WIDTH:
+        return ""
+    category = unicodedata.category(c)
+    if category == "Nd":  # any script's decimal digit: ١٨ -> 18
+        return str(unicodedata.decimal(c))
+    if category == "Zs":  # no-break, thin, narrow no-break, ideographic ... spaces
+        return " "
+    return "\n" if category in ("Zl", "Zp") else c
+
+
+def ascii_lookalikes(text: str) -> str:
+    """Unicode characters that look like ASCII maths, as that ASCII: `−5` -> `-5`, `１８` -> `18`, `18²` -> `18^{2}`.
+
+    Dashes used as minus, full-width forms, decimal digits of any script and odd spaces are mapped one by one.
+    Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is left as it is.
+    """
+    if text.isascii():
+        return text
+    text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + "".join(_SUPERSCRIPTS[c] for c in m.group()) + "}", text)
+    return "".join(_ascii_char(c) if c > "\x7f" else c for c in text)
+
+
+# Words that make an answer a guess or a choice. Number words are refused separately by the GSM8K grader.
+HEDGE_WORDS = frozenset("""
+    or nor not no maybe perhaps possibly probably likely about around approximately approx roughly nearly almost
+    either neither between guess estimate estimated ish circa somewhere than least most over under above below
+    instead wrong incorrect wait unless if could might
+""".split())
+
+
+def has_hedge(text: str) -> bool:
+    """Does the text hold a hedge word ("or", "about", "not", "isn't", ...) or an approximately-equal sign?
+    LaTeX command names are not words (`\\approx` counts as a sign, `\\frac` as nothing)."""
+    if "≈" in text or re.search(r"\\approx(?![a-zA-Z])", text):
+        return True
+    words = re.findall(r"[a-z]+(?:'[a-z]+)?", re.sub(r"\\[a-zA-Z]+", " ", text.replace("’", "'")).lower())
+    return any(w in HEDGE_WORDS or w.endswith("n't") for w in words)
 
 
 # ---------------------------------------------------------------------------------------------------

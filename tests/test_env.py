@@ -44,7 +44,11 @@ def test_single_turn_gsm8k_from_file(gsm8k_file):
         None, 1.0, True, {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 1})
     env.reset(0)
     _, reward, _, info = env.step("She makes 18 dollars a day")  # right number, but no answer marker
-    assert (reward, info["correct"], info["format_ok"]) == (1.0, True, False)
+    # was (1.0, True, False): without a marker there is no reward (data/README.md, "Grading policy")
+    assert (reward, info["correct"], info["format_ok"], info["pred"]) == (0.0, False, False, "18")
+    env.reset(0)
+    assert env.step("#### 18 or 17")[1:] == (0.0, True, {"correct": False, "format_ok": False, "pred": None,
+                                                          "answer": "18", "steps": 1})
     with pytest.raises(RuntimeError, match="reset"):
         env.step("again")
     assert env.score("The answer is 17.", 0) == (0.0, {"correct": False, "format_ok": True, "pred": "17", "answer": "18", "steps": 1})

@@ -40,6 +40,36 @@ def test_gsm8k_reference_solutions():
     assert false_pos == 0
 
 
+def test_gsm8k_echoing_the_question_is_never_rewarded():
+    """No answer marker, no reward: the question echoed (30 of 1,319 scored 1.0 through the bare last-number
+    fallback), or echoed with the gold's digits after it, scores 0 on every test problem."""
+    env = make_env("gsm8k", path=SHARED / "gsm8k_test.jsonl")
+    echo = sum(verify("gsm8k", ex["question"], ex["answer"]) for ex in env.examples)
+    echo_gold = sum(verify("gsm8k", f"{ex['question']} {ex['answer']}", ex["answer"]) for ex in env.examples)
+    echo_gold += sum(verify("gsm8k", f"{ex['question']}\n{ex['answer']}", ex["answer"]) for ex in env.examples)
+    marked = sum(verify("gsm8k", f"{ex['question']}\nThe answer is {ex['answer']}.", ex["answer"]) for ex in env.examples)
+    print(f"\nGSM8K test: echo {echo:.0f}/1319, echo + gold digits {echo_gold:.0f}/2638, with a marker {marked:.0f}/1319")
+    assert echo == 0 and echo_gold == 0
+    assert marked == 1319  # the same text with "The answer is" does score
+
+
+def test_gsm8k_hedged_and_lookalike_answers_are_wrong():
+    """Each reference solution with its answer line hedged, listed, or given a Unicode minus."""
+    env = make_env("gsm8k", path=SHARED / "gsm8k_test.jsonl")
+    hedged = 0
+    for ex in env.examples:
+        body, gold = ex["solution"].rsplit("####", 1)[0], ex["answer"]
+        other = str(int(gold) + 1)
+        for line in (f"#### {gold} or {other}", f"#### {other} or {gold}", f"#### not {other}, {gold}",
+                     f"#### about {gold}", f"#### {gold}, {other}", f"#### {other}/1 = {gold}"):
+            hedged += verify("gsm8k", body + line, gold)
+        if int(gold) > 0:
+            hedged += verify("gsm8k", body + f"#### \u2212{gold}", gold)  # −N is not N
+            assert verify("gsm8k", body + f"#### \u2212{gold}", f"-{gold}") == 1.0
+    print(f"\nGSM8K test: {hedged:.0f} hedged or look-alike answers graded correct")
+    assert hedged == 0
+
+
 def test_math500_reference_solutions():
     env = make_env("math", path=SHARED / "math500_test.jsonl")
     assert len(env) == 500

@@ -6,11 +6,11 @@ from fractions import Fraction
 
 import pytest
 
-from common.env import extract_answer, safe_arith, verify
-from common.grader import last_boxed, normalize, parse, sympy_equal
+from common.env import answer_value, extract_answer, format_number, safe_arith, to_number, verify
+from common.grader import ascii_lookalikes, last_boxed, normalize, parse, sympy_equal
 
 # ---------------------------------------------------------------------------------------------------
-# GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is" > last number
+# GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is"; no marker, no reward
 
 GSM8K_CASES = [
     ("The answer is 18.", "18", 1.0),
@@ -24,12 +24,14 @@ GSM8K_CASES = [
     ("THE ANSWER IS 42", "42", 1.0),
     ("The answer is .5", "0.5", 1.0),
     ("The answer is -3.", "-3", 1.0),
-    ("The answer is 18 apples, not 20.", "18", 1.0),  # first number after the phrase
+    # was 1.0 (the first number after the phrase): the whole span is the answer now, and "not 20" hedges it
+    ("The answer is 18 apples, not 20.", "18", 0.0),
     ("The answer is 17. No, wait: the final answer is 18.", "18", 1.0),  # the last phrase counts
-    ("So she makes 1,000 dollars.", "1000", 1.0),  # no marker: the last number
+    # was 1.0 (the bare last number): without an answer marker there is no reward (data/README.md)
+    ("So she makes 1,000 dollars.", "1000", 0.0),
     ("\\boxed{18}", "18", 1.0),
     ("\\boxed{\\$18}", "18", 1.0),
-    ("\\boxed{2 \\times 9 = 18}", "18", 1.0),  # the number after the last "="
+    ("\\boxed{2 \\times 9 = 18}", "18", 1.0),  # a chain whose sides all agree
     ("First \\boxed{17}, then \\boxed{18}", "18", 1.0),
     ("#### 18\nThe answer is 17", "18", 1.0),  # #### comes before "The answer is"
     # wrong but close
@@ -37,7 +39,7 @@ GSM8K_CASES = [
     ("The answer is 1.8", "18", 0.0),
     ("The answer is 18.5", "18", 0.0),
     ("The answer is -18", "18", 0.0),
-    ("I first got 18, but it is 17.", "18", 0.0),  # last number
+    ("I first got 18, but it is 17.", "18", 0.0),  # no marker
     ("The answer is 18. #### 17", "18", 0.0),
     ("The answer is eighteen.", "18", 0.0),
     ("", "18", 0.0),
@@ -54,10 +56,122 @@ def test_gsm8k(response, gold, expected):
     assert verify("gsm8k", response, gold) == expected
 
 
+# Issue 21: every wrong answer that scored 1.0, and the class around it. Expectations computed by hand.
+GSM8K_WHOLE_SPAN = [
+    # several candidates or a hedge: no answer
+    ("The answer is not 18, it is 17.", "18", 0.0),
+    ("The answer is not 18, it is 17.", "17", 0.0),
+    ("The answer is 3 or 4.", "3", 0.0),
+    ("The answer is 3 or 4.", "4", 0.0),
+    ("The answer is 3, 4.", "3", 0.0),
+    ("The answer is 18 (or perhaps 19).", "18", 0.0),
+    ("The answer is about 18.", "18", 0.0),
+    ("The answer is approximately 18 dollars.", "18", 0.0),
+    ("The answer is roughly 18", "18", 0.0),
+    ("The answer is maybe 18", "18", 0.0),
+    ("The answer is between 17 and 19.", "18", 0.0),
+    ("The answer is either 18 or 19", "18", 0.0),
+    ("The answer is 18 or so.", "18", 0.0),
+    ("The answer is 18, I guess", "18", 0.0),
+    ("The answer is ~18", "18", 0.0),
+    ("The answer is ≈ 18", "18", 0.0),
+    ("#### 18 isn't right", "18", 0.0),
+    ("#### 18 or 19", "18", 0.0),
+    ("\\boxed{3 \\text{ or } 4}", "3", 0.0),
+    ("The answer is 18 dollars and 50 cents.", "18", 0.0),  # another number
+    ("The answer is 18 million.", "18", 0.0),  # number words change the value
+    ("The answer is 18 and a half", "18", 0.0),
+    ("The answer is 18k", "18", 0.0),
+    # an expression is its exact value
+    ("#### 18/5", "18", 0.0),
+    ("#### 18/5", "3.6", 1.0),
+    ("The answer is 18^2", "18", 0.0),
+    ("The answer is 18^2", "324", 1.0),
+    ("The answer is 18²", "18", 0.0),  # a superscript is a power (NFKC would make it 182)
+    ("The answer is 18²", "182", 0.0),
+    ("The answer is 18²", "324", 1.0),
+    ("The answer is 2^{10}.", "1024", 1.0),
+    ("The answer is 3 x 6 = 18", "18", 1.0),
+    ("The answer is 3 × 6.", "18", 1.0),
+    ("The answer is 36 ÷ 2", "18", 1.0),
+    ("The answer is \\frac{36}{2}", "18", 1.0),
+    ("The answer is $\\frac{1}{2}$.", "0.5", 1.0),
+    ("The answer is 2 \\cdot 9", "18", 1.0),
+    ("The answer is (2 + 1) * 6", "18", 1.0),
+    ("The answer is 2^{10000}", "2", 0.0),  # beyond 1000 digits: no value, and fast
+    # scientific notation: the whole number, never the digit in front
+    ("#### 1e400", "1", 0.0),
+    ("The answer is 7e2", "7", 0.0),
+    ("The answer is 7e2", "700", 1.0),
+    ("The answer is 1.5E3 dollars.", "1500", 1.0),
+    # names and chains
+    ("The answer is x = 18.", "18", 1.0),
+    ("The answer is total = 18", "18", 1.0),
+    ("The answer is 2*9 = 18", "18", 1.0),
+    ("The answer is 17 = 18", "18", 0.0),  # every side must agree
+    ("The answer is 17 = 18", "17", 0.0),
+    ("\\boxed{9 \\times 2 = 17}", "17", 0.0),
+    # units, currency, markdown, commas: one value
+    ("The answer is 18 dollars per hour.", "18", 1.0),
+    ("The answer is 25%.", "25", 1.0),
+    ("\\boxed{25\\%}", "25", 1.0),
+    ("The answer is 18 (dollars).", "18", 1.0),
+    ("The answer is **18**.", "18", 1.0),
+    ("The answer is: **$1,000**", "1000", 1.0),
+    ("The answer is 18, which is what she makes.", "18", 1.0),
+    ("The answer is 18.5 apples.", "18.5", 1.0),
+    ("The answer is 007", "7", 1.0),
+    ("The answer is 1,8", "18", 0.0),  # not a thousands separator: a list
+]
+
+UNICODE_CASES = [
+    ("The answer is −5", "5", 0.0),  # U+2212 minus: was 1.0 (the sign was dropped)
+    ("The answer is −5", "-5", 1.0),
+    ("The answer is -5", "−5", 1.0),  # ... in the gold too
+    ("#### –5", "-5", 1.0),  # U+2013 en dash used as minus
+    ("#### －5", "5", 0.0),  # full-width hyphen-minus
+    ("The answer is １８.", "18", 1.0),  # full-width digits
+    ("The answer is ١٨", "18", 1.0),  # Arabic-Indic digits
+    ("The answer is ١٨", "81", 0.0),
+    ("The answer is 1\u00a0000", "1000", 0.0),  # a no-break space splits two numbers
+    ("The answer is\u00a018.", "18", 1.0),
+    ("The answer is 1\u200b8", "18", 1.0),  # an invisible zero-width space: it reads as 18
+]
+
+
+@pytest.mark.parametrize("response,gold,expected", GSM8K_WHOLE_SPAN + UNICODE_CASES)
+def test_gsm8k_whole_span_is_one_value(response, gold, expected):
+    assert verify("gsm8k", response, gold) == expected
+    assert verify("arithmetic", response, gold) == expected
+
+
+def test_no_marker_no_reward():
+    """Decided policy: without \\boxed{}, #### or "The answer is", no correctness reward (train and eval)."""
+    from common.env import TASKS
+
+    question = "Janet has 16 eggs and eats 2. How many are left? The sum 14 is wrong; the answer could be 18."
+    for response in [question, question + " 18", "14", "She has 14 eggs left"]:
+        for task in ("gsm8k", "arithmetic"):
+            assert TASKS[task].grade(response, "14")[0] == 0.0
+            assert TASKS[task].grade(response, "14")[2] is False  # format_ok
+    assert extract_answer("gsm8k", "She has 14 eggs left") == "14"  # still shown, for diagnostics
+
+
+def test_answer_value_and_number_text():
+    assert answer_value("1e400") == 10**400
+    assert answer_value("18/5") == Fraction(18, 5)
+    assert answer_value("3 or 4") is None
+    assert answer_value("") is None
+    assert answer_value("2**3") is None  # python's power is markdown bold here: "2 3" is two numbers
+    assert [format_number(Fraction(v)) for v in ("18", "3.6", "-1/8", "18/7")] == ["18", "3.6", "-0.125", "18/7"]
+    assert to_number("18/7") == Fraction(18, 7) and to_number("1,8") is None and to_number("1,000") == 1000
+    assert ascii_lookalikes("−５ ١٨ 18² x\u00a0y") == "-5 18 18^{2} x y"
+
+
 @pytest.mark.parametrize("response,gold,expected", [
     ("47 + 38 = 85.\nThe answer is 85.", "85", 1.0),
     ("The answer is 85", "58", 0.0),
-    ("12 * 4 = 48, 35 + 48 = 83", "83", 1.0),
+    ("12 * 4 = 48, 35 + 48 = 83", "83", 0.0),  # was 1.0 (the bare last number): no marker, no reward
     ("(23 + 19) * 3 = 126. The answer is 127.", "126", 0.0),
 ])
 def test_arithmetic(response, gold, expected):
@@ -66,6 +180,8 @@ def test_arithmetic(response, gold, expected):
 
 def test_extract_answer():
     assert extract_answer("gsm8k", "#### 1,000") == "1000"
+    assert extract_answer("gsm8k", "#### 18/5") == "3.6"  # the exact value, as text
+    assert extract_answer("gsm8k", "The answer is 3 or 4.") is None
     assert extract_answer("gsm8k", "no digits here") is None
     assert extract_answer("arithmetic", "3 + 4 = 7. The answer is 7.") == "7"
     assert extract_answer("math", "so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
