@@ -199,6 +199,12 @@ def _final_span(response: str) -> tuple[str | None, bool]:
     return None, False
 
 
+def _nothing_more(after: str) -> bool:
+    """The rest of the sentence after an answer holds no other number and no hedge (units are fine)."""
+    rest = _sentence(after)
+    return re.search(r"[0-9]", rest) is None and not has_hedge(rest)
+
+
 def extract_number(response: str) -> tuple[str | None, bool]:
     """GSM8K-style answer: (its exact value as text, format_ok).
 
@@ -525,20 +531,36 @@ class MATH(Task):
 
     @classmethod
     def extract(cls, response):
-        """The last \\boxed{} (empty box = no answer); else what follows "The answer is" on its line."""
+        """The last \\boxed{} (empty box = no answer); else the math after the last "The answer is": its
+        $...$ span, after which the sentence may hold units but no hedge word and no other number ("$18$ (or
+        perhaps $19$)" is no answer), or else the rest of the sentence, which must hold no hedge word outside
+        \\text{} ("3 or 4" is no answer; `3 \\text{ or } 4` is the list 3, 4). A bare number is never an answer."""
+        response = ascii_lookalikes(response)
         if "\\boxed" in response or "\\fbox" in response:
             pred = last_boxed(response)
             return pred, pred is not None
-        if matches := list(_ANSWER_IS.finditer(response)):
-            rest = response[matches[-1].end() :].split("\n")[0].strip(" :")
-            rest = rest.split("$")[1] if rest.startswith("$") and rest.count("$") >= 2 else rest
-            return (rest.strip().rstrip(".") or None), True
-        return None, False
+        if not (matches := list(_ANSWER_IS.finditer(response))):
+            return None, False
+        rest = re.sub(r"^[\s:*]+", "", response[matches[-1].end() :].split("\n", 1)[0])
+        pred = None
+        for start, end in (("$$", r"\$\$"), ("$", r"(?<!\\)\$"), ("\\(", r"\\\)"), ("\\[", r"\\\]")):
+            close = re.compile(end).search(rest, len(start)) if rest.startswith(start) else None
+            if close:  # the math span: then units at most, no hedge, no other number
+                pred = rest[len(start) : close.start()]
+                if not _nothing_more(rest[close.end() :]):
+                    return None, False
+                break
+        if pred is None:
+            pred = _sentence(rest)
+            if has_hedge(re.sub(r"\\text\s*\{[^{}]*\}", " ", pred)):
+                return None, False
+        pred = pred.strip(" *").rstrip(".").strip()
+        return (pred, True) if pred else (None, False)
 
     @classmethod
     def grade(cls, response, answer):
         pred, format_ok = cls.extract(response)
-        return float(math_equal(pred, answer)), pred, format_ok
+        return float(format_ok and math_equal(pred, answer)), pred, format_ok
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -78,11 +78,31 @@ def test_math500_reference_solutions():
     seconds = time.monotonic() - start
     perturbed = [(ex, change_last_digit(ex["answer"])) for ex in env.examples]
     perturbed = [(ex, wrong) for ex, wrong in perturbed if wrong is not None]
+    start = time.monotonic()
     false_pos = [wrong for ex, wrong in perturbed if verify("math", ex["solution"], wrong)]
+    seconds_perturbed = time.monotonic() - start
     print(f"\nMATH-500: {correct:.0f}/500 reference solutions graded correct in {seconds:.2f} s; "
-          f"{len(false_pos)}/{len(perturbed)} perturbed answers graded correct")
-    assert correct >= 495
+          f"{len(false_pos)}/{len(perturbed)} perturbed answers graded correct in {seconds_perturbed:.2f} s")
+    assert correct >= 499
     assert false_pos == []
+
+
+def test_math500_answer_is_forms_and_hedges():
+    """Every gold answer written after "The answer is" grades correct; hedged or listed with a wrong one, never."""
+    env = make_env("math", path=SHARED / "math500_test.jsonl")
+    golds = [ex["answer"] for ex in env.examples]
+    plain = sum(verify("math", f"The answer is ${gold}$.", gold) for gold in golds)
+    wrongs = [(gold, change_last_digit(gold)) for gold in golds]
+    wrongs = [(gold, wrong) for gold, wrong in wrongs if wrong is not None]
+    start = time.monotonic()
+    hedged = sum(verify("math", f"The answer is ${gold}$ (or perhaps ${wrong}$).", gold) for gold, wrong in wrongs)
+    hedged += sum(verify("math", f"\\boxed{{{gold} \\text{{ or }} {wrong}}}", gold) for gold, wrong in wrongs)
+    hedged += sum(verify("math", f"\\boxed{{{wrong} \\quad {gold}}}", gold) for gold, wrong in wrongs)
+    seconds = time.monotonic() - start
+    print(f"\nMATH-500: 'The answer is $gold$.' {plain:.0f}/500 correct; {hedged:.0f}/{3 * len(wrongs)} hedged or "
+          f"listed answers graded correct in {seconds:.2f} s")
+    assert plain == 500
+    assert hedged == 0
 
 
 def test_math500_equivalent_rewrites():

@@ -188,6 +188,8 @@ def test_extract_answer():
     assert extract_answer("math", "The answer is $\\frac{1}{2}$.") == "\\frac{1}{2}"
     assert extract_answer("math", "The answer is: 5.") == "5"
     assert extract_answer("math", "no answer") is None
+    assert extract_answer("math", "The answer is $\\$18.90$.") == "\\$18.90"  # an escaped $ does not close
+    assert extract_answer("math", "The answer is $18$ (or perhaps $19$).") is None
     assert extract_answer("countdown", "<answer> 1+2 </answer> or <answer>3*4</answer>") == "3*4"
 
 
@@ -267,7 +269,6 @@ MATH_EQUAL = [
     ("\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "[\\pi^2/8, 5\\pi^2/4]"),
     ("3, 5, 7", "7,5,3"),  # a list of solutions: order does not matter
     ("x=5", "5"),
-    ("y = 2x + 3", "2x+3"),
     ("x \\in [-2,7]", "[-2, 7]"),
     ("3x+2y", "2y+3x"),
     ("x^2+2x+1", "(x+1)^2"),
@@ -301,6 +302,32 @@ MATH_EQUAL = [
     ("2^{10}", "1024"),
     ("5!", "120"),
     ("\\frac{14}{3}.", "14/3"),
+    # issue 21: misses that are now equal
+    ("1{,}000", "1000"),
+    ("\\binom52", "10"),
+    ("\\binom{5}{2}", "10"),
+    ("\\dbinom{5}{2}", "10"),
+    ("\\tbinom52", "10"),
+    ("\\binom{n}{2}", "\\frac{n(n-1)}{2}"),
+    ("\\log_2 8", "3"),
+    ("\\log_{10} 1000", "3"),
+    ("\\ln(e^2)", "2"),
+    ("e^{i\\pi}", "-1"),
+    ("\\sin^2x+\\cos^2x", "1"),
+    ("\\sin^2(160x)+\\cos^2(160x)", "1"),  # simplify takes 9 s here; fu proves it at once
+    ("x=1, y=2", "(1,2)"),  # assignments in alphabetical order of the variables
+    ("y=2, x=1", "(1,2)"),
+    ("5=x", "5"),
+    ("x=5", "5=x"),
+    ("3 \\text{ or } 4", "3, 4"),  # a list, like ","
+    ("3 \\text{ and } 4", "4, 3"),
+    ("3 \\quad 4", "3, 4"),
+    ("2y=4x+6", "y=2x+3"),  # the same equation
+    ("y=2x+3", "y - 2x = 3"),
+    ("\\sqrt{2}+\\sqrt{3}", "\\sqrt{5+2\\sqrt{6}}"),  # equal, proved exactly
+    ("\\frac{x^2-1}{x-1}", "x+1"),
+    ("−5", "-5"),  # Unicode minus
+    ("\\frac{１}{２}", "0.5"),
 ]
 
 MATH_DIFFERENT = [
@@ -329,7 +356,52 @@ MATH_DIFFERENT = [
     ("1,000", "1001"),
     ("(1,000)", "1000"),  # a tuple, not a number
     ("10^{-5}", "0"),
+    # issue 21: wrong answers that were equal
+    ("3 \\text{ or } 4", "34"),  # `\\text{ or }` was deleted
+    ("3 \\text{ or } 4", "3"),
+    ("3 \\text{ or } 4", "4"),
+    ("3 \\quad 4", "34"),
+    ("18 \\text{ (or perhaps 19)}", "18"),  # a \\text{} with a number or a hedge is not a unit
+    ("18 \\text{ approximately}", "18"),
+    ("10^{15}+\\sqrt2", "10^{15}"),  # was equal through the 1e-12 tolerance
+    ("10^{15}+\\sqrt{2}", "10^{15}+\\sqrt{3}"),
+    ("\\pi+10^{-40}", "\\pi"),  # near zero at 50 digits, then not proved zero
+    ("x+10^{-40}x", "x"),
+    ("x=2x+3", "y=2x+3"),  # the names count
+    ("y=5", "x=5"),
+    ("x=1, y=2", "(2,1)"),
+    ("\\log_2 8", "4"),
+    ("\\sin^2x", "1"),
+    ("−5", "5"),
 ]
+
+
+@pytest.mark.parametrize("response,gold,expected", [
+    # was equal both ways: normalize dropped every `y=`. A gold expression accepts a named answer, but a gold
+    # equation with variables on its right needs an equivalent equation (the names count).
+    ("\\boxed{y = 2x + 3}", "2x+3", 1.0),
+    ("\\boxed{2x + 3}", "y = 2x + 3", 0.0),
+    ("\\boxed{-2x}", "y = -2x", 0.0),
+    ("\\boxed{y=-2x}", "y = -2x", 1.0),
+    ("\\boxed{2x+y=0}", "y = -2x", 1.0),
+    ("\\boxed{x = 5}", "x=5", 1.0),
+    ("\\boxed{5}", "x=5", 1.0),
+    ("\\boxed{x = 10,\\!080 \\text{ dollars}}", "10080", 1.0),
+    # hedges after "The answer is"
+    ("The answer is $18$ (or perhaps $19$)", "18", 0.0),
+    ("The answer is $18$, not $19$.", "18", 0.0),
+    ("The answer is 18 or 19.", "18", 0.0),
+    ("The answer is approximately $18$.", "18", 0.0),
+    ("The answer is $18$ cm.", "18", 1.0),  # units after the math span are fine
+    ("The answer is $18$. Then 19 was a typo.", "18", 1.0),  # the next sentence is not read
+    ("The answer is 3 \\text{ or } 4.", "3, 4", 1.0),
+    ("\\boxed{18 \\text{ or } 19}", "18", 0.0),
+    # tolerance only for a decimal the model wrote
+    ("\\boxed{1.4142135623730951}", "\\sqrt{2}", 1.0),
+    ("\\boxed{\\sqrt{2}}", "1.4142135623730951", 0.0),
+])
+def test_math_names_hedges_and_tolerance(response, gold, expected):
+    assert verify("math", response, gold) == expected
 
 
 @pytest.mark.parametrize("a,b", MATH_EQUAL)
@@ -355,10 +427,24 @@ def test_math_different(a, b):
     ("\\infty", "-\\infty", False),
     ("\\sqrt{x^2}", "x", False),  # differs for negative x
     ("\\pi", "\\frac{355}{113}", False),  # equal to 7 digits, not to 12
+    ("10^{15}+\\sqrt{2}", "10^{15}", False),  # the difference is evaluated, not each side in floats
+    ("\\pi+10^{-40}", "\\pi", False),
+    ("\\sqrt{2}\\cdot10^{-60}", "0", False),
+    ("\\sin^2x+\\cos^2x", "1", True),
+    ("\\tan x", "\\frac{\\sin x}{\\cos x}", True),
+    ("\\log_2 8", "3", True),
+    ("\\ln(e^2)", "2", True),
+    ("\\binom{x}{2}", "x(x-1)/2", True),
 ])
 def test_sympy_equal_in_process(a, b, equal):
     """The worker's comparison, run here so that a bug raises instead of grading as 'not equal'."""
     assert sympy_equal(parse(normalize(a)), parse(normalize(b))) is equal
+
+
+def test_sympy_equal_tolerance_only_when_asked():
+    assert sympy_equal(parse("1.4142135623730951"), parse("\\sqrt2"), approx=True)
+    assert not sympy_equal(parse("1.4142135623730951"), parse("\\sqrt2"))
+    assert not sympy_equal(parse("3.14159"), parse("\\pi"), approx=True)
 
 
 def test_sympy_equal_equations():
@@ -384,7 +470,11 @@ def test_last_boxed_and_normalize():
     assert last_boxed("\\boxed{1") is None
     assert last_boxed("no box") is None
     assert normalize("\\left( \\dfrac{1}{2}, 3 \\right)") == "(\\frac{1}{2},3)"
-    assert normalize("x = 10,\\!080 \\text{ dollars}") == "10080"
+    # was "10080": normalize keeps a name now (x=5 and y=5 differ); math_equal reads `x = 10,080` as 10080
+    assert normalize("x = 10,\\!080 \\text{ dollars}") == "x=10,080"
+    assert normalize("10,\\!080 \\text{ dollars}") == "10080"
+    assert normalize("1{,}000") == "1000"
+    assert normalize("3 \\text{ or } 4") == "3,4"
     assert normalize("\\cot x") == "\\cot x"
 
 
