@@ -19,7 +19,11 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
    (`simplify`, `equals`; undecided = different). Only an answer in which the model wrote a decimal (3.14)
    is compared with a tolerance (1e-12 relative). A bare `e` is Euler's number; `i` is the imaginary unit.
 
-The worker has a 1 s deadline per grade; a timeout grades as wrong.
+The worker: one per process, shared by all threads under a lock. Each grade has a budget of TIMEOUT_S seconds
+of the worker's CPU time, shared by all its worker calls; waiting for the lock or for a starting worker is not
+charged. An answer out of budget grades as wrong. A worker that dies or fails to start is restarted at the
+next grade, and `grader_counts()` counts grades, timeouts and failures. A worker exits by itself when the
+process that started it dies, even mid-computation (SIGKILL included).
 
 Safety: model text is never given to eval, `sympify` or `parse_expr` (all three call Python's eval). The
 parser accepts only a whitelist of tokens, caps length and nesting depth, and refuses huge powers before
@@ -45,7 +49,8 @@ MAX_LEN = 1000  # a normalised answer longer than this is only compared as a str
 MAX_DEPTH = 60  # bracket/argument nesting the parser accepts; far below Python's recursion limit
 MAX_DIGITS = 2000  # refuse to build numbers with more digits than this
 MAX_ITEMS = 50  # elements in a tuple/set/matrix
-TIMEOUT_S = 1.0  # budget for the sympy part of one grade
+TIMEOUT_S = 1.0  # budget for the sympy part of one grade: seconds of the worker's CPU time
+START_LIMIT_S = 300.0  # give up on a worker that is alive but still not ready after this long
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -275,6 +280,13 @@ def _assigned_tuple(parts: list[str]) -> list[str] | None:
     return [value for _, value in sorted(pairs)]
 
 
+class _Grade:
+    """One grade's share of the sympy worker: CPU seconds left, and whether it used the worker or ran out."""
+
+    def __init__(self, budget: float):
+        self.left, self.used_worker, self.timed_out = budget, False, False
+
+
 def math_equal(pred: str | None, gold: str) -> bool:
     """Is the extracted answer `pred` equivalent to `gold`? Both are raw LaTeX answer strings."""
     if pred is None or len(pred) > 4 * MAX_LEN:
@@ -284,17 +296,24 @@ def math_equal(pred: str | None, gold: str) -> bool:
         return a != ""
     if not a or len(a) > MAX_LEN or len(b) > MAX_LEN:
         return False
-    return _equal(a, b, time.monotonic() + TIMEOUT_S)
+    grade = _Grade(TIMEOUT_S)
+    try:
+        return _equal(a, b, grade)
+    finally:
+        if grade.used_worker:
+            _count("grades")
+        if grade.timed_out:
+            _count("timeouts")
 
 
-def _equal(a: str, b: str, deadline: float) -> bool:
+def _equal(a: str, b: str, grade: _Grade) -> bool:
     """Is the (normalised) answer a equal to the (normalised) gold b? The order matters for names."""
     if a == b:
         return True
     gold, pred = _assignment(b), _assignment(a)
     if gold is not None and not _has_variables(gold[1]):  # the gold x = 5 names its value
         if pred is not None:
-            return pred[0] == gold[0] and _equal(_thousands(pred[1]), _thousands(gold[1]), deadline)  # y=5 is not x=5
+            return pred[0] == gold[0] and _equal(_thousands(pred[1]), _thousands(gold[1]), grade)  # y=5 is not x=5
         b = _thousands(gold[1])
     elif gold is None and pred is not None and _split(b)[0] != "eq":  # y = 2x+3 for the gold 2x+3
         a = _thousands(pred[1])
@@ -308,9 +327,9 @@ def _equal(a: str, b: str, deadline: float) -> bool:
     if ka != kb:
         return False
     if ka == "scalar":
-        return _equal_scalar(pa, pb, deadline)
+        return _equal_scalar(pa, pb, grade)
     if ka == "eq":
-        return _equal_equation(pa, pb, deadline)
+        return _equal_equation(pa, pb, grade)
     if ka == "tuple":
         (brackets_a, pa), (brackets_b, pb) = pa, pb
         if brackets_a != brackets_b:  # [1,2) is not (1,2)
@@ -322,17 +341,17 @@ def _equal(a: str, b: str, deadline: float) -> bool:
     if len(pa) != len(pb) or len(pa) > MAX_ITEMS:
         return False
     if ka in ("tuple", "matrix"):
-        return all(_equal(x, y, deadline) for x, y in zip(pa, pb))
+        return all(_equal(x, y, grade) for x, y in zip(pa, pb))
     unmatched = list(pb)  # set/union: each element must match a different gold element
     for x in pa:
-        hit = next((i for i, y in enumerate(unmatched) if _equal(x, y, deadline)), None)
+        hit = next((i for i, y in enumerate(unmatched) if _equal(x, y, grade)), None)
         if hit is None:
             return False
         unmatched.pop(hit)
     return True
 
 
-def _equal_scalar(a: str, b: str, deadline: float) -> bool:
+def _equal_scalar(a: str, b: str, grade: _Grade) -> bool:
     if re.fullmatch(r"[a-zA-Z]{2,}", a) and re.fullmatch(r"[a-zA-Z]{2,}", b):
         return a.lower() == b.lower()  # words (names, directions), not products of symbols
     try:
@@ -344,18 +363,18 @@ def _equal_scalar(a: str, b: str, deadline: float) -> bool:
     except _NotRational:
         # CRUCIAL: a tolerance only for a decimal the model wrote; 10^{15}+\sqrt2 is not 10^{15}
         wrote_decimal = re.search(r"[0-9]\.[0-9]", a) is not None
-        return _WORKER.equal(ta, tb, False, wrote_decimal, deadline)
+        return _WORKER.equal(ta, tb, False, wrote_decimal, grade)
     except (ParseError, ZeroDivisionError, OverflowError, ValueError):
         return False
 
 
-def _equal_equation(a: list, b: list, deadline: float) -> bool:
+def _equal_equation(a: list, b: list, grade: _Grade) -> bool:
     """Equations are equal if lhs - rhs agree up to a nonzero constant factor (2x=4 vs x-2=0)."""
     try:
         ta, tb = (["+", parse(lhs), ["neg", parse(rhs)]] for lhs, rhs in (a, b))
     except ParseError:
         return False
-    return _WORKER.equal(ta, tb, True, False, deadline)
+    return _WORKER.equal(ta, tb, True, False, grade)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -734,91 +753,244 @@ def _close(u, v) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 6. The sympy worker: a subprocess we can kill when a simplification runs too long
+# 6. The sympy worker: a subprocess that stops itself at its CPU budget, and that we can kill
 
 
-def _serve() -> None:
-    """Worker loop: one JSON request per line on stdin, one JSON bool per line on stdout."""
+_COUNTS = {"grades": 0, "timeouts": 0, "failures": 0}
+_COUNTS_LOCK = threading.Lock()
+
+
+def grader_counts() -> dict:
+    """This process's counts so far (monotone, thread-safe): {"grades": math_equal calls that needed the
+    sympy worker, "timeouts": those that ran out of budget (graded wrong), "failures": worker starts that
+    failed and workers that died}. timeouts / grades is the fraction of symbolic grades that may be wrong."""
+    with _COUNTS_LOCK:
+        return dict(_COUNTS)
+
+
+def _count(key: str) -> None:
+    with _COUNTS_LOCK:
+        _COUNTS[key] += 1
+
+
+def _failure(message: str) -> None:
+    _count("failures")
+    print(f"common/grader.py: {message}", file=sys.stderr, flush=True)
+
+
+class _OutOfTime(BaseException):
+    """Raised in the worker by SIGPROF at the end of a request's CPU budget. A BaseException, so that
+    sympy's own `except Exception` blocks do not swallow it."""
+
+
+_ARMED = False  # the worker's SIGPROF handler raises only while a request runs
+
+
+def _on_sigprof(signum, frame):
+    if _ARMED:
+        raise _OutOfTime
+
+
+def _watch_parent(parent: int) -> None:
+    """Worker thread: exit as soon as the process that started us is gone (SIGKILL included), even while
+    the main thread is busy in a long simplification (sympy is Python, so this thread gets its turn)."""
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(0)
+
+
+def _serve(parent: int) -> None:
+    """Worker loop: one JSON request per line on stdin, one JSON reply {ok, timeout, cpu} per line on stdout."""
+    global _ARMED
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which kills us
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:  # a runaway simplification should hit the time limit, not eat the machine's memory
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     except (ImportError, ValueError, OSError):
         pass
-    import sympy  # noqa: F401  (import before saying ready, so the first grade is not charged for it)
+    import sympy  # noqa: F401  (import and warm up before saying ready: the first grade is not charged for it)
 
+    sympy_equal(parse("\\sin^2x+\\cos^2x"), parse("1"))
+    sympy_equal(parse("\\sqrt{2}+\\sqrt{3}"), parse("\\sqrt{5+2\\sqrt{6}}"))
+    signal.signal(signal.SIGPROF, _on_sigprof)
     print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
+        start, ok, timeout = time.process_time(), False, False
         try:
-            ok = sympy_equal(req["a"], req["b"], req["equation"], req["approx"])
+            try:
+                _ARMED = True
+                signal.setitimer(signal.ITIMER_PROF, max(float(req["budget"]), 0.001))  # CPU time, not wall
+                ok = bool(sympy_equal(req["a"], req["b"], req["equation"], req["approx"]))
+            finally:
+                _ARMED = False
+                signal.setitimer(signal.ITIMER_PROF, 0)
+        except _OutOfTime:
+            timeout = True
         except Exception:  # ParseError, TypeError on oo/nan, RecursionError, MemoryError: not equal
-            ok = False
-        print(json.dumps(ok), flush=True)
+            pass
+        _ARMED = False
+        print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start}), flush=True)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used, from /proc; None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class _Worker:
-    """One sympy worker per process, started lazily, restarted after a timeout or a fork."""
+    """One sympy worker per process, started lazily and restarted when it dies, fails or runs away.
+
+    A grade's budget is charged the CPU time the worker reports for its requests. The worker stops itself at
+    the budget (SIGPROF); as a backstop, one that goes past it (stuck in C code) is killed and replaced.
+    """
+
+    GRACE_S = 0.5  # CPU seconds past the budget before the backstop kills the worker
+    WALL_LIMIT_S = 60.0  # and wall seconds per request, whatever the load
 
     def __init__(self):
-        self.proc, self.pid, self.ready, self.broken = None, None, False, False
         self.lock = threading.Lock()
+        self.proc, self.pid, self.ready, self.buf = None, None, False, b""
 
-    def _spawn(self):
+    def _spawn(self) -> bool:
         # A fresh interpreter that runs this file (not multiprocessing): it works the same under pytest,
         # torchrun and after CUDA is initialised, and does not re-import the caller's __main__.
         code = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__grader_worker__')"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, os.path.abspath(__file__)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-        )
-        self.pid, self.ready = os.getpid(), False
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code, os.path.abspath(__file__), str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+            )
+        except OSError as e:  # e.g. too many processes under load: retried
+            self.proc = None
+            _failure(f"could not start the sympy worker ({e})")
+            return False
+        self.pid, self.ready, self.buf = os.getpid(), False, b""
+        return True
 
-    def _readline(self, timeout: float) -> str | None:
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
-        return self.proc.stdout.readline().strip() if ready else None
+    def _read_line(self, timeout: float) -> str | None:
+        """The worker's next line, or None if none came within `timeout` s; EOFError if the worker is gone."""
+        end = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode()
 
     def stop(self):
+        """Kill our worker (never one inherited through a fork: that one is the parent's)."""
         if self.proc is not None and self.pid == os.getpid():
             self.proc.kill()
             self.proc.wait()
-        self.proc = None
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                pipe.close()
+        self.proc, self.ready = None, False
 
-    def equal(self, a, b, equation: bool, approx: bool, deadline: float) -> bool:
-        with self.lock:
-            if self.broken or time.monotonic() >= deadline:  # an earlier part of this grade used the budget up
-                return False
-            if self.proc is None or self.pid != os.getpid() or self.proc.poll() is not None:
-                self.proc = None  # after a fork the worker belongs to the parent: leave it alone
-                self._spawn()
-            if not self.ready:  # importing sympy (~0.5 s) is not charged to the grade
-                started = time.monotonic()
-                self.ready = self._readline(60.0) == "ready"
-                if not self.ready:
-                    self.stop()
-                    self.broken = True
-                    print("common/grader.py: the sympy worker did not start; symbolic answers grade as wrong", file=sys.stderr)
-                    return False
-                deadline += time.monotonic() - started
+    def _live(self) -> bool:
+        """Make sure a ready worker is there: start one (and wait, uncharged, however long a live one takes to
+        import sympy), or replace a dead one. A few tries; False if none would start."""
+        if self.proc is not None and self.pid != os.getpid():
+            self.proc, self.ready = None, False  # after a fork the worker belongs to the parent: leave it alone
+        if self.proc is not None and self.proc.poll() is not None:
+            _failure(f"the sympy worker died (exit code {self.proc.returncode}); starting a new one")
+            self.stop()
+        for attempt in range(3):
+            if self.ready:
+                return True
+            if self.proc is None and not self._spawn():
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            start, line = time.monotonic(), None
             try:
-                self.proc.stdin.write(json.dumps({"a": a, "b": b, "equation": equation, "approx": approx}) + "\n")
-                self.proc.stdin.flush()
-            except OSError:  # the worker died
+                while line is None and time.monotonic() - start < START_LIMIT_S:
+                    line = self._read_line(1.0)
+            except EOFError:
+                line = "exited"
+            self.ready = line == "ready"
+            if not self.ready:
+                _failure(f"the sympy worker did not start ({line or 'not ready after %.0f s' % START_LIMIT_S})")
+                self.stop()
+        return self.ready
+
+    def equal(self, a, b, equation: bool, approx: bool, grade: _Grade) -> bool:
+        with self.lock:  # CRUCIAL: the time spent waiting here for other threads is not charged to the grade
+            if grade.left <= 0:  # an earlier part of this grade used the budget up
+                grade.timed_out = True
+                return False
+            grade.used_worker = True
+            if not self._live():
+                return False
+            request = json.dumps({"a": a, "b": b, "equation": equation, "approx": approx, "budget": grade.left})
+            try:
+                data = (request + "\n").encode()
+                while data:
+                    data = data[os.write(self.proc.stdin.fileno(), data):]
+            except OSError:
+                _failure("the sympy worker died; starting a new one at the next grade")
                 self.stop()
                 return False
-            reply = self._readline(deadline - time.monotonic())
-            if not reply:  # timeout (or the worker died): kill it, start the next one now, grade as wrong
-                self.stop()
-                self._spawn()
+            reply = self._reply(grade)
+            if reply is None:
                 return False
-            return reply == "true"
+            grade.left -= reply["cpu"]
+            if reply["timeout"]:
+                grade.timed_out, grade.left = True, 0.0
+            return reply["ok"] is True
+
+    def _reply(self, grade: _Grade) -> dict | None:
+        """The worker's answer to one request; None (graded wrong) if it died or ran away."""
+        start, cpu0 = time.monotonic(), _cpu_seconds(self.proc.pid)
+        while True:
+            try:
+                line = self._read_line(0.1)
+            except EOFError:
+                line = ""
+            if line is not None:
+                try:
+                    reply = json.loads(line)
+                    return {"ok": reply["ok"], "timeout": reply["timeout"], "cpu": float(reply["cpu"])}
+                except (ValueError, KeyError, TypeError):
+                    _failure("the sympy worker died while grading; starting a new one at the next grade")
+                    self.stop()
+                    return None
+            cpu = _cpu_seconds(self.proc.pid)
+            wall = time.monotonic() - start
+            used = cpu - cpu0 if cpu is not None and cpu0 is not None else wall
+            if used > grade.left + self.GRACE_S or wall > self.WALL_LIMIT_S:  # stuck where SIGPROF cannot stop it
+                self.stop()
+                self._spawn()  # the next grade waits for it to be ready, uncharged
+                grade.timed_out, grade.left = True, 0.0
+                return None
 
 
 _WORKER = _Worker()
 atexit.register(_WORKER.stop)
 
+
+def _after_fork_in_child():
+    global _COUNTS_LOCK
+    _WORKER.lock = threading.Lock()  # another thread may have held it at the fork
+    _WORKER.proc, _WORKER.ready = None, False  # the parent's worker: not ours to use or to kill
+    _COUNTS_LOCK = threading.Lock()
+    _COUNTS.update(grades=0, timeouts=0, failures=0)  # counts are per process
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 if __name__ == "__grader_worker__":
-    _serve()
+    _serve(int(sys.argv[2]))
