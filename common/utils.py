@@ -2,11 +2,16 @@
 seeding, logging, checkpoints). Each numeric helper is unit-tested once in tests/test_utils.py; the algorithm
 files combine them, and keep every line that decides the algorithm's math to themselves."""
 
+import importlib.util
 import json
+import math
 import os
 import random
+import re
+import shutil
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -361,11 +366,14 @@ def sample_seed(seed, step, sample_index):
 # Logging
 # ---------------------------------------------------------------------------------------------------------
 class Logger:
-    """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update), samples.jsonl,
-    TensorBoard when installed, and wandb with track=True. On ranks other than 0 every method is a no-op."""
+    """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update), samples.jsonl, eval.jsonl,
+    TensorBoard when installed, and wandb with track=True. On ranks other than 0 every method is a no-op.
 
-    def __init__(self, output_dir, args, total_steps, initial_step=0, enabled=True, track=False,
-                 project="mathrl", run_name=None):
+    A fresh run (initial_step 0) starts the three files anew. A resumed run cuts them back to the lines of updates
+    up to initial_step, the checkpoint's update, so that lines written after that checkpoint by the killed run are
+    not doubled (a line cut short by the kill goes too)."""
+
+    def __init__(self, output_dir, args, total_steps, initial_step=0, enabled=True, track=False, project="mathrl"):
         self.enabled = enabled
         if not enabled:
             return
@@ -375,9 +383,10 @@ class Logger:
         self.dir.mkdir(parents=True, exist_ok=True)
         config = asdict(args) if hasattr(args, "__dataclass_fields__") else dict(args)
         (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str))
-        self.metrics_file = open(self.dir / "metrics.jsonl", "a")
-        self.eval_file = open(self.dir / "eval.jsonl", "a")
-        self.samples_file = open(self.dir / "samples.jsonl", "a")
+        files = [self.dir / f"{name}.jsonl" for name in ("metrics", "eval", "samples")]
+        for path in files:
+            _keep_lines_up_to(path, initial_step if initial_step > 0 else -1)
+        self.metrics_file, self.eval_file, self.samples_file = (open(path, "a") for path in files)
         self.start = time.time()
         self.bar = tqdm(total=total_steps, initial=initial_step, desc="updates", dynamic_ncols=True)
         self.tb = None
@@ -391,7 +400,8 @@ class Logger:
         if track:
             import wandb
 
-            self.wandb = wandb.init(project=project, name=run_name or self.dir.name, config=config)
+            self.wandb = wandb.init(project=project, name=self.dir.name, config=config)
+        self.warned, self.kl_history = set(), []
 
     def log(self, step, metrics):
         """One JSON line per update in metrics.jsonl."""
@@ -400,6 +410,27 @@ class Logger:
         self._write(self.metrics_file, step, metrics)
         self.bar.update(1)
         self._show(step, metrics)
+        self._watch(step, metrics)
+
+    def _watch(self, step, metrics):
+        """Say once, in the log, when a run looks like it is diverging: the policy moved far from the one that
+        sampled (approx_kl inf, above 1, or 10 times its usual size), or its entropy collapsed to about 0."""
+        kl, entropy = metrics.get("approx_kl"), metrics.get("entropy")
+        usual = sorted(self.kl_history)[len(self.kl_history) // 2] if len(self.kl_history) >= 5 else None
+        if kl is not None and (not math.isfinite(kl) or kl > 1.0 or (usual is not None and kl > max(0.05, 10 * usual))):
+            self._warn_once("approx_kl", f"warning: approx_kl is {kl:.4g} at update {step} (usually "
+                            f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far from the one that "
+                            f"sampled, a sign of divergence; consider a lower --learning_rate.")
+        elif kl is not None:
+            self.kl_history.append(kl)
+        if entropy is not None and entropy < 1e-3:
+            self._warn_once("entropy", f"warning: the policy's entropy collapsed to {entropy:.2g} at update {step}: "
+                            f"its samples are (nearly) all the same, so they carry little learning signal.")
+
+    def _warn_once(self, kind, text):
+        if kind not in self.warned:
+            self.warned.add(kind)
+            self.bar.write(text)
 
     def log_eval(self, step, metrics):
         """Evaluations go to eval.jsonl (step 0 is before any update)."""
@@ -432,10 +463,6 @@ class Logger:
         for s in samples[:show]:
             self.bar.write(f"[step {step}] reward={s.get('reward')}  {s.get('response', '')[:300]!r}")
 
-    def write(self, text):
-        if self.enabled:
-            self.bar.write(text)
-
     def close(self):
         if not self.enabled:
             return
@@ -448,31 +475,215 @@ class Logger:
             self.wandb.finish()
 
 
+def _keep_lines_up_to(path, step):
+    """Rewrite a jsonl log keeping the whole lines whose "step" is <= step (step -1: none)."""
+    if not path.exists():
+        path.touch()
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass  # cut short by a kill
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)  # a kill during the rewrite must not lose the lines
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints: a folder that from_pretrained loads, plus trainer_state.pt for --resume
 # ---------------------------------------------------------------------------------------------------------
+def _non_finite(tensors, prefix=""):
+    """Names of the floating-point tensors holding NaN or inf, in a (nested) dict of tensors."""
+    bad = []
+    for name, t in tensors.items():
+        if isinstance(t, dict):
+            bad += _non_finite(t, f"{prefix}{name}.")
+        elif torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad.append(prefix + name)
+    return bad
+
+
 def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None):
-    """Writes `path/` with the policy (save_pretrained, safetensors), its tokenizer, and trainer_state.pt
-    holding the step, optimizer states and any extra state (e.g. a critic's weights)."""
+    """Writes `path/` with the policy (save_pretrained, safetensors), its tokenizer, trainer_state.pt (the step,
+    optimizer states and any extra state, e.g. a critic's weights) and manifest.json (every file's size).
+
+    A kill at any moment leaves either the previous checkpoint or the new one whole: the files are written into
+    `path.tmp`, which `checkpoints` ignores, and renamed into place only when complete. Weights holding NaN or
+    inf are never written."""
     path = Path(path)
+    bad = _non_finite({**model.state_dict(), "extra": extra or {}})
+    if bad:
+        raise FloatingPointError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds NaN or inf. "
+                                 f"The previous checkpoint is intact; --resume continues from it.")
     tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     state = {"step": step, "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
              "extra": extra or {}}
     torch.save(state, tmp / "trainer_state.pt")
-    if path.exists():
-        import shutil
+    sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+    (tmp / "manifest.json").write_text(json.dumps(sizes, indent=1))
+    if path.exists():  # the same step saved again: swap by renames, so that a whole copy exists at every moment
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
 
-        shutil.rmtree(path)
-    os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint intact
+
+def checkpoints(output_dir):
+    """The checkpoint-N folders of output_dir, newest first; unfinished saves (checkpoint-N.tmp) are not among
+    them."""
+    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint-*")
+             if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
 
 
 def latest_checkpoint(output_dir):
-    """The checkpoint-N folder with the largest N in output_dir, or None."""
-    found = [p for p in Path(output_dir).glob("checkpoint-*") if (p / "trainer_state.pt").exists()]
-    return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
+    """The newest checkpoint-N folder in output_dir, or None."""
+    return next(iter(checkpoints(output_dir)), None)
 
 
 def load_trainer_state(path):
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    """trainer_state.pt of a checkpoint, after checking that every file its manifest lists is there at its size
+    (a truncated or missing file raises ValueError)."""
+    path = Path(path)
+    if (path / "manifest.json").exists():
+        for name, size in json.loads((path / "manifest.json").read_text()).items():
+            found = (path / name).stat().st_size if (path / name).is_file() else None
+            if found != size:
+                raise ValueError(f"{name} has {'no file' if found is None else f'{found} bytes'}, "
+                                 f"the manifest says {size} bytes")
+    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def resume_point(output_dir, resume, max_steps):
+    """(start_step, checkpoint folder, trainer state): where a run starts, decided before any model loads.
+
+    Without --resume a folder that already holds checkpoints is an error (a later --resume would mix two runs).
+    With --resume: the newest complete checkpoint, falling back past a corrupt one with a message; none at all
+    starts from update 0, said plainly; a checkpoint beyond --max_steps is an error; one at --max_steps means the
+    run is finished, and the process exits."""
+    found = checkpoints(output_dir)
+    if not resume:
+        if found:
+            raise FileExistsError(f"--output_dir {output_dir} already holds {found[0].name} from an earlier run: "
+                                  f"pass --resume to continue it, or another --output_dir for a new run.")
+        return 0, None, None
+    for path in found:
+        try:
+            state = load_trainer_state(path)
+        except Exception as e:  # a truncated file, a bad zip, a missing trainer_state.pt: try the one before
+            print0(f"--resume: {path} is corrupt ({type(e).__name__}: {e}); falling back to the previous checkpoint")
+            continue
+        if state["step"] > max_steps:
+            raise ValueError(f"--resume: {path} is at update {state['step']}, beyond --max_steps {max_steps}; "
+                             f"pass --max_steps {state['step']} or more (or another --output_dir).")
+        if state["step"] == max_steps:
+            print0(f"--resume: {path} is already at --max_steps {max_steps}: nothing to do "
+                   f"(raise --max_steps to train further)")
+            raise SystemExit(0)
+        print0(f"resuming from {path} at update {state['step']}")
+        return state["step"], path, state
+    print0(f"--resume: no complete checkpoint in {output_dir}; starting from update 0")
+    return 0, None, None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Run safety: argument checks, non-finite rewards and steps
+# ---------------------------------------------------------------------------------------------------------
+# Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines them.
+POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval", "num_prompts",
+            "num_generations", "num_iterations", "num_ppo_epochs", "num_mini_batch", "n_rollout_threads",
+            "episode_length", "ppo_epoch", "max_episode_steps", "max_trajectory_steps", "eval_max_new_tokens")
+NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps", "num_few_shot")
+
+
+def check_common_args(args):
+    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes, sampling,
+    the output folder, wandb."""
+    defaults = {f.name: f.default for f in fields(args)}
+    for name in POSITIVE + NON_NEGATIVE:
+        value, low = getattr(args, name, None), 1 if name in POSITIVE else 0
+        if value is not None and value < low:
+            raise ValueError(f"--{name} {value}: must be >= {low} (the default is {defaults[name]}).")
+    if not args.temperature > 0 or not 0 < args.top_p <= 1:
+        raise ValueError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples need a "
+                         f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
+    check_output_dir(args.output_dir)
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise ImportError("--track logs to Weights & Biases, which is not installed: pip install wandb, or drop "
+                          "--track (metrics.jsonl and TensorBoard logs are written anyway).")
+
+
+def check_output_dir(path, flag="--output_dir"):
+    """Write a probe file where the output will go (the folder, or its nearest existing parent), so that an
+    unwritable path fails before hours of work rather than at the first save. Nothing is left behind."""
+    path = Path(path).expanduser()
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, not a folder; pass a folder (it is created "
+                                 f"if missing).")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise PermissionError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): pass a folder "
+                              f"you can write to.") from None
+
+
+def check_rewards(rewards, step, task, describe):
+    """A NaN or inf reward would turn every weight into NaN through the update: stop before it, naming the
+    sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that entry is."""
+    bad = (~torch.isfinite(rewards)).nonzero()
+    if len(bad):
+        where = tuple(bad[0].tolist())
+        raise FloatingPointError(
+            f"reward {rewards[where].item()} for sample {where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
+            f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite numbers. The run stops "
+            f"before this update, so no checkpoint holds it; fix the reward function (or PRM) that produced it.")
+
+
+class StepGuard:
+    """Skips an optimizer step whose loss or gradient norm is NaN or inf, on every rank alike, and stops the run
+    after `patience` skips in a row: one bad batch must not turn every weight into NaN.
+
+        if guard.ok(loss, grad_norm):   # False: the step is skipped (and counted)
+            optimizer.step()
+    """
+
+    def __init__(self, patience=3):
+        self.patience, self.in_a_row, self.skipped = patience, 0, 0
+
+    def ok(self, *values):
+        bad = torch.tensor([0.0 if all(math.isfinite(float(v)) for v in values) else 1.0])
+        if dist.is_initialized() and dist.get_world_size() > 1:  # one rank's NaN skips the step everywhere
+            bad = bad.to(_collective_device())
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item() == 0:
+            self.in_a_row = 0
+            return True
+        self.in_a_row += 1
+        self.skipped += 1
+        print0(f"non-finite loss or gradient norm ({', '.join(f'{float(v):.4g}' for v in values)}): optimizer step "
+               f"skipped ({self.in_a_row} in a row)")
+        if self.in_a_row >= self.patience:
+            raise FloatingPointError(
+                f"{self.in_a_row} optimizer steps in a row had a NaN or inf loss or gradient norm: the run stops "
+                f"here. Lower --learning_rate, check the rewards, or try without --bf16; --resume continues from "
+                f"the last checkpoint, which holds finite weights.")
+        return False
+
+    def pop(self):
+        """Steps skipped since the last call (the `skipped_steps` metric of one update)."""
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+def _collective_device():
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
