@@ -42,7 +42,7 @@ from transformers import HfArgumentParser
 from common.env import TASKS, make_env, read_rows, to_number
 from common.grader import normalize
 from common.models import check_model_name, decode_responses, encode_prompts, generate, load_policy, load_tokenizer
-from common.utils import all_gather_objects, init_distributed, print0, sample_seed, set_seed
+from common.utils import all_gather_objects, check_output_dir, init_distributed, print0, sample_seed, set_seed
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so that
 # the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -116,6 +116,10 @@ def check_args(args):
     elif not Path(args.responses).is_file():
         raise FileNotFoundError(f"--responses {args.responses}: no such file. Pass a jsonl written by eval.py, or "
                                 f"rows with 'response' and 'answer' fields.")
+    output = Path(args.output or default_output(args))  # checked now: generations must not be lost at the end
+    if output.is_dir():
+        raise IsADirectoryError(f"--output {output} is a folder: pass the path of the .jsonl file to write.")
+    check_output_dir(output.parent, "--output")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -36,10 +36,10 @@ from transformers import HfArgumentParser
 from common.env import make_env
 from common.models import (check_model_name, decode_responses, encode_prompts, evaluate, generate,
                            load_policy, load_reference, load_tokenizer)
-from common.utils import (Logger, all_reduce_mean, all_reduce_sum, average_gradients, batched_token_logprobs,
-                          broadcast_parameters, group_advantages, init_distributed, kl_k3, latest_checkpoint,
-                          load_trainer_state, masked_mean, masked_sum, print0, sample_seed, save_checkpoint,
-                          set_seed, token_logprobs)
+from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, average_gradients,
+                          batched_token_logprobs, broadcast_parameters, check_common_args, check_rewards,
+                          group_advantages, init_distributed, kl_k3, masked_mean, masked_sum, print0, resume_point,
+                          sample_seed, save_checkpoint, set_seed, token_logprobs)
 
 
 @dataclass
@@ -96,17 +96,12 @@ class Args:
 
 def check_args(args, world_size):
     """Every size error before any model loads, each with the fix."""
+    check_common_args(args)
     if args.num_generations < 2:
         raise ValueError("--num_generations must be >= 2: the group baseline needs at least two samples.")
     if args.num_prompts % world_size:
         raise ValueError(f"--num_prompts {args.num_prompts} must be divisible by the number of processes "
                          f"({world_size}); try --num_prompts {world_size * max(1, args.num_prompts // world_size)}.")
-    local = args.num_prompts // world_size * args.num_generations
-    if local % args.micro_batch_size:
-        raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes * "
-                         f"num_generations), which --micro_batch_size {args.micro_batch_size} must divide.")
-    if args.max_steps < 1:
-        raise ValueError("--max_steps must be >= 1.")
     check_model_name(args.model_name_or_path)
 
 
@@ -218,19 +213,18 @@ def main(args):
            f"samples per update ({local_prompts * args.num_generations} sequences per rank, micro-batches of "
            f"{args.micro_batch_size}) | {len(env)} train / {len(eval_env)} eval problems | {args.max_steps} updates")
 
+    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    start_step, resume_from = 0, None
-    if args.resume and (resume_from := latest_checkpoint(args.output_dir)) is not None:
-        start_step = load_trainer_state(resume_from)["step"]
-        print0(f"resuming from {resume_from} at update {start_step}")
     policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                          gradient_checkpointing=args.gradient_checkpointing)
     broadcast_parameters(policy)
     ref_policy = load_reference(args.model_name_or_path, device=device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    if resume_from is not None:
-        optimizer.load_state_dict(load_trainer_state(resume_from)["optimizers"]["policy"])
+    if state is not None:
+        optimizer.load_state_dict(state["optimizers"]["policy"])
+    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
 
     logger = Logger(args.output_dir, args, args.max_steps, initial_step=start_step, enabled=dist_info.is_main,
                     track=args.track, project=args.wandb_project)
@@ -242,7 +236,7 @@ def main(args):
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f} on {min(args.num_eval_problems, len(eval_env))} problems")
         return acc
 
-    first_acc = run_eval(start_step)
+    first_acc = run_eval(0) if start_step == 0 else None  # a resumed run has its first evaluation in eval.jsonl
 
     # ---- update loop
     for step in range(start_step, args.max_steps):
@@ -254,6 +248,7 @@ def main(args):
         indices = indices[first:first + local_prompts]
         seeds = [sample_seed(args.seed, step, (first * G) + k) for k in range(local_prompts * G)]
         gen, texts, rewards, correct = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
+        check_rewards(rewards, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R]
         R = response_mask.shape[1]
@@ -284,6 +279,7 @@ def main(args):
         stats, entropies = [], []
         for _ in range(args.num_iterations):
             optimizer.zero_grad(set_to_none=True)
+            total_loss = 0.0
             for i in range(0, N, mb):
                 sl = slice(i, i + mb)
                 with autocast:
@@ -292,11 +288,13 @@ def main(args):
                 ref = None if ref_logprobs is None else ref_logprobs[sl]
                 loss, s = grpo_loss(logprobs, old, advantages[sl], response_mask[sl], normaliser, args, ref)
                 loss.backward()
+                total_loss += loss.item()
                 stats.append(s)
                 entropies.append(masked_mean(entropy.detach(), gen.response_mask[sl].float()).item())
             average_gradients(policy)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm).item()
-            optimizer.step()
+            if guard.ok(total_loss, grad_norm):
+                optimizer.step()
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging
@@ -313,11 +311,12 @@ def main(args):
             **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]},
         }
         metrics = all_reduce_mean(metrics, device)
+        metrics["skipped_steps"] = guard.pop()
         metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
         metrics.update({"lr": lr, "tokens_per_s": n_tokens * world / t_rollout,
                         "time/rollout_s": t_rollout, "time/update_s": t_update})
         logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == start_step:
+        if (step + 1) % args.log_interval == 0 or step == 0:
             logger.log_samples(step + 1, [
                 {"question": env.examples[indices[k // G]]["question"], "answer": env.examples[indices[k // G]]["answer"],
                  "response": texts[k], "reward": rewards[k].item(), "advantage": advantages[k].item()}
@@ -326,7 +325,7 @@ def main(args):
         # ---- eval and checkpoint
         if args.eval_interval and (step + 1) % args.eval_interval == 0 and step + 1 < args.max_steps:
             run_eval(step + 1)
-        if args.save_interval and (step + 1) % args.save_interval == 0 and dist_info.is_main:
+        if args.save_interval and (step + 1) % args.save_interval == 0 and step + 1 < args.max_steps and dist_info.is_main:
             save_checkpoint(f"{args.output_dir}/checkpoint-{step + 1}", policy, tokenizer, step + 1,
                             {"policy": optimizer})
 
@@ -334,7 +333,8 @@ def main(args):
     if dist_info.is_main:
         path = f"{args.output_dir}/checkpoint-{args.max_steps}"
         save_checkpoint(path, policy, tokenizer, args.max_steps, {"policy": optimizer})
-        print0(f"held-out greedy accuracy {first_acc:.3f} -> {final_acc:.3f}; policy saved to {path} "
+        start = "" if first_acc is None else f"{first_acc:.3f} -> "
+        print0(f"held-out greedy accuracy {start}{final_acc:.3f}; policy saved to {path} "
                f"(AutoModelForCausalLM.from_pretrained loads it)")
     logger.close()
     return first_acc, final_acc

@@ -41,10 +41,10 @@ from transformers import HfArgumentParser
 from common.env import make_env
 from common.models import (ValueHead, check_model_name, decode_responses, encode_prompts, evaluate, generate,
                            load_critic, load_policy, load_reference, load_tokenizer)
-from common.utils import (Logger, all_reduce_mean, all_reduce_sum, average_gradients, batched_token_logprobs,
-                          broadcast_parameters, init_distributed, kl_k1, latest_checkpoint, load_trainer_state,
-                          masked_mean, masked_sum, print0, sample_seed, save_checkpoint, set_seed, token_gae,
-                          token_logprobs)
+from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, average_gradients,
+                          batched_token_logprobs, broadcast_parameters, check_common_args, check_rewards,
+                          init_distributed, kl_k1, masked_mean, masked_sum, print0, resume_point, sample_seed,
+                          save_checkpoint, set_seed, token_gae, token_logprobs)
 
 
 @dataclass
@@ -118,20 +118,15 @@ class Args:
 
 def check_args(args, world_size):
     """Every size error before any model loads, each with the fix."""
-    if args.num_generations < 1:
-        raise ValueError("--num_generations must be >= 1.")
+    check_common_args(args)
     if args.num_prompts % world_size:
         raise ValueError(f"--num_prompts {args.num_prompts} must be divisible by the number of processes "
                          f"({world_size}); try --num_prompts {world_size * max(1, args.num_prompts // world_size)}.")
     local = args.num_prompts // world_size * args.num_generations
     if local % args.num_mini_batch:
         raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes * "
-                         f"num_generations), which --num_mini_batch {args.num_mini_batch} must divide.")
-    if (local // args.num_mini_batch) % args.micro_batch_size:
-        raise ValueError(f"each minibatch holds {local // args.num_mini_batch} sequences per rank, which "
-                         f"--micro_batch_size {args.micro_batch_size} must divide.")
-    if args.max_steps < 1 or args.num_ppo_epochs < 1:
-        raise ValueError("--max_steps and --num_ppo_epochs must be >= 1.")
+                         f"num_generations), which --num_mini_batch {args.num_mini_batch} must divide; try "
+                         f"--num_mini_batch {math.gcd(local, args.num_mini_batch)}.")
     if not (0 <= args.gamma <= 1 and 0 <= args.lam <= 1):
         raise ValueError("--gamma and --lam must lie in [0, 1].")
     check_model_name(args.model_name_or_path)
@@ -328,13 +323,10 @@ def main(args):
            f"{M} per rank (micro-batches of {args.micro_batch_size}) | {args.critic_type} critic | "
            f"{len(env)} train / {len(eval_env)} eval problems | {args.max_steps} updates")
 
+    start_step, resume_from, trainer_state = resume_point(args.output_dir, args.resume, args.max_steps)
+
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    start_step, resume_from, trainer_state = 0, None, None
-    if args.resume and (resume_from := latest_checkpoint(args.output_dir)) is not None:
-        trainer_state = load_trainer_state(resume_from)
-        start_step = trainer_state["step"]
-        print0(f"resuming from {resume_from} at update {start_step}")
     policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                          gradient_checkpointing=args.gradient_checkpointing)
     broadcast_parameters(policy)
@@ -360,6 +352,7 @@ def main(args):
         optimizer.load_state_dict(trainer_state["optimizers"]["policy"])
         critic_optimizer.load_state_dict(trainer_state["optimizers"]["critic"])
         del trainer_state
+    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
 
     logger = Logger(args.output_dir, args, args.max_steps, initial_step=start_step, enabled=dist_info.is_main,
                     track=args.track, project=args.wandb_project)
@@ -375,7 +368,7 @@ def main(args):
         save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
                         {"policy": optimizer, "critic": critic_optimizer}, extra={"critic": critic_module.state_dict()})
 
-    first_acc = run_eval(start_step)
+    first_acc = run_eval(0) if start_step == 0 else None  # a resumed run has its first evaluation in eval.jsonl
 
     # ---- update loop
     for step in range(start_step, args.max_steps):
@@ -387,6 +380,7 @@ def main(args):
         indices = indices[first:first + local_prompts]
         seeds = [sample_seed(args.seed, step, (first * G) + k) for k in range(N)]
         gen, texts, scores, correct = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
+        check_rewards(scores, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R]
         mask = response_mask.float()
@@ -425,6 +419,7 @@ def main(args):
                 normaliser = loss_normaliser(args.loss_aggregation, response_mask[rows], world)
                 optimizer.zero_grad(set_to_none=True)
                 critic_optimizer.zero_grad(set_to_none=True)
+                total_loss = 0.0
                 for i in range(0, M, mb):
                     sl = rows[i:i + mb]
                     with autocast:
@@ -436,6 +431,7 @@ def main(args):
                     if args.entropy_coef:
                         loss = loss - args.entropy_coef * aggregate(entropy, mask[sl], args.loss_aggregation, normaliser)
                     loss.backward()
+                    total_loss += loss.item()
                     stats.append({**s, **vs})
                     entropies.append(masked_mean(entropy.detach(), mask[sl]).item())
                 average_gradients(policy)
@@ -443,8 +439,9 @@ def main(args):
                 grad_norms.append(torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
                 critic_grad_norms.append(
                     torch.nn.utils.clip_grad_norm_(critic_module.parameters(), args.max_grad_norm).item())
-                optimizer.step()
-                critic_optimizer.step()
+                if guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
+                    optimizer.step()
+                    critic_optimizer.step()
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging
@@ -465,13 +462,14 @@ def main(args):
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token, k1 of pi_old vs pi_ref
         metrics = all_reduce_mean(metrics, device)
+        metrics["skipped_steps"] = guard.pop()
         metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
         # PPO: how much of the returns' variance the critic explained, with the values the advantages used
         metrics["explained_variance"] = explained_variance(values, returns, mask)
         metrics.update({"lr": args.learning_rate * lr_scale, "tokens_per_s": n_tokens * world / t_rollout,
                         "time/rollout_s": t_rollout, "time/update_s": t_update})
         logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == start_step:
+        if (step + 1) % args.log_interval == 0 or step == 0:
             logger.log_samples(step + 1, [
                 {"question": env.examples[indices[k // G]]["question"], "answer": env.examples[indices[k // G]]["answer"],
                  "response": texts[k], "reward": scores[k].item(), "value": values[k, 0].item(),
@@ -481,13 +479,14 @@ def main(args):
         # ---- eval and checkpoint
         if args.eval_interval and (step + 1) % args.eval_interval == 0 and step + 1 < args.max_steps:
             run_eval(step + 1)
-        if args.save_interval and (step + 1) % args.save_interval == 0 and dist_info.is_main:
+        if args.save_interval and (step + 1) % args.save_interval == 0 and step + 1 < args.max_steps and dist_info.is_main:
             save(step + 1)
 
     final_acc = run_eval(args.max_steps)
     if dist_info.is_main:
         save(args.max_steps)
-        print0(f"held-out greedy accuracy {first_acc:.3f} -> {final_acc:.3f}; policy saved to "
+        start = "" if first_acc is None else f"{first_acc:.3f} -> "
+        print0(f"held-out greedy accuracy {start}{final_acc:.3f}; policy saved to "
                f"{args.output_dir}/checkpoint-{args.max_steps} (AutoModelForCausalLM.from_pretrained loads it)")
     logger.close()
     return first_acc, final_acc

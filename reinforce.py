@@ -69,10 +69,10 @@ from transformers import HfArgumentParser
 from common.env import TASKS, make_env, safe_arith
 from common.models import (Generation, check_model_name, decode_responses, encode_prompts, eos_token_ids, evaluate,
                            generate, left_pad, load_policy, load_reference, load_tokenizer)
-from common.utils import (Logger, all_gather_objects, all_reduce_mean, all_reduce_sum, average_gradients,
-                          batched_token_logprobs, broadcast_parameters, discounted_returns, init_distributed,
-                          latest_checkpoint, load_trainer_state, masked_mean, masked_sum, print0, sample_seed,
-                          save_checkpoint, set_seed, token_logprobs)
+from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean, all_reduce_sum, average_gradients,
+                          batched_token_logprobs, broadcast_parameters, check_common_args, check_rewards,
+                          discounted_returns, init_distributed, masked_mean, masked_sum, print0, resume_point,
+                          sample_seed, save_checkpoint, set_seed, token_logprobs)
 
 
 @dataclass
@@ -143,19 +143,12 @@ class Args:
 
 def check_args(args, world_size):
     """Every size error before any model loads, each with the fix."""
+    check_common_args(args)
     if args.baseline == "rloo" and args.num_generations < 2:
         raise ValueError("--baseline rloo needs --num_generations >= 2: the baseline is the mean of the other samples.")
-    if args.num_generations < 1:
-        raise ValueError("--num_generations must be >= 1.")
     if args.num_prompts % world_size:
         raise ValueError(f"--num_prompts {args.num_prompts} must be divisible by the number of processes "
                          f"({world_size}); try --num_prompts {world_size * max(1, args.num_prompts // world_size)}.")
-    local = args.num_prompts // world_size * args.num_generations
-    if local % args.micro_batch_size:
-        raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes * "
-                         f"num_generations), which --micro_batch_size {args.micro_batch_size} must divide.")
-    if args.max_steps < 1:
-        raise ValueError("--max_steps must be >= 1.")
     if args.update_ref_iterations and args.kl_coeff == 0:
         raise ValueError("--update_ref_iterations refreshes the KL reference, but --kl_coeff is 0 (no reference); "
                          "set --kl_coeff > 0 or drop --update_ref_iterations.")
@@ -163,8 +156,6 @@ def check_args(args, world_size):
         raise ValueError("--sym_calc works line by line: add --stepwise.")
     if not 0 <= args.gamma <= 1:
         raise ValueError("--gamma must be in [0, 1].")
-    if args.max_trajectory_steps < 1:
-        raise ValueError("--max_trajectory_steps must be >= 1.")
     check_model_name(args.model_name_or_path)
 
 
@@ -445,23 +436,21 @@ def main(args):
            f"per rank, micro-batches of {args.micro_batch_size}) | {len(env)} train / {len(eval_env)} eval "
            f"problems | {args.max_steps} updates")
 
+    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    start_step, resume_from = 0, None
-    if args.resume and (resume_from := latest_checkpoint(args.output_dir)) is not None:
-        start_step = load_trainer_state(resume_from)["step"]
-        print0(f"resuming from {resume_from} at update {start_step}")
     policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                          gradient_checkpointing=args.gradient_checkpointing)
     broadcast_parameters(policy)
     ref_policy = load_reference(args.model_name_or_path, device=device) if args.kl_coeff > 0 else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    if resume_from is not None:
-        state = load_trainer_state(resume_from)
+    if state is not None:
         optimizer.load_state_dict(state["optimizers"]["policy"])
         if ref_policy is not None and "ref_policy" in state["extra"]:  # a refreshed reference
             ref_policy.load_state_dict(state["extra"]["ref_policy"])
     eos_ids = set(eos_token_ids(policy, tokenizer))
+    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
 
     def ref_state():
         refreshed = ref_policy is not None and args.update_ref_iterations
@@ -480,7 +469,7 @@ def main(args):
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f} on {min(args.num_eval_problems, len(eval_env))} problems")
         return acc
 
-    first_acc = run_eval(start_step) if args.evaluation_at_start else None
+    first_acc = run_eval(0) if args.evaluation_at_start and start_step == 0 else None  # resumed: in eval.jsonl
 
     # ---- update loop
     for step in range(start_step, args.max_steps):
@@ -498,6 +487,7 @@ def main(args):
         else:
             seeds = [sample_seed(args.seed, step, (first * G) + k) for k in range(local_prompts * G)]
             ro = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
+        check_rewards(ro.rewards, step + 1, args.dataset_name, lambda k, t: f"problem {indices[k // G]}")
         gen = ro.gen
         input_ids, attention_mask = gen.sequences()  # [n, P + R]: one row per action (a response, or a line)
         loss_mask = ro.loss_mask.float()  # [n, R]
@@ -531,6 +521,7 @@ def main(args):
         policy.train()
         stats, entropies = [], []
         optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
         for i in range(0, n, mb):
             sl = slice(i, i + mb)
             with autocast:
@@ -538,11 +529,13 @@ def main(args):
             loss, s = reinforce_loss(logprobs, gen.logprobs[sl], advantages[sl], loss_mask[sl], normaliser,
                                      args.length_normalize)
             loss.backward()
+            total_loss += loss.item()
             stats.append(s)
             entropies.append(masked_mean(entropy.detach(), loss_mask[sl]).item())
         average_gradients(policy)
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm).item()
-        optimizer.step()
+        if guard.ok(total_loss, grad_norm):
+            optimizer.step()
         if ref_policy is not None and args.update_ref_iterations and (step + 1) % args.update_ref_iterations == 0:
             ref_policy.load_state_dict(policy.state_dict())  # the seed's reference refresh
         t_update = time.time() - t0 - t_rollout
@@ -566,11 +559,12 @@ def main(args):
         if args.stepwise:
             metrics.update({"episode_steps/mean": n / N, "calc/fired": ro.calc_fired, "calc/refused": ro.calc_refused})
         metrics = all_reduce_mean(metrics, device)
+        metrics["skipped_steps"] = guard.pop()
         metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
         metrics.update({"lr": lr, "tokens_per_s": n_tokens * world / t_rollout,
                         "time/rollout_s": t_rollout, "time/update_s": t_update})
         logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == start_step:
+        if (step + 1) % args.log_interval == 0 or step == 0:
             logger.log_samples(step + 1, [
                 {"question": env.examples[indices[k // G]]["question"], "answer": env.examples[indices[k // G]]["answer"],
                  "response": ro.texts[k], "reward": episode_rewards[k].item(),
@@ -580,7 +574,7 @@ def main(args):
         # ---- eval and checkpoint
         if args.eval_interval and (step + 1) % args.eval_interval == 0 and step + 1 < args.max_steps:
             run_eval(step + 1)
-        if args.save_interval and (step + 1) % args.save_interval == 0 and dist_info.is_main:
+        if args.save_interval and (step + 1) % args.save_interval == 0 and step + 1 < args.max_steps and dist_info.is_main:
             save_checkpoint(f"{args.output_dir}/checkpoint-{step + 1}", policy, tokenizer, step + 1,
                             {"policy": optimizer}, ref_state())
 

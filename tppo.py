@@ -51,10 +51,10 @@ from transformers import HfArgumentParser
 from common.env import make_env, read_rows
 from common.models import (Critic, check_model_name, evaluate, left_pad, load_critic, load_policy, load_tokenizer)
 from common.stepwise import ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id, trim_left_padding
-from common.utils import (Logger, all_gather_objects, all_reduce_mean, all_reduce_sum, average_gradients,
-                          backbone_and_head, batched_token_logprobs, broadcast_parameters, explained_variance,
-                          init_distributed, latest_checkpoint, load_trainer_state, masked_mean, masked_sum, print0,
-                          sample_seed, save_checkpoint, set_seed, token_logprobs)
+from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean, all_reduce_sum,
+                          average_gradients, backbone_and_head, batched_token_logprobs, broadcast_parameters,
+                          check_common_args, check_rewards, explained_variance, init_distributed, masked_mean,
+                          masked_sum, print0, resume_point, sample_seed, save_checkpoint, set_seed, token_logprobs)
 
 
 @dataclass
@@ -147,6 +147,7 @@ class Args:
 
 def check_args(args, world_size):
     """Every size error before any model loads, each with the fix. OpenR's aliases are resolved in place."""
+    check_common_args(args)
     if args.algorithm_name.upper() != "TPPO":
         raise ValueError(f"--algorithm_name {args.algorithm_name}: this file is TPPO; run appo.py for APPO. OpenR's "
                          f"'GRPO' (per-step PRM rewards standardised over the buffer) is not here; grpo.py is GRPO.")
@@ -171,12 +172,6 @@ def check_args(args, world_size):
     if args.episode_length % args.num_mini_batch:
         raise ValueError(f"--num_mini_batch {args.num_mini_batch} must divide --episode_length {args.episode_length}: "
                          f"each minibatch takes the same number of steps from every episode.")
-    local = args.n_rollout_threads // world_size * args.episode_length // args.num_mini_batch
-    if local % args.micro_batch_size:
-        raise ValueError(f"each rank gets {local} transitions per minibatch (n_rollout_threads / processes * "
-                         f"episode_length / num_mini_batch), which --micro_batch_size {args.micro_batch_size} must divide.")
-    if args.max_steps < 1 or args.ppo_epoch < 1 or args.max_episode_steps < 1:
-        raise ValueError("--max_steps, --ppo_epoch and --max_episode_steps must be >= 1.")
     if args.use_recurrent_policy:
         print0("--use_recurrent_policy is ignored: it is MAPPO's RNN over observations, and a transformer policy "
                "already reads the whole history (question and steps so far) in its observation.")
@@ -290,31 +285,33 @@ def loss_normaliser(action_mask):
     return (all_reduce_sum(action_mask.sum().float()) / world).clamp(min=1).item()
 
 
-def update_critic(critic, critic_optimizer, batch, idx, args, autocast):
+def update_critic(critic, critic_optimizer, batch, idx, args, autocast, guard):
     R, normaliser = batch["action_mask"].shape[1], loss_normaliser(batch["action_mask"][idx])
     critic_optimizer.zero_grad(set_to_none=True)
-    stats = []
+    stats, total_loss = [], 0.0
     for micro in idx.split(args.micro_batch_size):
         with autocast:
             values = critic_values(critic, batch["input_ids"][micro], batch["attention_mask"][micro], R)
         loss, s = value_loss(values, batch["values"][micro], batch["returns"][micro], batch["action_mask"][micro],
                              normaliser, args)
         loss.backward()
+        total_loss += loss.item()
         stats.append(s)
     average_gradients(critic)
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in critic.parameters() if p.requires_grad], args.max_grad_norm)
-    critic_optimizer.step()
+    if guard.ok(total_loss, grad_norm):
+        critic_optimizer.step()
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm.item()}
 
 
-def update_policy(policy, optimizer, batch, idx, args, autocast):
+def update_policy(policy, optimizer, batch, idx, args, autocast, guard):
     """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the rollout policy
     and the current one exceeds target_kl on this minibatch, drop the gradient and skip the step."""
     R, normaliser = batch["action_mask"].shape[1], loss_normaliser(batch["action_mask"][idx])
     advantages = batch["advantages"][idx]  # [b, R]
     advantages = whiten(advantages, batch["action_mask"][idx])  # CRUCIAL: per minibatch, over non-pad tokens
     optimizer.zero_grad(set_to_none=True)
-    stats = []
+    stats, total_loss = [], 0.0
     for i in range(0, len(idx), args.micro_batch_size):
         micro, sl = idx[i:i + args.micro_batch_size], slice(i, i + args.micro_batch_size)
         input_ids, attention_mask = trim_left_padding(batch["input_ids"][micro], batch["attention_mask"][micro])
@@ -323,6 +320,7 @@ def update_policy(policy, optimizer, batch, idx, args, autocast):
         loss, s = policy_loss(logprobs, batch["old_logprobs"][micro], advantages[sl], batch["action_mask"][micro],
                               entropy, normaliser, args)
         loss.backward()
+        total_loss += loss.item()
         stats.append(s)
     stats = all_reduce_mean({k: sum(s[k] for s in stats) / len(stats) for k in stats[0]})  # the same on all ranks
     if args.target_kl and stats["approx_kl"] > args.target_kl:
@@ -330,7 +328,8 @@ def update_policy(policy, optimizer, batch, idx, args, autocast):
         return {**stats, "early_stop": 1.0}
     average_gradients(policy)
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], args.max_grad_norm)
-    optimizer.step()
+    if guard.ok(total_loss, grad_norm):
+        optimizer.step()
     return {**stats, "early_stop": 0.0, "grad_norm": grad_norm.item()}
 
 
@@ -400,13 +399,10 @@ def main(args):
            f"= {args.max_steps * T * args.n_rollout_threads} env steps | reward: "
            f"{'PRM ' + args.prm_model_name_or_path if args.prm_model_name_or_path else 'verifier on the final step'}")
 
+    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    start_step, resume_from, state = 0, None, None
-    if args.resume and (resume_from := latest_checkpoint(args.output_dir)) is not None:
-        state = load_trainer_state(resume_from)
-        start_step = state["step"]
-        print0(f"resuming from {resume_from} at update {start_step}")
     policy = load_policy(str(resume_from or args.model_name_or_path) if not args.lora_r else args.model_name_or_path,
                          device=device, gradient_checkpointing=args.gradient_checkpointing)
     if args.lora_r:
@@ -427,6 +423,7 @@ def main(args):
         optimizer.load_state_dict(state["optimizers"]["policy"])
         critic_optimizer.load_state_dict(state["optimizers"]["critic"])
         envs.load_state_dict(state["extra"]["envs"][rank * local_envs:(rank + 1) * local_envs])
+    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
 
     logger = Logger(args.output_dir, args, args.max_steps, initial_step=start_step, enabled=dist_info.is_main,
                     track=args.track, project=args.wandb_project)
@@ -446,13 +443,15 @@ def main(args):
             save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
                             {"policy": optimizer, "critic": critic_optimizer}, extra)
 
-    first_acc = run_eval(start_step)
+    first_acc = run_eval(0) if start_step == 0 else None  # a resumed run has its first evaluation in eval.jsonl
 
     # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes continue in the next update
         segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p, autocast_dtype)
+        check_rewards(segment.rewards, step + 1, args.dataset_name,
+                      lambda k, t: f"env {rank * local_envs + k}, problem {segment.indices[k][t]}")
         gen = segment.gen
         input_ids, attention_mask = gen.sequences()  # [N, P + R], row k * T + t = env k, step t
         action_mask = gen.response_mask  # [N, R]
@@ -487,8 +486,8 @@ def main(args):
         stats = []
         for epoch in range(args.ppo_epoch):
             for idx in minibatches(step, epoch, local_envs, rank * local_envs, T, args.num_mini_batch, args.seed):
-                s = update_critic(critic, critic_optimizer, batch, idx.to(device), args, autocast)
-                stats.append({**s, **update_policy(policy, optimizer, batch, idx.to(device), args, autocast)})
+                s = update_critic(critic, critic_optimizer, batch, idx.to(device), args, autocast, guard)
+                stats.append({**s, **update_policy(policy, optimizer, batch, idx.to(device), args, autocast, guard)})
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging
@@ -508,6 +507,7 @@ def main(args):
         if prm is not None:
             metrics["prm_reward"] = segment.prm_rewards.mean().item()
         metrics = all_reduce_mean(metrics, device)
+        metrics["skipped_steps"] = guard.pop()
         metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
         metrics["early_stop_frac"] = metrics.pop("early_stop")
         if not math.isfinite(metrics["explained_variance"]):  # all returns equal: undefined
@@ -522,18 +522,19 @@ def main(args):
         if stepped:  # grad_norm of the policy steps that were taken (none if every minibatch stopped early)
             metrics["grad_norm"] = sum(s["grad_norm"] for s in stepped) / len(stepped)
         logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == start_step:
+        if (step + 1) % args.log_interval == 0 or step == 0:
             logger.log_samples(step + 1, [{**e, "reward": sum(e["rewards"])} for e in segment.episodes[:4]])
 
         # ---- eval and checkpoint
         if args.eval_interval and (step + 1) % args.eval_interval == 0 and step + 1 < args.max_steps:
             run_eval(step + 1)
-        if args.save_interval and (step + 1) % args.save_interval == 0:
+        if args.save_interval and (step + 1) % args.save_interval == 0 and step + 1 < args.max_steps:
             save(step + 1)
 
     final_acc = run_eval(args.max_steps)
     save(args.max_steps)
-    print0(f"held-out greedy accuracy {first_acc:.3f} -> {final_acc:.3f}; policy saved to "
+    start = "" if first_acc is None else f"{first_acc:.3f} -> "
+    print0(f"held-out greedy accuracy {start}{final_acc:.3f}; policy saved to "
            f"{args.output_dir}/checkpoint-{args.max_steps}" + (" (a LoRA adapter: load it with peft)" if args.lora_r else
                                                                  " (AutoModelForCausalLM.from_pretrained loads it)"))
     logger.close()

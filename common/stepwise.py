@@ -122,6 +122,7 @@ class Segment:
     prm_rewards: torch.Tensor  # [E, T] the PRM's part of the reward (NaN without a PRM)
     texts: list  # [E * T] decoded actions
     episodes: list  # one dict per episode that ended in this segment
+    indices: list  # [E][T] the problem each step was played on
 
 
 def problem_index(position, num_problems, seed):
@@ -161,7 +162,7 @@ class StepwiseEnvs:
         """Play num_steps steps in every env with the policy; returns a Segment."""
         E, T, tok = len(self.envs), num_steps, self.tokenizer
         eos = set(eos_token_ids(policy, tok))
-        obs_ids, actions, logprobs, texts, truncated = ([[None] * T for _ in range(E)] for _ in range(5))
+        obs_ids, actions, logprobs, texts, truncated, indices = ([[None] * T for _ in range(E)] for _ in range(6))
         rewards, dones = torch.zeros(E, T), torch.zeros(E, T)
         prm_rewards = torch.full((E, T), math.nan)
         episodes = []
@@ -175,7 +176,7 @@ class StepwiseEnvs:
             for k, env in enumerate(self.envs):
                 keep = gen.response_mask[k].bool()
                 ids, lps = gen.response_ids[k][keep].tolist(), gen.logprobs[k][keep].tolist()
-                obs_ids[k][t], actions[k][t], logprobs[k][t] = prompts[k], ids, lps
+                obs_ids[k][t], actions[k][t], logprobs[k][t], indices[k][t] = prompts[k], ids, lps, env.index
                 truncated[k][t] = bool(gen.truncated[k])
                 texts[k][t] = tok.decode(ids, skip_special_tokens=True)
                 self.obs[k], rewards[k, t], done, info = env.step(texts[k][t])
@@ -208,7 +209,7 @@ class StepwiseEnvs:
                          response_mask, right_pad([f[2] for f in flat], 0.0, torch.float), ~truncated, truncated)
         gen = Generation(*(x.to(device) for x in vars(gen).values()))
         return Segment(gen, rewards.to(device), dones.to(device), encode_prompts(tok, self.obs),
-                       prm_rewards.to(device), [x for row in texts for x in row], episodes)
+                       prm_rewards.to(device), [x for row in texts for x in row], episodes, indices)
 
     def state_dict(self):
         """What --resume needs to continue the running episodes exactly: problem, steps so far, counters."""
