@@ -1,10 +1,17 @@
-"""Runs an algorithm file with a reward that varies even for the tiny random model, so that distributed and
-resume tests compare non-trivial updates: reward = (len(response) % 5) / 4.
+"""Runs an algorithm file with a test reward instead of the task's verifier, chosen by $TEST_REWARD:
 
-usage: python tests/run_with_test_reward.py grpo --model_name_or_path tiny-random ...  (torchrun works too)
+- "length" (the default): (len(response) % 5) / 4, a reward that varies even for the tiny random model, so that
+  distributed and resume tests compare non-trivial updates;
+- "lowercase": the fraction of the response's characters that are lowercase ASCII letters, which the tiny random
+  model can learn to raise within a few dozen updates (the learning tests);
+- "nan_at:K": the length reward, except NaN for the K-th response graded in this process (0-based).
+
+usage: TEST_REWARD=lowercase python tests/run_with_test_reward.py grpo --model_name_or_path tiny-random ...
+(torchrun works too)
 """
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -14,11 +21,27 @@ from transformers import HfArgumentParser  # noqa: E402
 
 from common import env as envlib  # noqa: E402
 
+GRADED = [0]  # responses graded so far in this process (module level: stepwise files copy the env)
+
+
+def test_reward(action):
+    mode = os.environ.get("TEST_REWARD", "length")
+    GRADED[0] += 1
+    if mode == "lowercase":
+        return sum("a" <= c <= "z" for c in action) / max(1, len(action))
+    if mode == "uppercase":
+        return sum("A" <= c <= "Z" for c in action) / max(1, len(action))
+    if mode == "first_upper":
+        return float("A" <= action[:1] <= "Z")
+    if mode.startswith("nan_at:") and GRADED[0] - 1 == int(mode.split(":")[1]):
+        return float("nan")
+    return (len(action) % 5) / 4
+
 
 class TestRewardEnv(envlib.MathEnv):
     def step(self, action):
         obs, _, done, info = super().step(action)
-        return obs, (len(action) % 5) / 4, done, info
+        return obs, test_reward(action), done, info
 
 
 def make_env(task, split="train", **options):

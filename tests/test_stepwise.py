@@ -138,7 +138,8 @@ def test_eos_ends_the_episode_and_grades_what_was_written(tok):
     policy = ScriptedPolicy(tok.encode(f"It is {answer}") + [tok.eos_token_id])
     envs = StepwiseEnvs(env, tok, num_envs=1, first_env=0, total_envs=1, seed=0)
     seg = envs.collect(policy, update=0, num_steps=1, max_new_tokens=16, temperature=1.0)
-    assert seg.dones.tolist() == [[1]] and seg.rewards.tolist() == [[1.0]]  # the last number is right
+    # graded, but without an answer marker a right number earns nothing (data/README.md, grading policy)
+    assert seg.dones.tolist() == [[1]] and seg.rewards.tolist() == [[0.0]]
     assert seg.episodes[0]["response"] == f"It is {answer}" and not seg.gen.truncated.any()
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import tppo
 from common.models import load_policy
-from common.utils import token_logprobs
+from common.utils import StepGuard, token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--n_rollout_threads", "2",
@@ -138,7 +138,8 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     before = [p.detach().clone() for p in policy.parameters()]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     args = replace(tppo.Args(), micro_batch_size=2, target_kl=0.02)
-    stats = tppo.update_policy(policy, optimizer, batch, torch.arange(4), args, torch.autocast("cpu", enabled=False))
+    stats = tppo.update_policy(policy, optimizer, batch, torch.arange(4), args, torch.autocast("cpu", enabled=False),
+                               StepGuard())
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["approx_kl"] == pytest.approx(float(torch.exp(torch.tensor(shift)) - 1 - shift), abs=1e-5)
     assert stats["early_stop"] == float(skipped)

@@ -1,0 +1,291 @@
+"""A run a student can leave overnight: bad input fails before any model loads with the fix, a NaN reward stops
+the run, a NaN loss or gradient skips the step, no checkpoint holds NaN, and a run killed at any moment resumes
+to the same weights and logs as an uninterrupted one."""
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.models import load_tokenizer, tiny_random_model
+from common.utils import (Logger, StepGuard, check_rewards, checkpoints, latest_checkpoint, load_trainer_state,
+                          resume_point, save_checkpoint)
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
+        "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
+
+
+def run(cmd, ok=True, **kw):
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    assert (out.returncode == 0) == ok, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def algo_args(algo, **changes):
+    module = importlib.import_module(algo)
+    return module, replace(module.Args(), model_name_or_path="tiny-random", **changes)
+
+
+# ---- bad input: one error with the fix, before any model loads --------------------------------------------------
+SIZES = ["max_steps", "max_new_tokens", "micro_batch_size", "num_prompts", "num_generations", "n_rollout_threads",
+         "num_mini_batch", "num_ppo_epochs", "ppo_epoch", "episode_length", "log_interval", "eval_batch_size"]
+
+
+@pytest.mark.parametrize("algo,size", [(algo, size) for algo in ALGOS for size in SIZES
+                                       if hasattr(importlib.import_module(algo).Args, size)])
+def test_sizes_below_one_name_the_flag_and_its_default(algo, size, tmp_path):
+    module, args = algo_args(algo, output_dir=str(tmp_path))
+    default = getattr(args, size)
+    with pytest.raises(ValueError, match=rf"--{size} 0: must be >= 1 \(the default is {default}\)"):
+        module.check_args(replace(args, **{size: 0}), world_size=1)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_output_dir_that_is_a_file_or_unwritable_fails_at_once(algo, tmp_path):
+    module, args = algo_args(algo)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(NotADirectoryError, match="a_file is a file, not a folder"):
+        module.check_args(replace(args, output_dir=str(tmp_path / "a_file")), world_size=1)
+    with pytest.raises(NotADirectoryError, match="a_file is a file"):
+        module.check_args(replace(args, output_dir=str(tmp_path / "a_file" / "run")), world_size=1)
+    with pytest.raises(PermissionError, match="can't be written"):  # /proc takes no new files, even from root
+        module.check_args(replace(args, output_dir="/proc/mathrl-run"), world_size=1)
+    assert not (Path("/proc") / "mathrl-run").exists()
+
+
+def test_eval_output_that_cannot_be_written_fails_before_generating(tmp_path):
+    import eval as evaluation
+
+    args = replace(evaluation.Args(), model_name_or_path="tiny-random")
+    with pytest.raises(PermissionError, match="--output /proc/x can't be written"):
+        evaluation.check_args(replace(args, output="/proc/x/out.jsonl"))
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        evaluation.check_args(replace(args, output=str(tmp_path)))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    module, args = algo_args(algo, output_dir=str(tmp_path), track=True)
+    with pytest.raises(ImportError, match="pip install wandb, or drop --track"):
+        module.check_args(args, world_size=1)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_defaults_work_at_1_2_and_8_processes_or_name_the_fix(algo, world, tmp_path):
+    module, args = algo_args(algo, output_dir=str(tmp_path))
+    try:
+        module.check_args(args, world_size=world)
+    except ValueError as e:  # allowed only with a concrete fix, and only where the defaults can't split
+        assert "try --" in str(e), e
+        assert world == 8 and algo in ("grpo", "reinforce"), e  # 4 prompts over 8 processes
+
+
+def test_ppo_defaults_under_torchrun_with_two_processes(tmp_path):
+    # ppo's defaults (16 prompts, 2 minibatches, micro-batches of 8) give each rank minibatches of 4 sequences:
+    # this used to fail with "--micro_batch_size 8 must divide 4"; micro-batches are now "up to" 8.
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531", "ppo.py",
+         "--model_name_or_path", "tiny-random", "--max_steps", "1", "--num_eval_problems", "2",
+         "--output_dir", str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+# ---- non-finite rewards, losses and weights -------------------------------------------------------------------
+def test_check_rewards_names_the_sample_the_problem_and_the_update():
+    check_rewards(torch.tensor([0.0, 1.0, 0.1]), 3, "gsm8k", lambda k: f"problem {k}")  # finite: nothing
+    with pytest.raises(FloatingPointError, match=r"reward inf for sample 2 \(problem 7\) of task 'gsm8k' in update 3"):
+        check_rewards(torch.tensor([0.0, 1.0, math.inf]), 3, "gsm8k", lambda k: f"problem {k + 5}")
+    with pytest.raises(FloatingPointError, match=r"reward nan for sample 1, step 2 \(env 1, step 2\)"):
+        check_rewards(torch.tensor([[0.0, 0, 0], [0, 0, math.nan]]), 1, "math", lambda k, t: f"env {k}, step {t}")
+
+
+def test_step_guard_skips_non_finite_steps_and_stops_after_three_in_a_row():
+    guard = StepGuard(patience=3)
+    assert guard.ok(0.5, torch.tensor(2.0))
+    assert not guard.ok(math.nan, 1.0)
+    assert not guard.ok(0.5, torch.tensor(math.inf))
+    assert guard.ok(0.5, 1.0)  # a finite step resets the run of skips
+    assert guard.pop() == 2 and guard.pop() == 0
+    assert not guard.ok(math.nan) and not guard.ok(math.nan)
+    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
+        guard.ok(-math.inf)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-random")
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, tok):
+    model = tiny_random_model()
+    save_checkpoint(tmp_path / "checkpoint-1", model, tok, 1)
+    with torch.no_grad():
+        model.model.norm.weight[3] = math.nan
+    with pytest.raises(FloatingPointError, match=r"not writing .*checkpoint-2: model.norm.weight .* NaN or inf"):
+        save_checkpoint(tmp_path / "checkpoint-2", model, tok, 2)
+    with pytest.raises(FloatingPointError, match=r"extra.critic.head.bias"):  # a critic's weights too
+        save_checkpoint(tmp_path / "checkpoint-2", tiny_random_model(), tok, 2,
+                        extra={"critic": {"head.bias": torch.tensor([math.inf])}})
+    assert checkpoints(tmp_path) == [tmp_path / "checkpoint-1"]
+    assert not (tmp_path / "checkpoint-2").exists() and not (tmp_path / "checkpoint-2.tmp").exists()
+
+
+def _nan_loss_after(grpo, monkeypatch, bad_calls):
+    """grpo_loss that returns NaN on the given (0-based) calls."""
+    real, calls = grpo.grpo_loss, [0]
+
+    def loss_fn(*a, **k):
+        loss, stats = real(*a, **k)
+        calls[0] += 1
+        return (loss * math.nan if calls[0] - 1 in bad_calls else loss), stats
+    monkeypatch.setattr(grpo, "grpo_loss", loss_fn)
+
+
+def test_a_nan_loss_skips_that_step_and_the_run_goes_on(tmp_path, monkeypatch):
+    import grpo
+
+    # micro-batches of 2 over 8 sequences: calls 4..7 are update 2's; one NaN micro-batch spoils its step
+    _nan_loss_after(grpo, monkeypatch, {5})
+    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8, num_eval_problems=2,
+                      num_prompts=2, num_generations=4, micro_batch_size=2, max_steps=3, learning_rate=1e-3,
+                      output_dir=str(tmp_path)))
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["skipped_steps"] for x in lines] == [0, 1, 0]
+    assert math.isnan(lines[1]["grad_norm"]) and math.isfinite(lines[2]["grad_norm"])
+    weights = load_file(str(tmp_path / "checkpoint-3" / "model.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
+def test_nan_losses_in_a_row_stop_the_run_without_a_nan_checkpoint(tmp_path, monkeypatch):
+    import grpo
+
+    _nan_loss_after(grpo, monkeypatch, set(range(4, 100)))  # every step from update 2 on
+    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row had a NaN or inf loss"):
+        grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8, num_eval_problems=2,
+                          num_prompts=2, num_generations=4, micro_batch_size=2, max_steps=6, save_interval=1,
+                          output_dir=str(tmp_path)))
+    # updates 2, 3 and 4 were skipped; the checkpoints written before the stop hold the finite update-1 weights
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-2", "checkpoint-1"]
+    a, b = (load_file(str(tmp_path / f"checkpoint-{k}" / "model.safetensors")) for k in (1, 3))
+    assert all(torch.equal(a[k], b[k]) and bool(torch.isfinite(a[k]).all()) for k in a)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "appo"])
+def test_a_nan_reward_at_update_1_stops_the_run_before_the_update(algo, tmp_path):
+    # graded before update 1's rollout: 4 eval answers, then 8 responses (grpo) or 8 x 4 steps (appo) of update 0
+    nan_at = {"grpo": 4 + 8, "appo": 4 + 8 * 4}[algo]
+    sizes = {"grpo": ["--num_prompts", "2", "--num_generations", "4"], "appo": ["--eval_max_new_tokens", "8"]}[algo]
+    out = run([sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path", "tiny-random",
+               "--max_new_tokens", "8", "--num_eval_problems", "4", *sizes, "--max_steps", "3", "--save_interval", "1",
+               "--output_dir", str(tmp_path)], ok=False, env={**os.environ, "TEST_REWARD": f"nan_at:{nan_at}"})
+    assert "FloatingPointError: reward nan for sample 0" in out.stderr
+    assert "of task 'arithmetic' in update 2: rewards must be finite numbers" in out.stderr  # update 1 is the 2nd
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-1"]
+    weights = load_file(str(tmp_path / "checkpoint-1" / "model.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
+# ---- checkpoints and resume -----------------------------------------------------------------------------------
+def test_unfinished_saves_and_other_names_are_not_checkpoints(tmp_path, tok):
+    save_checkpoint(tmp_path / "checkpoint-2", tiny_random_model(), tok, 2)
+    for name in ("checkpoint-3.tmp", "checkpoint-10.tmp", "checkpoint-x", "checkpoint-2.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trainer_state.pt").write_text("partial")
+    (tmp_path / "checkpoint-7").write_text("a file")
+    assert checkpoints(tmp_path) == [tmp_path / "checkpoint-2"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+    assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_saving_the_same_step_twice_replaces_it_whole(tmp_path, tok):
+    save_checkpoint(tmp_path / "checkpoint-1", tiny_random_model(), tok, 1, extra={"x": 1})
+    save_checkpoint(tmp_path / "checkpoint-1", tiny_random_model(seed=1), tok, 1, extra={"x": 2})
+    assert load_trainer_state(tmp_path / "checkpoint-1")["extra"] == {"x": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
+    manifest = json.loads((tmp_path / "checkpoint-1" / "manifest.json").read_text())
+    assert manifest["model.safetensors"] == (tmp_path / "checkpoint-1" / "model.safetensors").stat().st_size
+
+
+def test_resume_point_decisions(tmp_path, tok, capsys):
+    # no checkpoint: --resume says so and starts at 0; a fresh run in an empty folder is fine
+    assert resume_point(tmp_path, True, 5) == (0, None, None)
+    assert "no complete checkpoint in" in capsys.readouterr().out
+    assert resume_point(tmp_path, False, 5) == (0, None, None)
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path / f"checkpoint-{step}", tiny_random_model(), tok, step)
+    # a fresh run would mix with the earlier one's checkpoints under a later --resume
+    with pytest.raises(FileExistsError, match="already holds checkpoint-3 from an earlier run: pass --resume"):
+        resume_point(tmp_path, False, 5)
+    # --max_steps below the checkpoint: an error, where it used to overwrite checkpoint-3 with later weights
+    with pytest.raises(ValueError, match="checkpoint-3 is at update 3, beyond --max_steps 2; pass --max_steps 3"):
+        resume_point(tmp_path, True, 2)
+    with pytest.raises(SystemExit) as done:  # already finished: exit 0, so a resume loop ends
+        resume_point(tmp_path, True, 3)
+    assert done.value.code == 0 and "nothing to do" in capsys.readouterr().out
+    step, path, state = resume_point(tmp_path, True, 5)
+    assert (step, path, state["step"]) == (3, tmp_path / "checkpoint-3", 3)
+    # a truncated weight file: named, and the previous checkpoint is used
+    with open(tmp_path / "checkpoint-3" / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    step, path, _ = resume_point(tmp_path, True, 5)
+    out = capsys.readouterr().out
+    assert (step, path) == (2, tmp_path / "checkpoint-2")
+    assert f"{tmp_path / 'checkpoint-3'} is corrupt (ValueError: model.safetensors has 1000 bytes" in out
+    # a garbled trainer state, with a manifest that agrees on its size
+    state_file = tmp_path / "checkpoint-2" / "trainer_state.pt"
+    state_file.write_bytes(b"\0" * state_file.stat().st_size)
+    step, path, _ = resume_point(tmp_path, True, 5)
+    assert (step, path) == (1, tmp_path / "checkpoint-1") and "checkpoint-2 is corrupt" in capsys.readouterr().out
+
+
+def test_a_resumed_logger_cuts_the_logs_back_to_the_checkpoint(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3, 4))
+                                            + '{"step": 5, "x"')  # the last line cut by a kill
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 2, 4)))
+    logger = Logger(tmp_path, {"a": 1}, 10, initial_step=2)
+    logger.log(3, {"x": 30})
+    logger.close()
+    assert [json.loads(x)["x"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 30]
+    assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
+    Logger(tmp_path, {"a": 1}, 10, initial_step=0).close()  # a fresh run starts the logs anew
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and (tmp_path / "eval.jsonl").read_text() == ""
+
+
+def test_divergence_is_said_once(tmp_path, capsys):
+    logger = Logger(tmp_path, {}, 20)
+    for step, kl in enumerate([0.01, 0.012, 0.009, 0.011, 0.01, 0.01], 1):  # usual size ~0.01
+        logger.log(step, {"approx_kl": kl, "entropy": 1.5})
+    logger.log(7, {"approx_kl": 0.2, "entropy": 1.5})  # 20 times the usual
+    logger.log(8, {"approx_kl": math.inf, "entropy": 0.0})
+    logger.log(9, {"approx_kl": math.inf, "entropy": 0.0})
+    logger.close()
+    captured = capsys.readouterr()
+    err = captured.out + captured.err
+    assert err.count("warning: approx_kl is 0.2 at update 7 (usually 0.01)") == 1
+    assert err.count("warning: approx_kl") == 1
+    assert err.count("warning: the policy's entropy collapsed to 0 at update 8") == 1
+
+
+def test_killed_at_random_moments_and_resumed_ends_like_an_uninterrupted_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from kill_resume import kill_and_resume
+
+    summary = kill_and_resume("grpo", kills=3, seed=0, out=tmp_path)  # 10 updates, a checkpoint after each
+    assert summary["kills"] == 3 and summary["crashes"] == []
+    assert summary["max_abs_weight_diff"] == 0.0
+    assert summary["logs_match"] == {"metrics.jsonl": True, "eval.jsonl": True, "samples.jsonl": True}
+
