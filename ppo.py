@@ -39,6 +39,7 @@ import torch
 from transformers import HfArgumentParser
 
 from common.env import make_env
+from common.grader import grader_counts
 from common.models import (ValueHead, check_model_name, decode_responses, encode_prompts, evaluate, generate,
                            load_critic, load_policy, load_reference, load_tokenizer)
 from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, average_gradients,
@@ -373,6 +374,7 @@ def main(args):
     # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
+        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the grader's time budget
         # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global sample
         # index, so 1 process and N processes draw the same samples for the same update.
         indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
@@ -449,6 +451,7 @@ def main(args):
         metrics = {
             "reward/mean": scores.mean().item(),
             "reward/sq": (scores ** 2).mean().item(),
+            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / N,
             "accuracy": correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),

@@ -67,6 +67,7 @@ import torch.distributed as dist
 from transformers import HfArgumentParser
 
 from common.env import TASKS, make_env, safe_arith
+from common.grader import grader_counts
 from common.models import (Generation, check_model_name, decode_responses, encode_prompts, eos_token_ids, evaluate,
                            generate, left_pad, load_policy, load_reference, load_tokenizer)
 from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean, all_reduce_sum, average_gradients,
@@ -474,6 +475,7 @@ def main(args):
     # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
+        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the grader's time budget
         # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global sample
         # index, so 1 process and N processes draw the same samples for the same update.
         indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
@@ -546,6 +548,7 @@ def main(args):
         metrics = {
             "reward/mean": episode_rewards.mean().item(),
             "reward/sq": (episode_rewards ** 2).mean().item(),
+            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / N,
             "accuracy": ro.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": ro.truncated.float().mean().item(),

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from transformers import HfArgumentParser
 
 from common.env import make_env, read_rows
+from common.grader import grader_counts
 from common.models import (Critic, check_model_name, evaluate, left_pad, load_critic, load_policy, load_tokenizer)
 from common.stepwise import ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id, trim_left_padding
 from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean, all_reduce_sum,
@@ -448,6 +449,7 @@ def main(args):
     # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
+        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the grader's time budget
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes continue in the next update
         segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p, autocast_dtype)
         check_rewards(segment.rewards, step + 1, args.dataset_name,
@@ -497,6 +499,7 @@ def main(args):
         metrics = {
             "reward/mean": rewards.mean().item(),
             "reward/sq": (rewards ** 2).mean().item(),
+            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / max(1, len(segment.episodes)),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "explained_variance": explained_variance(values, returns, action_mask.float()),

@@ -184,6 +184,21 @@ def test_nan_losses_in_a_row_stop_the_run_without_a_nan_checkpoint(tmp_path, mon
     assert all(torch.equal(a[k], b[k]) and bool(torch.isfinite(a[k]).all()) for k in a)
 
 
+def test_grader_timeouts_are_logged_as_a_fraction_of_the_graded_responses(tmp_path, monkeypatch):
+    import grpo
+
+    calls = [0]
+
+    def counts():  # the grader's counters, as if 2 of every rollout's 8 grades ran out of time
+        calls[0] += 1
+        return {"grades": 0, "timeouts": 2 * (calls[0] // 2), "failures": 0}
+    monkeypatch.setattr(grpo, "grader_counts", counts)
+    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8, num_eval_problems=2,
+                      num_prompts=2, num_generations=4, max_steps=2, output_dir=str(tmp_path)))
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["reward/grader_timeouts"] for x in lines] == [2 / 8, 2 / 8]
+
+
 @pytest.mark.parametrize("algo", ["grpo", "appo"])
 def test_a_nan_reward_at_update_1_stops_the_run_before_the_update(algo, tmp_path):
     # graded before update 1's rollout: 4 eval answers, then 8 responses (grpo) or 8 x 4 steps (appo) of update 0
