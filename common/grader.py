@@ -16,7 +16,7 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
 5. Everything else (pi, roots, logs, symbols) goes to a sympy worker subprocess that rebuilds the AST as sympy
    objects. Exact answers are compared exactly: the difference is evaluated to 50 digits (at three rational
    points if there are symbols), a clearly nonzero one is "different", and a near-zero one must be proved 0
-   (`simplify`, `equals`; undecided = different). Only an answer in which the model wrote a decimal (3.14)
+   (`simplify`, `equals`; undecided = different). Only an answer that is a plain decimal number (3.14159)
    is compared with a tolerance (1e-12 relative). A bare `e` is Euler's number; `i` is the imaginary unit.
 
 The worker: one per process, shared by all threads under a lock. Each grade has a budget of TIMEOUT_S seconds
@@ -359,13 +359,22 @@ def _equal_scalar(a: str, b: str, grade: _Grade) -> bool:
     except ParseError:
         return False  # off the whitelist (e.g. base-n numbers like 204_5): only string equality counts
     try:
-        return to_fraction(ta) == to_fraction(tb)  # exact, and no sympy needed for plain numbers
-    except _NotRational:
-        # CRUCIAL: a tolerance only for a decimal the model wrote; 10^{15}+\sqrt2 is not 10^{15}
-        wrote_decimal = re.search(r"[0-9]\.[0-9]", a) is not None
-        return _WORKER.equal(ta, tb, False, wrote_decimal, grade)
+        fa, fb = _rational_or_none(ta), _rational_or_none(tb)
     except (ParseError, ZeroDivisionError, OverflowError, ValueError):
         return False
+    if fa is not None and fb is not None:
+        return fa == fb  # exact, and no sympy needed for plain numbers
+    # CRUCIAL: a tolerance only for a plain decimal number the model wrote (1.4142135623730951 vs \sqrt2);
+    # anything else exactly, so 10^{15}+\sqrt2 is not 10^{15}, not even written 10^{15}+\sqrt2+0.0
+    approx = fa is not None and re.search(r"[0-9]\.[0-9]", a) is not None
+    return _WORKER.equal(ta, tb, False, approx, grade)
+
+
+def _rational_or_none(node) -> Fraction | None:
+    try:
+        return to_fraction(node)
+    except _NotRational:
+        return None
 
 
 def _equal_equation(a: list, b: list, grade: _Grade) -> bool:
@@ -691,7 +700,7 @@ def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
     """Are two ASTs equal as sympy expressions?
 
     equation: a and b are lhs - rhs of two equations, equal up to a nonzero constant factor.
-    approx: the answer holds a decimal the model wrote, so 1e-12 relative agreement is enough.
+    approx: the answer is a plain decimal number the model wrote, so 1e-12 relative agreement is enough.
     Otherwise exact: the difference d = a - b must be clearly zero at 50 digits (at three rational points if
     there are symbols), and then proved zero (simplify or equals, on d or else at each point).
     """

@@ -400,6 +400,8 @@ MATH_DIFFERENT = [
     # tolerance only for a decimal the model wrote
     ("\\boxed{1.4142135623730951}", "\\sqrt{2}", 1.0),
     ("\\boxed{\\sqrt{2}}", "1.4142135623730951", 0.0),
+    ("\\boxed{10^{15}+\\sqrt{2}+0.0}", "10^{15}", 0.0),  # a decimal written to get the tolerance
+    ("\\boxed{0.5\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),  # exactly equal: 0.5 is 1/2
 ])
 def test_math_names_hedges_and_tolerance(response, gold, expected):
     assert verify("math", response, gold) == expected
