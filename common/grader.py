@@ -618,8 +618,10 @@ def to_fraction(node) -> Fraction:
         return Fraction(math.factorial(int(x)))
     if op == "binom":
         n, k = to_fraction(args[0]), to_fraction(args[1])
-        if n.denominator != 1 or k.denominator != 1 or not 0 <= n <= 1000:
+        if n.denominator != 1 or k.denominator != 1 or n < 0:
             raise _NotRational  # sympy's binomial decides (or refuses) the rest
+        if min(k, n - k) * math.log10(max(n, 2)) > MAX_DIGITS:  # about how many digits C(n, k) has
+            raise ParseError("binomial too large")
         return Fraction(math.comb(int(n), int(k)) if k >= 0 else 0)
     raise _NotRational  # symbols, constants, functions, logs
 
@@ -685,7 +687,7 @@ def to_sympy(node):
         return sympy.factorial(x)
     if op == "binom":
         n, k = to_sympy(args[0]), to_sympy(args[1])
-        if n.is_Number and abs(n) > 1000:
+        if n.is_Number and abs(n) > 1000:  # integers were computed exactly before; this is e.g. C(5/2, 2)
             raise ParseError("binomial too large")
         return sympy.binomial(n, k)
     raise ParseError(f"unknown node {op}")
