@@ -11,7 +11,8 @@ Metrics, over the evaluated problems (a problem is solved by a sample whose rewa
 - pass@k: the chance that at least one of k samples is correct, with the unbiased estimator of Chen et al. 2021
   ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374) from n >= k samples with c correct:
       pass@k = 1 - C(n - c, k) / C(n, k)
-- maj@k: the majority answer of the first k samples is correct. Answers are grouped by value: numbers compare
+- maj@k: the majority answer of the first k samples is correct. Only answers in the task's format vote (a bare
+  number without "The answer is" or "####" is no answer). Answers are grouped by value: numbers compare
   numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of common/grader.py (so
   `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text without spaces. A sample with no
   extracted answer never wins; a tie goes to the answer seen first.
@@ -160,9 +161,10 @@ def majority_vote(keys, k):
 
 
 def problem_metrics(task, samples, ks):
-    """Per-problem num_correct, pass@k and maj@k from its graded samples (dicts with correct and pred)."""
+    """Per-problem num_correct, pass@k and maj@k from its graded samples (dicts with correct, pred, format_ok)."""
     n, c = len(samples), sum(s["correct"] for s in samples)
-    keys = [vote_key(task, s["pred"]) for s in samples]
+    # an answer without the task's answer marker is no answer (data/README.md, grading policy): it has no vote
+    keys = [vote_key(task, s["pred"]) if s["format_ok"] else None for s in samples]
     out = {"num_correct": c}
     for k in ks:
         out[f"pass@{k}"] = pass_at_k(n, c, k)

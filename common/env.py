@@ -578,9 +578,20 @@ def read_rows(path, task: str) -> list[dict]:
             f"path=... (--dataset_path on the command line){alt}."
         )
     if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = []
+        # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as it is
+        for number, line in enumerate(path.read_text().split("\n"), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}): "
+                                     f"{line[:80]!r}. Each line of a .jsonl file is one JSON object.") from None
     elif path.suffix == ".json":
-        rows = json.loads(path.read_text())
+        try:
+            rows = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno}).") from None
         rows = rows.get("data", rows) if isinstance(rows, dict) else rows
     elif path.suffix == ".parquet":
         import pyarrow.parquet  # installed with datasets

@@ -56,6 +56,13 @@ def test_majority_vote_ties_go_to_the_first_seen_and_no_answer_never_wins():
     assert ev.majority_vote([None, None], 2) is None
 
 
+def test_answers_without_the_marker_have_no_vote():
+    # one marked 4 (right) against two bare 5s: the bare numbers get no reward, so they must not outvote it
+    samples = [ev.grade("gsm8k", text, "4") for text in ("The answer is 4.", "5", "so it is 5")]
+    assert [s["pred"] for s in samples] == ["4", "5", "5"] and [s["format_ok"] for s in samples] == [True, False, False]
+    assert ev.problem_metrics("gsm8k", samples, [3])["maj@3"] is True
+
+
 def test_vote_keys_compare_numbers_numerically_and_math_by_normalised_latex():
     assert ev.vote_key("gsm8k", "18") == ev.vote_key("gsm8k", "18.00") == ev.vote_key("gsm8k", "18.") == Fraction(18)
     assert ev.vote_key("arithmetic", "1,000") == 1000
@@ -72,6 +79,7 @@ def test_problem_metrics_and_summary_by_hand():
     # problem B: preds 4, 4, 5, 4 with the gold 4 -> 3 correct of 4; the majority is right
     b = [{"pred": "4", "correct": True}, {"pred": "4", "correct": True}, {"pred": "5", "correct": False},
          {"pred": "4", "correct": True}]
+    a, b = ([{**s, "format_ok": s["pred"] is not None} for s in x] for x in (a, b))  # marked answers
     ma, mb = ev.problem_metrics("gsm8k", a, [1, 2, 4]), ev.problem_metrics("gsm8k", b, [1, 2, 4])
     assert ma == {"num_correct": 1, "pass@1": 0.25, "maj@1": False, "pass@2": 0.5, "maj@2": False,
                   "pass@4": 1.0, "maj@4": False}
@@ -143,8 +151,9 @@ def test_regrade_reads_its_own_output_and_grades_again(tmp_path):
     path.write_text(json.dumps(rows[0]) + "\n")
     summary = ev.main(replace(ev.Args(), responses=str(path), output=str(tmp_path / "out.jsonl"), k=[1, 2, 3]))
     (record,) = read_jsonl(tmp_path / "out.jsonl")
-    assert [s["correct"] for s in record["responses"]] == [True, False, True]
-    assert record["pass@2"] == pytest.approx(1 - 0 / 3)  # n=3, c=2: every pair holds a correct one
+    # "4 4 4" has no answer marker: no reward (data/README.md, grading policy)
+    assert [s["correct"] for s in record["responses"]] == [True, False, False]
+    assert record["pass@2"] == pytest.approx(1 - 1 / 3)  # n=3, c=1: 1 - C(2, 2) / C(3, 2)
     assert record["maj@2"] is True  # 4 (first seen) ties with 5
     assert summary["response_len/mean"] == 5 and summary["truncated_frac"] == pytest.approx(1 / 3)
 

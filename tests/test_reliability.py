@@ -73,6 +73,22 @@ def test_eval_output_that_cannot_be_written_fails_before_generating(tmp_path):
         evaluation.check_args(replace(args, output=str(tmp_path)))
 
 
+def test_a_malformed_json_line_names_the_file_and_its_line(tmp_path):
+    from common.env import make_env
+
+    path = tmp_path / "train.jsonl"
+    # line 3 is blank, line 4 is cut short; a U+2028 inside a JSON string is not a line break
+    path.write_text('{"question": "a\u2028b", "answer": "1"}\n{"question": "c", "answer": "2"}\n\n{"question": "d", "ans\n')
+    with pytest.raises(ValueError, match=r"train.jsonl, line 4: not valid JSON \(Unterminated string"):
+        make_env("arithmetic", path=path)
+    path.write_text('{"question": "a\u2028b", "answer": "1"}\n\n{"question": "c", "answer": "2"}\n')
+    assert [ex["question"] for ex in make_env("arithmetic", path=path).examples] == ["a\u2028b", "c"]
+    bad = tmp_path / "train.json"
+    bad.write_text('[\n {"question": "a", "answer": "1"},\n {"question": "b" "answer": "2"}\n]')
+    with pytest.raises(ValueError, match=r"train.json, line 3: not valid JSON \(Expecting ','"):
+        make_env("arithmetic", path=bad)
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
     import importlib.util
