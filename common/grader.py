@@ -94,7 +94,7 @@ def ascii_lookalikes(text: str) -> str:
 HEDGE_WORDS = frozenset("""
     or nor not no maybe perhaps possibly probably likely about around approximately approx roughly nearly almost
     either neither between guess estimate estimated ish circa somewhere than least most over under above below
-    instead wrong incorrect wait unless if could might
+    instead wrong incorrect wait unless if could might plus more less
 """.split())
 
 

@@ -49,6 +49,10 @@ GSM8K_CASES = [
     ("\\boxed{18} \\boxed{}", "18", 0.0),
     ("\\boxed{1, 2, 3, 18}", "18", 0.0),
     ("18 \\boxed{18", "18", 0.0),  # unbalanced box
+    # open-ended: "18 plus" / "18 or more" is a bound, not an answer
+    ("The answer is 18 plus.", "18", 0.0),
+    ("The answer is 18 or more.", "18", 0.0),
+    ("The answer is 18 or less.", "18", 0.0),
 ]
 
 
