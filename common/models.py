@@ -214,6 +214,12 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
             model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
         except OSError as err:
             raise _hub_error(name, err) from None
+    # Weights read from a safetensors file can sit at any offset in memory (40 bytes past a 64-byte boundary
+    # here), and CPU matmuls round differently for unaligned operands: a run resumed from a checkpoint drifted
+    # from the uninterrupted run by an ulp a few updates later. A copy puts them where new tensors go (aligned).
+    for p in model.parameters():
+        if p.data_ptr() % 64:
+            p.data = p.data.clone()
     model.to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
