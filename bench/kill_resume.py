@@ -8,9 +8,10 @@ samples.jsonl line for line, times aside.
 
 Every attempt runs the same command with --resume --save_interval 1 (a checkpoint after every update) and the
 test reward of tests/run_with_test_reward.py, so that every update changes the weights. One kill in five lands
-in the imports or while the models load; the others land at a random time within two updates' time after the run
-starts working (its logger writes args.json): in an evaluation, a rollout, an update or a checkpoint write. Timing
-kills from that moment, not from the start, keeps each attempt's progress small on a busy machine too. A kill
+in the imports or while the models load; one in four within 50 ms of a checkpoint-N.tmp folder appearing, i.e.
+in the middle of a checkpoint write; the others at a random time within two updates' time after the run starts
+working (its logger writes args.json): in an evaluation, a rollout, an update or a checkpoint write. Timing
+kills from these moments, not from the start, keeps each attempt's progress small on a busy machine too. A kill
 after which the output folder holds a checkpoint-N.tmp written by that attempt interrupted a save. After the
 last kill the run goes to the end.
 """
@@ -111,8 +112,13 @@ def kill_and_resume(algo="grpo", kills=20, max_steps=None, seed=0, out=ROOT / "b
             attempts += 1
             started = time.time()
             cmd = command(algo, max_steps, killed) + ["--resume"]
-            if rng.random() < 0.2:  # in the imports or while the models load
+            where = rng.random()
+            if where < 0.2:  # in the imports or while the models load
                 was_killed, code = attempt(cmd, log, rng.uniform(0.2, startup))
+            elif where < 0.45:  # inside a checkpoint write, on purpose: within 50 ms of its .tmp folder appearing
+                saving = lambda: any(p.name.endswith(".tmp") and p.stat().st_mtime >= started
+                                     for p in killed.glob("checkpoint-*"))
+                was_killed, code = attempt(cmd, log, rng.uniform(0, 0.05), saving)
             else:  # once the run works (its logger has written args.json): an eval, a rollout, an update, a save
                 ready = lambda: (killed / "args.json").exists() and (killed / "args.json").stat().st_mtime >= started
                 was_killed, code = attempt(cmd, log, rng.uniform(0, 2 * per_update), ready)
