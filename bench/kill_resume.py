@@ -35,8 +35,8 @@ SMALL = {  # a few seconds per attempt on 2 cores, evaluations and sample logs i
     "grpo": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],
     "reinforce": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],
     "ppo": ["--num_prompts", "4", "--max_new_tokens", "8"],
-    "appo": ["--n_rollout_threads", "2", "--episode_length", "2", "--max_new_tokens", "4", "--eval_max_new_tokens", "8"],
-    "tppo": ["--n_rollout_threads", "2", "--episode_length", "2", "--max_new_tokens", "4", "--eval_max_new_tokens", "8"],
+    "appo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4", "--eval_max_new_tokens", "8"],
+    "tppo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4", "--eval_max_new_tokens", "8"],
 }
 VOLATILE = ("time", "tokens_per_s", "time/rollout_s", "time/update_s")  # wall-clock fields differ between runs
 

@@ -1,6 +1,6 @@
 """Does reinforce.py's calculator help a model, and does it get used? Greedy stepwise episodes, three ways.
 
-On the same held-out problems, with the same --n_few_shot_examples worked examples in the prompt, play greedy
+On the same held-out problems, with the same --num_few_shot worked examples in the prompt, play greedy
 stepwise episodes (reinforce.py --stepwise: one line per action) in three settings and print, per setting,
 accuracy, calculator values written and refused per episode, lines per episode and seconds:
 
@@ -20,16 +20,15 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import reinforce  # noqa: E402  (the file whose calculator is measured)
 from common.env import make_env  # noqa: E402
 from common.models import eos_token_ids, load_policy, load_tokenizer  # noqa: E402
+from common.stepwise import play_episodes, policy_sampler, stepwise_system_prompt  # noqa: E402
 
 SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> spans)
     "no calculator": (False, False),
@@ -40,13 +39,11 @@ SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> span
 
 def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     """Greedy stepwise episodes on --num_problems held-out problems: means per episode."""
-    run_args = replace(reinforce.Args(), stepwise=True, sym_calc=sym_calc, max_new_tokens=args.max_new_tokens,
-                       max_trajectory_steps=args.max_trajectory_steps)
     task_options = {"difficulty": args.difficulty} if args.dataset_name == "arithmetic" else {}
-    env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, num_few_shot=args.n_few_shot_examples,
-                   **task_options, stepwise=True, max_steps=args.max_trajectory_steps, calc_annotations=calc_annotations,
-                   system_prompt=reinforce.stepwise_system_prompt(args.dataset_name, sym_calc))
-    sample = reinforce.policy_sampler(policy, tokenizer, 0.0, None, run_args, None)
+    env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, num_few_shot=args.num_few_shot,
+                   **task_options, stepwise=True, max_steps=args.max_episode_steps, calc_annotations=calc_annotations,
+                   system_prompt=stepwise_system_prompt(args.dataset_name, sym_calc))
+    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, sym_calc)
     eos_ids = set(eos_token_ids(policy, tokenizer))
     # the fixed subset that reinforce.py's own evaluation plays, so update 0 of a run is comparable
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:args.num_problems]
@@ -55,7 +52,7 @@ def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     start, bar = time.time(), tqdm(total=len(indices), desc=name, unit="problem")
     for i in range(0, len(indices), args.batch_size):
         chunk = indices[i:i + args.batch_size]
-        ro = reinforce.stepwise_rollout(sample, tokenizer, env, chunk, 1, run_args, policy.device, eos_ids)
+        ro = play_episodes(sample, tokenizer, env, chunk, 1, args.max_new_tokens, sym_calc, policy.device, eos_ids)
         totals["correct"] += ro.correct.sum().item()
         totals["fired"] += ro.calc_fired * len(chunk)  # the rollout reports per-episode means
         totals["refused"] += ro.calc_refused * len(chunk)
@@ -74,9 +71,9 @@ def main():
     p.add_argument("--eval_dataset_path", default=None, help="held-out file (default: the task's test split)")
     p.add_argument("--difficulty", default="1-2", help="arithmetic only: levels, as reinforce.py's --difficulty")
     p.add_argument("--num_problems", type=int, default=200)
-    p.add_argument("--n_few_shot_examples", type=int, default=2)
+    p.add_argument("--num_few_shot", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64, help="tokens per line")
-    p.add_argument("--max_trajectory_steps", type=int, default=10)
+    p.add_argument("--max_episode_steps", type=int, default=10)
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--output", default=None, help="also write the rows as JSON lines here")
     args = p.parse_args()

@@ -71,7 +71,7 @@ def trl_worker(args):
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=MICRO,
         gradient_accumulation_steps=NUM_PROMPTS * G // MICRO, num_generations=G, max_completion_length=64,
         temperature=0.7, top_p=1.0, beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-        num_iterations=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False, use_cpu=True,
+        num_ppo_epochs=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False, use_cpu=True,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
     )
 

@@ -266,21 +266,17 @@ class Task:
     options = {}  # task-specific make_env options and their defaults
 
     @classmethod
-    def load(cls, split: str, path, seed: int, **options) -> list[dict]:
-        """Examples from a local file if `path` is given, else from the hub."""
-        if path is not None:
-            return [cls.from_row(row, f"{path}: row {i}") for i, row in enumerate(read_rows(path, cls.name))]
-        name, config, hub_split = cls.hub[split]
-        try:
-            from datasets import load_dataset  # lazy: generated tasks stay fast and offline
-
-            rows = load_dataset(name, config, split=hub_split)
-        except Exception as e:
-            raise RuntimeError(
-                f"could not load {name} from the Hugging Face hub ({type(e).__name__}: {e}). If you are offline, "
-                f"pass a local .jsonl/.json/.parquet file with path=... (--dataset_path for training, "
-                f"--eval_dataset_path for evaluation); see data/README.md."
-            ) from e
+    def load(cls, split: str, path, seed: int, keys=None, **options) -> list[dict]:
+        """Examples from `path` if given (a local file or a hub dataset id), else from the task's hub data.
+        keys: {"question": field, "answer": field} of rows whose fields have other names."""
+        if path is not None and is_hub_id(path):
+            name, config, hub_split = str(path), None, split
+        elif path is not None:
+            rows = [_renamed(row, keys) for row in read_rows(path, cls.name)]
+            return [cls.from_row(row, f"{path}: row {i}") for i, row in enumerate(rows)]
+        else:
+            name, config, hub_split = cls.hub[split]
+        rows = [_renamed(row, keys) for row in load_hub_rows(name, config, hub_split)]
         examples, errors = [], []
         for i, row in enumerate(rows):
             try:
@@ -320,9 +316,10 @@ class _Generated(Task):
         raise NotImplementedError
 
     @classmethod
-    def load(cls, split, path, seed, num_examples=10_000, **options):
+    def load(cls, split, path, seed, keys=None, num_examples=10_000, **options):
         if path is not None or split == "test":
-            return super().load(split, path if path is not None else DATA_DIR / f"{cls.name}_test.jsonl", seed)
+            return super().load(split, path if path is not None else DATA_DIR / f"{cls.name}_test.jsonl", seed,
+                                keys)
         test = {ex["question"] for ex in super().load(split, DATA_DIR / f"{cls.name}_test.jsonl", seed)}
         rng, examples = random.Random(seed), []
         while len(examples) < num_examples:
@@ -365,9 +362,9 @@ class Arithmetic(_Generated):
         return levels
 
     @classmethod
-    def load(cls, split, path, seed, num_examples=10_000, difficulty="mixed"):
+    def load(cls, split, path, seed, keys=None, num_examples=10_000, difficulty="mixed"):
         levels = cls.levels(difficulty)
-        examples = super().load(split, path, seed, num_examples, difficulty=difficulty)
+        examples = super().load(split, path, seed, keys, num_examples, difficulty=difficulty)
         if split == "test" and path is None:
             examples = [ex for ex in examples if ex["level"] in levels]  # the held-out file mixes levels
         return examples
@@ -567,6 +564,43 @@ class MATH(Task):
 # Files
 
 
+def is_hub_id(path) -> bool:
+    """'owner/name' that is no local file: a dataset on the Hugging Face hub."""
+    text = str(path)
+    return not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None \
+        and Path(text).suffix not in (".jsonl", ".json", ".parquet")
+
+
+def load_hub_rows(name, config, split) -> list[dict]:
+    try:
+        from datasets import load_dataset  # lazy: generated tasks stay fast and offline
+
+        return list(load_dataset(name, config, split=split))
+    except Exception as e:
+        raise RuntimeError(
+            f"could not load {name} (split {split!r}) from the Hugging Face hub ({type(e).__name__}: {e}). If "
+            f"you are offline, pass a local .jsonl/.json/.parquet file (--dataset_path for training, "
+            f"--eval_dataset_path for evaluation); see data/README.md."
+        ) from e
+
+
+def _renamed(row: dict, keys) -> dict:
+    """The row with keys["question"] / keys["answer"] (oat's --input_key / --output_key) copied to the names
+    the tasks read."""
+    if not keys:
+        return row
+    row = dict(row)
+    for name, key in keys.items():
+        if key is None:
+            continue
+        if key not in row:
+            raise ValueError(f"--{name}_key {key!r}: the rows have no such field (fields: {sorted(row)})")
+        row[name] = row.pop(key)
+        if name == "answer":
+            row.pop("final_answer", None)  # the named field wins over the task's usual ones
+    return row
+
+
 def read_rows(path, task: str) -> list[dict]:
     """Rows of a .jsonl, .json (a list of objects) or .parquet file."""
     path = Path(path)
@@ -609,7 +643,7 @@ def read_rows(path, task: str) -> list[dict]:
 
 ENV_OPTIONS = {
     "template": "chat", "system_prompt": None, "num_few_shot": 0, "stepwise": False,
-    "step_tag": "\n", "max_steps": 10, "reward_fn": None, "calc_annotations": False,
+    "step_tag": "\n", "max_steps": 10, "reward_fn": None, "calc_annotations": False, "keys": None,
 }
 CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")  # a GSM8K-style calculator span in a few-shot solution
 
@@ -660,9 +694,90 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         raise ValueError(f"unknown option(s) {unknown} for task {task!r}; accepted: {sorted({**ENV_OPTIONS, **cls.options})}")
     env_options = {k: options.get(k, default) for k, default in ENV_OPTIONS.items()}
     task_options = {k: options.get(k, default) for k, default in cls.options.items()}
+    keys = env_options.pop("keys")
     _check_options(**env_options)  # fail on a bad option before loading any data
     few_shot = load_few_shot(cls, env_options.pop("num_few_shot"))
-    return MathEnv(cls, cls.load(split, path, seed, **task_options), seed=seed, few_shot=few_shot, **env_options)
+    examples = cls.load(split, path, seed, keys, **task_options)
+    return MathEnv(cls, examples, seed=seed, few_shot=few_shot, **env_options)
+
+
+MATH_SUBJECTS = ("prealgebra", "algebra", "number_theory", "counting_and_probability", "geometry",
+                 "intermediate_algebra", "precalculus")
+
+
+def detect_task(rows: list[dict]) -> str:
+    """The task a data file is for, from the fields of its first row: countdown (numbers, target), math
+    (problem, or a \\boxed solution, or OpenR's final_answer), gsm8k (a '####' solution or a word problem),
+    else arithmetic."""
+    row = rows[0]
+    if ("numbers" in row or "nums" in row) and "target" in row:
+        return "countdown"
+    text = " ".join(str(row.get(k, "")) for k in ("answer", "solution", "final_answer"))
+    if "problem" in row or "final_answer" in row or "\\boxed" in text:
+        return "math"
+    if "####" in text or "level" not in row:
+        return "gsm8k"
+    return "arithmetic"
+
+
+def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
+    """(train env, held-out env or None when args.num_eval_problems is 0), from the options all five files
+    share (common/args.py): the task, its files, keys, filters, template, system prompt and few-shot examples.
+
+    --dataset_name may be a task, a MATH subject (the math task, filtered to that subject) or a data file or
+    hub dataset id (the task read off its fields). A --dataset_path file given with the default task
+    (arithmetic) whose rows are not arithmetic is read as the task its fields say."""
+    task, path, subject = args.dataset_name, args.dataset_path, None
+    if task.lower() in MATH_SUBJECTS:
+        task, subject = "math", task.lower()
+    elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):
+        task, path = None, path or task
+    elif task not in TASKS:
+        raise ValueError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH subject "
+                         f"({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
+    if path is not None and Path(path).is_file() and task in (None, "arithmetic"):
+        found = detect_task(read_rows(path, "arithmetic"))
+        if task is not None and found != task:
+            say(f"{path}: its fields are those of the {found} task, not arithmetic: reading it as {found}")
+        task = found
+    elif task is None:  # a hub dataset named by --dataset_name: its fields decide
+        task = detect_task(load_hub_rows(path, None, "train")[:1])
+    options = dict(template=args.template, num_few_shot=args.num_few_shot, system_prompt=args.system_prompt,
+                   keys={"question": args.question_key, "answer": args.answer_key})
+    if task == "arithmetic":
+        options["difficulty"] = args.difficulty
+    train = make_env(task, "train", path=path, seed=args.seed, **{**options, **(stepwise_options or {})})
+    evaluation = None
+    if args.num_eval_problems:
+        eval_options = {**options, **((stepwise_options or {}) if stepwise_eval else {})}
+        evaluation = make_env(task, "test", path=args.eval_dataset_path, seed=args.seed, **eval_options)
+    for env in (train, evaluation):
+        if env is not None and (subject or args.levels):
+            _filter_math(env, subject, args.levels, say)
+    return train, evaluation
+
+
+def _filter_math(env, subject, levels, say):
+    """Keep the problems of one MATH subject and/or some levels, in place."""
+    if env.task.name != "math":
+        raise ValueError(f"--levels and MATH subjects filter the math task, not {env.task.name}.")
+    examples = env.examples
+    if subject is not None:
+        if not any(ex.get("subject") for ex in examples):
+            say(f"--dataset_name {subject}: these rows have no 'subject' field, so all {len(examples)} "
+                f"problems are used")
+        else:
+            examples = [ex for ex in examples if str(ex.get("subject", "")).lower().replace(" ", "_")
+                        .replace("&", "and") == subject]
+    if levels is not None:
+        wanted = set(Arithmetic.levels(levels))
+        if not any(ex.get("level") for ex in examples):
+            say(f"--levels {levels}: these rows have no 'level' field, so no level filter applies")
+        else:
+            examples = [ex for ex in examples if int(re.sub(r"\D", "", str(ex.get("level") or 0)) or 0) in wanted]
+    if not examples:
+        raise ValueError(f"no problem of subject {subject} and levels {levels} in this data")
+    env.examples = examples
 
 
 def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn, calc_annotations):
@@ -690,6 +805,10 @@ class MathEnv:
 
     def __len__(self):
         return len(self.examples)
+
+    def sample_fields(self, index: int) -> dict:
+        """The question and gold answer of problem `index`, for sample logs."""
+        return {"question": self.examples[index]["question"], "answer": self.examples[index]["answer"]}
 
     def _solution(self, example) -> str:
         """A few-shot solution, one step per line; in stepwise mode each line carries the step tag. Without

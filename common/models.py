@@ -493,6 +493,11 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
     strided share and the accuracy is over all of them. Returns the accuracy (and per-problem records)."""
     import torch.distributed as dist
 
+    if env.stepwise and not return_records:  # one line per step, as the policy was trained to
+        from common.stepwise import evaluate_stepwise
+
+        return evaluate_stepwise(model, tokenizer, env, num_problems, max_new_tokens, batch_size,
+                                 autocast_dtype)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     # A fixed random subset: test files are often ordered (by level, by subject), so the first N would be biased.
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]

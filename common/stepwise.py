@@ -15,20 +15,20 @@ it would save costs about one no-grad forward over the segment, less than the tr
 
 import copy
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
-from common.models import (TINY_RANDOM, Generation, check_model_name, encode_prompts, eos_token_ids, generate,
-                           left_pad, load_reference, load_tokenizer, tiny_random_model)
-from common.utils import position_ids_from_mask, sample_seed
+from common.env import TASKS, safe_arith
+from common.models import (TINY_RANDOM, Generation, check_model_name, encode_prompts, eos_token_ids,
+                           generate, left_pad, load_reference, load_tokenizer, tiny_random_model)
+from common.utils import all_gather_objects, position_ids_from_mask, problem_index, sample_seed
 
 # ---------------------------------------------------------------------------------------------------------
 # Process reward model (Math-Shepherd style)
 # ---------------------------------------------------------------------------------------------------------
-MATH_SHEPHERD = {"step_tag": "ки", "good_token": "+", "bad_token": "-"}
-
-
 def single_token_id(tokenizer, text, what):
     """The id of `text` if the tokenizer makes it exactly one token, else a ValueError naming the fix."""
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -123,13 +123,6 @@ class Segment:
     texts: list  # [E * T] decoded actions
     episodes: list  # one dict per episode that ended in this segment
     indices: list  # [E][T] the problem each step was played on
-
-
-def problem_index(position, num_problems, seed):
-    """The problem at `position` of an endless stream: a seeded permutation per pass over the problems."""
-    epoch, offset = divmod(position, num_problems)
-    perm = torch.randperm(num_problems, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
-    return int(perm[offset])
 
 
 class StepwiseEnvs:
@@ -229,3 +222,190 @@ def trim_left_padding(input_ids, attention_mask):
     """Drop the leading columns that are padding in every row (observations differ a lot in length)."""
     first = int(attention_mask.any(0).long().argmax())
     return input_ids[:, first:], attention_mask[:, first:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Whole episodes, k per problem, with a calculator (reinforce.py --stepwise: LLM_RL's few-shot
+# stepwise math policy)
+# ------------------------------------------------------------------------------------------------
+MAX_CALCS = 4  # calculator interruptions per line, as in the seed
+CALC_SPAN = re.compile(r"<<([^<>\n]*)>>[^<>\n]*$")  # a <<...>> span that the last token closed
+STEP_HINT = " Write one step per line."
+CALC_HINT = (" For a calculation write <<expression>>: a calculator writes its value right after, "
+             "e.g. <<12*7>>84.")
+
+
+def stepwise_system_prompt(task, sym_calc):
+    """The task's system prompt, asking for one step per line and, with the calculator, for its
+    syntax."""
+    if task not in TASKS:
+        return None  # make_env names the registered tasks
+    prompt = TASKS[task].system_prompt
+    prompt += "" if "one step per line" in prompt else STEP_HINT
+    return prompt + (CALC_HINT if sym_calc else "")
+
+
+def calculator(expr):
+    """The text a calculator writes for the inside of <<expr>> or <<expr=...>>: '24', '3.5', '0.33'
+    (2 decimals at most, as the seed rounds), or None if expr is not arithmetic. safe_arith walks an
+    AST whitelist: model text is never run."""
+    value = safe_arith(expr.split("=")[0])
+    if value is None:
+        return None
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.2f}".rstrip("0").rstrip(".")
+
+
+@dataclass
+class Action:
+    """One line of a stepwise episode: sampled and calculator tokens in the order the policy saw."""
+    ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # the sampler's log-probs; 0 on calculator tokens
+    policy_mask: list = field(default_factory=list)  # 1 on sampled tokens, 0 on calculator tokens
+    fired: int = 0
+    refused: int = 0
+
+
+def sample_line(sample, tokenizer, prompts, keys, max_new_tokens, sym_calc, eos_ids):
+    """One action (a line) for each prompt. sample(prompts, max_new_tokens, keys) -> [(token ids,
+    log-probs)] ends each row at a newline, EOS or (with sym_calc) '>>'; keys[i] + (call,) names row
+    i's sampling seed. With sym_calc, a row stopped by a closed <<expr>> gets the value's tokens
+    appended and is sampled again."""
+    actions = [Action() for _ in prompts]
+    rows = list(range(len(prompts)))
+    for call in range(MAX_CALCS + 1):
+        budget = {i: max_new_tokens - len(actions[i].ids) for i in rows}
+        outs = sample([prompts[i] + actions[i].ids for i in rows], max(budget.values()),
+                      [keys[i] + (call,) for i in rows])
+        again = []
+        for i, (ids, logprobs) in zip(rows, outs):
+            a = actions[i]
+            ids, logprobs = ids[:budget[i]], logprobs[:budget[i]]
+            a.ids, a.logprobs = a.ids + ids, a.logprobs + logprobs
+            a.policy_mask = a.policy_mask + [1] * len(ids)
+            chunk = tokenizer.decode(ids)
+            line_over = "\n" in chunk or ids[-1] in eos_ids or len(a.ids) >= max_new_tokens
+            if not sym_calc or line_over or call == MAX_CALCS or ">>" not in chunk:
+                continue
+            span = CALC_SPAN.search(tokenizer.decode(a.ids))
+            value = calculator(span.group(1)) if span else None
+            if span and value is None:
+                a.refused += 1  # not arithmetic (code, names, **): nothing is written, nothing runs
+            if value is not None:
+                value_ids = tokenizer(value, add_special_tokens=False)["input_ids"]
+                # CRUCIAL: the calculator's tokens are context for what follows, but not the policy's
+                # choice: policy_mask 0 keeps them out of the loss (and out of the KL).
+                a.ids, a.logprobs = a.ids + value_ids, a.logprobs + [0.0] * len(value_ids)
+                a.policy_mask = a.policy_mask + [0] * len(value_ids)
+                a.fired += 1
+            if len(a.ids) < max_new_tokens:
+                again.append(i)  # the line goes on after the '>>' (and the value, if any)
+        rows = again
+        if not rows:
+            break
+    return actions
+
+
+def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc, autocast_dtype=None):
+    """The `sample` of `sample_line` with the policy: keys (episode, step, call) -> seeds via seed_of
+    (None: torch's global RNG, or greedy at temperature 0)."""
+    stops = ("\n", ">>") if sym_calc else ("\n",)
+
+    def sample(prompts, max_new_tokens, keys):
+        seeds = None if seed_of is None else [seed_of(*key) for key in keys]
+        gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
+                       stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype)
+        return [(ids[m].tolist(), lp[m].tolist()) for ids, lp, m in
+                zip(gen.response_ids.cpu(), gen.logprobs.cpu(), gen.response_mask.cpu().bool())]
+    return sample
+
+
+@dataclass
+class Episodes:
+    """N episodes (single-turn: one step each). Their steps are the rows of `gen`, episode by
+    episode."""
+    gen: Generation  # one row per action: [state ; action], states left-, actions right-padded
+    loss_mask: torch.Tensor  # [n, R] the response mask with calculator tokens zeroed
+    rewards: torch.Tensor  # [N, T]
+    step_mask: torch.Tensor  # [N, T] 1 where episode i took step t
+    correct: torch.Tensor  # [N]
+    truncated: torch.Tensor  # [N] out of tokens (single-turn) or of lines (stepwise) unanswered
+    texts: list  # [N] the whole response
+    calc_fired: float = 0.0  # calculator values written, per episode
+    calc_refused: float = 0.0  # <<...>> spans that were not arithmetic, per episode
+
+    @classmethod
+    def single_turn(cls, gen, texts, rewards, correct):
+        """One-step episodes from a rollout of whole responses."""
+        return cls(gen, gen.response_mask, rewards[:, None], torch.ones_like(rewards[:, None]),
+                   correct, gen.truncated, texts)
+
+
+def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, sym_calc, device,
+                  eos_ids):
+    """Play k = group_size episodes per problem of the stepwise `env`, one line per step, all live
+    episodes in one batch: at most env.max_steps lines of max_new_tokens tokens each, with the
+    calculator if sym_calc."""
+    episodes = [copy.copy(env) for _ in range(len(indices) * group_size)]  # shared problems
+    states = [ep.reset(indices[k // group_size]) for k, ep in enumerate(episodes)]
+    N, T = len(episodes), env.max_steps
+    rewards, step_mask = torch.zeros(N, T), torch.zeros(N, T)
+    correct, finished = torch.zeros(N), torch.zeros(N, dtype=torch.bool)
+    steps = []  # (episode, t, state ids, Action)
+    for t in range(T):
+        live = [k for k, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            break
+        prompts = encode_prompts(tokenizer, [states[k] for k in live])
+        actions = sample_line(sample, tokenizer, prompts, [(k, t) for k in live], max_new_tokens,
+                              sym_calc, eos_ids)
+        for k, prompt, action in zip(live, prompts, actions):
+            ep = episodes[k]
+            text = tokenizer.decode(action.ids, skip_special_tokens=True)
+            states[k], rewards[k, t], done, info = ep.step(text)
+            ended = action.ids[-1] in eos_ids
+            if ended and not done:  # the reply closed without the answer phrase: grade what it wrote
+                rewards[k, t], info = ep.score("\n".join(ep.steps), ep.index)
+                ep.done = True
+            step_mask[k, t], correct[k] = 1.0, float(info["correct"])
+            finished[k] = ended or bool(ep.task.final_answer.search(ep.steps[-1]))
+            steps.append((k, t, prompt, action))
+    steps.sort(key=lambda s: s[:2])  # CRUCIAL: episode by episode, the order of rewards[step_mask]
+    actions = [s[3] for s in steps]
+    prompt_ids, prompt_mask = left_pad([s[2] for s in steps], tokenizer.pad_token_id)
+    R = max(len(a.ids) for a in actions)
+
+    def right_pad(rows, value, dtype=torch.long):
+        return torch.tensor([r + [value] * (R - len(r)) for r in rows], dtype=dtype)
+
+    response_mask = right_pad([[1] * len(a.ids) for a in actions], 0)  # calculator tokens attended...
+    loss_mask = right_pad([a.policy_mask for a in actions], 0)  # ...but not learned from
+    truncated = torch.tensor([len(a.ids) >= max_new_tokens for a in actions])
+    gen = Generation(prompt_ids, prompt_mask, right_pad([a.ids for a in actions], tokenizer.pad_token_id),
+                     response_mask, right_pad([a.logprobs for a in actions], 0.0, torch.float),
+                     ~truncated, truncated)
+    gen = Generation(*(x.to(device) for x in vars(gen).values()))
+    return Episodes(gen, loss_mask.to(device), rewards.to(device), step_mask.to(device),
+                    correct.to(device), (~finished).to(device), ["\n".join(ep.steps) for ep in episodes],
+                    sum(a.fired for a in actions) / N, sum(a.refused for a in actions) / N)
+
+
+def evaluate_stepwise(policy, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
+                      autocast_dtype=None):
+    """Greedy pass@1 of stepwise episodes, on the same fixed subset as common.models.evaluate, which
+    calls this for a stepwise env; with the calculator if the env's worked examples show it (as
+    reinforce.py --sym_calc sets it); under torchrun each rank plays a strided share."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
+    indices = sorted(chosen.tolist())[rank::world]
+    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast_dtype)
+    device, eos_ids = next(policy.parameters()).device, set(eos_token_ids(policy, tokenizer))
+    correct = []
+    for start in range(0, len(indices), batch_size):
+        chunk = indices[start:start + batch_size]
+        episodes = play_episodes(sample, tokenizer, env, chunk, 1, max_new_tokens, env.calc_annotations,
+                                 device, eos_ids)
+        correct += episodes.correct.tolist()
+    correct = [c for part in all_gather_objects(correct) for c in part]
+    return sum(correct) / max(1, len(correct))

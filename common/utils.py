@@ -130,10 +130,14 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
 
 
 @torch.no_grad()
-def batched_token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0, batch_size=8):
-    """`token_logprobs` without gradients, `batch_size` rows at a time: log-probs of a frozen or old policy."""
-    return torch.cat([token_logprobs(model, input_ids[i:i + batch_size], attention_mask[i:i + batch_size],
-                                     response_len, temperature)[0]
+def batched_token_logprobs(model, gen, temperature=1.0, batch_size=8):
+    """`token_logprobs` of a rollout's responses without gradients, `batch_size` rows at a time: the
+    log-probs of a frozen or old policy. gen: a common.models.Generation (or anything with .sequences()
+    and .response_mask)."""
+    input_ids, attention_mask = gen.sequences()
+    R = gen.response_mask.shape[1]
+    return torch.cat([token_logprobs(model, input_ids[i:i + batch_size], attention_mask[i:i + batch_size], R,
+                                     temperature)[0]
                       for i in range(0, input_ids.shape[0], batch_size)])
 
 
@@ -149,28 +153,32 @@ def masked_mean(x, mask, dim=None):
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
 
 
-def masked_var(x, mask, unbiased=True):
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    n = mask.sum()
-    if unbiased and n > 1:
-        var = var * n / (n - 1)
-    return var
+def masked_mean_var(x, mask):
+    """Mean and unbiased variance of the masked entries over every rank's tensors (one process sees the same
+    numbers as N processes on the whole batch), computed in float64."""
+    stats = all_reduce_sum(torch.stack([masked_sum(x, mask), mask.sum()]).double())
+    count = stats[1].clamp(min=1)
+    mean = stats[0] / count
+    sq = all_reduce_sum(masked_sum((x.double() - mean) ** 2, mask).reshape(1))[0]
+    var = sq / (count - 1) if count > 1 else sq / count
+    return mean.to(x.dtype), var.to(x.dtype)
 
 
-def masked_whiten(x, mask, shift_mean=True, eps=1e-8):
-    """(x - mean) / std over the masked entries; masked-out entries come back as 0."""
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return out * mask
+def masked_whiten(x, mask, shift_mean=True, eps=1e-8, eps_on_std=False):
+    """(x - mean) / sqrt(var + eps) over the masked entries of all ranks (TRL, oat), or with eps_on_std
+    (x - mean) / (std + eps) (OpenR); shift_mean=False adds the mean back (TRL's reward whitening).
+    Masked-out entries come back as 0. The two differ only when the variance is near eps or below."""
+    mean, var = masked_mean_var(x, mask)
+    out = (x - mean) / (var.clamp(min=0).sqrt() + eps) if eps_on_std else (x - mean) * torch.rsqrt(var + eps)
+    return (out if shift_mean else out + mean) * mask
 
 
 def explained_variance(values, returns, mask):
-    """1 - Var(returns - values) / Var(returns): 1 is a perfect critic, 0 no better than a constant."""
-    var_ret = masked_var(returns, mask)
-    return (1 - masked_var(returns - values, mask) / var_ret).item() if var_ret > 0 else float("nan")
+    """1 - Var(returns - values) / Var(returns) over every rank's masked entries: 1 is a perfect critic, 0 no
+    better than predicting the mean return, negative worse; NaN when the returns do not vary."""
+    var_returns = masked_mean_var(returns, mask)[1]
+    var_error = masked_mean_var(returns - values, mask)[1]
+    return (1 - var_error / var_returns).item() if var_returns > 0 else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,6 +198,11 @@ def kl_k3(logp, ref_logp):
     """pi_ref/pi - 1 - log(pi_ref/pi): unbiased and never negative (the GRPO paper's estimator)."""
     log_ratio = (ref_logp - logp).clamp(-20, 20)  # exp of a large log-ratio would overflow to inf
     return torch.expm1(log_ratio) - log_ratio
+
+
+def kl_estimate(logp, ref_logp, estimator):
+    """Per-token estimate of KL(pi || pi_ref) by name: "k1", "k2" or "k3"."""
+    return {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](logp, ref_logp)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -227,27 +240,6 @@ def token_gae(rewards, values, mask, gamma, lam):
     return advantages * mask, returns * mask
 
 
-def group_advantages(rewards, group_size, baseline="mean_std", eps=1e-4):
-    """Advantages from the other samples of the same prompt. rewards: [N * G], groups are consecutive.
-
-    baseline: "mean" (r - mean), "mean_std" ((r - mean) / (std + eps), std unbiased as in torch/TRL; a group
-    whose rewards are all equal gets 0), or "loo" (leave-one-out: r_i - mean_{j != i} r_j, RLOO).
-    """
-    r = rewards.view(-1, group_size)  # [N, G]
-    mean = r.mean(dim=1, keepdim=True)
-    if baseline == "mean":
-        adv = r - mean
-    elif baseline == "mean_std":
-        adv = (r - mean) / (r.std(dim=1, keepdim=True) + eps)
-    elif baseline == "loo":
-        if group_size < 2:
-            raise ValueError("the leave-one-out baseline needs at least 2 samples per prompt")
-        adv = r - (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
-    else:
-        raise ValueError(f"unknown baseline {baseline!r}: use 'mean', 'mean_std' or 'loo'")
-    return adv.reshape(-1)
-
-
 def discounted_returns(rewards, gamma):
     """G_t = sum_k gamma^k r_{t+k} along the last dimension."""
     out = torch.zeros_like(rewards)
@@ -273,9 +265,9 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(cpu=False):
+def init_distributed():
     """Initialise from the torchrun environment: nccl on CUDA, gloo on CPU."""
-    use_cuda = torch.cuda.is_available() and not cpu
+    use_cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:
         return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
@@ -305,6 +297,32 @@ def all_reduce_mean(metrics, device=torch.device("cpu")):
     t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return {k: v / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+
+
+def global_metrics(metrics, device=torch.device("cpu")):
+    """One update's metrics averaged over ranks, with "reward/sq" (the mean squared reward) turned into
+    "reward/std": the std of every rank's rewards together."""
+    metrics = all_reduce_mean(metrics, device)
+    if "reward/sq" in metrics:
+        metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
+    return metrics
+
+
+def every(step, interval):
+    """Whether an every-`interval`-updates event (eval, save) falls on update `step`; interval 0: never."""
+    return bool(interval) and step % interval == 0
+
+
+def check_batch(args, world_size, num_prompts, per_prompt):
+    """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the fix."""
+    if num_prompts % world_size:
+        raise ValueError(f"--num_prompts {num_prompts} must be divisible by the number of processes "
+                         f"({world_size}); try --num_prompts {world_size * max(1, num_prompts // world_size)}.")
+    local = num_prompts // world_size * per_prompt
+    if local % getattr(args, "num_mini_batches", 1):
+        raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes x "
+                         f"num_generations), which --num_mini_batches {args.num_mini_batches} must divide; "
+                         f"try --num_mini_batches {math.gcd(local, args.num_mini_batches)}.")
 
 
 def all_reduce_sum(x):
@@ -344,6 +362,13 @@ def average_gradients(module):
         g.div_(world)
 
 
+def report_end(first_acc, final_acc, path, adapter=False):
+    """The last line of a run: held-out accuracy before and after, and where the policy went."""
+    accuracy = " -> ".join(f"{a:.3f}" for a in (first_acc, final_acc) if a is not None)
+    loads = "a LoRA adapter: peft loads it" if adapter else "AutoModelForCausalLM.from_pretrained loads it"
+    print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} ({loads})")
+
+
 def set_seed(seed):
     random.seed(seed)
     torch.manual_seed(seed)
@@ -362,6 +387,30 @@ def sample_seed(seed, step, sample_index):
     return (seed * 1_000_003 + step) * 1_000_003 + sample_index
 
 
+def problem_index(position, num_problems, seed):
+    """The problem at `position` of an endless stream over the problems: a seeded permutation per pass. Every
+    rank computes the same stream, and a resumed run continues where it stopped."""
+    epoch, offset = divmod(position, num_problems)
+    perm = torch.randperm(num_problems, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
+    return int(perm[offset])
+
+
+def prompt_indices(step, num_prompts, num_problems, seed):
+    """The problems of update `step`: num_prompts consecutive positions of the stream."""
+    return [problem_index(pos, num_problems, seed) for pos in range(step * num_prompts, (step + 1) * num_prompts)]
+
+
+def minibatches(n, num_mini_batches, seeds, device="cpu"):
+    """Row indices of the minibatches of one pass over n rows per seed (one seed per epoch): a shuffle seeded
+    by it, cut into equal parts; with one minibatch the rows keep their order."""
+    for seed in seeds:
+        if num_mini_batches == 1:
+            yield torch.arange(n, device=device)
+            continue
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed % 2**63)).to(device)
+        yield from order.chunk(num_mini_batches)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Logging
 # ---------------------------------------------------------------------------------------------------------
@@ -373,22 +422,22 @@ class Logger:
     up to initial_step, the checkpoint's update, so that lines written after that checkpoint by the killed run are
     not doubled (a line cut short by the kill goes too)."""
 
-    def __init__(self, output_dir, args, total_steps, initial_step=0, enabled=True, track=False, project="mathrl"):
+    def __init__(self, args, initial_step=0, enabled=True):
         self.enabled = enabled
         if not enabled:
             return
         from tqdm.auto import tqdm
 
-        self.dir = Path(output_dir)
+        self.dir = Path(args.output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        config = asdict(args) if hasattr(args, "__dataclass_fields__") else dict(args)
+        config = asdict(args)
         (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str))
         files = [self.dir / f"{name}.jsonl" for name in ("metrics", "eval", "samples")]
         for path in files:
             _keep_lines_up_to(path, initial_step if initial_step > 0 else -1)
         self.metrics_file, self.eval_file, self.samples_file = (open(path, "a") for path in files)
         self.start = time.time()
-        self.bar = tqdm(total=total_steps, initial=initial_step, desc="updates", dynamic_ncols=True)
+        self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates", dynamic_ncols=True)
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -397,10 +446,10 @@ class Logger:
         except ImportError:
             pass
         self.wandb = None
-        if track:
+        if args.track:
             import wandb
 
-            self.wandb = wandb.init(project=project, name=self.dir.name, config=config)
+            self.wandb = wandb.init(project=args.wandb_project, name=self.dir.name, config=config)
         self.warned, self.kl_history = set(), []
 
     def log(self, step, metrics):
@@ -600,8 +649,8 @@ def resume_point(output_dir, resume, max_steps):
 # ---------------------------------------------------------------------------------------------------------
 # Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines them.
 POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval", "num_prompts",
-            "num_generations", "num_iterations", "num_ppo_epochs", "num_mini_batch", "n_rollout_threads",
-            "episode_length", "ppo_epoch", "max_episode_steps", "max_trajectory_steps", "eval_max_new_tokens")
+            "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs", "num_steps",
+            "max_episode_steps", "eval_max_new_tokens")
 NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps", "num_few_shot")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import HfArgumentParser  # noqa: E402
+from common.args import parse_args  # noqa: E402
 
 from common import env as envlib  # noqa: E402
 
@@ -44,13 +44,16 @@ class TestRewardEnv(envlib.MathEnv):
         return obs, test_reward(action), done, info
 
 
+MAKE_ENV = envlib.make_env
+
+
 def make_env(task, split="train", **options):
-    env = envlib.make_env(task, split, **options)
+    env = MAKE_ENV(task, split, **options)
     env.__class__ = TestRewardEnv  # a subclass, not a patched method: copies of the env (stepwise) keep it
     return env
 
 
 if __name__ == "__main__":
     algo = importlib.import_module(sys.argv[1])
-    algo.make_env = make_env
-    algo.main(HfArgumentParser(algo.Args).parse_args_into_dataclasses(sys.argv[2:])[0])
+    envlib.make_env = make_env  # what common.env.make_envs calls
+    algo.main(parse_args(algo.Args, sys.argv[2:]))

@@ -15,14 +15,15 @@ import torch
 from safetensors.torch import load_file
 
 import appo
+from common.args import field_docs, parse_args
 from common.models import load_policy
 from common.utils import StepGuard, token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA = importlib.util.find_spec("peft") is not None  # optional: without peft the OpenR test runs full fine-tuning
-TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--n_rollout_threads", "2",
-        "--episode_length", "2", "--num_mini_batch", "2", "--micro_batch_size", "1", "--hidden_size", "16",
-        "--layer_N", "1"]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",
+        "--num_steps", "2", "--num_mini_batches", "2", "--micro_batch_size", "1", "--critic_hidden_size", "16",
+        "--critic_num_layers", "1"]
 
 
 def run(cmd, env=None):
@@ -44,7 +45,7 @@ def test_step_gae_across_an_episode_boundary_inside_the_segment():
     rewards = torch.tensor([[0.0, 1.0, 0.5], [0.0, 0.0, 0.0]])
     values = torch.tensor([[0.2, 0.4, 0.3], [0.1, 0.1, 0.1]])
     dones = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    adv, ret = appo.compute_advantages(rewards, values, torch.tensor([0.6, 5.0]), dones, gamma=0.5, lam=0.5)
+    adv, ret = appo.compute_advantages(rewards, values, None, torch.tensor([0.6, 5.0]), dones, gamma=0.5, lam=0.5)
     # env 0 (gamma lambda = 0.25): A2 = 0.5 + 0.5*0.6 - 0.3 = 0.5 ; A1 = 1 - 0.4 = 0.6 (ends: no bootstrap, no carry)
     #                              A0 = (0.5*0.4 - 0.2) + 0.25*0.6 = 0.15
     # env 1: A2 = -0.1 ; A1 = (0.05 - 0.1) + 0.25*(-0.1) = -0.075 ; A0 = -0.05 + 0.25*(-0.075) = -0.06875
@@ -54,7 +55,7 @@ def test_step_gae_across_an_episode_boundary_inside_the_segment():
 
 # ---- losses -----------------------------------------------------------------------------------------------------
 def test_ratio_is_the_joint_probability_of_the_step():
-    args = replace(appo.Args(), clip_param=0.2, entropy_coef=0.0)
+    args = replace(appo.Args(), epsilon=0.2, entropy_coef=0.0)
     old = torch.zeros(2, 3)
     # step 0: three tokens, log-ratios 0.1, -0.05, 0.05 -> sum 0.1 ; step 1: two tokens (0.3, 0.2) and padding (5.0)
     logprobs = torch.tensor([[0.1, -0.05, 0.05], [0.3, 0.2, 5.0]], requires_grad=True)
@@ -80,11 +81,11 @@ def test_entropy_bonus_is_the_mean_over_the_step_tokens():
 
 
 def test_clipped_huber_value_loss():
-    args = replace(appo.Args(), clip_param=0.2, huber_delta=10.0, value_loss_coef=1.0)
+    args = replace(appo.Args(), cliprange_value=0.2, huber_delta=10.0, vf_coef=1.0)
     old = torch.tensor([0.0, 0.0])
     values = torch.tensor([1.0, 1.0], requires_grad=True)
     returns = torch.tensor([0.5, 12.0])
-    loss, stats = appo.value_loss(values, old, returns, 2.0, args)
+    loss, stats = appo.value_loss(values, old, returns, None, 2.0, args)
     # V_clip = 0 + clip(1 - 0, -0.2, 0.2) = 0.2
     # transition 0: huber(0.5 - 0.2) = 0.045, huber(0.5 - 1) = 0.125 -> 0.125 (the unclipped one)
     # transition 1: |12 - 0.2| = 11.8 > 10: 10 * (11.8 - 5) = 68 ; |12 - 1| = 11: 10 * (11 - 5) = 60 -> 68 (clipped)
@@ -124,45 +125,47 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
 
 # ---- minibatches and arguments ---------------------------------------------------------------------------------
 def test_minibatches_take_the_same_steps_from_every_env_on_any_number_of_ranks():
-    one = appo.minibatches(step=3, epoch=0, num_envs=4, first_env=0, episode_length=4, num_mini_batch=2, seed=0)
+    one = appo.minibatches(step=3, epoch=0, num_envs=4, first_env=0, num_steps=4, num_mini_batches=2, seed=0)
     assert sorted(torch.cat(one).tolist()) == list(range(16))  # every transition once per epoch
     for mb in one:
         assert sorted(i // 4 for i in mb.tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]  # 2 steps of each env
     # rank 1 of 2 owns envs 2, 3: its minibatches are the same (env, step) pairs as in the one-process run
-    two = appo.minibatches(step=3, epoch=0, num_envs=2, first_env=2, episode_length=4, num_mini_batch=2, seed=0)
+    two = appo.minibatches(step=3, epoch=0, num_envs=2, first_env=2, num_steps=4, num_mini_batches=2, seed=0)
     for a, b in zip(one, two):
         assert [i for i in a.tolist() if i >= 8] == [i + 8 for i in b.tolist()]
 
 
-def test_openr_names_and_bad_sizes_fail_before_any_model_loads(tmp_path):
-    args = replace(appo.Args(), lr=1e-6, num_env_steps=50000, episode_length=8, n_rollout_threads=4, num_mini_batch=4)
-    appo.check_args(args, world_size=1)
-    assert args.learning_rate == 1e-6 and args.max_steps == 50000 // 8 // 4 == 1562  # OpenR's count
-    with pytest.raises(ValueError, match="--lr 1e-06 and --learning_rate 0.001 disagree"):
-        appo.check_args(replace(appo.Args(), lr=1e-6, learning_rate=1e-3), world_size=1)
-    with pytest.raises(ValueError, match="means 1 updates but --max_steps is 7"):
-        appo.check_args(replace(appo.Args(), num_env_steps=32, max_steps=7), world_size=1)
-    with pytest.raises(ValueError, match="this file is APPO; run tppo.py"):
-        appo.check_args(replace(appo.Args(), algorithm_name="TPPO"), world_size=1)
+def test_bad_sizes_fail_before_any_model_loads(tmp_path):
     with pytest.raises(ValueError, match="divisible by the number of processes"):
-        appo.check_args(replace(appo.Args(), n_rollout_threads=3), world_size=2)
-    with pytest.raises(ValueError, match="--num_mini_batch 3 must divide --episode_length 4"):
-        appo.check_args(replace(appo.Args(), num_mini_batch=3), world_size=1)
+        appo.check_args(replace(appo.Args(), num_envs=3), world_size=2)
+    with pytest.raises(ValueError, match="--num_mini_batches 3 must divide --num_steps 4"):
+        appo.check_args(replace(appo.Args(), num_mini_batches=3), world_size=1)
     appo.check_args(replace(appo.Args(), micro_batch_size=3), world_size=1)  # micro-batches of up to 3: fine
     with pytest.raises(ValueError, match="good token 'good token' is 2 tokens"):
-        appo.check_args(replace(appo.Args(), prm_model_name_or_path="tiny-random", prm_good_token="good token"), world_size=1)
-    math500 = tmp_path / "math_500.jsonl"
-    math500.write_text(json.dumps({"problem": "What is $1+1$?", "final_answer": "2"}) + "\n")
-    args = replace(appo.Args(), dataset_path=str(math500), algorithm_name="appo")
-    appo.check_args(args, world_size=1)
-    assert args.dataset_name == "math"  # OpenR's file is read as the math task
+        appo.check_args(replace(appo.Args(), prm_model_name_or_path="tiny-random", prm_good_token="good token"),
+                        world_size=1)
+
+
+def test_openr_names_are_translated(capsys):
+    args = parse_args(appo.Args, ["--lr", "1e-6", "--num_env_steps", "50000", "--episode_length", "8",
+                                  "--n_rollout_threads", "4", "--num_mini_batch", "4", "--algorithm_name", "appo",
+                                  "--clip_param", "0.1", "--value_loss_coef", "0.5", "--critic_lr", "5e-5"])
+    assert args.learning_rate == 1e-6 and args.max_steps == 50000 // 8 // 4 == 1562  # OpenR's count
+    assert (args.num_steps, args.num_envs, args.num_mini_batches) == (8, 4, 4)
+    assert (args.epsilon, args.cliprange_value, args.vf_coef, args.critic_learning_rate) == (0.1, 0.1, 0.5, 5e-5)
+    out = capsys.readouterr().out
+    assert "--lr is OpenR's name for --learning_rate" in out and "--n_rollout_threads is OpenR's name for --num_envs" in out
+    with pytest.raises(SystemExit, match="name the same option"):
+        parse_args(appo.Args, ["--lr", "1e-6", "--learning_rate", "1e-3"])
+    with pytest.raises(ValueError, match="this file is APPO; run tppo.py"):
+        parse_args(appo.Args, ["--algorithm_name", "TPPO"])
 
 
 def test_help_documents_every_field():
     out = run([sys.executable, "appo.py", "--help"]).stdout
     for f in fields(appo.Args):
         assert f"--{f.name}" in out, f.name
-        assert f.metadata.get("help"), f"{f.name} has no help text"
+        assert field_docs(appo.Args).get(f.name), f"{f.name} has no docstring"
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ def test_two_updates_with_a_tiny_prm_write_metrics_and_a_loadable_checkpoint(tmp
 def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(tmp_path):
     # one process: 2 updates, a checkpoint after each. Two processes: 1 update, then --resume for the 2nd.
     # The episodes carry over the update boundary, so the resumed run must restore them too.
-    common = ["tests/run_with_test_reward.py", "appo", *TINY, "--learning_rate", "1e-3", "--critic_lr", "1e-3",
+    common = ["tests/run_with_test_reward.py", "appo", *TINY, "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3",
               "--temperature", "1.0", "--num_eval_problems", "0", "--max_episode_steps", "3", "--target_kl", "0"]
     run([sys.executable, *common, "--max_steps", "2", "--save_interval", "1", "--output_dir", str(tmp_path / "one")])
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29525"]
@@ -227,7 +230,8 @@ def test_openr_command_line_runs_with_openr_lora(tmp_path):
                "--num_eval_problems", "0", "--output_dir", str(tmp_path / "run"),
                # OpenR trains LoRA adapters (r 8) and its critic reads the base model with the adapters off
                *(["--lora_r", "8", "--learning_rate", "1e-2"] if LORA else [])])
-    assert "using --dataset_name math" in out.stdout and "1 updates = 32 env steps" in out.stdout
+    assert "reading it as math" in out.stdout and "--max_steps 1" in out.stdout  # 32 env steps / (8 x 4)
+    assert "--ppo_epoch is OpenR's name for --num_ppo_epochs" in out.stdout
     assert len((tmp_path / "run/metrics.jsonl").read_text().splitlines()) == 1
     state = torch.load(tmp_path / "run/checkpoint-1/trainer_state.pt", weights_only=False)
     assert all(k.startswith("head.") for k in state["extra"]["critic"])  # the critic's body is not trained

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import eval as ev
+from common.args import field_docs, make_parser, parse_args
 from common.env import make_env
 from common.models import evaluate, load_policy, load_tokenizer, tiny_random_model
 
@@ -100,8 +101,8 @@ def test_problem_metrics_and_summary_by_hand():
 
 # ---- argument errors, before any model loads ----------------------------------------------------------
 @pytest.mark.parametrize("change,message", [
-    (dict(num_samples=4), "--temperature 0 gives 4 copies"),
-    (dict(num_samples=4, temperature=0.7, k=[1, 8]), "every k must be between 1 and --n"),
+    (dict(num_generations=4), "--temperature 0 gives 4 copies"),
+    (dict(num_generations=4, temperature=0.7, k=[1, 8]), "every k must be between 1 and --n"),
     (dict(model_name_or_path="./no/such/ckpt"), "no such folder"),
     (dict(dataset_name="aime"), "--dataset_name must be one of"),
     (dict(responses="/no/such/file.jsonl"), "--responses /no/such/file.jsonl: no such file"),
@@ -112,10 +113,11 @@ def test_bad_arguments_fail_with_the_fix(change, message):
 
 
 def test_help_documents_every_field():
-    out = ev.HfArgumentParser(ev.Args).format_help()
+    out = make_parser(ev.Args).format_help()
+    docs = field_docs(ev.Args)
     for f in fields(ev.Args):
-        assert f"--{f.name}" in out and f.metadata.get("help")
-    assert "--n NUM_SAMPLES" in out
+        assert f"--{f.name}" in out and docs.get(f.name), f.name
+    assert "--n NUM_GENERATIONS" in out
 
 
 # ---- --responses: regrading without a model -----------------------------------------------------------
@@ -182,8 +184,8 @@ def test_regrade_without_a_response_field_names_the_fix(tmp_path):
 
 @pytest.mark.skipif(not (SHARED / "gsm8k_test.jsonl").is_file(), reason=f"{SHARED} not found")
 def test_regrade_gsm8k_reference_solutions_is_100_percent(tmp_path, capsys):
-    ev.main(ev.HfArgumentParser(ev.Args).parse_args_into_dataclasses([
-        "--dataset_name", "gsm8k", "--responses", str(SHARED / "gsm8k_test.jsonl"), "--output", str(tmp_path / "gsm8k.jsonl")])[0])
+    ev.main(parse_args(ev.Args, [
+        "--dataset_name", "gsm8k", "--responses", str(SHARED / "gsm8k_test.jsonl"), "--output", str(tmp_path / "gsm8k.jsonl")]))
     out = capsys.readouterr().out
     assert "graded field 'answer' of 1319 rows" in out
     assert "accuracy: 1.0000 (1319/1319 correct)" in out
@@ -208,7 +210,7 @@ def checkpoint(tmp_path_factory):
 
 def test_eval_checkpoint_greedy_matches_the_training_evaluator(checkpoint, tmp_path):
     out = run([sys.executable, "eval.py", "--model_name_or_path", str(checkpoint), "--dataset_name", "arithmetic",
-               "--split", "test", "--num_problems", "6", "--max_new_tokens", "8", "--batch_size", "4",
+               "--split", "test", "--num_eval_problems", "6", "--max_new_tokens", "8", "--batch_size", "4",
                "--output", str(tmp_path / "e.jsonl")]).stdout
     records = read_jsonl(tmp_path / "e.jsonl")
     assert len(records) == 6
@@ -227,8 +229,8 @@ def test_eval_checkpoint_greedy_matches_the_training_evaluator(checkpoint, tmp_p
 
 
 def test_sampled_eval_is_the_same_with_any_batch_size_and_under_torchrun(checkpoint, tmp_path, monkeypatch):
-    common = ["--model_name_or_path", str(checkpoint), "--num_problems", "4", "--max_new_tokens", "6",
-              "--num_samples", "3", "--temperature", "1.0", "--k", "1", "2", "3"]
+    common = ["--model_name_or_path", str(checkpoint), "--num_eval_problems", "4", "--max_new_tokens", "6",
+              "--num_generations", "3", "--temperature", "1.0", "--k", "1", "2", "3"]
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561",
          "eval.py", *common, "--batch_size", "3", "--output", str(tmp_path / "two.jsonl")])
     # in-process, with a grade that varies for a random model: correct when the response has an even length
@@ -240,7 +242,7 @@ def test_sampled_eval_is_the_same_with_any_batch_size_and_under_torchrun(checkpo
         return env
 
     monkeypatch.setattr(ev, "make_env", make_env_even)
-    args = ev.HfArgumentParser(ev.Args).parse_args_into_dataclasses(common + ["--batch_size", "12", "--output", str(tmp_path / "one.jsonl")])[0]
+    args = parse_args(ev.Args, common + ["--batch_size", "12", "--output", str(tmp_path / "one.jsonl")])
     summary = ev.main(args)
     one, two = read_jsonl(tmp_path / "one.jsonl"), read_jsonl(tmp_path / "two.jsonl")
     texts = [[s["response"] for s in r["responses"]] for r in one]

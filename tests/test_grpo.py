@@ -2,6 +2,7 @@
 (single process, torchrun with 2 CPU processes, resume)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import grpo
+from common.args import field_docs
 from common.utils import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +49,7 @@ def test_loss_at_ratio_one_is_minus_mean_advantage(loss_type):
     logprobs, mask, adv = _batch([4, 4, 4, 4])
     args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
     norm = grpo.loss_normaliser(loss_type, mask, args.max_new_tokens, world_size=1)
-    loss, stats = grpo.grpo_loss(logprobs, logprobs.detach(), adv, mask, norm, args)
+    loss, stats = grpo.policy_loss(logprobs, logprobs.detach(), adv, mask, norm, args, None)
     assert loss.item() == pytest.approx(-adv.mean().item())  # -(1 - 0.5 + 2 - 1.5) / 4 = -0.25
     assert stats["clipfrac"] == 0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
 
@@ -63,7 +65,7 @@ def test_loss_aggregation_with_uneven_lengths(loss_type, expected):
     logprobs, mask, adv = _batch([1, 2, 3, 4])
     args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
     norm = grpo.loss_normaliser(loss_type, mask, 4, world_size=1)
-    loss, _ = grpo.grpo_loss(logprobs, logprobs.detach(), adv, mask, norm, args)
+    loss, _ = grpo.policy_loss(logprobs, logprobs.detach(), adv, mask, norm, args, None)
     assert loss.item() == pytest.approx(expected)
 
 
@@ -72,7 +74,7 @@ def test_loss_clips_only_in_the_direction_of_the_advantage():
     mask = torch.ones(2, 1)
     old = torch.zeros(2, 1)
     new = torch.log(torch.tensor([[1.5], [1.5]])).requires_grad_()  # ratio 1.5 for both
-    loss, stats = grpo.grpo_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2.0, args)
+    loss, stats = grpo.policy_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2.0, args, None)
     # A > 0: min(1.5, 1.28) * 1 -> -1.28 (clipped, no gradient); A < 0: max(1.5, 1.28) * 1 -> +1.5 (unclipped)
     assert loss.item() == pytest.approx((-1.28 + 1.5) / 2)
     assert stats["clipfrac"] == pytest.approx(0.5)
@@ -84,7 +86,7 @@ def test_k3_penalty_is_added_per_token():
     args = replace(grpo.Args(), beta=0.1)
     lp = torch.log(torch.tensor([[0.5]])).requires_grad_()
     ref = torch.log(torch.tensor([[0.25]]))
-    loss, stats = grpo.grpo_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), 1.0, args, ref)
+    loss, stats = grpo.policy_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), 1.0, args, ref)
     k3 = 0.5 - 1 - torch.log(torch.tensor(0.5)).item()  # q/p - 1 - log(q/p), q/p = 0.5
     assert loss.item() == pytest.approx(0.1 * k3) and stats["kl_ref"] == pytest.approx(k3)
 
@@ -113,13 +115,31 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(loss_type):
             sl = slice(i, i + mb)
             lp, _ = token_logprobs(policy, ids[sl], attn[sl], R)
             # perturb the ratio away from 1 so the clipping path is exercised too
-            loss, _ = grpo.grpo_loss(lp, lp.detach() - 0.3, adv[sl], response_mask[sl], norm, args)
+            loss, _ = grpo.policy_loss(lp, lp.detach() - 0.3, adv[sl], response_mask[sl], norm, args, None)
             loss.backward()
             total += loss.item()
         losses.append(total)
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
+
+
+def test_group_advantages_by_hand_and_dr_grpo_without_std():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 2: all equal -> exactly 0
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    torch.testing.assert_close(grpo.compute_advantages(rewards, 4), torch.tensor([a, -a, a, -a, 0, 0, 0, 0.0]))
+    torch.testing.assert_close(grpo.compute_advantages(rewards, 4, scale=False),
+                               torch.tensor([0.5, -0.5, 0.5, -0.5, 0, 0, 0, 0.0]))
+
+
+@pytest.mark.parametrize("loss_type,expected", [("grpo", 2.0), ("bnpo", 5.0), ("dapo", 5.0), ("dr_grpo", 8.0)])
+def test_dropped_groups_leave_the_normaliser(loss_type, expected):
+    # 4 rows of lengths 3, 2, 1, 4 (max 4); the second group (rows 2, 3) is dropped: its mask is zeroed.
+    # Kept: 2 sequences, 5 tokens; dr_grpo: 2 sequences x 4 max tokens.
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
+    mask[2:] = 0
+    assert grpo.loss_normaliser(loss_type, mask, 4, world_size=1) == expected
 
 
 # ---- argument checks ----------------------------------------------------------------------------------------
@@ -135,9 +155,10 @@ def test_bad_sizes_fail_before_any_model_loads():
 
 def test_help_documents_every_field():
     out = run([sys.executable, "grpo.py", "--help"]).stdout
+    docs = field_docs(grpo.Args)
     for f in fields(grpo.Args):
         assert f"--{f.name}" in out, f.name
-        assert f.metadata.get("help"), f"{f.name} has no help text"
+        assert docs.get(f.name), f"{f.name} has no docstring"
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------

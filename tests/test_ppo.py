@@ -14,7 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 import ppo
-from common.utils import masked_whiten
+from common import env as envlib
+from common.args import field_docs, parse_args
+from common.utils import explained_variance, masked_whiten
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -56,7 +58,7 @@ def no_whitening(**kw):
 def test_gae_terminal_reward_gamma_lambda_one():
     # Score 1 on the last of 5 tokens; row 2 is a 3-token response padded to 5 (its padding values are junk).
     # With gamma = lambda = 1 the advantage is (sum of later rewards) - V_t = 1 - V_t and every return is 1.
-    args = no_whitening(gamma=1.0, lam=1.0)
+    args = no_whitening(gamma=1.0, gae_lambda=1.0)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     rewards = ppo.token_rewards(torch.tensor([1.0, 1.0]), torch.tensor([False, False]), mask, args)
     torch.testing.assert_close(rewards, torch.tensor([[0.0, 0, 0, 0, 1], [0, 0, 1, 0, 0]]))
@@ -73,7 +75,7 @@ def test_gae_terminal_reward_gamma_09_lambda_08():
     #   d2 = 0.9*0.6 - 0.5 = 0.04         A2 = 0.04 + 0.72*0.264     = 0.23008
     #   d1 = 0.9*0.5 - 0.4 = 0.05         A1 = 0.05 + 0.72*0.23008   = 0.2156576
     #   d0 = 0.9*0.4 - 0.2 = 0.16         A0 = 0.16 + 0.72*0.2156576 = 0.315273472
-    args = no_whitening(gamma=0.9, lam=0.8)
+    args = no_whitening(gamma=0.9, gae_lambda=0.8)
     mask = torch.ones(1, 5)
     rewards = ppo.token_rewards(torch.tensor([1.0]), torch.tensor([False]), mask, args)
     values = torch.tensor([[0.2, 0.4, 0.5, 0.6, 0.8]])
@@ -85,7 +87,7 @@ def test_gae_terminal_reward_gamma_09_lambda_08():
 
 def test_kl_on_every_token_score_and_non_stop_penalty_on_the_last():
     # Row 1 stopped (EOS is its 3rd token, then padding); row 2 hit the length limit (4 tokens, no EOS).
-    args = replace(ppo.Args(), kl_coef=0.1, non_stop_penalty=-0.25)
+    args = replace(ppo.Args(), beta=0.1, non_stop_penalty=-0.25)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     kl = torch.tensor([[0.2, -0.1, 0.3, 7.0], [0.1, 0.1, 0.1, 0.1]])  # log pi_old - log pi_ref; 7.0 is padding
     rewards = ppo.token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([False, True]), mask, args, kl)
@@ -102,10 +104,9 @@ def test_whitening_ignores_masked_entries():
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     s = (5 / 3) ** 0.5
     expected = torch.tensor([[-1.5 / s, -0.5 / s, 0.5 / s, 0], [1.5 / s, 0, 0, 0]])
-    torch.testing.assert_close(ppo.global_masked_whiten(x, mask), expected)
-    torch.testing.assert_close(ppo.global_masked_whiten(x, mask), masked_whiten(x, mask))
+    torch.testing.assert_close(masked_whiten(x, mask), expected)
     # shift_mean=False (reward whitening) scales but keeps the mean: a positive score stays positive.
-    torch.testing.assert_close(ppo.global_masked_whiten(x, mask, shift_mean=False), (expected + 2.5) * mask)
+    torch.testing.assert_close(masked_whiten(x, mask, shift_mean=False), (expected + 2.5) * mask)
     # advantage whitening inside compute_advantages: padding stays 0, real tokens have mean 0
     adv, _ = ppo.compute_advantages(x, torch.zeros_like(x), mask, replace(ppo.Args(), gamma=0.0))
     torch.testing.assert_close(adv, expected)
@@ -114,11 +115,11 @@ def test_whitening_ignores_masked_entries():
 def test_explained_variance():
     mask = torch.tensor([[1.0, 1, 1, 0]])
     returns = torch.tensor([[1.0, 2.0, 3.0, 50.0]])
-    assert ppo.explained_variance(returns, returns, mask) == pytest.approx(1.0)
-    assert ppo.explained_variance(torch.full_like(returns, 7.0), returns, mask) == pytest.approx(0.0)
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full_like(returns, 7.0), returns, mask) == pytest.approx(0.0)
     # errors 1 0 -1 -> variance 1 (unbiased), variance of returns 1 -> 0
-    assert ppo.explained_variance(torch.tensor([[0.0, 2, 4, 0]]), returns, mask) == pytest.approx(0.0)
-    assert ppo.explained_variance(torch.tensor([[1.5, 2, 2.5, 0]]), returns, mask) == pytest.approx(0.75)
+    assert explained_variance(torch.tensor([[0.0, 2, 4, 0]]), returns, mask) == pytest.approx(0.0)
+    assert explained_variance(torch.tensor([[1.5, 2, 2.5, 0]]), returns, mask) == pytest.approx(0.75)
 
 
 # ---- losses ---------------------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def test_clipped_value_loss_by_hand():
 
 
 def test_policy_loss_clips_only_in_the_direction_of_the_advantage():
-    args = replace(ppo.Args(), cliprange=0.2)
+    args = replace(ppo.Args(), epsilon=0.2)
     new = torch.log(torch.tensor([[1.5, 1.5]])).requires_grad_()  # ratio 1.5 on both tokens
     loss, stats = ppo.policy_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), 2.0, args)
     # A > 0: min(1.5, 1.2) -> -1.2 (clipped, no gradient); A < 0: max(1.5, 1.2) -> +1.5 (unclipped)
@@ -155,7 +156,7 @@ def test_policy_loss_clips_only_in_the_direction_of_the_advantage():
     ("sequence", -(2 / 1 + (1 + 1 + 4) / 3) / 2),  # mean per sequence, then over the 2 sequences
 ])
 def test_loss_aggregation_with_uneven_lengths(aggregation, expected):
-    args = replace(ppo.Args(), loss_aggregation=aggregation)
+    args = replace(ppo.Args(), loss_type=aggregation)
     mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
     adv = torch.tensor([[2.0, 9, 9], [1, 1, 4]])
     lp = torch.full((2, 3), -1.0)
@@ -179,7 +180,7 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
         mask[i, 1 + i % 5:] = 0  # uneven lengths
     attn[:, -R:] = mask.long()
     adv, ret = torch.randn(8, R), torch.randn(8, R)
-    args = replace(ppo.Args(), loss_aggregation=aggregation)
+    args = replace(ppo.Args(), loss_type=aggregation)
     norm = ppo.loss_normaliser(aggregation, mask, world_size=1)
     grads, losses = [], []
     for mb in (8, 1):
@@ -212,12 +213,10 @@ def test_ratio_is_one_on_the_first_minibatch_of_the_first_epoch(tmp_path, monkey
         return real(logprobs, old_logprobs, *a, **kw)
 
     monkeypatch.setattr(ppo, "policy_loss", spy)
-    monkeypatch.setattr(ppo, "make_env", _test_reward_module().make_env)  # a reward that varies: real updates
-    argv = [*TINY, "--micro_batch_size", "4", "--num_mini_batch", "2", "--num_ppo_epochs", "2",
+    monkeypatch.setattr(envlib, "make_env", _test_reward_module().make_env)  # a varying reward: real updates
+    argv = [*TINY, "--micro_batch_size", "4", "--num_mini_batches", "2", "--num_ppo_epochs", "2",
             "--max_steps", "1", "--learning_rate", "1e-3", "--temperature", "1.0", "--output_dir", str(tmp_path)]
-    from transformers import HfArgumentParser
-
-    ppo.main(HfArgumentParser(ppo.Args).parse_args_into_dataclasses(argv)[0])
+    ppo.main(parse_args(ppo.Args, argv))
     # one call per minibatch (micro-batch = minibatch): (epoch 0, mb 0), (0, 1), (1, 0), (1, 1)
     assert len(calls) == 4
     assert calls[0] < 1e-5  # |log rho| = 0 up to float noise: rho = 1
@@ -228,11 +227,11 @@ def test_ratio_is_one_on_the_first_minibatch_of_the_first_epoch(tmp_path, monkey
 def test_bad_sizes_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         ppo.check_args(replace(ppo.Args(), num_prompts=3), world_size=2)
-    with pytest.raises(ValueError, match="--num_mini_batch 3 must divide"):
-        ppo.check_args(replace(ppo.Args(), num_mini_batch=3), world_size=1)
+    with pytest.raises(ValueError, match="--num_mini_batches 3 must divide"):
+        ppo.check_args(replace(ppo.Args(), num_mini_batches=3), world_size=1)
     ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)  # micro-batches of up to 5: fine
-    with pytest.raises(ValueError, match="--gamma and --lam"):
-        ppo.check_args(replace(ppo.Args(), lam=1.5), world_size=1)
+    with pytest.raises(ValueError, match="--gamma and --gae_lambda"):
+        ppo.check_args(replace(ppo.Args(), gae_lambda=1.5), world_size=1)
     with pytest.raises(FileNotFoundError, match="no such folder"):
         ppo.check_args(replace(ppo.Args(), model_name_or_path="./no/such/model"), world_size=1)
 
@@ -241,7 +240,7 @@ def test_help_documents_every_field():
     out = run([sys.executable, "ppo.py", "--help"]).stdout
     for f in fields(ppo.Args):
         assert f"--{f.name}" in out, f.name
-        assert f.metadata.get("help"), f"{f.name} has no help text"
+        assert field_docs(ppo.Args).get(f.name), f"{f.name} has no docstring"
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------
@@ -265,9 +264,9 @@ def test_shared_critic_with_every_option_on(tmp_path):
     # A 1-hidden-layer value head on the policy's body, with the KL reward (loads a reference), the non-stop
     # penalty, reward whitening, the entropy bonus, per-sequence aggregation, gamma/lambda < 1.
     run([sys.executable, "tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1",
-         "--critic_type", "shared", "--critic_layer_N", "1", "--critic_hidden_size", "16", "--kl_coef", "0.05",
-         "--non_stop_penalty", "-0.5", "--whiten_rewards", "--entropy_coef", "0.01", "--loss_aggregation",
-         "sequence", "--gamma", "0.9", "--lam", "0.95", "--output_dir", str(tmp_path)])
+         "--critic_type", "shared", "--critic_num_layers", "1", "--critic_hidden_size", "16", "--beta", "0.05",
+         "--non_stop_penalty", "-0.5", "--whiten_rewards", "--entropy_coef", "0.01", "--loss_type",
+         "sequence", "--gamma", "0.9", "--gae_lambda", "0.95", "--output_dir", str(tmp_path)])
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert line["kl_ref"] == pytest.approx(0.0, abs=1e-5)  # pi_old is still pi_ref before the first update
     assert line["v_loss"] > 0 and line["grad_norm"] > 0 and line["critic_grad_norm"] > 0
@@ -280,8 +279,8 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     # Same global batch (2 prompts x 4 samples), two epochs, the KL reward on: whitening, the token-mean
     # denominator and explained variance are global, so policy and critic after one update must agree.
     common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1", "--learning_rate", "1e-3",
-              "--critic_learning_rate", "1e-3", "--temperature", "1.0", "--num_mini_batch", "1",
-              "--num_ppo_epochs", "2", "--kl_coef", "0.05"]
+              "--critic_learning_rate", "1e-3", "--temperature", "1.0", "--num_mini_batches", "1",
+              "--num_ppo_epochs", "2", "--beta", "0.05"]
     run([sys.executable, *common, "--output_dir", str(tmp_path / "one")])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523",

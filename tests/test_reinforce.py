@@ -15,14 +15,20 @@ import torch
 from safetensors.torch import load_file
 
 import reinforce
+from common import env as envlib
+from common.args import field_docs, make_parser, parse_args
 from common.env import TASKS, load_few_shot, make_env
 from common.models import load_tokenizer
+from common.stepwise import calculator, play_episodes, sample_line
 from common.utils import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
         "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
-STEPWISE = ["--stepwise", "--sym_calc", "--max_trajectory_steps", "3", "--n_few_shot_examples", "1"]
+STEPWISE = ["--stepwise", "--sym_calc", "--max_episode_steps", "3", "--num_few_shot", "1"]
+
+
+LN = {x: replace(reinforce.Args(), length_normalize=x) for x in (True, False)}  # the loss's args
 
 
 def run(cmd, **kw):
@@ -33,12 +39,10 @@ def run(cmd, **kw):
 
 def run_in_process(argv, monkeypatch):
     """reinforce.main with the test reward of tests/run_with_test_reward.py, in this process (no import cost)."""
-    from transformers import HfArgumentParser
-
     import run_with_test_reward  # tests/ is on sys.path under pytest
 
-    monkeypatch.setattr(reinforce, "make_env", run_with_test_reward.make_env)
-    reinforce.main(HfArgumentParser(reinforce.Args).parse_args_into_dataclasses(argv)[0])
+    monkeypatch.setattr(envlib, "make_env", run_with_test_reward.make_env)
+    reinforce.main(parse_args(reinforce.Args, argv))
 
 
 def params(path):
@@ -72,9 +76,9 @@ def test_kl_regularised_return_on_a_hand_worked_example():
     kl_mean = reinforce.sequence_logprobs(old - ref, mask, length_normalize=True)
     assert kl_sum.item() == pytest.approx(-0.5) and kl_mean.item() == pytest.approx(-0.25)
     rewards, steps = torch.tensor([[1.0]]), torch.ones(1, 1)
-    G = reinforce.kl_regularised_returns(rewards, kl_mean[:, None], steps, gamma=0.99, kl_coeff=0.1)
+    G = reinforce.kl_regularised_returns(rewards, kl_mean[:, None], steps, gamma=0.99, beta=0.1)
     assert G.item() == pytest.approx(1 - 0.1 * -0.25)  # 1.025: single-turn, gamma plays no part
-    G = reinforce.kl_regularised_returns(rewards, kl_sum[:, None], steps, gamma=0.99, kl_coeff=0.1)
+    G = reinforce.kl_regularised_returns(rewards, kl_sum[:, None], steps, gamma=0.99, beta=0.1)
     assert G.item() == pytest.approx(1.05)
 
 
@@ -83,7 +87,7 @@ def test_discounted_per_step_return_in_stepwise_mode():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.5, 9.0]])
     steps = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    G = reinforce.kl_regularised_returns(rewards, kl, steps, gamma=0.9, kl_coeff=0.5)
+    G = reinforce.kl_regularised_returns(rewards, kl, steps, gamma=0.9, beta=0.5)
     # r - 0.5 KL: [-0.05, -0.1, 0.85] -> G2 = 0.85, G1 = -0.1 + 0.9 * 0.85 = 0.665, G0 = -0.05 + 0.9 * 0.665
     # [-0.25, 0.75] -> G1 = 0.75, G0 = -0.25 + 0.9 * 0.75 = 0.425; no step, no return (and no KL of 9 leaking in)
     assert G.tolist()[0] == pytest.approx([0.5485, 0.665, 0.85])
@@ -96,13 +100,13 @@ def test_loss_is_minus_advantage_times_sequence_logprob():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([1.0, -2.0])
     # length-normalised: log pi = [-1.5, -0.5] -> -(1 * -1.5 + -2 * -0.5) / 2 = 0.25
-    loss, stats = reinforce.reinforce_loss(logprobs, logprobs.detach(), adv, mask, 2.0, length_normalize=True)
+    loss, stats = reinforce.policy_loss(logprobs, logprobs.detach(), adv, mask, 2.0, LN[True])
     assert loss.item() == pytest.approx(0.25) and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     loss.backward()
     # d/d logprob = -A / (|o| * N): -1 / 4 on both tokens of row 0, +2 / 2 on row 1's token, 0 on padding
     assert logprobs.grad.flatten().tolist() == pytest.approx([-0.25, -0.25, 1.0, 0.0])
     # plain sum: log pi = [-3, -0.5] -> -(-3 + 1) / 2 = 1
-    loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), adv, mask, 2.0, length_normalize=False)
+    loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), adv, mask, 2.0, LN[False])
     assert loss.item() == pytest.approx(1.0)
 
 
@@ -119,7 +123,7 @@ def test_a_constant_baseline_is_free_with_sums_but_favours_short_responses_when_
     weights = torch.stack([p, 1 - p]).detach()  # c = 1, and E over o: each response weighted by its probability
     for length_normalize, expected in [(False, 0.0), (True, -1 / 8)]:
         theta.grad = None
-        loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), weights, mask, 1.0, length_normalize)
+        loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), weights, mask, 1.0, LN[length_normalize])
         loss.backward(retain_graph=True)
         assert theta.grad.item() == pytest.approx(expected, abs=1e-7)
 
@@ -144,7 +148,7 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
         for i in range(0, 8, mb):
             sl = slice(i, i + mb)
             lp, _ = token_logprobs(policy, ids[sl], attn[sl], R)
-            loss, _ = reinforce.reinforce_loss(lp, lp.detach(), adv[sl], mask[sl], 8.0, length_normalize=True)
+            loss, _ = reinforce.policy_loss(lp, lp.detach(), adv[sl], mask[sl], 8.0, LN[True])
             loss.backward()
             total += loss.item()
         losses.append(total)
@@ -155,19 +159,19 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
 
 # ---- the calculator and stepwise episodes ----------------------------------------------------------------
 def test_calculator_values():
-    assert reinforce.calculator("48/2") == "24"
-    assert reinforce.calculator("7/2") == "3.5"
-    assert reinforce.calculator("1/3") == "0.33"  # 2 decimals, as the seed rounds
-    assert reinforce.calculator("2*(3+4)=15") == "14"  # <<expr=...>>: the model's own value is ignored
-    assert reinforce.calculator(" 12 + 30 ") == "42"
-    assert reinforce.calculator("5-8") == "-3"
+    assert calculator("48/2") == "24"
+    assert calculator("7/2") == "3.5"
+    assert calculator("1/3") == "0.33"  # 2 decimals, as the seed rounds
+    assert calculator("2*(3+4)=15") == "14"  # <<expr=...>>: the model's own value is ignored
+    assert calculator(" 12 + 30 ") == "42"
+    assert calculator("5-8") == "-3"
     for bad in ("2**10", "x+1", "1/0", "", "print(1)"):
-        assert reinforce.calculator(bad) is None, bad
+        assert calculator(bad) is None, bad
 
 
 def test_calculator_refuses_code_without_side_effect(tmp_path):
     target = tmp_path / "pwned"
-    assert reinforce.calculator(f"__import__('os').system('touch {target}')") is None
+    assert calculator(f"__import__('os').system('touch {target}')") is None
     assert not target.exists()
 
 
@@ -178,7 +182,7 @@ def test_few_shot_calculator_spans_are_followed_by_the_calculators_value(task):
     spans = 0
     for ex in load_few_shot(TASKS[task], 8):
         for m in re.finditer(r"<<([^<>\n]*)>>", ex["solution"]):
-            value = reinforce.calculator(m.group(1))
+            value = calculator(m.group(1))
             after = ex["solution"][m.end():]
             assert value is not None and after.startswith(value) and not after[len(value):][:1].isdigit(), m.group(0)
             spans += 1
@@ -209,9 +213,7 @@ def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
         (1, 1, 0): f"<<__import__('os').system('touch {target}')>>", (1, 1, 1): " hm.\n",  # refused
         (1, 2, 0): "The answer is 41.\n",
     }
-    args = replace(reinforce.Args(), stepwise=True, sym_calc=True, max_trajectory_steps=3, max_new_tokens=128)
-    ro = reinforce.stepwise_rollout(_scripted(tok, script), tok, env, [0], 2, args, torch.device("cpu"),
-                                    {tok.eos_token_id})
+    ro = play_episodes(_scripted(tok, script), tok, env, [0], 2, 128, True, torch.device("cpu"), {tok.eos_token_id})
     assert not target.exists()
     assert ro.texts == ["12 + 30 = <<12+30>>42 so 42 apples.\nThe answer is 42.",
                         f"I guess 41.\n<<__import__('os').system('touch {target}')>> hm.\nThe answer is 41."]
@@ -232,12 +234,12 @@ def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
     # row 1 (episode 0's second line) was sampled after the state that holds the calculator's value
     assert tok.decode(gen.prompt_ids[1][gen.prompt_mask[1].bool()]).endswith("<<12+30>>42 so 42 apples.\n")
     # returns: episode 0 is rewarded on its second line, so G = [gamma, 1]
-    G = reinforce.kl_regularised_returns(ro.rewards, torch.zeros(2, 3), ro.step_mask, gamma=0.9, kl_coeff=0.1)
+    G = reinforce.kl_regularised_returns(ro.rewards, torch.zeros(2, 3), ro.step_mask, gamma=0.9, beta=0.1)
     assert G.tolist()[0] == pytest.approx([0.9, 1.0, 0.0])
     # and the loss gives the calculator's tokens no gradient
     logprobs = torch.randn(gen.response_ids.shape, requires_grad=True)
     adv = torch.ones(5)
-    loss, _ = reinforce.reinforce_loss(logprobs, logprobs.detach(), adv, ro.loss_mask.float(), 5.0, True)
+    loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), adv, ro.loss_mask.float(), 5.0, LN[True])
     loss.backward()
     assert logprobs.grad[0][calc].abs().sum() == 0 and logprobs.grad[0][~calc & gen.response_mask[0].bool()].ne(0).all()
 
@@ -245,7 +247,7 @@ def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
 def test_a_line_stops_after_four_calculations():
     tok = load_tokenizer("tiny-random")
     script = {(0, 0, c): "<<1+1>>" for c in range(5)}
-    (action,) = reinforce.sample_line(_scripted(tok, script), tok, [[1, 2]], [(0, 0)], 64, True, {tok.eos_token_id})
+    (action,) = sample_line(_scripted(tok, script), tok, [[1, 2]], [(0, 0)], 64, True, {tok.eos_token_id})
     assert tok.decode(action.ids) == "<<1+1>>2" * 4 + "<<1+1>>" and action.fired == 4
 
 
@@ -256,8 +258,8 @@ def test_bad_arguments_fail_before_any_model_loads():
     reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4, baseline="none"), 1)
     with pytest.raises(ValueError, match="add --stepwise"):
         reinforce.check_args(replace(reinforce.Args(), sym_calc=True), world_size=1)
-    with pytest.raises(ValueError, match="--kl_coeff is 0"):
-        reinforce.check_args(replace(reinforce.Args(), kl_coeff=0.0, update_ref_iterations=2), world_size=1)
+    with pytest.raises(ValueError, match="--beta is 0"):
+        reinforce.check_args(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2), world_size=1)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         reinforce.check_args(replace(reinforce.Args(), num_prompts=3), world_size=2)
     with pytest.raises(FileNotFoundError, match="no such folder"):
@@ -265,15 +267,11 @@ def test_bad_arguments_fail_before_any_model_loads():
 
 
 def test_help_documents_every_field_and_the_seeds_few_shot_name():
-    from transformers import HfArgumentParser
-
-    parser = HfArgumentParser(reinforce.Args)
-    out = parser.format_help()  # what `python reinforce.py --help` prints
+    out = make_parser(reinforce.Args).format_help()  # what `python reinforce.py --help` prints
     for f in fields(reinforce.Args):
         assert f"--{f.name}" in out, f.name
-        assert f.metadata.get("help"), f"{f.name} has no help text"
-    (args,) = parser.parse_args_into_dataclasses(["--n_few_shot_examples", "3"])
-    assert args.num_few_shot == 3
+        assert field_docs(reinforce.Args).get(f.name), f"{f.name} has no docstring"
+    assert parse_args(reinforce.Args, ["--n_few_shot_examples", "3"]).num_few_shot == 3  # LLM_RL's name
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------
@@ -301,7 +299,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
     # calculator on, which is also the stepwise smoke run.
     steps = "2" if mode == "stepwise" else "1"
     common = [*TINY, "--max_steps", steps, "--learning_rate", "1e-3", "--temperature", "1.0", "--baseline", "mean",
-              "--kl_coeff", "0.1", "--no_evaluation_at_start", *(STEPWISE if mode == "stepwise" else [])]
+              "--beta", "0.1", "--no_eval_on_start", *(STEPWISE if mode == "stepwise" else [])]
     run_in_process([*common, "--output_dir", str(tmp_path / "one")], monkeypatch)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29521",
@@ -331,8 +329,8 @@ def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypat
     # The reference is refreshed after update 2; the run stops after update 3 and resumes for update 4, whose KL
     # is to the policy after update 2: the checkpoint must carry that reference. A large kl_coeff makes any
     # difference show.
-    common = [*TINY, "--learning_rate", "1e-3", "--kl_coeff", "1.0", "--update_ref_iterations", "2",
-              "--no_evaluation_at_start"]
+    common = [*TINY, "--learning_rate", "1e-3", "--beta", "1.0", "--ref_model_sync_steps", "2",
+              "--no_eval_on_start"]
     run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "straight")], monkeypatch)
     run_in_process([*common, "--max_steps", "3", "--output_dir", str(tmp_path / "split")], monkeypatch)
     run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "split"), "--resume"], monkeypatch)

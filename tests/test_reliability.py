@@ -31,14 +31,21 @@ def run(cmd, ok=True, **kw):
     return out
 
 
+def run_args(output_dir, **changes):
+    """The options of a run, as the Logger reads them."""
+    from common.args import TrainArgs
+
+    return TrainArgs(output_dir=str(output_dir), max_steps=changes.get("max_steps", 10))
+
+
 def algo_args(algo, **changes):
     module = importlib.import_module(algo)
     return module, replace(module.Args(), model_name_or_path="tiny-random", **changes)
 
 
 # ---- bad input: one error with the fix, before any model loads --------------------------------------------------
-SIZES = ["max_steps", "max_new_tokens", "micro_batch_size", "num_prompts", "num_generations", "n_rollout_threads",
-         "num_mini_batch", "num_ppo_epochs", "ppo_epoch", "episode_length", "log_interval", "eval_batch_size"]
+SIZES = ["max_steps", "max_new_tokens", "micro_batch_size", "num_prompts", "num_generations", "num_envs",
+         "num_mini_batches", "num_ppo_epochs", "num_steps", "max_episode_steps", "log_interval", "eval_batch_size"]
 
 
 @pytest.mark.parametrize("algo,size", [(algo, size) for algo in ALGOS for size in SIZES
@@ -161,14 +168,14 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, tok):
 
 
 def _nan_loss_after(grpo, monkeypatch, bad_calls):
-    """grpo_loss that returns NaN on the given (0-based) calls."""
-    real, calls = grpo.grpo_loss, [0]
+    """grpo.policy_loss that returns NaN on the given (0-based) calls."""
+    real, calls = grpo.policy_loss, [0]
 
     def loss_fn(*a, **k):
         loss, stats = real(*a, **k)
         calls[0] += 1
         return (loss * math.nan if calls[0] - 1 in bad_calls else loss), stats
-    monkeypatch.setattr(grpo, "grpo_loss", loss_fn)
+    monkeypatch.setattr(grpo, "policy_loss", loss_fn)
 
 
 def test_a_nan_loss_skips_that_step_and_the_run_goes_on(tmp_path, monkeypatch):
@@ -298,17 +305,17 @@ def test_a_resumed_logger_cuts_the_logs_back_to_the_checkpoint(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3, 4))
                                             + '{"step": 5, "x"')  # the last line cut by a kill
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 2, 4)))
-    logger = Logger(tmp_path, {"a": 1}, 10, initial_step=2)
+    logger = Logger(run_args(tmp_path), initial_step=2)
     logger.log(3, {"x": 30})
     logger.close()
     assert [json.loads(x)["x"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 30]
     assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
-    Logger(tmp_path, {"a": 1}, 10, initial_step=0).close()  # a fresh run starts the logs anew
+    Logger(run_args(tmp_path), initial_step=0).close()  # a fresh run starts the logs anew
     assert (tmp_path / "metrics.jsonl").read_text() == "" and (tmp_path / "eval.jsonl").read_text() == ""
 
 
 def test_divergence_is_said_once(tmp_path, capsys):
-    logger = Logger(tmp_path, {}, 20)
+    logger = Logger(run_args(tmp_path, max_steps=20))
     for step, kl in enumerate([0.01, 0.012, 0.009, 0.011, 0.01, 0.01], 1):  # usual size ~0.01
         logger.log(step, {"approx_kl": kl, "entropy": 1.5})
     logger.log(7, {"approx_kl": 0.2, "entropy": 1.5})  # 20 times the usual

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.utils import (discounted_returns, explained_variance, group_advantages, identical_rows, kl_k1, kl_k2,
-                          kl_k3, masked_mean, masked_whiten, step_gae, token_gae, token_logprobs)
+from common.utils import (discounted_returns, explained_variance, identical_rows, kl_estimate, kl_k1, kl_k2,
+                          kl_k3, masked_mean, masked_whiten, minibatches, problem_index, prompt_indices,
+                          step_gae, token_gae, token_logprobs)
 
 
 # ---- GAE ---------------------------------------------------------------------------------------------------
@@ -51,22 +52,25 @@ def test_discounted_returns():
                                torch.tensor([[0.25, 0.5, 1.0]]))
 
 
-# ---- group baselines ------------------------------------------------------------------------------------------
-def test_group_advantages_mean_std_with_zero_std_group():
-    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
-    adv = group_advantages(rewards, 4, "mean_std", eps=1e-4)
-    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 2: all equal -> exactly 0
-    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
-    torch.testing.assert_close(adv, torch.tensor([a, -a, a, -a, 0.0, 0.0, 0.0, 0.0]))
+# ---- data order and minibatches ----------------------------------------------------------------------------------
+def test_prompt_indices_walk_one_seeded_permutation_per_pass():
+    # 5 problems, 2 prompts an update: updates 0-1 cover pass 0's first 4, update 2 takes its last and the
+    # first of pass 1, which is another permutation
+    stream = [i for step in range(5) for i in prompt_indices(step, 2, 5, seed=3)]
+    assert sorted(stream[:5]) == [0, 1, 2, 3, 4] and sorted(stream[5:10]) == [0, 1, 2, 3, 4]
+    assert stream[:5] != stream[5:10]
+    assert stream == [problem_index(p, 5, 3) for p in range(10)]
+    assert prompt_indices(1, 2, 5, seed=4) != prompt_indices(1, 2, 5, seed=3)
 
 
-def test_group_advantages_mean_and_leave_one_out():
-    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    torch.testing.assert_close(group_advantages(rewards, 4, "mean"), torch.tensor([0.5, -0.5, 0.5, -0.5]))
-    # r=1: others (0, 1, 0) average 1/3 -> 2/3 ; r=0: others (1, 1, 0) average 2/3 -> -2/3
-    torch.testing.assert_close(group_advantages(rewards, 4, "loo"), torch.tensor([2, -2, 2, -2]) / 3)
-    with pytest.raises(ValueError, match="unknown baseline"):
-        group_advantages(rewards, 4, "median")
+def test_minibatches_one_keeps_order_several_shuffle_each_epoch_alike_on_resume():
+    (only,) = list(minibatches(6, 1, [7]))
+    assert only.tolist() == [0, 1, 2, 3, 4, 5]
+    parts = list(minibatches(6, 3, [7, 8]))  # 2 epochs x 3 minibatches of 2 rows
+    assert len(parts) == 6 and all(len(p) == 2 for p in parts)
+    assert sorted(torch.cat(parts[:3]).tolist()) == sorted(torch.cat(parts[3:]).tolist()) == list(range(6))
+    assert torch.cat(parts[:3]).tolist() != torch.cat(parts[3:]).tolist()  # each epoch its own shuffle
+    assert [p.tolist() for p in minibatches(6, 3, [7, 8])] == [p.tolist() for p in parts]  # a pure function
 
 
 # ---- KL estimators ----------------------------------------------------------------------------------------------
@@ -80,6 +84,16 @@ def test_kl_estimators_single_sample():
     assert kl_k1(logp, ref).item() == pytest.approx(math.log(2.0))
     assert kl_k2(logp, ref).item() == pytest.approx(0.5 * math.log(2.0) ** 2)
     assert kl_k3(logp, ref).item() == pytest.approx(0.5 - 1 - math.log(0.5))  # r - 1 - log r, r = q/p = 0.5
+
+
+def test_kl_estimate_dispatches_by_name():
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    for name, fn in (("k1", kl_k1), ("k2", kl_k2), ("k3", kl_k3)):
+        torch.testing.assert_close(kl_estimate(logp, ref, name), fn(logp, ref))
+    # k1 0.5 and -1; k2 0.125 and 0.5; k3 e^-0.5 - 1 + 0.5 and e^1 - 1 - 1
+    torch.testing.assert_close(kl_estimate(logp, ref, "k2"), torch.tensor([0.125, 0.5]))
+    torch.testing.assert_close(kl_estimate(logp, ref, "k3"),
+                               torch.tensor([math.exp(-0.5) - 0.5, math.e - 2]))
 
 
 def test_kl_estimators_expectations_match_closed_forms():
@@ -102,6 +116,13 @@ def test_masked_mean_and_whiten():
     # values 1, 2, 3: mean 2, unbiased variance 1 -> -1, 0, 1; padding stays 0 however large it was
     torch.testing.assert_close(w, torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6, rtol=0)
     assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0
+    # OpenR's form, eps on the std: the same away from 0 variance, and 0 (not noise) for equal values
+    torch.testing.assert_close(masked_whiten(x, mask, eps_on_std=True), w, atol=1e-6, rtol=0)
+    same = masked_whiten(torch.tensor([[0.3, 0.3]]), torch.ones(1, 2), eps_on_std=True)
+    assert same.abs().max().item() == 0.0
+    # TRL's reward whitening keeps the mean: 1, 2, 3 -> 1, 2, 3 (mean 2, std 1)
+    torch.testing.assert_close(masked_whiten(x, mask, shift_mean=False)[mask.bool()], torch.tensor([1.0, 2.0, 3.0]),
+                               atol=1e-6, rtol=0)
 
 
 def test_explained_variance():
