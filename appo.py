@@ -253,13 +253,13 @@ def update_policy(policy, optimizer, batch, idx, args, autocast, guard):
     stats = all_reduce_mean({k: sum(s[k] for s in stats) / len(stats) for k in stats[0]})
     if args.target_kl and stats["approx_kl"] > args.target_kl:  # the same on every rank
         optimizer.zero_grad(set_to_none=True)
-        return {**stats, "early_stop": 1.0}
+        return {**stats, "early_stop_frac": 1.0}
     average_gradients(policy)
     grad_norm = clip_grad_norm_([p for p in policy.parameters() if p.requires_grad],
                                 args.max_grad_norm).item()
     if guard.ok(total_loss, grad_norm):
         optimizer.step()
-    return {**stats, "early_stop": 0.0, "grad_norm": grad_norm}
+    return {**stats, "early_stop_frac": 0.0, "grad_norm": grad_norm}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -448,7 +448,6 @@ def main(args):
             metrics["prm_reward"] = segment.prm_rewards.mean().item()
         metrics = global_metrics(metrics, device)  # averaged over ranks; reward/sq -> reward/std
         metrics["skipped_steps"] = guard.pop()
-        metrics["early_stop_frac"] = metrics.pop("early_stop")
         metrics["explained_variance"] = explained_variance(values, returns, mask)
         # the true accuracy and length of the episodes that ended in this segment, over all ranks
         ended = all_reduce_sum(torch.tensor([len(episodes), sum(e["correct"] for e in episodes),

@@ -209,7 +209,8 @@ ALIASES = [
     Alias("eval_data", OAT, ("ppo", "grpo"), to="eval_dataset_path"),
     Alias("oracle", OAT, ("ppo", "grpo")),  # -> dataset_name (rule below)
     Alias("critic_type", OAT, ("grpo",)),  # grpo.py has no critic (rule below); ppo.py has its own flag
-    Alias("kl_penalty_coef", OAT, ("ppo",)),  # KL in the reward (rule below, with oat's --beta)
+    Alias("kl_penalty_coef", OAT, ("ppo", "grpo")),  # KL in the reward (rule below, with oat's --beta)
+    Alias("non_stop_penalty", OAT, ("grpo",)),  # grpo.py has none (rule below)
     Alias("apply_chat_template", OAT, ("ppo", "grpo"), switch=True),  # -> template chat (rule below)
     Alias("rollout_batch_size", OAT, ("ppo", "grpo")),  # batch rule
     Alias("train_batch_size", OAT, ("ppo", "grpo")),  # batch rule
@@ -245,7 +246,7 @@ ALIASES = [
     Alias("evaluation_iterations", LLM_RL, ("reinforce",), to="eval_interval"),
     Alias("n_eval_steps", LLM_RL, ("reinforce",), to="num_eval_problems"),
     Alias("n_save_iterations", LLM_RL, ("reinforce",), to="save_interval"),
-    Alias("gsm8k_path", LLM_RL, ("reinforce",), to="dataset_path"),
+    Alias("gsm8k_path", LLM_RL, ("reinforce",)),  # -> dataset_path, and the gsm8k task (rule below)
     Alias("test_gsm8k_path", LLM_RL, ("reinforce",), to="eval_dataset_path"),
     Alias("max_trajectory_steps", LLM_RL, ("reinforce",)),  # -> max_episode_steps and --stepwise (rule)
     Alias("num_collection_episodes", LLM_RL, ("reinforce",)),  # -> num_prompts (rule below)
@@ -375,6 +376,11 @@ def apply_rules(algo, args, seed, given, say, world_size):
             put("loss_type", "dr_grpo", f"--critic_type drgrpo ({OAT} Dr.GRPO)")
         else:
             say(f"--critic_type {kind}: {OAT} name for this file's algorithm")
+    if "non_stop_penalty" in seed and float(seed["non_stop_penalty"]) != 0:
+        raise ValueError(f"--non_stop_penalty {seed['non_stop_penalty']}: grpo.py rewards the verifier only; "
+                         f"ppo.py has --non_stop_penalty.")
+    if "non_stop_penalty" in seed:
+        say("--non_stop_penalty 0: no penalty, as grpo.py has none")
     if "kl_penalty_coef" in seed:  # oat has two KL knobs: in the reward (k1) and, with --beta, in the loss (k3)
         reward_kl, loss_kl = float(seed["kl_penalty_coef"]), args.beta if "beta" in given else 0.0
         if reward_kl and loss_kl:
@@ -398,6 +404,9 @@ def apply_rules(algo, args, seed, given, say, world_size):
         put("num_mini_batches", samples // per_step, f"--train_batch_size {per_step} ({OAT} samples per "
                                                      f"optimizer step) of {samples}")
     # LLM_RL
+    if "gsm8k_path" in seed:
+        put("dataset_path", seed["gsm8k_path"], f"--gsm8k_path is {LLM_RL} training data")
+        put("dataset_name", "gsm8k", "  of the gsm8k task")
     if "max_trajectory_steps" in seed:
         put("max_episode_steps", int(seed["max_trajectory_steps"]), f"--max_trajectory_steps is {LLM_RL} "
                                                                     f"stepwise episode limit")
@@ -427,6 +436,8 @@ def apply_rules(algo, args, seed, given, say, world_size):
         # and take one optimizer step per `accumulation` of them
         generation = int(seed.get("steps_per_generation", accumulation))
         if algo == "ppo":  # TRL PPO: a rollout batch of per_device x accumulation x minibatches x world prompts
+            if "num_mini_batches" not in given:
+                put("num_mini_batches", 1, f"{TRL_PPO} default --num_mini_batches")
             prompts = per_device * accumulation * args.num_mini_batches * world_size
         else:
             completions = per_device * world_size * generation
@@ -483,7 +494,7 @@ def parse_args(args_class, argv=None):
     def say(text):
         lines.append(text)
 
-    native, seed, given_as, i = [], {}, {}, 0
+    native, seed, given_as, from_seed, i = [], {}, {}, set(), 0
     while i < len(argv):
         token = argv[i]
         i += 1
@@ -513,23 +524,45 @@ def parse_args(args_class, argv=None):
         elif alias.to is not None:
             converted = [alias.convert(v) for v in values] if alias.convert else values
             say(f"--{name} is {alias.source} name for --{alias.to}")
+            from_seed.add(len(native))
             native += [f"--{alias.to}", *converted]
             given_as[alias.to] = given_as.get(alias.to, []) + [(f"--{name}", converted)]
         elif alias.note is not None:
             say(f"--{name}: {alias.note}")
         else:
             seed[name] = " ".join(values) if values else "true"
-    for dest, uses in given_as.items():  # a seed's name and this project's, with different values
-        names = {name for name, _ in uses}
-        if len(names) > 1 and len({tuple(v) for _, v in uses}) > 1:
-            raise SystemExit(f"{' and '.join(sorted(names))} name the same option (--{dest}) with different "
-                             f"values: pass one of them.")
+    for dest, uses in given_as.items():  # two names of one option, with different values
+        if len({tuple(v) for _, v in uses}) < 2:
+            continue
+        own = [name for name, _ in uses if name == f"--{dest}"]
+        if not own:  # two seeds' names
+            raise SystemExit(f"{' and '.join(sorted({n for n, _ in uses}))} name the same option "
+                             f"(--{dest}) with different values: pass one of them.")
+        # this project's own name wins over a seed's, as a later flag would (e.g. --max_steps 1 for a test)
+        seed_names = sorted({n for n, _ in uses if n != own[0]})
+        if seed_names:
+            say(f"{own[0]} given: it wins over {', '.join(seed_names)}")
+        native = _drop_seed_values(native, dest, options, from_seed)
     args = parser.parse_args_into_dataclasses(args=native)[0]
     given = {options[t].dest for t in native if t in options}
     apply_rules(algo, args, seed, given, say, int(os.environ.get("WORLD_SIZE", 1)))
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
     return args
+
+
+def _drop_seed_values(native, dest, options, from_seed):
+    """The argv without the values of option `dest` that came from a seed's name (at from_seed)."""
+    out, k = [], 0
+    while k < len(native):
+        if k in from_seed and options[native[k]].dest == dest:
+            k += 1
+            while k < len(native) and not native[k].startswith("--"):
+                k += 1
+            continue
+        out.append(native[k])
+        k += 1
+    return out
 
 
 def _unknown(name, options, table, algo):

@@ -440,6 +440,12 @@ class Countdown(_Generated):
 
     @classmethod
     def from_row(cls, row, where):
+        gold = row.get("answer")
+        if not ({"numbers", "nums"} & set(row)) and isinstance(gold, (str, dict)):  # TinyZero's ground truth
+            try:
+                row = {**row, **(json.loads(gold) if isinstance(gold, str) else gold)}
+            except ValueError:
+                pass
         numbers = [int(n) for n in _field(row, ("numbers", "nums"), cls.name, where)]
         target = int(_field(row, ("target",), cls.name, where))
         question = (
@@ -483,7 +489,8 @@ class GSM8K(Task):
     """Grade-school word problems (openai/gsm8k). Gold = the number after '####'."""
 
     name = "gsm8k"
-    fields = "'question' (or 'problem') and 'answer' (or 'solution'): solution text ending '#### N', or just N"
+    fields = ("'question' (or 'problem') and 'answer' (or 'solution'): solution text ending '#### N' or "
+              "'The answer is: N', or just N")
     hub = {"train": ("openai/gsm8k", "main", "train"), "test": ("openai/gsm8k", "main", "test")}
     system_prompt = (
         'Solve the math word problem step by step. Write one step per line, and end with "The answer is N." '
@@ -495,6 +502,9 @@ class GSM8K(Task):
         question = _field(row, ("question", "problem"), cls.name, where)
         text = str(_field(row, ("answer", "solution"), cls.name, where))
         answer = text.rsplit("####", 1)[1] if "####" in text else text
+        said = re.search(r"the answer is:?\s*\$?\s*([-\d,.]+?)\.?\s*$", text, re.IGNORECASE)
+        if "####" not in text and said:  # LLM_RL's files end their solutions "The answer is: N"
+            answer = said.group(1)
         answer = ascii_lookalikes(answer).strip().replace(",", "")
         if to_number(answer) is None:
             raise ValueError(f"{where}: no number after '####' in {text[-80:]!r}")
@@ -706,18 +716,20 @@ MATH_SUBJECTS = ("prealgebra", "algebra", "number_theory", "counting_and_probabi
 
 
 def detect_task(rows: list[dict]) -> str:
-    """The task a data file is for, from the fields of its first row: countdown (numbers, target), math
-    (problem, or a \\boxed solution, or OpenR's final_answer), gsm8k (a '####' solution or a word problem),
-    else arithmetic."""
+    """The task a data file is for, from the fields of its first row: countdown (numbers and a target),
+    math (a \\boxed solution, OpenR's final_answer, or a problem without a worked answer), gsm8k (a
+    '####' or "The answer is: N" solution, or a word problem), else arithmetic (a level and a number)."""
     row = rows[0]
+    text = " ".join(str(row.get(k, "")) for k in ("answer", "solution", "final_answer"))
     if ("numbers" in row or "nums" in row) and "target" in row:
         return "countdown"
-    text = " ".join(str(row.get(k, "")) for k in ("answer", "solution", "final_answer"))
-    if "problem" in row or "final_answer" in row or "\\boxed" in text:
+    if "\\boxed" in text:
         return "math"
-    if "####" in text or "level" not in row:
+    if "####" in text or re.search(r"the answer is:?\s*\$?-?[\d,.]+\.?\s*$", text, re.IGNORECASE):
         return "gsm8k"
-    return "arithmetic"
+    if "problem" in row or "final_answer" in row:
+        return "math"
+    return "arithmetic" if "level" in row else "gsm8k"
 
 
 def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
@@ -730,8 +742,12 @@ def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
     task, path, subject = args.dataset_name, args.dataset_path, None
     if task.lower() in MATH_SUBJECTS:
         task, subject = "math", task.lower()
-    elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):
+    elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):  # TRL's way: the data's name
         task, path = None, path or task
+        if args.eval_dataset_path is None and args.num_eval_problems and Path(path).is_file():
+            args.eval_dataset_path = path
+            say(f"--dataset_name {path}: no held-out file given, so evaluation reads this file too "
+                f"(--eval_dataset_path for a held-out one)")
     elif task not in TASKS:
         raise ValueError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH subject "
                          f"({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
