@@ -8,7 +8,7 @@ value per step (TWOSOME-style, Tan et al. 2024):
 
     delta_t = r_t + gamma V(o_t+1) m_t+1 - V(o_t),    A_t = delta_t + gamma lam m_t+1 A_t+1
     R_t = A_t + V(o_t),  rho_t = exp(sum_j [log pi(w_j | o_t, w_<j) - log pi_old(w_j | o_t, w_<j)])
-    L_pi = mean max(-rho A, -clip(rho, 1 - eps, 1 + eps) A) - c_ent mean H   (A: whitened, minibatch)
+    L_pi = mean max(-rho A, -clip(rho, 1 - eps, 1 + eps) A) - c_ent mean H    (A: whitened)
     L_V  = c_V mean max(huber(R - V_clip), huber(R - V)),  V_clip = V_old + clip(V - V_old, +-eps)
 with m_t+1 = 0 when the episode ended at step t. A minibatch whose approx KL exceeds target_kl is
 skipped.
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.nn.utils import clip_grad_norm_
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
-from common.env import make_envs
+from common.env import make_envs, resolve_task
 from common.grader import grader_counts
 from common.models import (Critic, check_model_name, evaluate, left_pad, load_critic, load_policy,
                            load_tokenizer)
@@ -56,20 +56,26 @@ from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean
                           average_gradients, backbone_and_head, batched_token_logprobs,
                           broadcast_parameters, check_common_args, check_rewards, every,
                           explained_variance, global_metrics, init_distributed, kl_k3, masked_mean,
-                          masked_sum, masked_whiten, print0, report_end, resume_point, sample_seed,
-                          save_checkpoint, set_seed, step_gae, token_logprobs)
+                          masked_sum, masked_whiten, mean_of, mismatch_stats, print0, report_end,
+                          resume_point, sample_seed, save_checkpoint, set_seed, step_gae,
+                          token_logprobs)
+
+
+# steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
+STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96), "math": (10, 96)}
 
 
 @dataclass
 class Args(TrainArgs):
     max_steps: int = 15
-    max_new_tokens: int = 32
+    max_new_tokens: Optional[int] = None
+    """tokens per step (default by task: arithmetic 32, countdown 64, gsm8k and math 96, OpenR's)"""
     num_envs: int = 8
     """episodes played side by side, over all ranks (OpenR: n_rollout_threads)"""
     num_steps: int = 4
     """steps each episode takes per update; episodes carry over, bootstrapped with V at the cut"""
-    max_episode_steps: int = 2
-    """an episode ends after this many steps (OpenR: 10; an arithmetic answer is one line)"""
+    max_episode_steps: Optional[int] = None
+    """steps per episode at most (default by task: arithmetic 2, countdown 4, gsm8k and math 10)"""
     step_tag: str = "\n"
     """text after each step in the policy's context (OpenR: ' ки\\n'); a step ends at a newline"""
     prm_model_name_or_path: Optional[str] = None
@@ -107,7 +113,7 @@ class Args(TrainArgs):
     gae_lambda: float = 0.95
     """GAE lambda"""
     entropy_coef: float = 0.01
-    """weight of the entropy bonus"""
+    """weight of the entropy bonus (OpenR: 0.01)"""
     target_kl: float = 0.02
     """skip a minibatch's policy step when its approx_kl exceeds this (OpenR: 0.02; 0: never)"""
     lora_r: int = 0
@@ -229,9 +235,10 @@ def update_critic(critic, critic_optimizer, batch, idx, args, autocast, guard):
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
 
 
-def update_policy(policy, optimizer, batch, idx, args, autocast, guard):
+def update_policy(policy, optimizer, batch, idx, args, autocast, guard, first=False):
     """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the
-    rollout policy and the current one exceeds target_kl on this minibatch, skip the step."""
+    rollout policy and the current one exceeds target_kl on this minibatch, skip the step. The
+    first minibatch of an update also compares the sampler's log-probs with the trainer's."""
     R, normaliser = batch["action_mask"].shape[1], loss_normaliser(batch["action_mask"][idx])
     # CRUCIAL: the advantages are standardised per minibatch (OpenR), over every rank's steps
     advantages = masked_whiten(batch["advantages"][idx], batch["action_mask"][idx][:, 0].float(),
@@ -249,8 +256,11 @@ def update_policy(policy, optimizer, batch, idx, args, autocast, guard):
                               batch["action_mask"][i], entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
+        if first:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
+            s.update(mismatch_stats(logprobs.detach(), batch["sampler_logprobs"][i],
+                                    batch["action_mask"][i].float()))
         stats.append(s)
-    stats = all_reduce_mean({k: sum(s[k] for s in stats) / len(stats) for k in stats[0]})
+    stats = all_reduce_mean(mean_of(stats))
     if args.target_kl and stats["approx_kl"] > args.target_kl:  # the same on every rank
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "early_stop_frac": 1.0}
@@ -315,6 +325,9 @@ def main(args):
     rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
     check_args(args, world)
     set_seed(args.seed)
+    steps, tokens = STEP_LIMITS.get(resolve_task(args, say=print0)[0], (10, 96))
+    args.max_episode_steps = args.max_episode_steps or steps  # an arithmetic answer is one line
+    args.max_new_tokens = args.max_new_tokens or tokens
     stepwise = dict(stepwise=True, step_tag=args.step_tag, max_steps=args.max_episode_steps)
     env, eval_env = make_envs(args, stepwise, say=print0)
     resolve_schedule(args, len(env), args.num_envs * args.num_steps / args.max_episode_steps)
@@ -325,7 +338,8 @@ def main(args):
     print0(f"APPO | {world} process(es) on {device} | {args.num_envs} episodes x {T} steps per "
            f"update ({local_envs * T} per rank) | {args.num_ppo_epochs} epoch(s) x "
            f"{args.num_mini_batches} minibatches of micro-batches of {args.micro_batch_size} | "
-           f"{len(env)} problems | {args.max_steps} updates | reward: {reward}")
+           f"{len(env)} problems | {args.max_steps} updates | reward: {reward} | episodes of "
+           f"{args.max_episode_steps} steps of {args.max_new_tokens} tokens at most")
 
     start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
 
@@ -409,7 +423,8 @@ def main(args):
                 old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
                  "action_mask": action_mask, "old_logprobs": old_logprobs,
-                 "advantages": advantages, "returns": returns, "values": values}
+                 "advantages": advantages, "returns": returns, "values": values,
+                 "sampler_logprobs": gen.logprobs}
 
         # ---- update: num_ppo_epochs passes of num_mini_batches minibatches; the critic steps first
         lr = lr_at(step, args)
@@ -424,7 +439,8 @@ def main(args):
                                    args.num_mini_batches, args.seed):
                 idx = idx.to(device)
                 s = update_critic(critic, critic_optimizer, batch, idx, args, autocast, guard)
-                s.update(update_policy(policy, optimizer, batch, idx, args, autocast, guard))
+                s.update(update_policy(policy, optimizer, batch, idx, args, autocast, guard,
+                                       first=not stats))
                 stats.append(s)
         t_update = time.time() - t0 - t_rollout
 
@@ -442,7 +458,7 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "value/mean": masked_mean(values, mask).item(),
-            **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0] if k != "grad_norm"},
+            **{k: v for k, v in mean_of(stats).items() if k != "grad_norm"},
         }
         if prm is not None:
             metrics["prm_reward"] = segment.prm_rewards.mean().item()

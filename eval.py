@@ -1,30 +1,37 @@
 """Evaluate a model (a checkpoint folder or a hub id) on a task, or regrade saved completions.
 
-    python eval.py --model_name_or_path runs/grpo/checkpoint-20                  # greedy pass@1, arithmetic test
+    python eval.py --model_name_or_path runs/grpo/checkpoint-20     # greedy pass@1, arithmetic test
     python eval.py --model_name_or_path runs/grpo/checkpoint-20 --n 8 --temperature 0.6 --k 1 4 8
-    python eval.py --dataset_name gsm8k --dataset_path data/gsm8k_test.jsonl --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --bf16
-    python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl   # regrade, no model
-    torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math --num_generations 4 --temperature 0.6
+    python eval.py --dataset_name gsm8k --dataset_path data/gsm8k_test.jsonl --bf16 \\
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct
+    python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl
+    torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math \\
+        --num_generations 4 --temperature 0.6
 
 Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
-- accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of problems solved).
-- pass@k: the chance that at least one of k samples is correct, with the unbiased estimator of Chen et al. 2021
-  ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374) from n >= k samples with c correct:
+- accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of
+  problems solved).
+- pass@k: the chance that at least one of k samples is correct, with the unbiased estimator of Chen
+  et al. 2021
+  ("Evaluating Large Language Models Trained on Code", arXiv:2107.03374) from n >= k samples with c
+  correct:
       pass@k = 1 - C(n - c, k) / C(n, k)
-- maj@k: the majority answer of the first k samples is correct. Only answers in the task's format vote (a bare
-  number without "The answer is" or "####" is no answer). Answers are grouped by value: numbers compare
-  numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of common/grader.py (so
-  `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text without spaces. A sample with no
-  extracted answer never wins; a tie goes to the answer seen first.
+- maj@k: the majority answer of the first k samples is correct. Only answers in the task's format
+  vote (a bare
+  number without "The answer is" or "####" is no answer). Answers are grouped by value: numbers
+  compare numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of
+  common/grader.py (so `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text
+  without spaces. A sample with no extracted answer never wins; a tie goes to the answer seen first.
 
-Writes one JSON line per problem (the n responses with reward, correct, extracted answer, length; per-problem
-pass@k and maj@k) to --output and a summary next to it (<output>.summary.json).
+Writes one JSON line per problem (the n responses with reward, correct, extracted answer, length;
+per-problem pass@k and maj@k) to --output and a summary next to it (<output>.summary.json).
 
---responses FILE regrades saved completions with the task's verifier, without loading any model. It reads
-(a) this script's own output, (b) rows with `response` (a string) or `responses` (a list) and the gold `answer`,
-or (c) a GSM8K / MATH reference file as it comes (rows without a response): then the reference solution
-(`answer` ending in `#### N` for gsm8k, `solution` with \\boxed{} for math) is graded as the response, which
-checks the verifier: `python eval.py --dataset_name gsm8k --responses gsm8k_test.jsonl` gives 1319/1319.
+--responses FILE regrades saved completions with the task's verifier, without loading any model. It
+reads (a) this script's own output, (b) rows with `response` (a string) or `responses` (a list) and
+the gold `answer`, or (c) a GSM8K / MATH reference file as it comes (rows without a response): then
+the reference solution (`answer` ending in `#### N` for gsm8k, `solution` with \\boxed{} for math)
+is graded as the response, which checks the verifier: `python eval.py --dataset_name gsm8k
+--responses gsm8k_test.jsonl` gives 1319/1319.
 --response_field NAME picks the field to grade explicitly.
 """
 
@@ -42,33 +49,37 @@ from tqdm.auto import tqdm
 from common.args import parse_args
 from common.env import TASKS, make_env, read_rows, to_number
 from common.grader import normalize
-from common.models import check_model_name, decode_responses, encode_prompts, generate, load_policy, load_tokenizer
-from common.utils import all_gather_objects, check_output_dir, init_distributed, print0, sample_seed, set_seed
+from common.models import (check_model_name, decode_responses, encode_prompts, generate,
+                           load_policy, load_tokenizer)
+from common.utils import (all_gather_objects, check_output_dir, init_distributed, print0,
+                          sample_seed, set_seed)
 
-# Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so that
-# the numbers match the held-out accuracy in a run's eval.jsonl.
+# Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
+# that the numbers match the held-out accuracy in a run's eval.jsonl.
 DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 64, "countdown": 256, "gsm8k": 512, "math": 1024}
 
 
 @dataclass
 class Args:
     model_name_or_path: str = "SmolLM2-135M-Instruct"
-    """a checkpoint folder, a hub id, 'SmolLM2-135M-Instruct' or 'tiny-random' (not with --responses)"""
+    """a checkpoint folder, a hub id, 'SmolLM2-135M-Instruct' or 'tiny-random' (not with
+    --responses)"""
     dataset_name: str = "arithmetic"
     """task, which also picks the verifier: arithmetic, countdown, gsm8k or math"""
     dataset_path: Optional[str] = None
     """a jsonl/json/parquet file of problems (default: the task's --split)"""
     difficulty: str = "1-2"
-    """arithmetic: level 1..5, a range '1-2', or 'mixed' (1: 2-digit addition ... 5: word problems)"""
+    """arithmetic: level 1..5, a range '1-2', or 'mixed' (1: 2-digit addition ... 5: word
+    problems)"""
     template: str = "chat"
     """'chat' for instruct models, 'plain' for base models"""
-    num_few_shot: int = 0
-    """worked examples put in each prompt"""
+    num_few_shot: int = 1
+    """worked examples put in each prompt (1, as in training)"""
     seed: int = 0
     """seeds sampling (sample j of problem i has its own seed) and train-split generation"""
     max_new_tokens: Optional[int] = None
-    """response length limit (default per task: arithmetic 64 as in training, countdown 256, gsm8k 512,
-    math 1024)"""
+    """response length limit (default per task: arithmetic 64 as in training, countdown 256, gsm8k
+    512, math 1024)"""
     temperature: float = 0.0
     """sampling temperature; 0 is greedy (then --num_generations must be 1)"""
     top_p: float = 1.0
@@ -81,7 +92,8 @@ class Args:
     """problems to evaluate (default: all): the fixed random subset training evaluates; with
     --responses, the first N rows"""
     num_generations: int = field(default=1, metadata={"aliases": ["--n"]})
-    """n: samples per problem (--n; torchrun takes --n for itself, so write --num_generations there)"""
+    """n: samples per problem (--n; torchrun takes --n for itself, so write --num_generations
+    there)"""
     k: list[int] = field(default_factory=list)
     """k values of pass@k and maj@k, each <= n, e.g. --k 1 4 8 (default: 1 and n)"""
     batch_size: int = 64
@@ -97,13 +109,15 @@ class Args:
 def check_args(args):
     """Every argument error before any data or model loads, each with the fix."""
     if args.dataset_name not in TASKS:
-        raise ValueError(f"--dataset_name must be one of {', '.join(TASKS)}, got {args.dataset_name!r}")
+        raise ValueError(f"--dataset_name must be one of {', '.join(TASKS)}, got "
+                         f"{args.dataset_name!r}")
     if args.split not in ("train", "test"):
         raise ValueError(f"--split must be 'train' or 'test', got {args.split!r}")
     if args.num_generations < 1:
         raise ValueError("--n must be >= 1.")
     if args.num_generations > 1 and args.temperature == 0:
-        raise ValueError(f"--n {args.num_generations} with --temperature 0 gives {args.num_generations} copies of the greedy answer; "
+        raise ValueError(f"--n {args.num_generations} with --temperature 0 gives "
+                         f"{args.num_generations} copies of the greedy answer; "
                          f"sample with e.g. --temperature 0.6, or use --n 1.")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise ValueError("--temperature must be >= 0 and --top_p in (0, 1].")
@@ -114,23 +128,28 @@ def check_args(args):
     if args.responses is None:
         bad = [k for k in args.k if not 1 <= k <= args.num_generations]
         if bad:
-            raise ValueError(f"--k {bad}: every k must be between 1 and --n ({args.num_generations}); raise --n to estimate pass@{max(bad)}.")
+            raise ValueError(f"--k {bad}: every k must be between 1 and --n "
+                             f"({args.num_generations}); raise --n to estimate pass@{max(bad)}.")
         check_model_name(args.model_name_or_path)
     elif not Path(args.responses).is_file():
-        raise FileNotFoundError(f"--responses {args.responses}: no such file. Pass a jsonl written by eval.py, or "
+        raise FileNotFoundError(f"--responses {args.responses}: no such file. Pass a jsonl written "
+                                "by eval.py, or "
                                 f"rows with 'response' and 'answer' fields.")
-    output = Path(args.output or default_output(args))  # checked now: generations must not be lost at the end
+    # checked now: generations must not be lost at the end
+    output = Path(args.output or default_output(args))
     if output.is_dir():
-        raise IsADirectoryError(f"--output {output} is a folder: pass the path of the .jsonl file to write.")
+        raise IsADirectoryError(f"--output {output} is a folder: pass the path of the .jsonl file "
+                                "to write.")
     check_output_dir(output.parent, "--output")
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Metrics: pass@k, majority vote
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def pass_at_k(n, c, k):
     """Unbiased estimate of P(at least one of k samples is correct) from n samples with c correct:
-    1 - C(n - c, k) / C(n, k), the chance that k samples drawn without replacement from the n all miss."""
+    1 - C(n - c, k) / C(n, k), the chance that k samples drawn without replacement from the n all
+    miss."""
     if not 1 <= k <= n:
         raise ValueError(f"pass@{k} needs 1 <= k <= n (n = {n})")
     if n - c < k:  # every draw of k contains a correct sample
@@ -139,8 +158,8 @@ def pass_at_k(n, c, k):
 
 
 def vote_key(task, pred):
-    """What two answers must share to count as the same vote: the number, MATH's normalised LaTeX, or the
-    text without spaces. None (no answer extracted) stays None."""
+    """What two answers must share to count as the same vote: the number, MATH's normalised LaTeX,
+    or the text without spaces. None (no answer extracted) stays None."""
     if pred is None:
         return None
     if task == "math":
@@ -150,8 +169,8 @@ def vote_key(task, pred):
 
 
 def majority_vote(keys, k):
-    """Position (in the first k) of the first sample of the most common non-None key, or None if none has
-    an answer. Ties go to the key seen first."""
+    """Position (in the first k) of the first sample of the most common non-None key, or None if
+    none has an answer. Ties go to the key seen first."""
     counts, first = {}, {}
     for i, key in enumerate(keys[:k]):
         if key is not None:
@@ -163,9 +182,11 @@ def majority_vote(keys, k):
 
 
 def problem_metrics(task, samples, ks):
-    """Per-problem num_correct, pass@k and maj@k from its graded samples (dicts with correct, pred, format_ok)."""
+    """Per-problem num_correct, pass@k and maj@k from its graded samples (dicts with correct, pred,
+    format_ok)."""
     n, c = len(samples), sum(s["correct"] for s in samples)
-    # an answer without the task's answer marker is no answer (data/README.md, grading policy): it has no vote
+    # an answer without the task's answer marker is no answer (data/README.md, grading policy): it
+    # has no vote
     keys = [vote_key(task, s["pred"]) if s["format_ok"] else None for s in samples]
     out = {"num_correct": c}
     for k in ks:
@@ -197,14 +218,16 @@ def summarize(records, ks):
 
 
 def grade(task, response, gold):
-    """The task's verifier on one response: what env.score gives, for rows that are not in an env."""
+    """The task's verifier on one response: what env.score gives, for rows that are not in an
+    env."""
     reward, pred, format_ok = TASKS[task].grade(response, gold)
-    return {"response": response, "reward": reward, "correct": reward == 1.0, "pred": pred, "format_ok": format_ok}
+    return {"response": response, "reward": reward, "correct": reward == 1.0, "pred": pred,
+            "format_ok": format_ok}
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Saved completions (--responses)
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def saved_responses(row, task, response_field, where):
     """(name of the field read, list of {"response": text, ...}) of one saved row."""
     if response_field is not None:
@@ -218,8 +241,10 @@ def saved_responses(row, task, response_field, where):
     if name is None or name not in row:
         wanted = repr(name) if name else "'response' or 'responses'"
         raise ValueError(
-            f"{where} has no {wanted} field (fields found: {sorted(row)}). Regrading needs the completions in "
-            f"'response' (a string) or 'responses' (a list), or --response_field NAME for another field.")
+            f"{where} has no {wanted} field (fields found: {sorted(row)}). Regrading needs the "
+            "completions in "
+            "'response' (a string) or 'responses' (a list), or --response_field NAME for another "
+            "field.")
     value = row[name]
     items = value if isinstance(value, list) else [value]
     out = []
@@ -229,7 +254,8 @@ def saved_responses(row, task, response_field, where):
         elif isinstance(item, str):
             out.append({"response": item})
         else:
-            raise ValueError(f"{where}: field {name!r} must hold a string, a list of strings, or a list of "
+            raise ValueError(f"{where}: field {name!r} must hold a string, a list of strings, or a "
+                             "list of "
                              f"{{'response': ...}} objects; got {type(item).__name__}")
     if not out:
         raise ValueError(f"{where}: field {name!r} is an empty list")
@@ -237,10 +263,12 @@ def saved_responses(row, task, response_field, where):
 
 
 def gold_answer(task, row, where):
-    """The gold answer of a saved row, derived from it exactly as the env derives it from a data file (the
-    number after '####' for gsm8k, the `answer` or last \\boxed{} for math); the question may be absent."""
+    """The gold answer of a saved row, derived from it exactly as the env derives it from a data
+    file (the number after '####' for gsm8k, the `answer` or last \\boxed{} for math); the question
+    may be absent."""
     if task == "countdown" and "numbers" not in row and str(row.get("answer", "")).startswith("{"):
-        row = {**json.loads(row["answer"]), **row}  # eval.py's output keeps countdown's gold as JSON
+        # eval.py's output keeps countdown's gold as JSON
+        row = {**json.loads(row["answer"]), **row}
     return TASKS[task].from_row({"question": "", **row}, where)["answer"]
 
 
@@ -255,30 +283,35 @@ def regrade(args):
         gold = gold_answer(args.dataset_name, row, where)
         samples = []
         for s in saved:
-            kept = {k: s[k] for k in ("length", "truncated") if k in s}  # only generation knows these
+            # only generation knows these
+            kept = {k: s[k] for k in ("length", "truncated") if k in s}
             samples.append({**grade(args.dataset_name, s["response"], gold), **kept})
-        records.append({"index": row.get("index", i), "question": row.get("question", row.get("problem")),
+        records.append({"index": row.get("index", i),
+                        "question": row.get("question", row.get("problem")),
                         "answer": gold, "responses": samples})
-    print0(f"graded field {' / '.join(repr(f) for f in sorted(fields_used))} of {len(rows)} rows of {args.responses}"
+    print0(f"graded field {' / '.join(repr(f) for f in sorted(fields_used))} of {len(rows)} rows "
+           f"of {args.responses}"
            + ("  (the reference solutions: this checks the verifier, not a model)"
               if fields_used & {"answer", "solution"} and args.response_field is None else ""))
     return records
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Generation
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def problem_indices(num_total, num_problems):
-    """All problems, or the fixed random subset that training's evaluate() uses (test files are often
-    ordered by level or subject, so the first N would be biased)."""
+    """All problems, or the fixed random subset that training's evaluate() uses (test files are
+    often ordered by level or subject, so the first N would be biased)."""
     if num_problems is None or num_problems >= num_total:
         return list(range(num_total))
-    return sorted(torch.randperm(num_total, generator=torch.Generator().manual_seed(0))[:num_problems].tolist())
+    chosen = torch.randperm(num_total, generator=torch.Generator().manual_seed(0))[:num_problems]
+    return sorted(chosen.tolist())
 
 
 def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show_bar):
-    """n samples for each problem in `indices`, graded by the env. Sample j of problem i is drawn with its own
-    seed, so the results do not depend on the batch size or on how many processes share the problems."""
+    """n samples for each problem in `indices`, graded by the env. Sample j of problem i is drawn
+    with its own seed, so the results do not depend on the batch size or on how many processes share
+    the problems."""
     autocast_dtype = torch.bfloat16 if args.bf16 else None
     per_batch = max(1, args.batch_size // args.num_generations)
     records = []
@@ -286,10 +319,12 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
     for start in range(0, len(indices), per_batch):
         chunk = indices[start:start + per_batch]
         prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
-        prompts = [p for p in prompts for _ in range(args.num_generations)]  # consecutive rows: the n samples of one problem
+        # consecutive rows: the n samples of one problem
+        prompts = [p for p in prompts for _ in range(args.num_generations)]
         # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
         seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
-        gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p, seeds=seeds,
+        gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p,
+                       seeds=seeds,
                        autocast_dtype=autocast_dtype)
         texts = decode_responses(tokenizer, gen)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
@@ -298,11 +333,13 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
             samples = []
             for row in range(p * args.num_generations, (p + 1) * args.num_generations):
                 reward, info = env.score(texts[row], i)
-                samples.append({"response": texts[row], "reward": reward, "correct": bool(info["correct"]),
+                samples.append({"response": texts[row], "reward": reward,
+                                "correct": bool(info["correct"]),
                                 "pred": info["pred"], "format_ok": bool(info["format_ok"]),
                                 "length": lengths[row], "truncated": truncated[row]})
             example = env.examples[i]
-            records.append({"index": i, "question": example["question"], "answer": example["answer"],
+            records.append({"index": i, "question": example["question"],
+                            "answer": example["answer"],
                             "responses": samples})
         bar.update(len(chunk))
     bar.close()
@@ -312,15 +349,16 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
 def default_output(args):
     if args.responses is not None:
         return f"runs/eval/{Path(args.responses).stem}-regraded.jsonl"
-    model = "_".join(Path(args.model_name_or_path).parts[-2:])  # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
+    # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
+    model = "_".join(Path(args.model_name_or_path).parts[-2:])
     data = Path(args.dataset_path).stem if args.dataset_path else args.split
     sampled = f"-n{args.num_generations}-t{args.temperature:g}" if args.temperature > 0 else ""
     return f"runs/eval/{model}-{args.dataset_name}-{data}{sampled}.jsonl"
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Main
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def main(args):
     check_args(args)
     t0 = time.time()
@@ -330,7 +368,8 @@ def main(args):
         n_min = min(len(r["responses"]) for r in records)
         bad = [k for k in args.k if not 1 <= k <= n_min]
         if bad:
-            raise ValueError(f"--k {bad}: a row of {args.responses} has only {n_min} response(s); use k <= {n_min}.")
+            raise ValueError(f"--k {bad}: a row of {args.responses} has only {n_min} response(s); "
+                             f"use k <= {n_min}.")
         ks = sorted(set(args.k or [1, n_min]))
         max_new_tokens = None
     else:
@@ -340,20 +379,26 @@ def main(args):
         env_options = dict(template=args.template, num_few_shot=args.num_few_shot)
         if args.dataset_name == "arithmetic":
             env_options["difficulty"] = args.difficulty
-        env = make_env(args.dataset_name, args.split, path=args.dataset_path, seed=args.seed, **env_options)
+        env = make_env(args.dataset_name, args.split, path=args.dataset_path, seed=args.seed,
+                       **env_options)
         indices = problem_indices(len(env), args.num_eval_problems)
         max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.dataset_name, 512)
         ks = sorted(set(args.k or [1, args.num_generations]))
-        mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_p {args.top_p}"
+        mode = ("greedy" if args.temperature == 0
+                else f"temperature {args.temperature}, top_p {args.top_p}")
         print0(f"eval | {args.model_name_or_path} | {args.dataset_name} "
-               f"{args.dataset_path or args.split}: {len(indices)} of {len(env)} problems x {args.num_generations} sample(s) "
-               f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on {dist_info.device}")
+               f"{args.dataset_path or args.split}: {len(indices)} of {len(env)} problems x "
+               f"{args.num_generations} sample(s) "
+               f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on "
+               f"{dist_info.device}")
         tokenizer = load_tokenizer(args.model_name_or_path)
         policy = load_policy(args.model_name_or_path, device=dist_info.device)
         policy.eval()
         # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.
-        local = sample_and_grade(policy, tokenizer, env, indices[rank::world], args, max_new_tokens, is_main)
-        records = sorted((r for part in all_gather_objects(local) for r in part), key=lambda r: r["index"])
+        local = sample_and_grade(policy, tokenizer, env, indices[rank::world], args, max_new_tokens,
+                                 is_main)
+        records = sorted((r for part in all_gather_objects(local) for r in part),
+                         key=lambda r: r["index"])
     for r in records:
         r.update(problem_metrics(args.dataset_name, r["responses"], ks))
     summary = summarize(records, ks)
@@ -368,7 +413,8 @@ def main(args):
     summary_path = output.with_name(output.name.removesuffix(".jsonl") + ".summary.json")
     config = asdict(args)
     config["max_new_tokens"] = max_new_tokens
-    summary_path.write_text(json.dumps({**summary, "time_s": round(time.time() - t0, 2), "args": config}, indent=2))
+    summary_path.write_text(json.dumps({**summary, "time_s": round(time.time() - t0, 2),
+                                        "args": config}, indent=2))
 
     P = summary["num_problems"]
     if all(len(r["responses"]) == 1 for r in records):
@@ -379,7 +425,8 @@ def main(args):
     for k in ks:
         if k > 1:
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}   maj@{k}: {summary[f'maj@{k}']:.4f}")
-    extra = [f"mean reward {summary['reward/mean']:.4f}", f"answer format ok {summary['format_ok_frac']:.3f}"]
+    extra = [f"mean reward {summary['reward/mean']:.4f}",
+             f"answer format ok {summary['format_ok_frac']:.3f}"]
     if "response_len/mean" in summary:
         extra.append(f"mean response length {summary['response_len/mean']:.1f} tokens")
     if "truncated_frac" in summary:

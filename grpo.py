@@ -37,14 +37,14 @@ from torch.nn.utils import clip_grad_norm_
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
-from common.models import (check_model_name, decode_responses, encode_prompts, evaluate, generate,
-                           load_policy, load_reference, load_tokenizer)
+from common.models import (Generation, check_model_name, decode_responses, encode_prompts,
+                           evaluate, generate, load_policy, load_reference, load_tokenizer)
 from common.utils import (Logger, StepGuard, all_reduce_sum, average_gradients,
                           batched_token_logprobs, broadcast_parameters, check_batch,
-                          check_common_args, check_rewards, every, global_metrics, init_distributed,
-                          kl_estimate, kl_k3, masked_mean, masked_sum, minibatches, print0,
-                          prompt_indices, report_end, resume_point, sample_seed, save_checkpoint,
-                          set_seed, token_logprobs)
+                          check_common_args, check_rewards, every, global_metrics,
+                          init_distributed, kl_estimate, kl_k3, masked_mean, masked_sum, mean_of,
+                          minibatches, mismatch_stats, print0, prompt_indices, report_end,
+                          resume_point, sample_seed, save_checkpoint, set_seed, token_logprobs)
 
 
 @dataclass
@@ -71,6 +71,14 @@ class Args(TrainArgs):
     """how per-token losses are aggregated (see the docstring; dr_grpo also drops the std from A)"""
     drop_zero_std_groups: bool = False
     """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """the ratio per token, or per response (GSPO: the exp of the mean token log-ratio)"""
+    dynamic_sampling: bool = False
+    """DAPO: sample more prompts until num_prompts groups have rewards that are not all equal"""
+    max_sampling_rounds: int = 4
+    """dynamic sampling: rounds of num_prompts prompts at most (then equal groups fill the batch)"""
+    tis_cap: float = 0.0
+    """truncated importance sampling: tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -85,6 +93,11 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Advantages
 # ------------------------------------------------------------------------------------------------
+def kl_penalised(scores, kl, response_mask, beta):
+    """--kl_penalty reward: each response's score minus beta times its summed per-token KL. [N]"""
+    return scores if kl is None else scores - beta * masked_sum(kl, response_mask.float(), dim=1)
+
+
 def compute_advantages(rewards, group_size, scale=True):
     """[N * G] rewards -> [N * G] advantages: each response against the others of its group. Dr.GRPO
     (scale=False) keeps the std out: it up-weights questions whose rewards barely vary."""
@@ -125,16 +138,22 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
-                ref_logprobs=None):
+                ref_logprobs=None, sampler_logprobs=None):
     """Clipped surrogate per token. logprobs, old_logprobs [b, R], advantages [b]; ref_logprobs
-    [b, R] adds the KL term (None: no KL in the loss)."""
+    [b, R] adds the KL term (None: no KL in the loss); sampler_logprobs [b, R] with --tis_cap weighs
+    each token by the trainer's probability over the sampler's, truncated."""
     mask = response_mask.float()
-    ratio = torch.exp(logprobs - old_logprobs)  # [b, R]
+    log_ratio = logprobs - old_logprobs  # [b, R]
+    if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response, a mean
+        log_ratio = (masked_sum(log_ratio, mask, dim=1) / mask.sum(1).clamp(min=1))[:, None]
+    ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
     eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
     advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
     pg_loss = torch.max(-advantages * ratio,
                         -advantages * ratio.clamp(1 - args.epsilon, 1 + eps_high))  # [b, R]
     per_token = pg_loss
+    if args.tis_cap and sampler_logprobs is not None:  # the samples came from the sampler
+        per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
@@ -157,7 +176,7 @@ def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
     """Sample G responses for each of this rank's prompts and grade them."""
     G = args.num_generations
     prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
-    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows form a group
+    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
                    seeds=seeds, autocast_dtype=autocast_dtype)
     texts = decode_responses(tokenizer, gen)
@@ -169,6 +188,36 @@ def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
         correct.append(float(info["correct"]))
     device = gen.response_ids.device
     return gen, texts, torch.tensor(rewards, device=device), torch.tensor(correct, device=device)
+
+
+def sample_groups(policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype):
+    """This rank's groups of an update: one rollout of its local_prompts prompts, or with
+    --dynamic_sampling (DAPO) rounds of them until local_prompts groups have rewards that differ
+    (groups of equal rewards fill what max_sampling_rounds leave short). Each update owns
+    max_sampling_rounds batches of the prompt stream, so the draws never depend on an earlier
+    update's luck and a resumed run draws the same. -> rollout's four values, each group's problem,
+    and the rounds used."""
+    G, rounds = args.num_generations, args.max_sampling_rounds if args.dynamic_sampling else 1
+    kept, spare = [], []  # (round's rollout, problem, group) of groups whose rewards differ / not
+    for used in range(1, rounds + 1):
+        position = step * rounds + used - 1  # without dynamic sampling: the update itself
+        indices = prompt_indices(position, args.num_prompts, len(env), args.seed)
+        indices = indices[first:first + local_prompts]
+        seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+        out = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
+        if not args.dynamic_sampling:
+            return (*out, indices, 1)
+        differ = out[2].view(-1, G).std(dim=1) > 0
+        for g, problem in enumerate(indices):
+            (kept if differ[g] else spare).append((out, problem, g))
+        if len(kept) >= local_prompts:
+            break
+    groups = (kept + spare)[:local_prompts]
+    outs, rows = [o for o, _, _ in groups], [torch.arange(g * G, (g + 1) * G) for _, _, g in groups]
+    gen = Generation.cat([o[0].rows(r) for o, r in zip(outs, rows)], tokenizer.pad_token_id)
+    texts = [o[1][k] for o, r in zip(outs, rows) for k in r.tolist()]
+    scores, correct = (torch.cat([o[j][r] for o, r in zip(outs, rows)]) for j in (2, 3))
+    return gen, texts, scores, correct, [problem for _, problem, _ in groups], used
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,11 +277,8 @@ def main(args):
         # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global
         # sample index, so 1 process and N processes draw the same samples for the same update.
         first = rank * local_prompts
-        indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
-        indices = indices[first:first + local_prompts]
-        seeds = [sample_seed(args.seed, step, first * G + k) for k in range(N)]
-        gen, texts, scores, correct = rollout(policy, tokenizer, env, indices, seeds, args,
-                                              autocast_dtype)
+        gen, texts, scores, correct, indices, rounds = sample_groups(  # grpo: DAPO's resampling
+            policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype)
         check_rewards(scores, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R]
@@ -252,7 +298,7 @@ def main(args):
             ref_logprobs = None
 
         # ---- advantages: each response's reward against its group's
-        rewards = scores if kl is None else scores - args.beta * masked_sum(kl, mask, dim=1)  # [N]
+        rewards = kl_penalised(scores, kl, response_mask, args.beta)  # [N]
         advantages = compute_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         if args.drop_zero_std_groups:
@@ -277,10 +323,11 @@ def main(args):
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[i]
                 ref = None if ref_logprobs is None else ref_logprobs[i]
                 loss, s = policy_loss(logprobs, old, advantages[i], response_mask[i], norm, args,
-                                      ref)
+                                      ref, gen.logprobs[i])
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, "entropy": masked_mean(entropy.detach(), mask[i]).item()})
+                stats.append({**s, **mismatch_stats(old, gen.logprobs[i], mask[i]),
+                              "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
             grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
             if guard.ok(total_loss, grad_norms[-1]):
@@ -297,8 +344,10 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
+            "sampling/rounds": rounds,
+            "sampling/samples": rounds * N * world,  # over all ranks
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]},
+            **mean_of(stats),
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token

@@ -46,9 +46,9 @@ from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, av
                           batched_token_logprobs, broadcast_parameters, check_batch,
                           check_common_args, check_rewards, every, explained_variance,
                           global_metrics, init_distributed, kl_estimate, kl_k3, masked_mean,
-                          masked_sum, masked_whiten, minibatches, print0, prompt_indices,
-                          report_end, resume_point, sample_seed, save_checkpoint, set_seed,
-                          token_gae, token_logprobs)
+                          masked_sum, masked_whiten, mean_of, minibatches, mismatch_stats, print0,
+                          prompt_indices, report_end, resume_point, sample_seed, save_checkpoint,
+                          set_seed, token_gae, token_logprobs)
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Args(TrainArgs):
     num_prompts: int = 16
     """prompts per update, over all ranks"""
     num_generations: int = 1
-    """responses sampled per prompt (the critic is the baseline: 1, as in oat and TRL, works)"""
+    """G: responses sampled per prompt (with a critic for the baseline, 1 works: oat, TRL)"""
     num_ppo_epochs: int = 1
     """passes over each rollout batch"""
     num_mini_batches: int = 2
@@ -97,6 +97,8 @@ class Args(TrainArgs):
     """weight of the entropy bonus"""
     target_kl: float = 0.0
     """stop this batch's epochs once a minibatch's approx_kl exceeds this (CleanRL; 0: never)"""
+    tis_cap: float = 0.0
+    """truncated importance sampling: tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -160,14 +162,17 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
-                ref_logprobs=None):
+                ref_logprobs=None, sampler_logprobs=None):
     """Clipped surrogate per token. logprobs, old_logprobs, advantages [b, R]; ref_logprobs
-    [b, R] adds the KL term (None: no KL in the loss)."""
+    [b, R] adds the KL term (None: no KL in the loss); sampler_logprobs [b, R] with --tis_cap weighs
+    each token by the trainer's probability over the sampler's, truncated."""
     mask = response_mask.float()
     ratio = torch.exp(logprobs - old_logprobs)  # [b, R]
     pg_loss = torch.max(-advantages * ratio,
                         -advantages * ratio.clamp(1 - args.epsilon, 1 + args.epsilon))  # [b, R]
     per_token = pg_loss
+    if args.tis_cap and sampler_logprobs is not None:  # the samples came from the sampler
+        per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
@@ -230,7 +235,7 @@ def rollout_forward(policy, critic, value_head, gen, temperature, batch_size):
 # Rollout
 # ------------------------------------------------------------------------------------------------
 def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
-    """Sample num_generations responses for each of this rank's prompts and grade them."""
+    """Sample G responses for each of this rank's prompts and grade them."""
     G = args.num_generations
     prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
@@ -265,7 +270,7 @@ def main(args):
     print0(f"PPO | {world} process(es) on {device} | {args.num_prompts} prompts x {G} samples per "
            f"update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} "
            f"minibatch(es) of micro-batches of {args.micro_batch_size} | {len(env)} problems | "
-           f"{args.max_steps} updates | {args.critic_type} critic")
+           f"{args.max_steps} updates")
 
     start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
 
@@ -371,7 +376,7 @@ def main(args):
                                                             args.temperature)
                 ref = None if ref_logprobs is None else ref_logprobs[i]
                 pg, s = policy_loss(logprobs, old_logprobs[i], advantages[i], response_mask[i],
-                                    norm, args, ref)
+                                    norm, args, ref, gen.logprobs[i])
                 vf, vs = value_loss(new_values.float(), values[i], returns[i], response_mask[i],
                                     norm, args)
                 loss = pg + args.vf_coef * vf
@@ -380,7 +385,9 @@ def main(args):
                     loss = loss - args.entropy_coef * bonus
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, **vs, "entropy": masked_mean(entropy.detach(), mask[i]).item()})
+                stats.append({**s, **vs,
+                              **mismatch_stats(old_logprobs[i], gen.logprobs[i], mask[i]),
+                              "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
             average_gradients(critic_module)
             grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
@@ -408,7 +415,7 @@ def main(args):
             "critic_grad_norm": sum(critic_grad_norms) / len(critic_grad_norms),
             "value/mean": masked_mean(values, mask).item(),
             "return/mean": masked_mean(returns, mask).item(),
-            **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]},
+            **mean_of(stats),
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token

@@ -53,8 +53,9 @@ from common.utils import (Logger, StepGuard, all_reduce_sum, average_gradients,
                           batched_token_logprobs, broadcast_parameters, check_batch,
                           check_common_args, check_rewards, discounted_returns, every,
                           global_metrics, init_distributed, kl_estimate, kl_k3, masked_mean,
-                          masked_sum, minibatches, print0, prompt_indices, report_end, resume_point,
-                          sample_seed, save_checkpoint, set_seed, token_logprobs)
+                          masked_sum, mean_of, minibatches, mismatch_stats, print0, prompt_indices,
+                          report_end, resume_point, sample_seed, save_checkpoint, set_seed,
+                          token_logprobs)
 
 
 @dataclass
@@ -83,6 +84,8 @@ class Args(TrainArgs):
     """stepwise: discount of later rewards in each line's return"""
     sym_calc: bool = False
     """stepwise: after <<expr>> a calculator writes the value of expr (never eval)"""
+    tis_cap: float = 0.0
+    """truncated importance sampling: tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -145,11 +148,16 @@ def loss_normaliser(response_mask, world_size):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
-                ref_logprobs=None):
+                ref_logprobs=None, sampler_logprobs=None):
     """-A log pi(action), summed over this micro-batch and divided by `normaliser`. logprobs [b, R],
-    advantages [b]; ref_logprobs [b, R] adds the KL term (None: no KL in the loss)."""
+    advantages [b]; ref_logprobs [b, R] adds the KL term (None: no KL in the loss); sampler_logprobs
+    [b, R] with --tis_cap weighs each token by the trainer's probability over the sampler's."""
     mask = response_mask.float()  # 0 on padding and on calculator tokens
-    seq_logprobs = sequence_logprobs(logprobs, mask, args.length_normalize)  # [b]
+    weighted = logprobs
+    if args.tis_cap and sampler_logprobs is not None:  # the samples came from the sampler
+        tis = torch.exp(logprobs.detach() - sampler_logprobs).clamp(max=args.tis_cap)  # [b, R]
+        weighted = logprobs * tis
+    seq_logprobs = sequence_logprobs(weighted, mask, args.length_normalize)  # [b]
     # CRUCIAL: advantages are constants; the gradient flows only through log pi of the policy's
     # own tokens.
     pg_loss = -advantages * seq_logprobs  # [b]
@@ -307,10 +315,11 @@ def main(args):
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[i]
                 ref = None if ref_logprobs is None else ref_logprobs[i]
                 loss, s = policy_loss(logprobs, old, advantages[i], response_mask[i], norm, args,
-                                      ref)
+                                      ref, gen.logprobs[i])
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, "entropy": masked_mean(entropy.detach(), mask[i]).item()})
+                stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[i], mask[i]),
+                              "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
             grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
             if guard.ok(total_loss, grad_norms[-1]):
@@ -331,7 +340,7 @@ def main(args):
             "truncated_frac": ep.truncated.float().mean().item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "return/mean": returns[:, 0].mean().item(),
-            **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]},
+            **mean_of(stats),
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token

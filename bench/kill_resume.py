@@ -1,19 +1,20 @@
-"""SIGKILL a training run at random moments, --resume it after every kill, and compare the end with an
-uninterrupted run of the same command: the final weights (and critic), and metrics.jsonl, eval.jsonl and
-samples.jsonl line for line, times aside.
+"""SIGKILL a training run at random moments, --resume it after every kill, and compare the end with
+an uninterrupted run of the same command: the final weights (and critic), and metrics.jsonl,
+eval.jsonl and samples.jsonl line for line, times aside.
 
     python bench/kill_resume.py                        # grpo, 20 kills, tiny-random model, ~4 min on 2 cores
     python bench/kill_resume.py --algo ppo --kills 20
     python bench/kill_resume.py --algo appo --kills 5 --seed 1
 
-Every attempt runs the same command with --resume --save_interval 1 (a checkpoint after every update) and the
-test reward of tests/run_with_test_reward.py, so that every update changes the weights. One kill in five lands
-in the imports or while the models load; one in four within 50 ms of a checkpoint-N.tmp folder appearing, i.e.
-in the middle of a checkpoint write; the others at a random time within two updates' time after the run starts
-working (its logger writes args.json): in an evaluation, a rollout, an update or a checkpoint write. Timing
-kills from these moments, not from the start, keeps each attempt's progress small on a busy machine too. A kill
-after which the output folder holds a checkpoint-N.tmp written by that attempt interrupted a save. After the
-last kill the run goes to the end.
+Every attempt runs the same command with --resume --save_interval 1 (a checkpoint after every
+update) and the test reward of tests/run_with_test_reward.py, so that every update changes the
+weights. One kill in five lands in the imports or while the models load; one in four within 50 ms of
+a checkpoint-N.tmp folder appearing, i.e. in the middle of a checkpoint write; the others at a
+random time within two updates' time after the run starts working (its logger writes args.json): in
+an evaluation, a rollout, an update or a checkpoint write. Timing kills from these moments, not from
+the start, keeps each attempt's progress small on a busy machine too. A kill after which the output
+folder holds a checkpoint-N.tmp written by that attempt interrupted a save. After the last kill the
+run goes to the end.
 """
 
 import argparse
@@ -35,10 +36,13 @@ SMALL = {  # a few seconds per attempt on 2 cores, evaluations and sample logs i
     "grpo": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],
     "reinforce": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],
     "ppo": ["--num_prompts", "4", "--max_new_tokens", "8"],
-    "appo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4", "--eval_max_new_tokens", "8"],
-    "tppo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4", "--eval_max_new_tokens", "8"],
+    "appo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4",
+             "--eval_max_new_tokens", "8"],
+    "tppo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4",
+             "--eval_max_new_tokens", "8"],
 }
-VOLATILE = ("time", "tokens_per_s", "time/rollout_s", "time/update_s")  # wall-clock fields differ between runs
+# wall-clock fields differ between runs
+VOLATILE = ("time", "tokens_per_s", "time/rollout_s", "time/update_s")
 
 
 def command(algo, max_steps, out):
@@ -49,8 +53,8 @@ def command(algo, max_steps, out):
 
 
 def attempt(cmd, log, delay, ready=None):
-    """Run cmd and SIGKILL it `delay` seconds after it starts, or after ready() first holds if given, unless it
-    has exited by then. Returns (killed, exit code)."""
+    """Run cmd and SIGKILL it `delay` seconds after it starts, or after ready() first holds if
+    given, unless it has exited by then. Returns (killed, exit code)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "TQDM_DISABLE": "1"})
     start = None if ready else time.time()
@@ -72,31 +76,38 @@ def lines(path):
 
 
 def max_weight_diff(a, b):
-    """Largest |difference| between the two final checkpoints: the policy and any tensors in trainer_state's extra."""
+    """Largest |difference| between the two final checkpoints: the policy and any tensors in
+    trainer_state's extra."""
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     diff = max((wa[k] - wb[k]).abs().max().item() for k in wa)
     ea = torch.load(a / "trainer_state.pt", weights_only=False)["extra"]
     eb = torch.load(b / "trainer_state.pt", weights_only=False)["extra"]
     for name, state in ea.items():
         if isinstance(state, dict):
-            diff = max([diff] + [(v - eb[name][k]).abs().max().item() for k, v in state.items() if torch.is_tensor(v)])
+            diff = max([diff] + [(v - eb[name][k]).abs().max().item() for k,
+                                 v in state.items() if torch.is_tensor(v)])
     return diff
 
 
-def kill_and_resume(algo="grpo", kills=20, max_steps=None, seed=0, out=ROOT / "bench/out/kill_resume"):
-    """Returns a summary dict: kills made, kills that interrupted a save, crashes on resume, the final weights'
-    largest difference from the uninterrupted run, and whether the three logs match it line for line."""
+def kill_and_resume(algo="grpo", kills=20, max_steps=None, seed=0,
+                    out=ROOT / "bench/out/kill_resume"):
+    """Returns a summary dict: kills made, kills that interrupted a save, crashes on resume, the
+    final weights' largest difference from the uninterrupted run, and whether the three logs match
+    it line for line."""
     out = Path(out) / algo
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    max_steps = max_steps or 4 * kills + 4  # room for attempts that get further than planned on a busy machine
+    # room for attempts that get further than planned on a busy machine
+    max_steps = max_steps or 4 * kills + 4
     rng = random.Random(seed)
     straight, killed = out / "straight", out / "killed"
     with open(out / "straight.log", "w") as log:
         t0 = time.time()
-        proc = subprocess.Popen(command(algo, max_steps, straight), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command(algo, max_steps, straight), cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT,
                                 env={**os.environ, "TQDM_DISABLE": "1"})
-        startup = first = None  # seconds until the logger starts (models loaded), and until the first update
+        # seconds until the logger starts (models loaded), and until the first update
+        startup = first = None
         while proc.poll() is None:
             if startup is None and (straight / "args.json").exists():
                 startup = time.time() - t0
@@ -115,11 +126,14 @@ def kill_and_resume(algo="grpo", kills=20, max_steps=None, seed=0, out=ROOT / "b
             where = rng.random()
             if where < 0.2:  # in the imports or while the models load
                 was_killed, code = attempt(cmd, log, rng.uniform(0.2, startup))
-            elif where < 0.45:  # inside a checkpoint write, on purpose: within 50 ms of its .tmp folder appearing
+            # inside a checkpoint write, on purpose: within 50 ms of its .tmp folder appearing
+            elif where < 0.45:
                 saving = lambda: any(p.name.endswith(".tmp") and p.stat().st_mtime >= started
                                      for p in killed.glob("checkpoint-*"))
                 was_killed, code = attempt(cmd, log, rng.uniform(0, 0.05), saving)
-            else:  # once the run works (its logger has written args.json): an eval, a rollout, an update, a save
+            # once the run works (its logger has written args.json): an eval, a rollout, an update,
+            # a save
+            else:
                 ready = lambda: (killed / "args.json").exists() and (killed / "args.json").stat().st_mtime >= started
                 was_killed, code = attempt(cmd, log, rng.uniform(0, 2 * per_update), ready)
             if was_killed:
@@ -135,8 +149,10 @@ def kill_and_resume(algo="grpo", kills=20, max_steps=None, seed=0, out=ROOT / "b
             if code != 0:
                 crashes.append(code)
     final = f"checkpoint-{max_steps}"
-    summary = {"algo": algo, "max_steps": max_steps, "attempts": attempts, "kills": made, "kills_during_save": in_save,
-               "crashes": crashes, "seconds_to_start": round(startup, 2), "seconds_per_update": round(per_update, 2)}
+    summary = {"algo": algo, "max_steps": max_steps, "attempts": attempts, "kills": made,
+               "kills_during_save": in_save,
+               "crashes": crashes, "seconds_to_start": round(startup, 2),
+               "seconds_per_update": round(per_update, 2)}
     if not crashes:
         summary["max_abs_weight_diff"] = max_weight_diff(straight / final, killed / final)
         summary["logs_match"] = {name: lines(straight / name) == lines(killed / name)

@@ -1,12 +1,15 @@
-"""Does reinforce.py's calculator help a model, and does it get used? Greedy stepwise episodes, three ways.
+"""Does reinforce.py's calculator help a model, and does it get used? Greedy stepwise episodes,
+three ways.
 
-On the same held-out problems, with the same --num_few_shot worked examples in the prompt, play greedy
-stepwise episodes (reinforce.py --stepwise: one line per action) in three settings and print, per setting,
-accuracy, calculator values written and refused per episode, lines per episode and seconds:
+On the same held-out problems, with the same --num_few_shot worked examples in the prompt, play
+greedy stepwise episodes (reinforce.py --stepwise: one line per action) in three settings and print,
+per setting, accuracy, calculator values written and refused per episode, lines per episode and
+seconds:
 
     no calculator          reinforce.py --stepwise
     calculator, plain      --sym_calc, but the few-shot solutions without their <<expr>> spans (the system prompt
-                           alone asks for the syntax; this is how --sym_calc prompted before the spans were kept)
+                           alone asks for the syntax; this is how --sym_calc prompted before the
+                           spans were kept)
     calculator, annotated  --sym_calc as it is: the worked examples show "4 * 7 = <<4*7>>28"
 
     python bench/stepwise_calculator.py                               # arithmetic levels 1-2, 200 problems
@@ -40,19 +43,23 @@ SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> span
 def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     """Greedy stepwise episodes on --num_problems held-out problems: means per episode."""
     task_options = {"difficulty": args.difficulty} if args.dataset_name == "arithmetic" else {}
-    env = make_env(args.dataset_name, "test", path=args.eval_dataset_path, num_few_shot=args.num_few_shot,
-                   **task_options, stepwise=True, max_steps=args.max_episode_steps, calc_annotations=calc_annotations,
+    env = make_env(args.dataset_name, "test", path=args.eval_dataset_path,
+                   num_few_shot=args.num_few_shot,
+                   **task_options, stepwise=True, max_steps=args.max_episode_steps,
+                   calc_annotations=calc_annotations,
                    system_prompt=stepwise_system_prompt(args.dataset_name, sym_calc))
     sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, sym_calc)
     eos_ids = set(eos_token_ids(policy, tokenizer))
     # the fixed subset that reinforce.py's own evaluation plays, so update 0 of a run is comparable
-    chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:args.num_problems]
+    chosen = torch.randperm(len(env),
+                            generator=torch.Generator().manual_seed(0))[:args.num_problems]
     indices = sorted(chosen.tolist())
     totals = {"correct": 0.0, "fired": 0.0, "refused": 0.0, "lines": 0.0}
     start, bar = time.time(), tqdm(total=len(indices), desc=name, unit="problem")
     for i in range(0, len(indices), args.batch_size):
         chunk = indices[i:i + args.batch_size]
-        ro = play_episodes(sample, tokenizer, env, chunk, 1, args.max_new_tokens, sym_calc, policy.device, eos_ids)
+        ro = play_episodes(sample, tokenizer, env, chunk, 1, args.max_new_tokens, sym_calc,
+                           policy.device, eos_ids)
         totals["correct"] += ro.correct.sum().item()
         totals["fired"] += ro.calc_fired * len(chunk)  # the rollout reports per-episode means
         totals["refused"] += ro.calc_refused * len(chunk)
@@ -60,16 +67,20 @@ def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
         bar.update(len(chunk))
     bar.close()
     n = len(indices)
-    return {"accuracy": totals["correct"] / n, "calc_fired": totals["fired"] / n, "calc_refused": totals["refused"] / n,
+    return {"accuracy": totals["correct"] / n, "calc_fired": totals["fired"] / n,
+            "calc_refused": totals["refused"] / n,
             "lines": totals["lines"] / n, "seconds": round(time.time() - start, 1), "problems": n}
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct")
     p.add_argument("--dataset_name", default="arithmetic")
-    p.add_argument("--eval_dataset_path", default=None, help="held-out file (default: the task's test split)")
-    p.add_argument("--difficulty", default="1-2", help="arithmetic only: levels, as reinforce.py's --difficulty")
+    p.add_argument("--eval_dataset_path", default=None,
+                   help="held-out file (default: the task's test split)")
+    p.add_argument("--difficulty", default="1-2",
+                   help="arithmetic only: levels, as reinforce.py's --difficulty")
     p.add_argument("--num_problems", type=int, default=200)
     p.add_argument("--num_few_shot", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64, help="tokens per line")

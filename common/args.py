@@ -1,14 +1,14 @@
-"""Arguments: the options all five files share (`TrainArgs`), `--help` from the docstring under each field
-(CleanRL's style), and `parse_args`, which also reads the seeds' command lines.
+"""Arguments: the options all five files share (`TrainArgs`), `--help` from the docstring under each
+field (CleanRL's style), and `parse_args`, which also reads the seeds' command lines.
 
-One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a seed calls it something else,
-that name is an alias in `ALIASES` below, never a second field:
+One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a seed calls it something
+else, that name is an alias in `ALIASES` below, never a second field:
 
-    --ppo_epoch 1        ->  --num_ppo_epochs 1           prints: --ppo_epoch is OpenR's name for --num_ppo_epochs
-    --collocate          ->  (nothing)                    prints what this project does instead
-    --rollout_batch_size 64 --num_samples 8 --train_batch_size 64   ->  --num_prompts 64 --num_generations 8
-                                                             --num_mini_batches 8   (batch arithmetic)
-    --kl_coeficient 0.1  ->  error: no such option; the closest is --beta (OpenR... the fix is named)
+    --ppo_epoch 1       ->  --num_ppo_epochs 1, and says "--ppo_epoch is OpenR's name for ..."
+    --collocate         ->  nothing, and says what this project does instead
+    --rollout_batch_size 64 --num_samples 8 --train_batch_size 64
+                        ->  --num_prompts 64 --num_generations 8 --num_mini_batches 8 (arithmetic)
+    --kl_coeficient 0.1 ->  an error that names the closest option (--kl_coef)
 """
 
 import ast
@@ -27,9 +27,11 @@ from typing import Literal, Optional
 class TrainArgs:
     # ---- model and data
     model_name_or_path: str = "SmolLM2-135M-Instruct"
-    """policy to train: a hub id, a local folder, 'SmolLM2-135M-Instruct' (offline default) or 'tiny-random'"""
+    """policy to train: a hub id, a local folder, 'SmolLM2-135M-Instruct' (offline default) or
+    'tiny-random'"""
     dataset_name: str = "arithmetic"
-    """task: arithmetic, countdown (generated), gsm8k, math, a MATH subject (prealgebra...), or a data file"""
+    """task: arithmetic, countdown (generated), gsm8k, math, a MATH subject (prealgebra...), or a
+    data file"""
     dataset_path: Optional[str] = None
     """training data: a .jsonl/.json/.parquet file or a hub dataset id (fields: data/README.md)"""
     eval_dataset_path: Optional[str] = None
@@ -39,15 +41,16 @@ class TrainArgs:
     answer_key: Optional[str] = None
     """field of the data rows that holds the gold answer (default: the task's usual names)"""
     difficulty: str = "1-2"
-    """arithmetic: level 1..5, a range '1-2' or 'mixed' (1: 2-digit addition ... 5: word problems)"""
+    """arithmetic: level 1..5, a range '1-2' or 'mixed' (1: 2-digit addition ... 5: word
+    problems)"""
     levels: Optional[str] = None
     """math: keep these MATH levels only, e.g. '1-3' or '4,5' (default: all)"""
     template: Literal["chat", "plain"] = "chat"
     """'chat' for instruct models, 'plain' for base models"""
     system_prompt: Optional[str] = None
     """system prompt text (default: the task's own)"""
-    num_few_shot: int = 0
-    """worked examples put in each prompt"""
+    num_few_shot: int = 1
+    """worked examples put in each prompt (one shows the answer format the verifier needs)"""
     # ---- the run
     output_dir: Optional[str] = None
     """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: runs/<file>)"""
@@ -60,7 +63,8 @@ class TrainArgs:
     learning_rate: float = 2e-5
     """AdamW learning rate of the policy"""
     lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
-    """learning-rate schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
+    """learning-rate schedule after the warmup (linear, cosine, polynomial: down to 0 at
+    max_steps)"""
     warmup_steps: int = 0
     """updates of linear learning-rate warmup"""
     warmup_ratio: Optional[float] = None
@@ -105,9 +109,9 @@ class TrainArgs:
             self.output_dir = f"runs/{Path(inspect.getfile(type(self))).stem}"
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # --help from the docstrings
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def field_docs(cls):
     """{field: the docstring under it} for a dataclass and its bases."""
     docs = {}
@@ -134,20 +138,21 @@ def make_parser(args_class):
     return parser
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # The seeds' names
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 ALL = ("grpo", "ppo", "reinforce", "appo", "tppo")
 STEPWISE = ("appo", "tppo")
 OPENR, OAT, LLM_RL = "OpenR's", "oat's", "LLM_RL's"
-TRL_GRPO, TRL_PPO, TRL_RLOO, TRL = "TRL GRPOConfig's", "TRL PPOConfig's", "TRL RLOOConfig's", "TRL's"
+TRL_GRPO, TRL_PPO, TRL_RLOO = "TRL GRPOConfig's", "TRL PPOConfig's", "TRL RLOOConfig's"
+TRL = "TRL's"
 
 
 @dataclass
 class Alias:
-    """A seed's flag. `to`: the option it renames (its value converted by `convert`); `note`: a flag with no
-    use here, accepted with one line that says what this project does instead; neither: a value read by one
-    of the batch rules below. `switch`: the flag takes no value."""
+    """A seed's flag. `to`: the option it renames (its value converted by `convert`); `note`: a flag
+    with no use here, accepted with one line that says what this project does instead; neither: a
+    value read by one of the batch rules below. `switch`: the flag takes no value."""
 
     name: str
     source: str
@@ -184,12 +189,14 @@ ALIASES = [
     Alias("prm_checkpoint_path", OPENR, STEPWISE),  # a PRM LoRA adapter (rule below)
     _infra("use_recurrent_policy", OPENR, "a transformer already reads the whole history: no RNN",
            STEPWISE, switch=True),
-    _infra("gradient_cp_steps", OPENR, "micro-batches of --micro_batch_size rows accumulate gradients",
+    _infra("gradient_cp_steps", OPENR,
+           "micro-batches of --micro_batch_size rows accumulate gradients",
            STEPWISE),
     _infra("vacab_size", OPENR, "the vocabulary is the tokenizer's", STEPWISE),
     _infra("n_training_threads", OPENR, "torch picks the CPU threads", STEPWISE),
     _infra("cuda", OPENR, "CUDA is used when available", STEPWISE, switch=True),
-    _infra("use_wandb", OPENR, "--track logs to wandb (OpenR's flag is unused there)", STEPWISE, switch=True),
+    _infra("use_wandb", OPENR, "--track logs to wandb (OpenR's flag is unused there)", STEPWISE,
+           switch=True),
     # oat (oat/args.py, oat/algorithms/ppo.py)
     Alias("pretrain", OAT, ("ppo", "grpo"), to="model_name_or_path"),
     Alias("num_samples", OAT, ("ppo", "grpo"), to="num_generations"),
@@ -208,10 +215,13 @@ ALIASES = [
     Alias("prompt_data", OAT, ("ppo", "grpo")),  # -> dataset_path, and eval data (rule below)
     Alias("eval_data", OAT, ("ppo", "grpo"), to="eval_dataset_path"),
     Alias("oracle", OAT, ("ppo", "grpo")),  # -> dataset_name (rule below)
-    Alias("critic_type", OAT, ("grpo",)),  # grpo.py has no critic (rule below); ppo.py has its own flag
-    Alias("kl_penalty_coef", OAT, ("ppo", "grpo")),  # KL in the reward (rule below, with oat's --beta)
+    # grpo.py has no critic (rule below); ppo.py has its own flag
+    Alias("critic_type", OAT, ("grpo",)),
+    # KL in the reward (rule below, with oat's --beta)
+    Alias("kl_penalty_coef", OAT, ("ppo", "grpo")),
     Alias("non_stop_penalty", OAT, ("grpo",)),  # grpo.py has none (rule below)
-    Alias("apply_chat_template", OAT, ("ppo", "grpo"), switch=True),  # -> template chat (rule below)
+    # -> template chat (rule below)
+    Alias("apply_chat_template", OAT, ("ppo", "grpo"), switch=True),
     Alias("rollout_batch_size", OAT, ("ppo", "grpo")),  # batch rule
     Alias("train_batch_size", OAT, ("ppo", "grpo")),  # batch rule
     Alias("train_batch_size_per_device", OAT, ("ppo", "grpo"), to="micro_batch_size"),
@@ -222,7 +232,8 @@ ALIASES = [
     _infra("oracle_type", OAT, "rewards come from the task's verifier", ("ppo", "grpo")),
     _infra("gpus", OAT, ACCELERATE, ("ppo", "grpo")),
     _infra("vllm_gpu_ratio", OAT, NO_VLLM, ("ppo", "grpo")),
-    _infra("collocate", OAT, "one process samples and learns: nothing to collocate", ("ppo", "grpo"),
+    _infra("collocate", OAT, "one process samples and learns: nothing to collocate",
+           ("ppo", "grpo"),
            switch=True),
     _infra("vllm_sleep", OAT, NO_VLLM, ("ppo", "grpo"), switch=True),
     _infra("ref_offload", OAT, "the reference stays on the device; --beta 0 loads none",
@@ -230,11 +241,14 @@ ALIASES = [
     _infra("zero_stage", OAT, ACCELERATE, ("ppo", "grpo")),
     _infra("flash_attn", OAT, "attention is the model's default implementation", ("ppo", "grpo"),
            switch=True),
-    _infra("adam_offload", OAT, "the optimizer state stays on the device", ("ppo", "grpo"), switch=True),
+    _infra("adam_offload", OAT, "the optimizer state stays on the device", ("ppo", "grpo"),
+           switch=True),
     _infra("prompt_max_length", OAT, "prompts are never cut", ("ppo", "grpo")),
-    _infra("eval_temperature", OAT, "held-out evaluation is greedy pass@1 (eval.py --temperature for "
+    _infra("eval_temperature", OAT,
+           "held-out evaluation is greedy pass@1 (eval.py --temperature for "
            "sampled pass@k)", ("ppo", "grpo")),
-    _infra("eval_n", OAT, "held-out evaluation is greedy pass@1 (eval.py --n for pass@k)", ("ppo", "grpo")),
+    _infra("eval_n", OAT, "held-out evaluation is greedy pass@1 (eval.py --n for pass@k)",
+           ("ppo", "grpo")),
     _infra("use_wb", OAT, "--track logs to wandb", ("ppo", "grpo"), switch=True),
     _infra("wb_run_name", OAT, "the wandb run is named after --output_dir", ("ppo", "grpo")),
     # navidmdn/LLM_RL (examples/reinforce_stable_on_gsm8k_training.py)
@@ -248,22 +262,27 @@ ALIASES = [
     Alias("n_save_iterations", LLM_RL, ("reinforce",), to="save_interval"),
     Alias("gsm8k_path", LLM_RL, ("reinforce",)),  # -> dataset_path, and the gsm8k task (rule below)
     Alias("test_gsm8k_path", LLM_RL, ("reinforce",), to="eval_dataset_path"),
-    Alias("max_trajectory_steps", LLM_RL, ("reinforce",)),  # -> max_episode_steps and --stepwise (rule)
+    # -> max_episode_steps and --stepwise (rule)
+    Alias("max_trajectory_steps", LLM_RL, ("reinforce",)),
     Alias("num_collection_episodes", LLM_RL, ("reinforce",)),  # -> num_prompts (rule below)
     Alias("sys_prompt_path", LLM_RL, ("reinforce",)),  # -> system_prompt, read from the file (rule)
     Alias("ref_model_name", LLM_RL, ("reinforce",)),  # must be the policy's start (rule below)
-    _infra("num_update_steps", LLM_RL, "no replay buffer: each rollout batch is one on-policy update "
+    _infra("num_update_steps", LLM_RL,
+           "no replay buffer: each rollout batch is one on-policy update "
            "(the REINFORCE gradient is unbiased only on-policy)", ("reinforce",)),
-    _infra("gradient_accumulation_steps", LLM_RL, "no replay buffer: each rollout batch is one on-policy "
+    _infra("gradient_accumulation_steps", LLM_RL,
+           "no replay buffer: each rollout batch is one on-policy "
            "update, accumulated over micro-batches of --micro_batch_size", ("reinforce",)),
     _infra("cache_buffer", LLM_RL, "no replay buffer to cache", ("reinforce",), switch=True),
     _infra("buffer_cache_path", LLM_RL, "no replay buffer to cache", ("reinforce",)),
     _infra("buffer_size", LLM_RL, "no replay buffer", ("reinforce",)),
-    _infra("load_buffer_from_cache_at_start", LLM_RL, "no replay buffer", ("reinforce",), switch=True),
+    _infra("load_buffer_from_cache_at_start", LLM_RL, "no replay buffer", ("reinforce",),
+           switch=True),
     _infra("train_data_file", LLM_RL, "few-shot examples come from data/few_shot_<task>.jsonl",
            ("reinforce",)),
     _infra("cache_dir", LLM_RL, "models are cached where HF_HOME says", ("reinforce",)),
-    _infra("stepwise_eval", LLM_RL, "--stepwise runs evaluate stepwise", ("reinforce",), switch=True),
+    _infra("stepwise_eval", LLM_RL, "--stepwise runs evaluate stepwise", ("reinforce",),
+           switch=True),
     # TRL (GRPOConfig, PPOConfig, RLOOConfig, ScriptArguments, TrainingArguments)
     Alias("num_iterations", TRL_GRPO, ("grpo",), to="num_ppo_epochs"),
     Alias("steps_per_generation", TRL_GRPO, ("grpo",)),  # batch rule
@@ -286,16 +305,20 @@ ALIASES = [
     _infra("use_vllm", TRL, NO_VLLM, ("grpo", "reinforce"), switch=True),
     _infra("vllm_mode", TRL, NO_VLLM, ("grpo", "reinforce")),
     _infra("vllm_gpu_memory_utilization", TRL, NO_VLLM, ("grpo", "reinforce")),
-    _infra("log_completions", TRL, "decoded samples go to samples.jsonl every --log_interval updates",
+    _infra("log_completions", TRL,
+           "decoded samples go to samples.jsonl every --log_interval updates",
            ("grpo", "reinforce"), switch=True),
-    _infra("logging_steps", TRL, "metrics.jsonl gets a line every update", ("grpo", "ppo", "reinforce")),
+    _infra("logging_steps", TRL, "metrics.jsonl gets a line every update",
+           ("grpo", "ppo", "reinforce")),
     _infra("push_to_hub", TRL, "checkpoints are save_pretrained folders; upload one with "
            "`huggingface-cli upload`", ("grpo", "ppo", "reinforce"), switch=True),
-    _infra("dataset_train_split", TRL, "the task's train split (a --dataset_path file is the split)",
+    _infra("dataset_train_split", TRL,
+           "the task's train split (a --dataset_path file is the split)",
            ("grpo", "ppo", "reinforce")),
     _infra("dataset_test_split", TRL, "the task's test split, or --eval_dataset_path",
            ("grpo", "ppo", "reinforce")),
-    _infra("local_rollout_forward_batch_size", TRL_PPO, "no-grad forwards use --micro_batch_size rows",
+    _infra("local_rollout_forward_batch_size", TRL_PPO,
+           "no-grad forwards use --micro_batch_size rows",
            ("ppo",)),
     _infra("stop_token", TRL_PPO, "responses end at the tokenizer's EOS", ("ppo",)),
     _infra("max_prompt_length", TRL, "prompts are never cut", ("grpo", "ppo", "reinforce")),
@@ -311,59 +334,70 @@ def aliases_for(algo):
     return {a.name: a for a in ALIASES if algo in a.files}
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Rules that read several seed flags at once (batch sizes) or need the parsed options
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def _num(text):
     value = float(text)
     return int(value) if value == int(value) else value
 
 
 def apply_rules(algo, args, seed, given, say, world_size):
-    """Translate the seed flags in `seed` ({name: value text}) that need more than a rename. `given`: the
-    options on the command line; an explicit option wins over a value computed from seed flags."""
+    """Translate the seed flags in `seed` ({name: value text}) that need more than a rename.
+    `given`: the options on the command line; an explicit option wins over a value computed from
+    seed flags."""
 
     def put(name, value, why):
         if name in given and getattr(args, name) != value:
-            say(f"{why} would set --{name} {value}; keeping the explicit --{name} {getattr(args, name)}")
+            say(f"{why} would set --{name} {value}; keeping the explicit --{name} "
+                f"{getattr(args, name)}")
         else:
             setattr(args, name, value)
             say(f"{why}: --{name} {value}")
 
     if "clip_param" in seed:  # OpenR clips the ratio and the value change with one number
         for name in ("epsilon", "cliprange_value"):
-            put(name, float(seed["clip_param"]), f"--clip_param is {OPENR} clip of the ratio and the value")
+            put(name, float(seed["clip_param"]),
+                f"--clip_param is {OPENR} clip of the ratio and the value")
     if "algorithm_name" in seed and seed["algorithm_name"].lower() != algo:
         other = {"appo": "appo.py", "tppo": "tppo.py"}.get(seed["algorithm_name"].lower())
-        fix = f"run {other}" if other else "OpenR's 'GRPO' (per-step PRM rewards standardised over the " \
-                                           "buffer) is not here; grpo.py is group-relative GRPO"
-        raise ValueError(f"--algorithm_name {seed['algorithm_name']}: this file is {algo.upper()}; {fix}.")
+        fix = (f"run {other}" if other else "OpenR's 'GRPO' (per-step PRM rewards standardised "
+               "over the buffer) is not here; grpo.py is group-relative GRPO")
+        raise ValueError(f"--algorithm_name {seed['algorithm_name']}: this file is {algo.upper()}; "
+                         f"{fix}.")
     if "algorithm_name" in seed:
         say(f"--algorithm_name {seed['algorithm_name']}: {OPENR} algorithm switch; this file is it")
     if "experiment_name" in seed:
-        put("output_dir", f"runs/{algo}/{seed['experiment_name']}", f"--experiment_name is {OPENR} run name")
+        put("output_dir", f"runs/{algo}/{seed['experiment_name']}",
+            f"--experiment_name is {OPENR} run name")
     if "prm_type" in seed:
-        tags = {"MS": ("ки", "+", "-"), "QWEN": ("\n\n\n\n\n", " +", " -")}.get(seed["prm_type"].upper())
+        tags = {"MS": ("ки", "+", "-"),
+                "QWEN": ("\n\n\n\n\n", " +", " -")}.get(seed["prm_type"].upper())
         if tags is None:
             raise ValueError(f"--prm_type {seed['prm_type']}: OpenR's PRM types are MS and Qwen.")
         for name, value in zip(("prm_step_tag", "prm_good_token", "prm_bad_token"), tags):
             put(name, value, f"--prm_type {seed['prm_type']} ({OPENR} PRM kind)")
     if "prm_checkpoint_path" in seed:
         if seed.get("prm_type", "MS").upper() != "MS":
-            raise ValueError("--prm_checkpoint_path: a LoRA adapter on the PRM is not loaded here; merge it "
-                             "(peft's merge_and_unload) and pass the merged folder as --prm_model_name_or_path.")
+            raise ValueError("--prm_checkpoint_path: a LoRA adapter on the PRM is not loaded here; "
+                             "merge it "
+                             "(peft's merge_and_unload) and pass the merged folder as "
+                             "--prm_model_name_or_path.")
         say("--prm_checkpoint_path: OpenR's MS PRM does not read it either; ignored")
     if "num_env_steps" in seed:
         updates = int(float(seed["num_env_steps"])) // (args.num_steps * args.num_envs)
         if updates < 1:
-            raise ValueError(f"--num_env_steps {seed['num_env_steps']} is less than one update of num_steps x "
+            raise ValueError(f"--num_env_steps {seed['num_env_steps']} is less than one update of "
+                             "num_steps x "
                              f"num_envs = {args.num_steps * args.num_envs} env steps.")
-        put("max_steps", updates, f"--num_env_steps {seed['num_env_steps']} ({OPENR} budget in env steps)")
+        put("max_steps", updates,
+            f"--num_env_steps {seed['num_env_steps']} ({OPENR} budget in env steps)")
     # oat
     if "prompt_data" in seed:
         put("dataset_path", seed["prompt_data"], f"--prompt_data is {OAT} training data")
         if "eval_data" not in seed and "eval_dataset_path" not in given:
-            put("eval_dataset_path", seed["prompt_data"], f"{OAT} --eval_data defaults to --prompt_data")
+            put("eval_dataset_path", seed["prompt_data"],
+                f"{OAT} --eval_data defaults to --prompt_data")
     if "oracle" in seed:
         put("dataset_name", seed["oracle"].lower(), f"--oracle is {OAT} grader: the task")
     if "apply_chat_template" in seed:
@@ -377,42 +411,53 @@ def apply_rules(algo, args, seed, given, say, world_size):
         else:
             say(f"--critic_type {kind}: {OAT} name for this file's algorithm")
     if "non_stop_penalty" in seed and float(seed["non_stop_penalty"]) != 0:
-        raise ValueError(f"--non_stop_penalty {seed['non_stop_penalty']}: grpo.py rewards the verifier only; "
+        raise ValueError(f"--non_stop_penalty {seed['non_stop_penalty']}: grpo.py rewards the "
+                         "verifier only; "
                          f"ppo.py has --non_stop_penalty.")
     if "non_stop_penalty" in seed:
         say("--non_stop_penalty 0: no penalty, as grpo.py has none")
-    if "kl_penalty_coef" in seed:  # oat has two KL knobs: in the reward (k1) and, with --beta, in the loss (k3)
+    # oat has two KL knobs: in the reward (k1) and, with --beta, in the loss (k3)
+    if "kl_penalty_coef" in seed:
         reward_kl, loss_kl = float(seed["kl_penalty_coef"]), args.beta if "beta" in given else 0.0
         if reward_kl and loss_kl:
-            raise ValueError(f"--kl_penalty_coef {reward_kl} and --beta {loss_kl}: {OAT} two KL terms at once; "
-                             f"here the KL sits in one place, pass one of them (--kl_penalty reward|loss).")
+            raise ValueError(f"--kl_penalty_coef {reward_kl} and --beta {loss_kl}: {OAT} two KL "
+                             "terms at once; "
+                             "here the KL sits in one place, pass one of them (--kl_penalty "
+                             "reward|loss).")
         if reward_kl:
             put("beta", reward_kl, f"--kl_penalty_coef is {OAT} KL-in-the-reward weight")
             put("kl_penalty", "reward", "  and its placement")
             put("kl_estimator", "k1", "  and its estimator")
         else:
-            put("kl_penalty", "loss", f"with --kl_penalty_coef 0, {OAT} --beta {loss_kl} is a KL loss")
+            put("kl_penalty", "loss",
+                f"with --kl_penalty_coef 0, {OAT} --beta {loss_kl} is a KL loss")
             put("kl_estimator", "k3", "  and its estimator")
-    if "rollout_batch_size" in seed or "train_batch_size" in seed:  # oat: prompts per rollout, samples per step
+    # oat: prompts per rollout, samples per step
+    if "rollout_batch_size" in seed or "train_batch_size" in seed:
         prompts = int(seed.get("rollout_batch_size", 128))
         put("num_prompts", prompts, f"--rollout_batch_size {prompts} ({OAT} prompts per rollout)")
         samples = prompts * args.num_generations
         per_step = int(seed.get("train_batch_size", 128))
         if samples % per_step:
-            raise ValueError(f"--train_batch_size {per_step} must divide rollout_batch_size x num_samples = "
+            raise ValueError(f"--train_batch_size {per_step} must divide rollout_batch_size x "
+                             "num_samples = "
                              f"{samples}.")
-        put("num_mini_batches", samples // per_step, f"--train_batch_size {per_step} ({OAT} samples per "
+        put("num_mini_batches", samples // per_step,
+            f"--train_batch_size {per_step} ({OAT} samples per "
                                                      f"optimizer step) of {samples}")
     # LLM_RL
     if "gsm8k_path" in seed:
         put("dataset_path", seed["gsm8k_path"], f"--gsm8k_path is {LLM_RL} training data")
         put("dataset_name", "gsm8k", "  of the gsm8k task")
     if "max_trajectory_steps" in seed:
-        put("max_episode_steps", int(seed["max_trajectory_steps"]), f"--max_trajectory_steps is {LLM_RL} "
+        put("max_episode_steps", int(seed["max_trajectory_steps"]),
+            f"--max_trajectory_steps is {LLM_RL} "
                                                                     f"stepwise episode limit")
         put("stepwise", True, f"  ({LLM_RL} policy plays one line per step)")
-    if "num_collection_episodes" in seed:  # the seed collects one episode per random problem, no baseline
-        put("num_prompts", int(seed["num_collection_episodes"]), f"--num_collection_episodes is {LLM_RL} "
+    # the seed collects one episode per random problem, no baseline
+    if "num_collection_episodes" in seed:
+        put("num_prompts", int(seed["num_collection_episodes"]),
+            f"--num_collection_episodes is {LLM_RL} "
                                                                  f"episodes per iteration")
         put("num_generations", 1, "  one episode per problem")
         put("baseline", "none", f"  and {LLM_RL} has no baseline")
@@ -420,70 +465,86 @@ def apply_rules(algo, args, seed, given, say, world_size):
         path = Path(seed["sys_prompt_path"])
         if not path.is_file():
             raise FileNotFoundError(f"--sys_prompt_path {path}: no such file.")
-        put("system_prompt", path.read_text().strip(), f"--sys_prompt_path {path} ({LLM_RL} system prompt)")
+        put("system_prompt", path.read_text().strip(),
+            f"--sys_prompt_path {path} ({LLM_RL} system prompt)")
     if "ref_model_name" in seed:
         if seed["ref_model_name"] != args.model_name_or_path:
-            raise ValueError(f"--ref_model_name {seed['ref_model_name']}: the KL reference is the policy's "
-                             f"starting point here (--model_name_or_path {args.model_name_or_path}).")
+            raise ValueError(f"--ref_model_name {seed['ref_model_name']}: the KL reference is the "
+                             "policy's "
+                             "starting point here (--model_name_or_path "
+                             f"{args.model_name_or_path}).")
         say("--ref_model_name: the reference is the starting policy, as here")
     # TRL
     if "sft_model_path" in seed:
-        put("model_name_or_path", seed["sft_model_path"], f"--sft_model_path is the policy {TRL_PPO} trains")
+        put("model_name_or_path", seed["sft_model_path"],
+            f"--sft_model_path is the policy {TRL_PPO} trains")
     if {"per_device_train_batch_size", "total_episodes", "steps_per_generation"} & set(seed):
         per_device = int(seed.get("per_device_train_batch_size", 8))
         accumulation = int(seed.get("gradient_accumulation_steps", 1))
-        # TRL GRPO/RLOO sample per_device x world x steps_per_generation completions (default: accumulation),
-        # and take one optimizer step per `accumulation` of them
+        # TRL GRPO/RLOO sample per_device x world x steps_per_generation completions (default:
+        # accumulation), and take one optimizer step per `accumulation` of them
         generation = int(seed.get("steps_per_generation", accumulation))
-        if algo == "ppo":  # TRL PPO: a rollout batch of per_device x accumulation x minibatches x world prompts
+        # TRL PPO: a rollout batch of per_device x accumulation x minibatches x world prompts
+        if algo == "ppo":
             if "num_mini_batches" not in given:
                 put("num_mini_batches", 1, f"{TRL_PPO} default --num_mini_batches")
             prompts = per_device * accumulation * args.num_mini_batches * world_size
         else:
             completions = per_device * world_size * generation
             if completions % args.num_generations or generation % accumulation:
-                raise ValueError(f"per_device_train_batch_size x processes x steps_per_generation = "
-                                 f"{completions} completions must be divisible by --num_generations "
+                raise ValueError("per_device_train_batch_size x processes x steps_per_generation "
+                                 "= "
+                                 f"{completions} completions must be divisible by "
+                                 "--num_generations "
                                  f"{args.num_generations}, and steps_per_generation by "
                                  f"gradient_accumulation_steps.")
             prompts = completions // args.num_generations
             if algo == "grpo" and generation != accumulation:
-                put("num_mini_batches", generation // accumulation, f"--steps_per_generation {generation} "
-                                                                    f"({TRL_GRPO} optimizer steps per rollout)")
+                put("num_mini_batches", generation // accumulation,
+                    f"--steps_per_generation {generation} "
+                                                                    f"({TRL_GRPO} optimizer steps "
+                                                                    "per rollout)")
         if "per_device_train_batch_size" in seed:
             put("num_prompts", prompts, f"--per_device_train_batch_size {per_device} x "
-                                        f"--gradient_accumulation_steps {accumulation} x {world_size} "
+                                        f"--gradient_accumulation_steps {accumulation} x "
+                                        f"{world_size} "
                                         f"process(es) ({TRL} batch)")
             put("micro_batch_size", per_device, "  micro-batches of --per_device_train_batch_size")
         if "total_episodes" in seed:
             per_update = args.num_prompts * args.num_generations
             put("max_steps", max(1, int(seed["total_episodes"]) // per_update),
-                f"--total_episodes {seed['total_episodes']} ({TRL} responses in all) / {per_update} per update")
+                f"--total_episodes {seed['total_episodes']} ({TRL} responses in all) / "
+                f"{per_update} per update")
     if "report_to" in seed:
         put("track", "wandb" in seed["report_to"], f"--report_to {seed['report_to']} ({TRL})")
     if "reward_funcs" in seed:
         names = seed["reward_funcs"].split()
         if names != ["accuracy_reward"]:
-            raise ValueError(f"--reward_funcs {seed['reward_funcs']}: the reward here is the task's verifier "
-                             f"(TRL's accuracy_reward); format rewards can be earned without the right answer.")
+            raise ValueError(f"--reward_funcs {seed['reward_funcs']}: the reward here is the "
+                             "task's verifier "
+                             "(TRL's accuracy_reward); format rewards can be earned without the "
+                             "right answer.")
         say("--reward_funcs accuracy_reward: the task's verifier is the reward")
     if "scale_rewards" in seed:
         kind = seed["scale_rewards"].lower()
         if kind in ("none", "false") and args.loss_type != "dr_grpo":
-            put("loss_type", "dr_grpo", f"--scale_rewards {kind} ({TRL_GRPO} no std division, Dr.GRPO)")
+            put("loss_type", "dr_grpo",
+                f"--scale_rewards {kind} ({TRL_GRPO} no std division, Dr.GRPO)")
         elif kind not in ("group", "true", "none", "false"):
-            raise ValueError(f"--scale_rewards {kind}: the std here is the group's (or none with --loss_type "
+            raise ValueError(f"--scale_rewards {kind}: the std here is the group's (or none with "
+                             "--loss_type "
                              f"dr_grpo).")
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # The parser
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "t", "f", "y", "n"}
 
 
 def parse_args(args_class, argv=None):
-    """Command line -> an args_class instance. The seeds' flag names are translated, each with one line."""
+    """Command line -> an args_class instance. The seeds' flag names are translated, each with one
+    line."""
     algo = Path(inspect.getfile(args_class)).stem
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser(args_class)
@@ -507,12 +568,16 @@ def parse_args(args_class, argv=None):
         alias = table.get(name) if action is None else None
         if action is None and alias is None:
             raise SystemExit(_unknown(name, options, table, algo))
-        nargs = action.nargs if action is not None else 0 if alias.switch else "+" if alias.many else None
+        if action is not None:
+            nargs = action.nargs
+        else:
+            nargs = 0 if alias.switch else "+" if alias.many else None
         takes = {0: "none", "?": "optional", "+": "list", "*": "list"}.get(nargs, "one")
         values = [] if value is None else [value]
         if value is None and takes == "one" and i < len(argv):
             values, i = [argv[i]], i + 1
-        elif value is None and takes == "optional" and i < len(argv) and argv[i].lower() in BOOL_WORDS:
+        elif (value is None and takes == "optional" and i < len(argv)
+              and argv[i].lower() in BOOL_WORDS):
             values, i = [argv[i]], i + 1
         elif value is None and takes == "list":
             while i < len(argv) and not argv[i].startswith("--"):
@@ -538,7 +603,8 @@ def parse_args(args_class, argv=None):
         if not own:  # two seeds' names
             raise SystemExit(f"{' and '.join(sorted({n for n, _ in uses}))} name the same option "
                              f"(--{dest}) with different values: pass one of them.")
-        # this project's own name wins over a seed's, as a later flag would (e.g. --max_steps 1 for a test)
+        # this project's own name wins over a seed's, as a later flag would (e.g. --max_steps 1 for
+        # a test)
         seed_names = sorted({n for n, _ in uses if n != own[0]})
         if seed_names:
             say(f"{own[0]} given: it wins over {', '.join(seed_names)}")
@@ -575,10 +641,10 @@ def _unknown(name, options, table, algo):
 
 
 def lr_at(step, args, base=None):
-    """The learning rate of update `step` (0-based): linear warmup, then the schedule: constant, or down to 0
-    at max_steps (linear, cosine), or to 1e-7 (polynomial of power 1, as transformers and oat define it). A
-    pure function of the step, so a resumed run continues the schedule where it stopped. base: another
-    peak rate on the same schedule (a critic's)."""
+    """The learning rate of update `step` (0-based): linear warmup, then the schedule: constant, or
+    down to 0 at max_steps (linear, cosine), or to 1e-7 (polynomial of power 1, as transformers and
+    oat define it). A pure function of the step, so a resumed run continues the schedule where it
+    stopped. base: another peak rate on the same schedule (a critic's)."""
     lr, warmup = args.learning_rate if base is None else base, args.warmup_steps
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -593,8 +659,10 @@ def lr_at(step, args, base=None):
 
 
 def resolve_schedule(args, num_problems, problems_per_update):
-    """--num_train_epochs and --warmup_ratio, once the data is read: -> max_steps and warmup_steps."""
+    """--num_train_epochs and --warmup_ratio, once the data is read: -> max_steps and
+    warmup_steps."""
     if args.num_train_epochs is not None:
-        args.max_steps = max(1, math.ceil(args.num_train_epochs * num_problems / problems_per_update))
+        args.max_steps = max(1,
+                             math.ceil(args.num_train_epochs * num_problems / problems_per_update))
     if args.warmup_ratio is not None:
         args.warmup_steps = math.ceil(args.warmup_ratio * args.max_steps)

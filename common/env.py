@@ -2,14 +2,15 @@
 
     env = make_env("gsm8k", split="train")            # or arithmetic, countdown, math
     obs = env.reset()                                 # chat messages (or a plain prompt string)
-    obs, reward, done, info = env.step(response)      # info: correct, format_ok, pred, answer, steps
+    obs, reward, done, info = env.step(response)   # info: correct, format_ok, pred, answer, steps
     verify("gsm8k", response, "18")                   # the same grading as a pure function
 
 A task is one class registered with @register: how to load problems, how to turn a raw row into an
-example, and how to grade. MATH answers are graded by common/grader.py (LaTeX normalisation + sympy).
-Nothing here ever calls eval on model text: arithmetic goes through `safe_arith`, an AST whitelist.
-Grading policy (data/README.md): the answer is the whole span after the last marker (\boxed{}, ####, "The
-answer is"), it must be one value (no hedge, no second candidate), and without a marker there is no reward.
+example, and how to grade. MATH answers are graded by common/grader.py (LaTeX normalisation +
+sympy). Nothing here ever calls eval on model text: arithmetic goes through `safe_arith`, an AST
+whitelist. Grading policy (data/README.md): the answer is the whole span after the last marker
+(\boxed{}, ####, "The answer is"), it must be one value (no hedge, no second candidate), and without
+a marker there is no reward.
 """
 
 import ast
@@ -24,11 +25,12 @@ from common.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Safe arithmetic and number extraction
 
 
-_ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv}
 _MAX_ARITH_LEN = 300  # calculator expressions are short; the cap also bounds the AST depth
 _MAX_VALUE = 10**100
 _MAX_ANSWER_DIGITS = 1000  # a final answer may be larger (1e400), but not much
@@ -46,8 +48,8 @@ def safe_arith(expr: str) -> Fraction | None:
 
 
 def _safe_eval(expr: str, powers: bool) -> Fraction | None:
-    """safe_arith, and with powers=True also `**` with an integer exponent, for final answers (values up to
-    1000 digits)."""
+    """safe_arith, and with powers=True also `**` with an integer exponent, for final answers
+    (values up to 1000 digits)."""
     expr = expr.replace("×", "*").replace("÷", "/").replace("−", "-").strip()
     if len(expr) > _MAX_ARITH_LEN:
         return None
@@ -60,7 +62,8 @@ def _safe_eval(expr: str, powers: bool) -> Fraction | None:
 def _arith(node: ast.AST, src: str, powers: bool = False) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         text = ast.get_source_segment(src, node)
-        if not re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", text):  # Python also accepts 1e9, 0x1F, 1_000, 2j
+        # Python also accepts 1e9, 0x1F, 1_000, 2j
+        if not re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", text):
             raise ValueError(text)
         return Fraction(text)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
@@ -69,11 +72,13 @@ def _arith(node: ast.AST, src: str, powers: bool = False) -> Fraction:
     if isinstance(node, ast.BinOp) and powers and isinstance(node.op, ast.Pow):
         base, exp = _arith(node.left, src, powers), _arith(node.right, src, powers)
         digits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 4) * 0.30103
-        if exp.denominator != 1 or digits * abs(exp) > _MAX_ANSWER_DIGITS + 4:  # refused before it is built
+        # refused before it is built
+        if exp.denominator != 1 or digits * abs(exp) > _MAX_ANSWER_DIGITS + 4:
             raise ValueError("power too large or not an integer power")
         return base ** int(exp)
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
-        value = _ARITH_OPS[type(node.op)](_arith(node.left, src, powers), _arith(node.right, src, powers))
+        value = _ARITH_OPS[type(node.op)](_arith(node.left, src, powers),
+                                          _arith(node.right, src, powers))
         limit = _MAX_ANSWER if powers else _MAX_VALUE
         if abs(value.numerator) > limit or value.denominator > limit:
             raise ValueError("too large")
@@ -81,29 +86,31 @@ def _arith(node: ast.AST, src: str, powers: bool = False) -> Fraction:
     raise ValueError(f"not arithmetic: {type(node).__name__}")
 
 
-# 1,000 (thousands separators only), 18, 18.5, -3, .5; "18." matches as 18. ASCII digits only: text is
-# passed through ascii_lookalikes first, so other scripts' digits are already 0-9.
+# 1,000 (thousands separators only), 18, 18.5, -3, .5; "18." matches as 18. ASCII digits only: text
+# is passed through ascii_lookalikes first, so other scripts' digits are already 0-9.
 _NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|-?\.[0-9]+")
 _ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\n|[.!?](?=\s|\Z)")  # the '.' of 18.5 is no sentence end
 # Words that add a number (or multiply one): "18 million", "18 and a half", "18k", "3 times 6"
 _NUMBER_WORDS = frozenset("""
-    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
-    seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred hundreds thousand
-    thousands million millions billion billions trillion dozen dozens half halves quarter quarters third thirds
-    twice double triple times k bn mn
+    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
+    sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+    hundred hundreds thousand thousands million millions billion billions trillion dozen dozens half
+    halves quarter quarters third thirds twice double triple times k bn mn
 """.split())
 _UNIT_TAIL = re.compile(r"[A-Za-z%'\-/,()*\s]*")  # what may follow the value: words and %, no digit
 
 
 def _sentence(text: str) -> str:
-    """Text up to the end of its first sentence: a newline, or . ! ? followed by whitespace or the end."""
+    """Text up to the end of its first sentence: a newline, or . ! ? followed by whitespace or the
+    end."""
     m = _SENTENCE_END.search(text)
     return text[: m.start()] if m else text
 
 
 def to_number(s: str) -> Fraction | None:
-    """'1,000' -> 1000, '18.0' -> 18, '-.5' -> -1/2, '18/7' -> 18/7; None if s is not a plain number."""
+    """'1,000' -> 1000, '18.0' -> 18, '-.5' -> -1/2, '18/7' -> 18/7; None if s is not a plain
+    number."""
     s = ascii_lookalikes(s).strip()
     if len(s) > _MAX_ANSWER_DIGITS + 100:
         return None
@@ -128,9 +135,12 @@ def format_number(value: Fraction) -> str:
 
 
 def _to_python_arith(s: str) -> str:
-    """An answer span in the syntax of _safe_eval: LaTeX fractions, \\cdot, x, ^, 7e2, 1,000 rewritten."""
+    """An answer span in the syntax of _safe_eval: LaTeX fractions, \\cdot, x, ^, 7e2, 1,000
+    rewritten."""
     s = re.sub(r"\\(?:text|mbox|mathrm|textrm|textbf|mathbf)\s*\{([^{}]*)\}", r" \1 ", s)
-    s = s.replace("\\$", "").replace("$", "").replace("\\%", "%").replace("{,}", ",").replace("**", " ")  # ** is bold
+    # ** is bold
+    s = s.replace("\\$", "").replace("$", "").replace("\\%",
+                                                      "%").replace("{,}", ",").replace("**", " ")
     s = re.sub(r"\\(?:left|right)(?![a-zA-Z])|\\[!,;:]", "", s)
     for _ in range(10):  # \frac{a}{b}, innermost first
         s, n = re.subn(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"((\1)/(\2))", s)
@@ -141,17 +151,20 @@ def _to_python_arith(s: str) -> str:
     s = re.sub(r"\\div(?![a-zA-Z])|÷", "/", s)
     s = re.sub(r"(?<=[0-9)])\s*[xX]\s*(?=[0-9(])", "*", s)  # 3 x 6
     # scientific notation: 7e2 = 700, 1e400 = 10^400 (never the 1 in front)
-    s = re.sub(r"(?<![0-9A-Za-z_.])([0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE]([+-]?[0-9]{1,4})(?![0-9A-Za-z])",
+    s = re.sub(r"(?<![0-9A-Za-z_.])([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+               r"[eE]([+-]?[0-9]{1,4})(?![0-9A-Za-z])",
                r"(\1*10^(\2))", s)
     s = s.replace("{", "(").replace("}", ")")
-    thousands = r"(?<![0-9.])(?<![0-9],)[0-9]{1,3}(?:,[0-9]{3})+(?![0-9]|,[0-9])"  # 1,000 but not 1,8
+    # 1,000 but not 1,8
+    thousands = r"(?<![0-9.])(?<![0-9],)[0-9]{1,3}(?:,[0-9]{3})+(?![0-9]|,[0-9])"
     s = re.sub(thousands, lambda m: m.group().replace(",", ""), s)
     s = re.sub(r"(?<![0-9.])0+(?=[0-9])", "", s)  # 007 -> 7 (Python refuses leading zeros)
     return s.replace("^", "**")
 
 
 def _side_value(side: str) -> Fraction | None:
-    """One side of an answer: an arithmetic expression, then unit words at most ("18 dollars", "25%")."""
+    """One side of an answer: an arithmetic expression, then unit words at most ("18 dollars",
+    "25%")."""
     m = re.match(r"[0-9.+\-*/()\s]*", side)
     expr, tail = side[: m.end()].rstrip(), side[m.end() :]
     while expr and expr[-1] in "(*" and not expr.endswith("**"):  # "18 (dollars)", "*18* apples"
@@ -164,15 +177,17 @@ def _side_value(side: str) -> Fraction | None:
 def answer_value(span: str) -> Fraction | None:
     """The exact value of a final-answer span, or None if it is not exactly one value.
 
-    One value: a number or an arithmetic expression of numbers (+ - * / x × ÷ ^, parentheses, \\frac,
-    \\cdot, \\times, 1,000, $, 7e2), then unit words at most. `x = 18` and `total = 18` name it; a chain
-    `2*9 = 18` must agree on every side. Not one value: a hedge word ("or", "not", "about", ...), a number
-    word ("million", "half"), ≈ or ~, another number after the units, a list ("3, 4").
+    One value: a number or an arithmetic expression of numbers (+ - * / x × ÷ ^, parentheses,
+    \\frac, \\cdot, \\times, 1,000, $, 7e2), then unit words at most. `x = 18` and `total = 18` name
+    it; a chain `2*9 = 18` must agree on every side. Not one value: a hedge word ("or", "not",
+    "about", ...), a number word ("million", "half"), ≈ or ~, another number after the units, a list
+    ("3, 4").
     """
     s = span.strip()
     for _ in range(5):  # leading ': = $ **' and trailing punctuation, in any order
         s = re.sub(r"^(?:[:=$*\s]|\\\(|\\\[|\\\$)+|(?:[.,;:!?$*\s]|\\\)|\\\])+$", "", s)
-    if not s or len(s) > _MAX_ARITH_LEN or has_hedge(s) or re.search(r"[~≈±]|\\(?:approx|sim|pm)(?![a-zA-Z])", s):
+    approximate = re.search(r"[~≈±]|\\(?:approx|sim|pm)(?![a-zA-Z])", s)
+    if not s or len(s) > _MAX_ARITH_LEN or has_hedge(s) or approximate:
         return None
     words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", s).lower())
     if any(w in _NUMBER_WORDS for w in words):
@@ -187,9 +202,10 @@ def answer_value(span: str) -> Fraction | None:
 
 
 def _final_span(response: str) -> tuple[str | None, bool]:
-    """(the final answer's text, whether an answer marker was found), markers in this order: the content of
-    the last \\boxed{}, the rest of the line after the last ####, the rest of the sentence after the last
-    "The (final) answer is". Text after a box is not read: a box is where the answer goes."""
+    """(the final answer's text, whether an answer marker was found), markers in this order: the
+    content of the last \\boxed{}, the rest of the line after the last ####, the rest of the
+    sentence after the last "The (final) answer is". Text after a box is not read: a box is where
+    the answer goes."""
     if "\\boxed" in response or "\\fbox" in response:
         return last_boxed(response), True
     if "####" in response:
@@ -200,7 +216,8 @@ def _final_span(response: str) -> tuple[str | None, bool]:
 
 
 def _nothing_more(after: str) -> bool:
-    """The rest of the sentence after an answer holds no other number and no hedge (units are fine)."""
+    """The rest of the sentence after an answer holds no other number and no hedge (units are
+    fine)."""
     rest = _sentence(after)
     return re.search(r"[0-9]", rest) is None and not has_hedge(rest)
 
@@ -208,15 +225,15 @@ def _nothing_more(after: str) -> bool:
 def extract_number(response: str) -> tuple[str | None, bool]:
     """GSM8K-style answer: (its exact value as text, format_ok).
 
-    Grading policy (data/README.md): the final answer is the WHOLE text after the last answer marker: the
-    last \\boxed{}; else the rest of the line after the last `####`; else the rest of the sentence after the
-    last "The (final) answer is". It must be one value (see `answer_value`): "The answer is 3 or 4." or
-    "#### 18, not 17" is no answer, and `#### 18/5` is 3.6. Unicode look-alikes (−5, １８) count as the ASCII
-    they look like.
+    Grading policy (data/README.md): the final answer is the WHOLE text after the last answer
+    marker: the last \\boxed{}; else the rest of the line after the last `####`; else the rest of
+    the sentence after the last "The (final) answer is". It must be one value (see `answer_value`):
+    "The answer is 3 or 4." or "#### 18, not 17" is no answer, and `#### 18/5` is 3.6. Unicode
+    look-alikes (−5, １８) count as the ASCII they look like.
 
-    Without a marker there is no answer to grade: format_ok is False and the reward is 0, in training and in
-    evaluation alike (a response that only repeats the question must not score). The last number in the
-    text is still returned as pred, for diagnostics.
+    Without a marker there is no answer to grade: format_ok is False and the reward is 0, in
+    training and in evaluation alike (a response that only repeats the question must not score). The
+    last number in the text is still returned as pred, for diagnostics.
     """
     response = ascii_lookalikes(response)
     span, marked = _final_span(response)
@@ -233,7 +250,7 @@ def numbers_equal(pred: str | None, gold: str) -> bool:
     return a is not None and a == b
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Tasks and the registry
 
 TASKS: dict[str, type["Task"]] = {}
@@ -256,19 +273,22 @@ def _field(row: dict, names: tuple, task: str, where: str):
 
 
 class Task:
-    """Base class. A task loads problems as examples {"question", "answer", ...} and grades responses."""
+    """Base class. A task loads problems as examples {"question", "answer", ...} and grades
+    responses."""
 
     name = ""
     fields = ""  # the accepted row fields, for error messages
     hub = {}  # split -> (dataset name, config, split name) on the Hugging Face hub
     system_prompt = ""
-    final_answer = re.compile(r"\\boxed|\\fbox|####|the (?:final )?answer is", re.IGNORECASE)  # ends a stepwise episode
+    # ends a stepwise episode
+    final_answer = re.compile(r"\\boxed|\\fbox|####|the (?:final )?answer is", re.IGNORECASE)
     options = {}  # task-specific make_env options and their defaults
 
     @classmethod
     def load(cls, split: str, path, seed: int, keys=None, **options) -> list[dict]:
-        """Examples from `path` if given (a local file or a hub dataset id), else from the task's hub data.
-        keys: {"question": field, "answer": field} of rows whose fields have other names."""
+        """Examples from `path` if given (a local file or a hub dataset id), else from the task's
+        hub data. keys: {"question": field, "answer": field} of rows whose fields have other
+        names."""
         if path is not None and is_hub_id(path):
             name, config, hub_split = str(path), None, split
         elif path is not None:
@@ -281,7 +301,8 @@ class Task:
         for i, row in enumerate(rows):
             try:
                 examples.append(cls.from_row(row, f"{name} row {i}"))
-            except ValueError as e:  # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
+            # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
+            except ValueError as e:
                 errors.append(e)
         if errors and not examples:
             raise errors[0]
@@ -291,7 +312,8 @@ class Task:
 
     @classmethod
     def from_row(cls, row: dict, where: str) -> dict:
-        """Turn a raw row (file, hub or few-shot) into an example; raise ValueError naming a missing field."""
+        """Turn a raw row (file, hub or few-shot) into an example; raise ValueError naming a missing
+        field."""
         raise NotImplementedError
 
     @classmethod
@@ -301,7 +323,8 @@ class Task:
 
     @classmethod
     def grade(cls, response: str, answer: str) -> tuple[float, str | None, bool]:
-        """(reward, extracted answer, format_ok). Without the asked-for format there is no reward."""
+        """(reward, extracted answer, format_ok). Without the asked-for format there is no
+        reward."""
         pred, format_ok = cls.extract(response)
         return float(format_ok and numbers_equal(pred, answer)), pred, format_ok
 
@@ -318,9 +341,12 @@ class _Generated(Task):
     @classmethod
     def load(cls, split, path, seed, keys=None, num_examples=10_000, **options):
         if path is not None or split == "test":
-            return super().load(split, path if path is not None else DATA_DIR / f"{cls.name}_test.jsonl", seed,
+            return super().load(split,
+                                path if path is not None else DATA_DIR / f"{cls.name}_test.jsonl",
+                                seed,
                                 keys)
-        test = {ex["question"] for ex in super().load(split, DATA_DIR / f"{cls.name}_test.jsonl", seed)}
+        test = {ex["question"] for ex in super().load(split, DATA_DIR / f"{cls.name}_test.jsonl",
+                                                      seed)}
         rng, examples = random.Random(seed), []
         while len(examples) < num_examples:
             ex = cls.generate(rng, **options)
@@ -335,16 +361,19 @@ _ITEMS = ["apples", "marbles", "stickers", "cookies", "pencils", "cards"]
 
 @register
 class Arithmetic(_Generated):
-    """Generated integer arithmetic, from 2-digit addition (level 1) to two-step word problems (level 5)."""
+    """Generated integer arithmetic, from 2-digit addition (level 1) to two-step word problems
+    (level 5)."""
 
     name = "arithmetic"
     fields = "'question' and 'answer' (an integer)"
-    system_prompt = 'Solve the problem. Think briefly, then end your reply with "The answer is N." where N is a number.'
+    system_prompt = ('Solve the problem. Think briefly, then end your reply with '
+                     '"The answer is N." where N is a number.')
     options = {"num_examples": 10_000, "difficulty": "mixed"}
 
     @staticmethod
     def levels(difficulty) -> list[int]:
-        """1..5, "mixed" (all five), a range "1-2", or a list "1,3" -> the list of levels to draw from."""
+        """1..5, "mixed" (all five), a range "1-2", or a list "1,3" -> the list of levels to draw
+        from."""
         text = str(difficulty).strip()
         try:
             if text == "mixed":
@@ -357,7 +386,8 @@ class Arithmetic(_Generated):
         except ValueError:
             levels = []
         if not levels or any(lv not in range(1, 6) for lv in levels):
-            raise ValueError(f"difficulty must be 1, 2, 3, 4, 5, a range such as '1-2', a list such as '1,3', "
+            raise ValueError("difficulty must be 1, 2, 3, 4, 5, a range such as '1-2', a list "
+                             "such as '1,3', "
                              f"or 'mixed', got {difficulty!r}")
         return levels
 
@@ -366,7 +396,8 @@ class Arithmetic(_Generated):
         levels = cls.levels(difficulty)
         examples = super().load(split, path, seed, keys, num_examples, difficulty=difficulty)
         if split == "test" and path is None:
-            examples = [ex for ex in examples if ex["level"] in levels]  # the held-out file mixes levels
+            # the held-out file mixes levels
+            examples = [ex for ex in examples if ex["level"] in levels]
         return examples
 
     @classmethod
@@ -383,7 +414,8 @@ class Arithmetic(_Generated):
                     1: [f"{a} + {b}"],
                     2: [f"{a} + {b}", f"{a} - {b}"],
                     3: [f"{a} * {c}", f"{a} + {b} - {two()}"],
-                    4: [f"{a} + {b} * {c}", f"({a} + {b}) * {c}", f"{a} * {c} - {b}", f"({a} - {b}) * {c}"],
+                    4: [f"{a} + {b} * {c}", f"({a} + {b}) * {c}", f"{a} * {c} - {b}",
+                        f"({a} - {b}) * {c}"],
                 }[level])
                 question, answer = f"What is {expr}?", int(safe_arith(expr))
             if answer >= 0:
@@ -395,11 +427,16 @@ class Arithmetic(_Generated):
         name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
         k, bill = rng.randint(2, 12), rng.choice([50, 100, 200])
         return rng.choice([
-            (f"{name} has {a} {items} and buys {c} bags with {b} {items} in each bag. How many {items} does {name} have now?", a + c * b),
-            (f"A shop had {a + b} {items}. It sold {b} in the morning and {c} in the afternoon. How many {items} are left?", a - c),
-            (f"{name} reads {b} pages a day for {c} days and then {a} more pages. How many pages does {name} read in total?", b * c + a),
-            (f"{c * k} {items} are shared equally among {c} friends. How many {items} does each friend get?", k),
-            (f"{name} buys {c} notebooks that cost {k} dollars each and pays with a {bill} dollar bill. How much change does {name} get, in dollars?", bill - c * k),
+            (f"{name} has {a} {items} and buys {c} bags with {b} {items} in each bag. How many "
+             f"{items} does {name} have now?", a + c * b),
+            (f"A shop had {a + b} {items}. It sold {b} in the morning and {c} in the afternoon. "
+             f"How many {items} are left?", a - c),
+            (f"{name} reads {b} pages a day for {c} days and then {a} more pages. How many pages "
+             f"does {name} read in total?", b * c + a),
+            (f"{c * k} {items} are shared equally among {c} friends. How many {items} does each "
+             "friend get?", k),
+            (f"{name} buys {c} notebooks that cost {k} dollars each and pays with a {bill} dollar "
+             f"bill. How much change does {name} get, in dollars?", bill - c * k),
         ])
 
     @classmethod
@@ -412,7 +449,8 @@ class Arithmetic(_Generated):
 
 @register
 class Countdown(_Generated):
-    """TinyZero's CountDown: combine all given numbers once each with + - * / to reach the target."""
+    """TinyZero's CountDown: combine all given numbers once each with + - * / to reach the
+    target."""
 
     name = "countdown"
     fields = "'numbers' (or 'nums') and 'target'"
@@ -420,7 +458,8 @@ class Countdown(_Generated):
         "You are a helpful assistant. You first think about the reasoning process in the mind "
         "and then provide the user with the answer."
     )
-    final_answer = re.compile(r"<answer>[^<]*</answer>")  # [^<]: linear time even on "<answer>" * 10**5
+    # [^<]: linear time even on "<answer>" * 10**5
+    final_answer = re.compile(r"<answer>[^<]*</answer>")
 
     @classmethod
     def generate(cls, rng):
@@ -429,19 +468,23 @@ class Countdown(_Generated):
             numbers = [rng.randint(1, 99) for _ in range(size)]
             values = [(n, str(n)) for n in numbers]
             while len(values) > 1:
-                (x, ex), (y, ey) = values.pop(rng.randrange(len(values))), values.pop(rng.randrange(len(values)))
-                # Intermediate values stay integers (division only when exact): fast, and how people solve it
+                x, ex = values.pop(rng.randrange(len(values)))
+                y, ey = values.pop(rng.randrange(len(values)))
+                # Intermediate values stay integers (division only when exact): fast, and how people
+                # solve it
                 op = rng.choice("+-*/" if y != 0 and x % y == 0 else "+-*")
                 value = {"+": x + y, "-": x - y, "*": x * y, "/": x // y if op == "/" else 0}[op]
                 values.append((value, f"({ex} {op} {ey})"))
             target, solution = values[0]
             if 1 <= target <= 100:
-                return cls.from_row({"numbers": numbers, "target": target, "solution": solution[1:-1]}, "generated")
+                return cls.from_row({"numbers": numbers, "target": target,
+                                     "solution": solution[1:-1]}, "generated")
 
     @classmethod
     def from_row(cls, row, where):
         gold = row.get("answer")
-        if not ({"numbers", "nums"} & set(row)) and isinstance(gold, (str, dict)):  # TinyZero's ground truth
+        # TinyZero's ground truth
+        if not ({"numbers", "nums"} & set(row)) and isinstance(gold, (str, dict)):
             try:
                 row = {**row, **(json.loads(gold) if isinstance(gold, str) else gold)}
             except ValueError:
@@ -449,19 +492,23 @@ class Countdown(_Generated):
         numbers = [int(n) for n in _field(row, ("numbers", "nums"), cls.name, where)]
         target = int(_field(row, ("target",), cls.name, where))
         question = (
-            f"Using the numbers {numbers}, create an equation that equals {target}. You can use basic "
-            f"arithmetic operations (+, -, *, /) and each number can only be used once. Show your work in "
+            f"Using the numbers {numbers}, create an equation that equals {target}. You can use "
+            "basic "
+            "arithmetic operations (+, -, *, /) and each number can only be used once. Show your "
+            "work in "
             f"<think> </think> tags. And return the final answer in <answer> </answer> tags, "
             f"for example <answer> (1 + 2) / 3 </answer>."
         )
         answer = json.dumps({"numbers": numbers, "target": target})
-        return {"question": question, "answer": answer, "numbers": numbers, "target": target, "solution": row.get("solution", "")}
+        return {"question": question, "answer": answer, "numbers": numbers, "target": target,
+                "solution": row.get("solution", "")}
 
     @classmethod
     def extract(cls, response):
-        # Deliberate deviation from TinyZero/oat, which read only the LAST LINE: instruct models often add
-        # a closing sentence after the tag. The LAST <answer> in the whole response counts instead.
-        # (rfind, not a regex: a lazy regex is quadratic on a response of many unclosed tags)
+        # Deliberate deviation from TinyZero/oat, which read only the LAST LINE: instruct models
+        # often add a closing sentence after the tag. The LAST <answer> in the whole response counts
+        # instead. (rfind, not a regex: a lazy regex is quadratic on a response of many unclosed
+        # tags)
         end = response.rfind("</answer>")
         start = response.rfind("<answer>", 0, max(end, 0))
         if end < 0 or start < 0:
@@ -470,7 +517,8 @@ class Countdown(_Generated):
 
     @classmethod
     def grade(cls, response, answer):
-        """TinyZero rules: no tag 0.0; wrong numbers, bad expression or wrong value 0.1; correct 1.0."""
+        """TinyZero rules: no tag 0.0; wrong numbers, bad expression or wrong value 0.1; correct
+        1.0."""
         expr, format_ok = cls.extract(response)
         if expr is None:
             return 0.0, None, False
@@ -489,11 +537,13 @@ class GSM8K(Task):
     """Grade-school word problems (openai/gsm8k). Gold = the number after '####'."""
 
     name = "gsm8k"
-    fields = ("'question' (or 'problem') and 'answer' (or 'solution'): solution text ending '#### N' or "
+    fields = ("'question' (or 'problem') and 'answer' (or 'solution'): solution text ending '#### "
+              "N' or "
               "'The answer is: N', or just N")
     hub = {"train": ("openai/gsm8k", "main", "train"), "test": ("openai/gsm8k", "main", "test")}
     system_prompt = (
-        'Solve the math word problem step by step. Write one step per line, and end with "The answer is N." '
+        'Solve the math word problem step by step. Write one step per line, and end with "The '
+        'answer is N." '
         "where N is a number."
     )
 
@@ -517,9 +567,12 @@ class MATH(Task):
     """Competition math (Hendrycks MATH). Gold = `answer`, or the last \\boxed{} of `solution`."""
 
     name = "math"
-    fields = "'problem' (or 'question') and one of 'answer', 'final_answer', or 'solution' with a \\boxed{} answer"
-    # MATH-500 for test; the full 7,500-problem MATH train split for train (MATH-500 comes from MATH test).
-    hub = {"train": ("DigitalLearningGmbH/MATH-lighteval", "default", "train"), "test": ("HuggingFaceH4/MATH-500", None, "test")}
+    fields = ("'problem' (or 'question') and one of 'answer', 'final_answer', or 'solution' with a "
+              "\\boxed{} answer")
+    # MATH-500 for test; the full 7,500-problem MATH train split for train (MATH-500 comes from MATH
+    # test).
+    hub = {"train": ("DigitalLearningGmbH/MATH-lighteval", "default", "train"),
+           "test": ("HuggingFaceH4/MATH-500", None, "test")}
     system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
     final_answer = re.compile(r"\\boxed|\\fbox|the (?:final )?answer is", re.IGNORECASE)
 
@@ -528,9 +581,11 @@ class MATH(Task):
         question = _field(row, ("problem", "question"), cls.name, where)
         answer = row.get("answer") or row.get("final_answer")
         if answer is None:
-            answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name, where))
+            answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name,
+                                       where))
             if answer is None:
-                raise ValueError(f"{where}: the solution has no \\boxed{{}} answer; add an 'answer' field")
+                raise ValueError(f"{where}: the solution has no \\boxed{{}} answer; add an "
+                                 "'answer' field")
         return {
             "question": question, "answer": str(answer), "solution": row.get("solution", ""),
             "level": row.get("level"), "subject": row.get("subject") or row.get("type"),
@@ -538,10 +593,11 @@ class MATH(Task):
 
     @classmethod
     def extract(cls, response):
-        """The last \\boxed{} (empty box = no answer); else the math after the last "The answer is": its
-        $...$ span, after which the sentence may hold units but no hedge word and no other number ("$18$ (or
-        perhaps $19$)" is no answer), or else the rest of the sentence, which must hold no hedge word outside
-        \\text{} ("3 or 4" is no answer; `3 \\text{ or } 4` is the list 3, 4). A bare number is never an answer."""
+        """The last \\boxed{} (empty box = no answer); else the math after the last "The answer is":
+        its $...$ span, after which the sentence may hold units but no hedge word and no other
+        number ("$18$ (or perhaps $19$)" is no answer), or else the rest of the sentence, which must
+        hold no hedge word outside \\text{} ("3 or 4" is no answer; `3 \\text{ or } 4` is the list
+        3, 4). A bare number is never an answer."""
         response = ascii_lookalikes(response)
         if "\\boxed" in response or "\\fbox" in response:
             pred = last_boxed(response)
@@ -550,7 +606,8 @@ class MATH(Task):
             return None, False
         rest = re.sub(r"^[\s:*]+", "", response[matches[-1].end() :].split("\n", 1)[0])
         pred = None
-        for start, end in (("$$", r"\$\$"), ("$", r"(?<!\\)\$"), ("\\(", r"\\\)"), ("\\[", r"\\\]")):
+        for start, end in (("$$", r"\$\$"), ("$", r"(?<!\\)\$"), ("\\(", r"\\\)"),
+                           ("\\[", r"\\\]")):
             close = re.compile(end).search(rest, len(start)) if rest.startswith(start) else None
             if close:  # the math span: then units at most, no hedge, no other number
                 pred = rest[len(start) : close.start()]
@@ -570,7 +627,7 @@ class MATH(Task):
         return float(format_ok and math_equal(pred, answer)), pred, format_ok
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Files
 
 
@@ -588,15 +645,17 @@ def load_hub_rows(name, config, split) -> list[dict]:
         return list(load_dataset(name, config, split=split))
     except Exception as e:
         raise RuntimeError(
-            f"could not load {name} (split {split!r}) from the Hugging Face hub ({type(e).__name__}: {e}). If "
-            f"you are offline, pass a local .jsonl/.json/.parquet file (--dataset_path for training, "
+            f"could not load {name} (split {split!r}) from the Hugging Face hub "
+            f"({type(e).__name__}: {e}). If "
+            "you are offline, pass a local .jsonl/.json/.parquet file (--dataset_path for "
+            "training, "
             f"--eval_dataset_path for evaluation); see data/README.md."
         ) from e
 
 
 def _renamed(row: dict, keys) -> dict:
-    """The row with keys["question"] / keys["answer"] (oat's --input_key / --output_key) copied to the names
-    the tasks read."""
+    """The row with keys["question"] / keys["answer"] (oat's --input_key / --output_key) copied to
+    the names the tasks read."""
     if not keys:
         return row
     row = dict(row)
@@ -604,7 +663,8 @@ def _renamed(row: dict, keys) -> dict:
         if key is None:
             continue
         if key not in row:
-            raise ValueError(f"--{name}_key {key!r}: the rows have no such field (fields: {sorted(row)})")
+            raise ValueError(f"--{name}_key {key!r}: the rows have no such field (fields: "
+                             f"{sorted(row)})")
         row[name] = row.pop(key)
         if name == "answer":
             row.pop("final_answer", None)  # the named field wins over the task's usual ones
@@ -623,67 +683,72 @@ def read_rows(path, task: str) -> list[dict]:
         )
     if path.suffix == ".jsonl":
         rows = []
-        # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as it is
+        # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as
+        # it is
         for number, line in enumerate(path.read_text().split("\n"), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}): "
-                                     f"{line[:80]!r}. Each line of a .jsonl file is one JSON object.") from None
+                    raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
+                                     f"{e.colno}): "
+                                     f"{line[:80]!r}. Each line of a .jsonl file is one JSON "
+                                     "object.") from None
     elif path.suffix == ".json":
         try:
             rows = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno}).") from None
+            raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column "
+                             f"{e.colno}).") from None
         rows = rows.get("data", rows) if isinstance(rows, dict) else rows
     elif path.suffix == ".parquet":
         import pyarrow.parquet  # installed with datasets
 
         rows = pyarrow.parquet.read_table(path).to_pylist()
     else:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
+                         ".parquet")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
         raise ValueError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
     return rows
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # The environment
 
 ENV_OPTIONS = {
     "template": "chat", "system_prompt": None, "num_few_shot": 0, "stepwise": False,
     "step_tag": "\n", "max_steps": 10, "reward_fn": None, "calc_annotations": False, "keys": None,
 }
-CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")  # a GSM8K-style calculator span in a few-shot solution
+# a GSM8K-style calculator span in a few-shot solution
+CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
 
 
 def _task(name: str) -> type[Task]:
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(TASKS)} (add one with @register in common/env.py)")
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(TASKS)} (add one "
+                         "with @register in common/env.py)")
     return TASKS[name]
 
 
 def verify(task: str, response: str, answer: str) -> float:
-    """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0). Pure."""
+    """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0).
+    Pure."""
     return _task(task).grade(response, answer)[0]
-
-
-def extract_answer(task: str, response: str) -> str | None:
-    """The answer the verifier would read from `response`, or None."""
-    return _task(task).extract(response)[0]
 
 
 def make_env(task: str, split: str = "train", path=None, seed: int = 0, **options) -> "MathEnv":
     """Build an env over a task's problems.
 
     task: one of TASKS ("arithmetic", "countdown", "gsm8k", "math").
-    split: "train" or "test". gsm8k/math load the hub split; generated tasks use data/<task>_test.jsonl
-        for "test" and generate `num_examples` problems from `seed` for "train", excluding test problems.
+    split: "train" or "test". gsm8k/math load the hub split; generated tasks use
+    data/<task>_test.jsonl
+        for "test" and generate `num_examples` problems from `seed` for "train", excluding test
+        problems.
     path: a local .jsonl/.json/.parquet file to use instead (the split is then ignored).
     seed: seeds problem generation and the env's own RNG for `reset()`.
     Options:
-        template="chat"      "chat": a list of {"role", "content"} messages; "plain": one prompt string
+        template="chat"      "chat": a list of {"role", "content"} messages; "plain": one string
         system_prompt=None   None = the task's default; "" = no system prompt
         num_few_shot=0       worked examples from data/few_shot_<task>.jsonl put before the question
         stepwise=False       one action = one reasoning step (a line) instead of the whole response
@@ -691,9 +756,11 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         max_steps=10         a stepwise episode ends after this many steps
         reward_fn=None       reward_fn(example, steps, done) -> float replaces the per-step reward
                              (default: the verifier on the final step, 0.0 before)
-        calc_annotations=False  keep the <<expr>> calculator spans of the few-shot solutions ("4 * 7 =
-                             <<4*7>>28"), for a policy that has a calculator; by default they are removed
-        difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic), a range "1-2", a list "1,3", or "mixed"
+        calc_annotations=False  keep the <<expr>> calculator spans of the few-shot solutions
+                             ("4 * 7 = <<4*7>>28"), for a policy that has a calculator; by default
+                             they are removed
+        difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic), a range "1-2", a list "1,3",
+                             or "mixed"
         num_examples=10000   generated tasks only: size of the train split
     """
     cls = _task(task)
@@ -701,7 +768,8 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     unknown = sorted(set(options) - set(ENV_OPTIONS) - set(cls.options))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for task {task!r}; accepted: {sorted({**ENV_OPTIONS, **cls.options})}")
+        raise ValueError(f"unknown option(s) {unknown} for task {task!r}; accepted: "
+                         f"{sorted({**ENV_OPTIONS, **cls.options})}")
     env_options = {k: options.get(k, default) for k, default in ENV_OPTIONS.items()}
     task_options = {k: options.get(k, default) for k, default in cls.options.items()}
     keys = env_options.pop("keys")
@@ -716,9 +784,10 @@ MATH_SUBJECTS = ("prealgebra", "algebra", "number_theory", "counting_and_probabi
 
 
 def detect_task(rows: list[dict]) -> str:
-    """The task a data file is for, from the fields of its first row: countdown (numbers and a target),
-    math (a \\boxed solution, OpenR's final_answer, or a problem without a worked answer), gsm8k (a
-    '####' or "The answer is: N" solution, or a word problem), else arithmetic (a level and a number)."""
+    """The task a data file is for, from the fields of its first row: countdown (numbers and a
+    target), math (a \\boxed solution, OpenR's final_answer, or a problem without a worked answer),
+    gsm8k (a '####' or "The answer is: N" solution, or a word problem), else arithmetic (a level and
+    a number)."""
     row = rows[0]
     text = " ".join(str(row.get(k, "")) for k in ("answer", "solution", "final_answer"))
     if ("numbers" in row or "nums" in row) and "target" in row:
@@ -732,41 +801,52 @@ def detect_task(rows: list[dict]) -> str:
     return "arithmetic" if "level" in row else "gsm8k"
 
 
-def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
-    """(train env, held-out env or None when args.num_eval_problems is 0), from the options all five files
-    share (common/args.py): the task, its files, keys, filters, template, system prompt and few-shot examples.
-
-    --dataset_name may be a task, a MATH subject (the math task, filtered to that subject) or a data file or
-    hub dataset id (the task read off its fields). A --dataset_path file given with the default task
-    (arithmetic) whose rows are not arithmetic is read as the task its fields say."""
+def resolve_task(args, say=print):
+    """(task, data path, MATH subject) of the options: --dataset_name may be a task, a MATH
+    subject (the math task, filtered to that subject) or a data file or hub dataset id (the task
+    read off its fields). A --dataset_path file given with the default task (arithmetic) whose rows
+    are not arithmetic is read as the task its fields say. Reads one row at most: no heavy work."""
     task, path, subject = args.dataset_name, args.dataset_path, None
     if task.lower() in MATH_SUBJECTS:
         task, subject = "math", task.lower()
-    elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):  # TRL's way: the data's name
+    elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):  # TRL's way: the data
         task, path = None, path or task
         if args.eval_dataset_path is None and args.num_eval_problems and Path(path).is_file():
             args.eval_dataset_path = path
             say(f"--dataset_name {path}: no held-out file given, so evaluation reads this file too "
                 f"(--eval_dataset_path for a held-out one)")
     elif task not in TASKS:
-        raise ValueError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH subject "
-                         f"({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
+        raise ValueError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH "
+                         f"subject ({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
     if path is not None and Path(path).is_file() and task in (None, "arithmetic"):
         found = detect_task(read_rows(path, "arithmetic"))
         if task is not None and found != task:
-            say(f"{path}: its fields are those of the {found} task, not arithmetic: reading it as {found}")
+            say(f"{path}: its fields are those of the {found} task, not arithmetic: reading it as "
+                f"{found}")
         task = found
     elif task is None:  # a hub dataset named by --dataset_name: its fields decide
         task = detect_task(load_hub_rows(path, None, "train")[:1])
-    options = dict(template=args.template, num_few_shot=args.num_few_shot, system_prompt=args.system_prompt,
+    args.dataset_name, args.dataset_path = (subject or task), path  # what is run, in args.json
+    return task, path, subject
+
+
+def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
+    """(train env, held-out env or None when args.num_eval_problems is 0), from the options all five
+    files share (common/args.py): the task and its files (`resolve_task`), keys, filters, template,
+    system prompt and few-shot examples."""
+    task, path, subject = resolve_task(args, say)
+    options = dict(template=args.template, num_few_shot=args.num_few_shot,
+                   system_prompt=args.system_prompt,
                    keys={"question": args.question_key, "answer": args.answer_key})
     if task == "arithmetic":
         options["difficulty"] = args.difficulty
-    train = make_env(task, "train", path=path, seed=args.seed, **{**options, **(stepwise_options or {})})
+    train = make_env(task, "train", path=path, seed=args.seed,
+                     **{**options, **(stepwise_options or {})})
     evaluation = None
     if args.num_eval_problems:
         eval_options = {**options, **((stepwise_options or {}) if stepwise_eval else {})}
-        evaluation = make_env(task, "test", path=args.eval_dataset_path, seed=args.seed, **eval_options)
+        evaluation = make_env(task, "test", path=args.eval_dataset_path, seed=args.seed,
+                              **eval_options)
     for env in (train, evaluation):
         if env is not None and (subject or args.levels):
             _filter_math(env, subject, args.levels, say)
@@ -780,23 +860,27 @@ def _filter_math(env, subject, levels, say):
     examples = env.examples
     if subject is not None:
         if not any(ex.get("subject") for ex in examples):
-            say(f"--dataset_name {subject}: these rows have no 'subject' field, so all {len(examples)} "
+            say(f"--dataset_name {subject}: these rows have no 'subject' field, so all "
+                f"{len(examples)} "
                 f"problems are used")
         else:
-            examples = [ex for ex in examples if str(ex.get("subject", "")).lower().replace(" ", "_")
+            examples = [ex for ex in examples if str(ex.get("subject",
+                                                            "")).lower().replace(" ", "_")
                         .replace("&", "and") == subject]
     if levels is not None:
         wanted = set(Arithmetic.levels(levels))
         if not any(ex.get("level") for ex in examples):
             say(f"--levels {levels}: these rows have no 'level' field, so no level filter applies")
         else:
-            examples = [ex for ex in examples if int(re.sub(r"\D", "", str(ex.get("level") or 0)) or 0) in wanted]
+            examples = [ex for ex in examples
+                        if int(re.sub(r"\D", "", str(ex.get("level") or 0)) or 0) in wanted]
     if not examples:
         raise ValueError(f"no problem of subject {subject} and levels {levels} in this data")
     env.examples = examples
 
 
-def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn, calc_annotations):
+def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn,
+                   calc_annotations):
     if template not in ("chat", "plain"):
         raise ValueError(f"template must be 'chat' or 'plain', got {template!r}")
     if not isinstance(num_few_shot, int) or num_few_shot < 0:
@@ -804,13 +888,16 @@ def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, ma
     if not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
     if reward_fn is not None and not callable(reward_fn):
-        raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, or None")
+        raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, "
+                         "or None")
 
 
 class MathEnv:
-    """A gym-like env over a list of problems; single-turn (one action = one response) or stepwise."""
+    """A gym-like env over a list of problems; single-turn (one action = one response) or
+    stepwise."""
 
-    def __init__(self, task, examples, seed, template, system_prompt, few_shot, stepwise, step_tag, max_steps, reward_fn,
+    def __init__(self, task, examples, seed, template, system_prompt, few_shot, stepwise, step_tag,
+                 max_steps, reward_fn,
                  calc_annotations):
         self.task, self.examples, self.rng = task, examples, random.Random(seed)
         self.calc_annotations = calc_annotations
@@ -824,12 +911,15 @@ class MathEnv:
 
     def sample_fields(self, index: int) -> dict:
         """The question and gold answer of problem `index`, for sample logs."""
-        return {"question": self.examples[index]["question"], "answer": self.examples[index]["answer"]}
+        return {"question": self.examples[index]["question"],
+                "answer": self.examples[index]["answer"]}
 
     def _solution(self, example) -> str:
-        """A few-shot solution, one step per line; in stepwise mode each line carries the step tag. Without
-        calc_annotations its calculator spans go: a model that has no calculator should not learn to call one."""
-        text = example["solution"] if self.calc_annotations else CALC_ANNOTATION.sub("", example["solution"])
+        """A few-shot solution, one step per line; in stepwise mode each line carries the step tag.
+        Without calc_annotations its calculator spans go: a model that has no calculator should not
+        learn to call one."""
+        text = example["solution"]
+        text = text if self.calc_annotations else CALC_ANNOTATION.sub("", text)
         if not self.stepwise:
             return text
         return "".join(line + self.step_tag for line in text.split("\n"))
@@ -839,29 +929,35 @@ class MathEnv:
         question = self.examples[index]["question"]
         if self.template == "plain":
             parts = [self.system_prompt] if self.system_prompt else []
-            parts += [f"Question: {ex['question']}\nAnswer: {self._solution(ex)}" for ex in self.few_shot]
+            parts += [f"Question: {ex['question']}\nAnswer: {self._solution(ex)}"
+                      for ex in self.few_shot]
             return "\n\n".join(parts + [f"Question: {question}\nAnswer:"])
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         for ex in self.few_shot:
-            messages += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": self._solution(ex)}]
+            messages += [{"role": "user", "content": ex["question"]},
+                         {"role": "assistant", "content": self._solution(ex)}]
         return messages + [{"role": "user", "content": question}]
 
     def reset(self, index: int | None = None):
-        """Start an episode on problem `index` (None: drawn with the env's seeded RNG). Returns the prompt."""
+        """Start an episode on problem `index` (None: drawn with the env's seeded RNG). Returns the
+        prompt."""
         self.index = self.rng.randrange(len(self.examples)) if index is None else index
         self.steps, self.done = [], False
         self._prompt = self.prompt(self.index)
         return self._prompt
 
     def score(self, response: str, index: int) -> tuple[float, dict]:
-        """Grade a full response to problem `index`: (reward, info). Stateless, for batched callers."""
+        """Grade a full response to problem `index`: (reward, info). Stateless, for batched
+        callers."""
         answer = self.examples[index]["answer"]
         reward, pred, format_ok = self.task.grade(response, answer)
-        return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred, "answer": answer, "steps": 1}
+        return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
+                        "answer": answer, "steps": 1}
 
     def step(self, action: str):
         """Single-turn: grade the whole response; obs is None, done is True.
-        Stepwise: append one step; done when it holds a final answer or after max_steps. obs is the new state."""
+        Stepwise: append one step; done when it holds a final answer or after max_steps. obs is the
+        new state."""
         if self.done:
             raise RuntimeError("the episode is over (or never started): call env.reset() first")
         example = self.examples[self.index]
@@ -871,11 +967,13 @@ class MathEnv:
         else:
             tag = self.step_tag.strip()
             self.steps.append((action.replace(tag, "") if tag else action).rstrip())
-            self.done = bool(self.task.final_answer.search(self.steps[-1])) or len(self.steps) >= self.max_steps
+            answered = bool(self.task.final_answer.search(self.steps[-1]))
+            self.done = answered or len(self.steps) >= self.max_steps
             if self.done:  # the outcome verifier reads the whole solution, without step tags
                 reward, info = self.score("\n".join(self.steps), self.index)
             else:
-                reward, info = 0.0, {"correct": False, "format_ok": False, "pred": None, "answer": example["answer"]}
+                reward, info = 0.0, {"correct": False, "format_ok": False, "pred": None,
+                                     "answer": example["answer"]}
             obs = self._state()
         info["steps"] = len(self.steps)
         if self.reward_fn is not None:  # process reward hook (APPO/TPPO): scores every step
@@ -883,7 +981,8 @@ class MathEnv:
         return obs, reward, self.done, info
 
     def _state(self):
-        """The prompt plus the steps so far; chat puts them in a trailing assistant message to continue."""
+        """The prompt plus the steps so far; chat puts them in a trailing assistant message to
+        continue."""
         text = "".join(step + self.step_tag for step in self.steps)
         if self.template == "plain":
             return self._prompt + text
@@ -897,5 +996,6 @@ def load_few_shot(task: type[Task], k: int) -> list[dict]:
     path = DATA_DIR / f"few_shot_{task.name}.jsonl"
     rows = read_rows(path, task.name) if path.is_file() else []
     if k > len(rows):
-        raise ValueError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot <= {len(rows)}")
+        raise ValueError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot "
+                         f"<= {len(rows)}")
     return [task.from_row(row, f"{path}: row {i}") for i, row in enumerate(rows[:k])]

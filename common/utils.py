@@ -1,6 +1,7 @@
-"""Small numeric helpers (log-probs, masks, KL estimators, GAE, group baselines) and plumbing (distributed,
-seeding, logging, checkpoints). Each numeric helper is unit-tested once in tests/test_utils.py; the algorithm
-files combine them, and keep every line that decides the algorithm's math to themselves."""
+"""Small numeric helpers (log-probs, masks, whitening, KL estimators, GAE, returns) and plumbing
+(distributed, seeding, logging, checkpoints). Each numeric helper is unit-tested once in
+tests/test_utils.py; the algorithm files combine them, and keep every line that decides the
+algorithm's math to themselves."""
 
 import importlib.util
 import json
@@ -20,27 +21,30 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-# Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its outputs: the old
-# `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old one (and would silently ignore
-# an unknown `cache=`), so the name is read off the installed version's output class.
+# Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its
+# outputs: the old `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old
+# one (and would silently ignore an unknown `cache=`), so the name is read off the installed
+# version's output class.
 KV_CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Log-probs and entropy
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def position_ids_from_mask(mask):
     # CRUCIAL: with left padding the first real token must get position 0, not the pad count.
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def identical_rows(x):
-    """x [B, L] -> (first, inverse): the first row index of each distinct row of x, ascending, and for every row
-    the slot of its distinct row, so that x[first][inverse] == x (both are aranges when all rows differ). Used to
-    run a group's shared prompt once."""
-    _, inverse = torch.unique(x, dim=0, return_inverse=True)  # slots in sorted order of the rows' values
+    """x [B, L] -> (first, inverse): the first row index of each distinct row of x, ascending, and
+    for every row the slot of its distinct row, so that x[first][inverse] == x (both are aranges
+    when all rows differ). Used to run a group's shared prompt once."""
+    # slots in sorted order of the rows' values
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)
     rows = torch.arange(x.shape[0], device=x.device)
-    first = torch.full((int(inverse.max()) + 1,), x.shape[0], device=x.device).scatter_reduce(0, inverse, rows, "amin")
+    first = torch.full((int(inverse.max()) + 1,), x.shape[0],
+                       device=x.device).scatter_reduce(0, inverse, rows, "amin")
     order = first.argsort()  # renumber the slots by first appearance
     return first[order], order.argsort()[inverse]
 
@@ -52,7 +56,8 @@ def logprobs_from_logits(logits, labels, temperature=1.0):
 
 
 def _chunk_logprobs_entropy(hidden, labels, weight, bias, temperature):
-    logits = F.linear(hidden, weight, bias).float() / temperature  # [c, R, V], only one chunk alive at a time
+    # [c, R, V], only one chunk alive at a time
+    logits = F.linear(hidden, weight, bias).float() / temperature
     logp = F.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)  # [c, R]
     return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), entropy
@@ -66,18 +71,22 @@ def backbone_and_head(model):
 
 
 def _body_forward(model, body, input_ids, attention_mask, prompt_len):
-    """Hidden states [B, T, H]. Rows with identical prompt columns (a GRPO group: G responses to one question)
-    run the prompt once; its keys/values are copied out to every row of the group, and the responses attend to
-    them. Gradients flow back through the copies, so this is the same function of the weights as a plain
-    forward, at a fraction of the prompt's cost in forward and backward."""
+    """Hidden states [B, T, H]. Rows with identical prompt columns (a GRPO group: G responses to one
+    question) run the prompt once; its keys/values are copied out to every row of the group, and the
+    responses attend to them. Gradients flow back through the copies, so this is the same function
+    of the weights as a plain forward, at a fraction of the prompt's cost in forward and
+    backward."""
     positions = position_ids_from_mask(attention_mask)
     distinct = None
     # HF turns the cache off under gradient checkpointing, so prompts are shared only without it.
     if prompt_len >= 1 and not getattr(body, "gradient_checkpointing", False):
-        distinct, inverse = identical_rows(torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1))
+        distinct, inverse = identical_rows(torch.cat([input_ids[:, :prompt_len],
+                                                      attention_mask[:, :prompt_len]], 1))
     if distinct is None or len(distinct) == len(input_ids):
-        return body(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
-    prompt = body(input_ids=input_ids[distinct, :prompt_len], attention_mask=attention_mask[distinct, :prompt_len],
+        return body(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=positions).last_hidden_state
+    prompt = body(input_ids=input_ids[distinct, :prompt_len],
+                  attention_mask=attention_mask[distinct, :prompt_len],
                   position_ids=positions[distinct, :prompt_len], use_cache=True)
     cache = getattr(prompt, KV_CACHE)
     cache.batch_select_indices(inverse)
@@ -88,30 +97,36 @@ def _body_forward(model, body, input_ids, attention_mask, prompt_len):
 
 def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0, chunk_rows=None,
                    return_hidden=False):
-    """Log-prob and entropy of each of the last `response_len` tokens of `input_ids`, given the tokens before.
+    """Log-prob and entropy of each of the last `response_len` tokens of `input_ids`, given the
+    tokens before.
 
     input_ids, attention_mask: [B, T] = [left-padded prompt ; right-padded response].
-    Returns (logprobs [B, R], entropy [B, R]) and, with return_hidden, the body's hidden states [B, T, H].
-    The lm_head runs on a few rows at a time and, when gradients are on, is recomputed in the backward pass,
-    so the [B, R, V] float32 logits never exist at once (V is 49k-152k: that tensor would dominate memory).
+    Returns (logprobs [B, R], entropy [B, R]) and, with return_hidden, the body's hidden states
+    [B, T, H]. The lm_head runs on a few rows at a time and, when gradients are on, is recomputed in
+    the backward pass, so the [B, R, V] float32 logits never exist at once (V is 49k-152k: that
+    tensor would dominate memory).
     """
     body, head = backbone_and_head(model)
-    # Columns that are padding in every row (left of the longest prompt, right of the longest response) change
-    # nothing for the real tokens, so they are cut before the forward and zero-filled after: a micro-batch
-    # costs what its own longest sequence costs, not the whole rollout's.
+    # Columns that are padding in every row (left of the longest prompt, right of the longest
+    # response) change nothing for the real tokens, so they are cut before the forward and
+    # zero-filled after: a micro-batch costs what its own longest sequence costs, not the whole
+    # rollout's.
     T, full_R = input_ids.shape[1], response_len
     used = attention_mask.bool().any(0).nonzero()[:, 0]
     lo = min(int(used[0]), T - response_len - 1) if len(used) else 0
     hi = max(int(used[-1]) + 1, T - response_len + 1) if len(used) else T
     input_ids, attention_mask = input_ids[:, lo:hi], attention_mask[:, lo:hi]
     response_len = response_len - (T - hi)
-    hidden = _body_forward(model, body, input_ids, attention_mask, input_ids.shape[1] - response_len)  # [B, T', H]
-    # CRUCIAL: the hidden state at position t predicts token t+1, so the R response tokens (the last R
-    # columns) are scored by the R hidden states just before them.
+    # [B, T', H]
+    hidden = _body_forward(model, body, input_ids, attention_mask,
+                           input_ids.shape[1] - response_len)
+    # CRUCIAL: the hidden state at position t predicts token t+1, so the R response tokens (the last
+    # R columns) are scored by the R hidden states just before them.
     h = hidden[:, -response_len - 1:-1]  # [B, R, H]
     labels = input_ids[:, -response_len:]  # [B, R]
     if chunk_rows is None:
-        chunk_rows = max(1, (1 << 26) // max(1, response_len * head.weight.shape[0]))  # ~256 MB of fp32 logits
+        # ~256 MB of fp32 logits
+        chunk_rows = max(1, (1 << 26) // max(1, response_len * head.weight.shape[0]))
     logps, ents = [], []
     for i in range(0, h.shape[0], chunk_rows):
         args = (h[i:i + chunk_rows], labels[i:i + chunk_rows], head.weight, head.bias, temperature)
@@ -132,18 +147,19 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
 @torch.no_grad()
 def batched_token_logprobs(model, gen, temperature=1.0, batch_size=8):
     """`token_logprobs` of a rollout's responses without gradients, `batch_size` rows at a time: the
-    log-probs of a frozen or old policy. gen: a common.models.Generation (or anything with .sequences()
-    and .response_mask)."""
+    log-probs of a frozen or old policy. gen: a common.models.Generation (or anything with
+    .sequences() and .response_mask)."""
     input_ids, attention_mask = gen.sequences()
     R = gen.response_mask.shape[1]
-    return torch.cat([token_logprobs(model, input_ids[i:i + batch_size], attention_mask[i:i + batch_size], R,
+    return torch.cat([token_logprobs(model, input_ids[i:i + batch_size],
+                                     attention_mask[i:i + batch_size], R,
                                      temperature)[0]
                       for i in range(0, input_ids.shape[0], batch_size)])
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Masked statistics
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def masked_sum(x, mask, dim=None):
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 
@@ -154,8 +170,8 @@ def masked_mean(x, mask, dim=None):
 
 
 def masked_mean_var(x, mask):
-    """Mean and unbiased variance of the masked entries over every rank's tensors (one process sees the same
-    numbers as N processes on the whole batch), computed in float64."""
+    """Mean and unbiased variance of the masked entries over every rank's tensors (one process sees
+    the same numbers as N processes on the whole batch), computed in float64."""
     stats = all_reduce_sum(torch.stack([masked_sum(x, mask), mask.sum()]).double())
     count = stats[1].clamp(min=1)
     mean = stats[0] / count
@@ -165,25 +181,30 @@ def masked_mean_var(x, mask):
 
 
 def masked_whiten(x, mask, shift_mean=True, eps=1e-8, eps_on_std=False):
-    """(x - mean) / sqrt(var + eps) over the masked entries of all ranks (TRL, oat), or with eps_on_std
-    (x - mean) / (std + eps) (OpenR); shift_mean=False adds the mean back (TRL's reward whitening).
-    Masked-out entries come back as 0. The two differ only when the variance is near eps or below."""
+    """(x - mean) / sqrt(var + eps) over the masked entries of all ranks (TRL, oat), or with
+    eps_on_std (x - mean) / (std + eps) (OpenR); shift_mean=False adds the mean back (TRL's reward
+    whitening). Masked-out entries come back as 0. The two differ only when the variance is near eps
+    or below."""
     mean, var = masked_mean_var(x, mask)
-    out = (x - mean) / (var.clamp(min=0).sqrt() + eps) if eps_on_std else (x - mean) * torch.rsqrt(var + eps)
+    if eps_on_std:
+        out = (x - mean) / (var.clamp(min=0).sqrt() + eps)
+    else:
+        out = (x - mean) * torch.rsqrt(var + eps)
     return (out if shift_mean else out + mean) * mask
 
 
 def explained_variance(values, returns, mask):
-    """1 - Var(returns - values) / Var(returns) over every rank's masked entries: 1 is a perfect critic, 0 no
-    better than predicting the mean return, negative worse; NaN when the returns do not vary."""
+    """1 - Var(returns - values) / Var(returns) over every rank's masked entries: 1 is a perfect
+    critic, 0 no better than predicting the mean return, negative worse; NaN when the returns do not
+    vary."""
     var_returns = masked_mean_var(returns, mask)[1]
     var_error = masked_mean_var(returns - values, mask)[1]
     return (1 - var_error / var_returns).item() if var_returns > 0 else float("nan")
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # KL estimators (Schulman, "Approximating KL divergence"), all per token, for samples x ~ pi
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def kl_k1(logp, ref_logp):
     """log pi/pi_ref: unbiased for KL(pi||pi_ref), high variance, can be negative."""
     return logp - ref_logp
@@ -200,19 +221,29 @@ def kl_k3(logp, ref_logp):
     return torch.expm1(log_ratio) - log_ratio
 
 
+@torch.no_grad()
+def mismatch_stats(trainer_logprobs, sampler_logprobs, mask):
+    """How far the sampler's log-probs of the sampled tokens are from the trainer's: the mean
+    absolute difference and the k3 estimate of KL(sampler || trainer). About 0 in fp32 eager; bf16,
+    another kernel or a compiled sampler moves it (TRL, verl, oat and OpenRLHF log the same)."""
+    return {"mismatch/abs": masked_mean((trainer_logprobs - sampler_logprobs).abs(), mask).item(),
+            "mismatch/kl": masked_mean(kl_k3(sampler_logprobs, trainer_logprobs), mask).item()}
+
+
 def kl_estimate(logp, ref_logp, estimator):
     """Per-token estimate of KL(pi || pi_ref) by name: "k1", "k2" or "k3"."""
     return {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](logp, ref_logp)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Advantages
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def step_gae(rewards, values, next_value, dones, gamma, lam):
     """Generalised advantage estimation along the last dimension.
 
-    rewards, values, dones: [N, T]; dones[:, t] = 1 when the episode ended at step t (no bootstrap from t+1).
-    next_value: [N], the value of the state after step T-1 (a segment cut mid-episode is bootstrapped with it).
+    rewards, values, dones: [N, T]; dones[:, t] = 1 when the episode ended at step t (no bootstrap
+    from t+1). next_value: [N], the value of the state after step T-1 (a segment cut mid-episode is
+    bootstrapped with it).
         delta_t = r_t + gamma * V_{t+1} * (1 - done_t) - V_t
         A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}
     Returns (advantages, returns = advantages + values), both [N, T].
@@ -230,12 +261,13 @@ def step_gae(rewards, values, next_value, dones, gamma, lam):
 
 
 def token_gae(rewards, values, mask, gamma, lam):
-    """GAE over right-padded response tokens [B, R]: the episode ends at each row's last real token, whose
-    successor has value 0. Padding gets advantage and return 0."""
+    """GAE over right-padded response tokens [B, R]: the episode ends at each row's last real token,
+    whose successor has value 0. Padding gets advantage and return 0."""
     mask = mask.to(rewards.dtype)
     # CRUCIAL: token t is terminal when token t+1 is padding (or t is the last column).
     dones = 1.0 - torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], dim=1)
-    advantages, returns = step_gae(rewards * mask, values * mask, torch.zeros_like(rewards[:, 0]), dones,
+    advantages, returns = step_gae(rewards * mask, values * mask, torch.zeros_like(rewards[:, 0]),
+                                   dones,
                                    gamma, lam)
     return advantages * mask, returns * mask
 
@@ -250,9 +282,10 @@ def discounted_returns(rewards, gamma):
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Distributed (torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is the world_size == 1 case)
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# Distributed (torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is the world_size == 1
+# case)
+# ------------------------------------------------------------------------------------------------
 @dataclass
 class DistInfo:
     rank: int = 0
@@ -270,7 +303,8 @@ def init_distributed():
     use_cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:
         return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ["LOCAL_RANK"])
     if use_cuda:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -280,7 +314,8 @@ def init_distributed():
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                device_id=device if use_cuda else None)
     return DistInfo(rank, world, local, device)
 
 
@@ -300,28 +335,40 @@ def all_reduce_mean(metrics, device=torch.device("cpu")):
 
 
 def global_metrics(metrics, device=torch.device("cpu")):
-    """One update's metrics averaged over ranks, with "reward/sq" (the mean squared reward) turned into
-    "reward/std": the std of every rank's rewards together."""
+    """One update's metrics averaged over ranks, with "reward/sq" (the mean squared reward) turned
+    into "reward/std": the std of every rank's rewards together."""
     metrics = all_reduce_mean(metrics, device)
     if "reward/sq" in metrics:
-        metrics["reward/std"] = math.sqrt(max(0.0, metrics.pop("reward/sq") - metrics["reward/mean"] ** 2))
+        variance = metrics.pop("reward/sq") - metrics["reward/mean"] ** 2
+        metrics["reward/std"] = math.sqrt(max(0.0, variance))
     return metrics
 
 
+def mean_of(stats):
+    """A list of metric dicts -> each key's mean over the dicts that hold it."""
+    keys = dict.fromkeys(k for s in stats for k in s)
+    return {k: sum(s[k] for s in stats if k in s) / sum(k in s for s in stats) for k in keys}
+
+
 def every(step, interval):
-    """Whether an every-`interval`-updates event (eval, save) falls on update `step`; interval 0: never."""
+    """Whether an every-`interval`-updates event (eval, save) falls on update `step`; interval 0:
+    never."""
     return bool(interval) and step % interval == 0
 
 
 def check_batch(args, world_size, num_prompts, per_prompt):
-    """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the fix."""
+    """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the
+    fix."""
     if num_prompts % world_size:
-        raise ValueError(f"--num_prompts {num_prompts} must be divisible by the number of processes "
-                         f"({world_size}); try --num_prompts {world_size * max(1, num_prompts // world_size)}.")
+        raise ValueError(f"--num_prompts {num_prompts} must be divisible by the number of "
+                         "processes "
+                         f"({world_size}); try --num_prompts "
+                         f"{world_size * max(1, num_prompts // world_size)}.")
     local = num_prompts // world_size * per_prompt
     if local % getattr(args, "num_mini_batches", 1):
         raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes x "
-                         f"num_generations), which --num_mini_batches {args.num_mini_batches} must divide; "
+                         f"num_generations), which --num_mini_batches {args.num_mini_batches} must "
+                         "divide; "
                          f"try --num_mini_batches {math.gcd(local, args.num_mini_batches)}.")
 
 
@@ -365,8 +412,10 @@ def average_gradients(module):
 def report_end(first_acc, final_acc, path, adapter=False):
     """The last line of a run: held-out accuracy before and after, and where the policy went."""
     accuracy = " -> ".join(f"{a:.3f}" for a in (first_acc, final_acc) if a is not None)
-    loads = "a LoRA adapter: peft loads it" if adapter else "AutoModelForCausalLM.from_pretrained loads it"
-    print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} ({loads})")
+    loads = ("a LoRA adapter: peft loads it" if adapter
+             else "AutoModelForCausalLM.from_pretrained loads it")
+    print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} "
+           f"({loads})")
 
 
 def set_seed(seed):
@@ -381,28 +430,30 @@ def set_seed(seed):
 
 
 def sample_seed(seed, step, sample_index):
-    """Sampling seed of one response, from (run seed, update, global sample index). Runs are reproducible,
-    the samples do not depend on how many ranks share the batch, and a resumed run draws exactly what the
-    uninterrupted run would have."""
+    """Sampling seed of one response, from (run seed, update, global sample index). Runs are
+    reproducible, the samples do not depend on how many ranks share the batch, and a resumed run
+    draws exactly what the uninterrupted run would have."""
     return (seed * 1_000_003 + step) * 1_000_003 + sample_index
 
 
 def problem_index(position, num_problems, seed):
-    """The problem at `position` of an endless stream over the problems: a seeded permutation per pass. Every
-    rank computes the same stream, and a resumed run continues where it stopped."""
+    """The problem at `position` of an endless stream over the problems: a seeded permutation per
+    pass. Every rank computes the same stream, and a resumed run continues where it stopped."""
     epoch, offset = divmod(position, num_problems)
-    perm = torch.randperm(num_problems, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
+    perm = torch.randperm(num_problems,
+                          generator=torch.Generator().manual_seed(seed * 7919 + epoch))
     return int(perm[offset])
 
 
 def prompt_indices(step, num_prompts, num_problems, seed):
     """The problems of update `step`: num_prompts consecutive positions of the stream."""
-    return [problem_index(pos, num_problems, seed) for pos in range(step * num_prompts, (step + 1) * num_prompts)]
+    return [problem_index(pos, num_problems, seed) for pos in range(step * num_prompts,
+                                                                    (step + 1) * num_prompts)]
 
 
 def minibatches(n, num_mini_batches, seeds, device="cpu"):
-    """Row indices of the minibatches of one pass over n rows per seed (one seed per epoch): a shuffle seeded
-    by it, cut into equal parts; with one minibatch the rows keep their order."""
+    """Row indices of the minibatches of one pass over n rows per seed (one seed per epoch): a
+    shuffle seeded by it, cut into equal parts; with one minibatch the rows keep their order."""
     for seed in seeds:
         if num_mini_batches == 1:
             yield torch.arange(n, device=device)
@@ -411,16 +462,17 @@ def minibatches(n, num_mini_batches, seeds, device="cpu"):
         yield from order.chunk(num_mini_batches)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Logging
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 class Logger:
-    """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update), samples.jsonl, eval.jsonl,
-    TensorBoard when installed, and wandb with track=True. On ranks other than 0 every method is a no-op.
+    """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update),
+    samples.jsonl, eval.jsonl, TensorBoard when installed, and wandb with track=True. On ranks other
+    than 0 every method is a no-op.
 
-    A fresh run (initial_step 0) starts the three files anew. A resumed run cuts them back to the lines of updates
-    up to initial_step, the checkpoint's update, so that lines written after that checkpoint by the killed run are
-    not doubled (a line cut short by the kill goes too)."""
+    A fresh run (initial_step 0) starts the three files anew. A resumed run cuts them back to the
+    lines of updates up to initial_step, the checkpoint's update, so that lines written after that
+    checkpoint by the killed run are not doubled (a line cut short by the kill goes too)."""
 
     def __init__(self, args, initial_step=0, enabled=True):
         self.enabled = enabled
@@ -437,7 +489,8 @@ class Logger:
             _keep_lines_up_to(path, initial_step if initial_step > 0 else -1)
         self.metrics_file, self.eval_file, self.samples_file = (open(path, "a") for path in files)
         self.start = time.time()
-        self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates", dynamic_ncols=True)
+        self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates",
+                        dynamic_ncols=True)
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -462,19 +515,27 @@ class Logger:
         self._watch(step, metrics)
 
     def _watch(self, step, metrics):
-        """Say once, in the log, when a run looks like it is diverging: the policy moved far from the one that
-        sampled (approx_kl inf, above 1, or 10 times its usual size), or its entropy collapsed to about 0."""
+        """Say once, in the log, when a run looks like it is diverging: the policy moved far from
+        the one that sampled (approx_kl inf, above 1, or 10 times its usual size), or its entropy
+        collapsed to about 0."""
         kl, entropy = metrics.get("approx_kl"), metrics.get("entropy")
-        usual = sorted(self.kl_history)[len(self.kl_history) // 2] if len(self.kl_history) >= 5 else None
-        if kl is not None and (not math.isfinite(kl) or kl > 1.0 or (usual is not None and kl > max(0.05, 10 * usual))):
-            self._warn_once("approx_kl", f"warning: approx_kl is {kl:.4g} at update {step} (usually "
-                            f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far from the one that "
+        history = self.kl_history
+        usual = sorted(history)[len(history) // 2] if len(history) >= 5 else None
+        far = usual is not None and kl is not None and kl > max(0.05, 10 * usual)
+        if kl is not None and (not math.isfinite(kl) or kl > 1.0 or far):
+            self._warn_once("approx_kl",
+                            f"warning: approx_kl is {kl:.4g} at update {step} (usually "
+                            f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far "
+                            "from the one that "
                             f"sampled, a sign of divergence; consider a lower --learning_rate.")
         elif kl is not None:
             self.kl_history.append(kl)
         if entropy is not None and entropy < 1e-3:
-            self._warn_once("entropy", f"warning: the policy's entropy collapsed to {entropy:.2g} at update {step}: "
-                            f"its samples are (nearly) all the same, so they carry little learning signal.")
+            self._warn_once("entropy",
+                            f"warning: the policy's entropy collapsed to {entropy:.2g} at update "
+                            f"{step}: "
+                            "its samples are (nearly) all the same, so they carry little learning "
+                            "signal.")
 
     def _warn_once(self, kind, text):
         if kind not in self.warned:
@@ -489,7 +550,8 @@ class Logger:
         self._show(step, metrics)
 
     def _write(self, file, step, metrics):
-        file.write(json.dumps({"step": step, "time": round(time.time() - self.start, 2), **metrics}) + "\n")
+        file.write(json.dumps({"step": step, "time": round(time.time() - self.start, 2),
+                               **metrics}) + "\n")
         file.flush()
         if self.tb:
             for k, v in metrics.items():
@@ -498,19 +560,21 @@ class Logger:
             self.wandb.log(metrics, step=step)
 
     def _show(self, step, metrics):
-        shown = {k: metrics[k] for k in ("reward/mean", "accuracy", "eval/accuracy", "kl_ref") if k in metrics}
+        shown = {k: metrics[k] for k in ("reward/mean", "accuracy", "eval/accuracy",
+                                         "kl_ref") if k in metrics}
         self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items()}, refresh=True)
 
     def log_samples(self, step, samples, show=1):
-        """samples: list of dicts (prompt, response, reward, ...). All go to samples.jsonl; `show` are printed
-        so that reward hacking is visible while the run goes."""
+        """samples: list of dicts (prompt, response, reward, ...). All go to samples.jsonl; `show`
+        are printed so that reward hacking is visible while the run goes."""
         if not self.enabled:
             return
         for s in samples:
             self.samples_file.write(json.dumps({"step": step, **s}) + "\n")
         self.samples_file.flush()
         for s in samples[:show]:
-            self.bar.write(f"[step {step}] reward={s.get('reward')}  {s.get('response', '')[:300]!r}")
+            self.bar.write(f"[step {step}] reward={s.get('reward')}  "
+                           f"{s.get('response', '')[:300]!r}")
 
     def close(self):
         if not self.enabled:
@@ -541,9 +605,9 @@ def _keep_lines_up_to(path, step):
     os.replace(tmp, path)  # a kill during the rewrite must not lose the lines
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Checkpoints: a folder that from_pretrained loads, plus trainer_state.pt for --resume
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def _non_finite(tensors, prefix=""):
     """Names of the floating-point tensors holding NaN or inf, in a (nested) dict of tensors."""
     bad = []
@@ -556,16 +620,18 @@ def _non_finite(tensors, prefix=""):
 
 
 def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None):
-    """Writes `path/` with the policy (save_pretrained, safetensors), its tokenizer, trainer_state.pt (the step,
-    optimizer states and any extra state, e.g. a critic's weights) and manifest.json (every file's size).
+    """Writes `path/` with the policy (save_pretrained, safetensors), its tokenizer,
+    trainer_state.pt (the step, optimizer states and any extra state, e.g. a critic's weights) and
+    manifest.json (every file's size).
 
-    A kill at any moment leaves either the previous checkpoint or the new one whole: the files are written into
-    `path.tmp`, which `checkpoints` ignores, and renamed into place only when complete. Weights holding NaN or
-    inf are never written."""
+    A kill at any moment leaves either the previous checkpoint or the new one whole: the files are
+    written into `path.tmp`, which `checkpoints` ignores, and renamed into place only when complete.
+    Weights holding NaN or inf are never written."""
     path = Path(path)
     bad = _non_finite({**model.state_dict(), "extra": extra or {}})
     if bad:
-        raise FloatingPointError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds NaN or inf. "
+        raise FloatingPointError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
+                                 "NaN or inf. "
                                  f"The previous checkpoint is intact; --resume continues from it.")
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
@@ -574,9 +640,11 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None):
     state = {"step": step, "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
              "extra": extra or {}}
     torch.save(state, tmp / "trainer_state.pt")
-    sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+    sizes = {str(f.relative_to(tmp)): f.stat().st_size
+             for f in sorted(tmp.rglob("*")) if f.is_file()}
     (tmp / "manifest.json").write_text(json.dumps(sizes, indent=1))
-    if path.exists():  # the same step saved again: swap by renames, so that a whole copy exists at every moment
+    # the same step saved again: swap by renames, so that a whole copy exists at every moment
+    if path.exists():
         old = path.with_name(path.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
@@ -587,21 +655,16 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None):
 
 
 def checkpoints(output_dir):
-    """The checkpoint-N folders of output_dir, newest first; unfinished saves (checkpoint-N.tmp) are not among
-    them."""
+    """The checkpoint-N folders of output_dir, newest first; unfinished saves (checkpoint-N.tmp) are
+    not among them."""
     found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint-*")
              if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()]
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def latest_checkpoint(output_dir):
-    """The newest checkpoint-N folder in output_dir, or None."""
-    return next(iter(checkpoints(output_dir)), None)
-
-
 def load_trainer_state(path):
-    """trainer_state.pt of a checkpoint, after checking that every file its manifest lists is there at its size
-    (a truncated or missing file raises ValueError)."""
+    """trainer_state.pt of a checkpoint, after checking that every file its manifest lists is there
+    at its size (a truncated or missing file raises ValueError)."""
     path = Path(path)
     if (path / "manifest.json").exists():
         for name, size in json.loads((path / "manifest.json").read_text()).items():
@@ -613,26 +676,32 @@ def load_trainer_state(path):
 
 
 def resume_point(output_dir, resume, max_steps):
-    """(start_step, checkpoint folder, trainer state): where a run starts, decided before any model loads.
+    """(start_step, checkpoint folder, trainer state): where a run starts, decided before any model
+    loads.
 
-    Without --resume a folder that already holds checkpoints is an error (a later --resume would mix two runs).
-    With --resume: the newest complete checkpoint, falling back past a corrupt one with a message; none at all
-    starts from update 0, said plainly; a checkpoint beyond --max_steps is an error; one at --max_steps means the
-    run is finished, and the process exits."""
+    Without --resume a folder that already holds checkpoints is an error (a later --resume would mix
+    two runs). With --resume: the newest complete checkpoint, falling back past a corrupt one with a
+    message; none at all starts from update 0, said plainly; a checkpoint beyond --max_steps is an
+    error; one at --max_steps means the run is finished, and the process exits."""
     found = checkpoints(output_dir)
     if not resume:
         if found:
-            raise FileExistsError(f"--output_dir {output_dir} already holds {found[0].name} from an earlier run: "
-                                  f"pass --resume to continue it, or another --output_dir for a new run.")
+            raise FileExistsError(f"--output_dir {output_dir} already holds {found[0].name} from "
+                                  "an earlier run: "
+                                  "pass --resume to continue it, or another --output_dir for a "
+                                  "new run.")
         return 0, None, None
     for path in found:
         try:
             state = load_trainer_state(path)
-        except Exception as e:  # a truncated file, a bad zip, a missing trainer_state.pt: try the one before
-            print0(f"--resume: {path} is corrupt ({type(e).__name__}: {e}); falling back to the previous checkpoint")
+        # a truncated file, a bad zip, a missing trainer_state.pt: try the one before
+        except Exception as e:
+            print0(f"--resume: {path} is corrupt ({type(e).__name__}: {e}); falling back to the "
+                   "previous checkpoint")
             continue
         if state["step"] > max_steps:
-            raise ValueError(f"--resume: {path} is at update {state['step']}, beyond --max_steps {max_steps}; "
+            raise ValueError(f"--resume: {path} is at update {state['step']}, beyond --max_steps "
+                             f"{max_steps}; "
                              f"pass --max_steps {state['step']} or more (or another --output_dir).")
         if state["step"] == max_steps:
             print0(f"--resume: {path} is already at --max_steps {max_steps}: nothing to do "
@@ -644,63 +713,77 @@ def resume_point(output_dir, resume, max_steps):
     return 0, None, None
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Run safety: argument checks, non-finite rewards and steps
-# ---------------------------------------------------------------------------------------------------------
-# Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines them.
-POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval", "num_prompts",
+# ------------------------------------------------------------------------------------------------
+# Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines
+# them.
+POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval",
+            "num_prompts",
             "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs", "num_steps",
             "max_episode_steps", "eval_max_new_tokens")
-NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps", "num_few_shot")
+NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
+                "num_few_shot")
 
 
 def check_common_args(args):
-    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes, sampling,
-    the output folder, wandb."""
+    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes,
+    sampling, the output folder, wandb."""
     defaults = {f.name: f.default for f in fields(args)}
     for name in POSITIVE + NON_NEGATIVE:
         value, low = getattr(args, name, None), 1 if name in POSITIVE else 0
         if value is not None and value < low:
-            raise ValueError(f"--{name} {value}: must be >= {low} (the default is {defaults[name]}).")
+            raise ValueError(f"--{name} {value}: must be >= {low} (the default is "
+                             f"{defaults[name]}).")
     if not args.temperature > 0 or not 0 < args.top_p <= 1:
-        raise ValueError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples need a "
+        raise ValueError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
+                         "need a "
                          f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
     check_output_dir(args.output_dir)
     if args.track and importlib.util.find_spec("wandb") is None:
-        raise ImportError("--track logs to Weights & Biases, which is not installed: pip install wandb, or drop "
+        raise ImportError("--track logs to Weights & Biases, which is not installed: pip install "
+                          "wandb, or drop "
                           "--track (metrics.jsonl and TensorBoard logs are written anyway).")
 
 
 def check_output_dir(path, flag="--output_dir"):
-    """Write a probe file where the output will go (the folder, or its nearest existing parent), so that an
-    unwritable path fails before hours of work rather than at the first save. Nothing is left behind."""
+    """Write a probe file where the output will go (the folder, or its nearest existing parent), so
+    that an unwritable path fails before hours of work rather than at the first save. Nothing is
+    left behind."""
     path = Path(path).expanduser()
     existing = next(p for p in [path, *path.parents] if p.exists())
     if not existing.is_dir():
-        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, not a folder; pass a folder (it is created "
+        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
+                                 "folder (it is created "
                                  f"if missing).")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
-        raise PermissionError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): pass a folder "
+        raise PermissionError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
+                              "pass a folder "
                               f"you can write to.") from None
 
 
 def check_rewards(rewards, step, task, describe):
-    """A NaN or inf reward would turn every weight into NaN through the update: stop before it, naming the
-    sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that entry is."""
+    """A NaN or inf reward would turn every weight into NaN through the update: stop before it,
+    naming the sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that
+    entry is."""
     bad = (~torch.isfinite(rewards)).nonzero()
     if len(bad):
         where = tuple(bad[0].tolist())
         raise FloatingPointError(
-            f"reward {rewards[where].item()} for sample {where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
-            f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite numbers. The run stops "
-            f"before this update, so no checkpoint holds it; fix the reward function (or PRM) that produced it.")
+            f"reward {rewards[where].item()} for sample "
+            f"{where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
+            f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite "
+            "numbers. The run stops "
+            "before this update, so no checkpoint holds it; fix the reward function (or PRM) that "
+            "produced it.")
 
 
 class StepGuard:
-    """Skips an optimizer step whose loss or gradient norm is NaN or inf, on every rank alike, and stops the run
-    after `patience` skips in a row: one bad batch must not turn every weight into NaN.
+    """Skips an optimizer step whose loss or gradient norm is NaN or inf, on every rank alike, and
+    stops the run after `patience` skips in a row: one bad batch must not turn every weight into
+    NaN.
 
         if guard.ok(loss, grad_norm):   # False: the step is skipped (and counted)
             optimizer.step()
@@ -711,7 +794,8 @@ class StepGuard:
 
     def ok(self, *values):
         bad = torch.tensor([0.0 if all(math.isfinite(float(v)) for v in values) else 1.0])
-        if dist.is_initialized() and dist.get_world_size() > 1:  # one rank's NaN skips the step everywhere
+        # one rank's NaN skips the step everywhere
+        if dist.is_initialized() and dist.get_world_size() > 1:
             bad = bad.to(_collective_device())
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         if bad.item() == 0:
@@ -719,12 +803,15 @@ class StepGuard:
             return True
         self.in_a_row += 1
         self.skipped += 1
-        print0(f"non-finite loss or gradient norm ({', '.join(f'{float(v):.4g}' for v in values)}): optimizer step "
+        print0("non-finite loss or gradient norm "
+               f"({', '.join(f'{float(v):.4g}' for v in values)}): optimizer step "
                f"skipped ({self.in_a_row} in a row)")
         if self.in_a_row >= self.patience:
             raise FloatingPointError(
-                f"{self.in_a_row} optimizer steps in a row had a NaN or inf loss or gradient norm: the run stops "
-                f"here. Lower --learning_rate, check the rewards, or try without --bf16; --resume continues from "
+                f"{self.in_a_row} optimizer steps in a row had a NaN or inf loss or gradient norm: "
+                "the run stops "
+                "here. Lower --learning_rate, check the rewards, or try without --bf16; --resume "
+                "continues from "
                 f"the last checkpoint, which holds finite weights.")
         return False
 
@@ -735,4 +822,6 @@ class StepGuard:
 
 
 def _collective_device():
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

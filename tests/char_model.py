@@ -1,10 +1,11 @@
 """A local stand-in for a hub model in tests of full command lines: a random 2-layer Llama over a
-character vocabulary (printable ASCII, newline, the Math-Shepherd step tag 'ки'), with a chat template,
-saved with save_pretrained so that `--model_name_or_path <folder>` loads it like any local checkpoint.
+character vocabulary (printable ASCII, newline, the Math-Shepherd step tag 'ки'), with a chat
+template, saved with save_pretrained so that `--model_name_or_path <folder>` loads it like any local
+checkpoint.
 
-Its generation config stops on EOS and on a dozen rare characters, as some models stop on several ids:
-with random weights a response then ends after about 8 tokens, so the seeds' command lines (512 samples
-of up to 1024 tokens) run in seconds on a CPU.
+Its generation config stops on EOS and on a dozen rare characters, as some models stop on several
+ids: with random weights a response then ends after about 8 tokens, so the seeds' command lines (512
+samples of up to 1024 tokens) run in seconds on a CPU.
 """
 
 from pathlib import Path
@@ -33,7 +34,8 @@ def build(folder):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                         pad_token="<pad>", unk_token="<unk>")
     tokenizer.chat_template = TEMPLATE
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)

@@ -1,13 +1,15 @@
 """Runs an algorithm file with a test reward instead of the task's verifier, chosen by $TEST_REWARD:
 
-- "length" (the default): (len(response) % 5) / 4, a reward that varies even for the tiny random model, so that
+- "length" (the default): (len(response) % 5) / 4, a reward that varies even for the tiny random
+  model, so that
   distributed and resume tests compare non-trivial updates;
-- "lowercase": the fraction of the response's characters that are lowercase ASCII letters, which the tiny random
+- "lowercase": the fraction of the response's characters that are lowercase ASCII letters, which the
+  tiny random
   model can learn to raise within a few dozen updates (the learning tests);
 - "nan_at:K": the length reward, except NaN for the K-th response graded in this process (0-based).
 
-usage: TEST_REWARD=lowercase python tests/run_with_test_reward.py grpo --model_name_or_path tiny-random ...
-(torchrun works too)
+usage: TEST_REWARD=lowercase python tests/run_with_test_reward.py grpo --model_name_or_path
+tiny-random ... (torchrun works too)
 """
 
 import importlib
@@ -49,7 +51,8 @@ MAKE_ENV = envlib.make_env
 
 def make_env(task, split="train", **options):
     env = MAKE_ENV(task, split, **options)
-    env.__class__ = TestRewardEnv  # a subclass, not a patched method: copies of the env (stepwise) keep it
+    # a subclass, not a patched method: copies of the env (stepwise) keep it
+    env.__class__ = TestRewardEnv
     return env
 
 

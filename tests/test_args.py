@@ -1,7 +1,8 @@
-"""common/args.py: --help from docstrings, the seeds' flags translated into this project's vocabulary (one
-line each, batch sizes by arithmetic, infrastructure flags accepted with what happens instead, unknown
-flags named with the closest option), the learning-rate schedules, and the vocabulary itself: every option
-and every metric key of the five files is in the table of docs/README.md."""
+"""common/args.py: --help from docstrings, the seeds' flags translated into this project's
+vocabulary (one line each, batch sizes by arithmetic, infrastructure flags accepted with what
+happens instead, unknown flags named with the closest option), the learning-rate schedules, and the
+vocabulary itself: every option and every metric key of the five files is in the table of
+docs/README.md."""
 
 import importlib
 import json
@@ -29,12 +30,15 @@ def test_a_renamed_flag_prints_one_line_and_sets_the_option(capsys):
     args, out = args_of("appo", ["--ppo_epoch", "3"], capsys)
     assert args.num_ppo_epochs == 3
     assert out.strip() == "--ppo_epoch is OpenR's name for --num_ppo_epochs"
-    args, out = args_of("ppo", ["--missing_eos_penalty", "1.0"], capsys)  # TRL subtracts it; here it is added
+    # TRL subtracts it; here it is added
+    args, out = args_of("ppo", ["--missing_eos_penalty", "1.0"], capsys)
     assert args.non_stop_penalty == -1.0 and "TRL PPOConfig's name for --non_stop_penalty" in out
 
 
 def test_infrastructure_flags_are_accepted_with_what_happens_instead(capsys):
-    args, out = args_of("grpo", ["--collocate", "--vllm_gpu_ratio", "0.7", "--zero-stage", "2", "--gpus", "8"],
+    args, out = args_of("grpo",
+                        ["--collocate", "--vllm_gpu_ratio", "0.7", "--zero-stage", "2", "--gpus",
+                         "8"],
                         capsys)
     assert args == parse_args(importlib.import_module("grpo").Args, [])  # nothing changed
     assert "--collocate: one process samples and learns" in out
@@ -42,17 +46,23 @@ def test_infrastructure_flags_are_accepted_with_what_happens_instead(capsys):
 
 
 def test_an_unknown_flag_names_the_closest_option():
-    with pytest.raises(SystemExit, match=r"--kl_coeficient is not an option here; the closest option is --kl_coef"):
+    with pytest.raises(SystemExit,
+                       match=r"--kl_coeficient is not an option here; the closest option is "
+                             r"--kl_coef"):
         args_of("ppo", ["--kl_coeficient", "0.1"])
-    with pytest.raises(SystemExit, match=r"--ppo_epoch is not an option here \(OpenR's flag, not used by "
+    with pytest.raises(SystemExit,
+                       match=r"--ppo_epoch is not an option here \(OpenR's flag, not used by "
                                          r"grpo.py\); the closest option is --num_ppo_epochs"):
         args_of("grpo", ["--ppo_epoch", "2"])
 
 
 def test_two_names_of_one_option_with_different_values():
-    with pytest.raises(SystemExit, match="--generate_max_length and --max_completion_length name the same option"):
+    with pytest.raises(SystemExit,
+                       match="--generate_max_length and --max_completion_length name the same "
+                             "option"):
         args_of("grpo", ["--generate_max_length", "1024", "--max_completion_length", "256"])
-    # the same value twice is fine; this project's own name wins over a seed's (a test's --max_steps 1)
+    # the same value twice is fine; this project's own name wins over a seed's (a test's --max_steps
+    # 1)
     args, _ = args_of("appo", ["--lr", "1e-6", "--learning_rate", "1e-6"])
     assert args.learning_rate == 1e-6
     args, _ = args_of("reinforce", ["--num_iterations", "20", "--max_steps", "1"])
@@ -63,17 +73,23 @@ def test_two_names_of_one_option_with_different_values():
 
 def test_oat_batch_sizes_by_arithmetic(capsys):
     # oat's GSM8K PPO example: 64 prompts x 8 samples per rollout, 64 samples per optimizer step
-    args, out = args_of("ppo", ["--rollout_batch_size", "64", "--num_samples", "8", "--train_batch_size", "64",
-                                "--train_batch_size_per_device", "8", "--rollout_batch_size_per_device", "8"],
+    args, out = args_of("ppo",
+                        ["--rollout_batch_size", "64", "--num_samples", "8", "--train_batch_size",
+                         "64",
+                                "--train_batch_size_per_device", "8",
+                                "--rollout_batch_size_per_device", "8"],
                         capsys)
-    assert (args.num_prompts, args.num_generations, args.num_mini_batches, args.micro_batch_size) == (64, 8, 8, 8)
+    assert (args.num_prompts, args.num_generations, args.num_mini_batches,
+            args.micro_batch_size) == (64, 8, 8, 8)
     assert "--rollout_batch_size_per_device: per-rank sizes follow" in out
     with pytest.raises(ValueError, match="--train_batch_size 48 must divide"):
-        args_of("grpo", ["--rollout_batch_size", "8", "--num_samples", "8", "--train_batch_size", "48"])
+        args_of("grpo",
+                ["--rollout_batch_size", "8", "--num_samples", "8", "--train_batch_size", "48"])
 
 
 def test_oat_kl_knobs_pick_the_placement():
-    args, _ = args_of("ppo", ["--kl_penalty_coef", "0", "--beta", "0.0001"])  # oat's GSM8K line: a KL loss
+    # oat's GSM8K line: a KL loss
+    args, _ = args_of("ppo", ["--kl_penalty_coef", "0", "--beta", "0.0001"])
     assert (args.beta, args.kl_penalty, args.kl_estimator) == (0.0001, "loss", "k3")
     args, _ = args_of("ppo", ["--kl_penalty_coef", "0.05"])  # KL in the reward, k1
     assert (args.beta, args.kl_penalty, args.kl_estimator) == (0.05, "reward", "k1")
@@ -82,27 +98,38 @@ def test_oat_kl_knobs_pick_the_placement():
 
 
 def test_trl_batch_sizes_by_arithmetic(monkeypatch):
-    # GRPO: per_device_train_batch_size counts completions; 8 x 4 accumulation x 2 processes = 64 = 8 prompts x 8
+    # GRPO: per_device_train_batch_size counts completions; 8 x 4 accumulation x 2 processes = 64 =
+    # 8 prompts x 8
     monkeypatch.setenv("WORLD_SIZE", "2")
-    args, _ = args_of("grpo", ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "4",
+    args, _ = args_of("grpo",
+                      ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "4",
                                "--num_generations", "8", "--max_completion_length", "256"])
-    assert (args.num_prompts, args.micro_batch_size, args.max_new_tokens, args.num_mini_batches) == (8, 8, 256, 1)
-    # steps_per_generation 8 = 2 x the accumulation: 2 optimizer steps per rollout of 8 x 2 x 8 completions
-    args, _ = args_of("grpo", ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "4",
+    assert (args.num_prompts, args.micro_batch_size, args.max_new_tokens,
+            args.num_mini_batches) == (8, 8, 256, 1)
+    # steps_per_generation 8 = 2 x the accumulation: 2 optimizer steps per rollout of 8 x 2 x 8
+    # completions
+    args, _ = args_of("grpo",
+                      ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "4",
                                "--steps_per_generation", "8", "--num_generations", "8"])
     assert (args.num_prompts, args.num_mini_batches) == (16, 2)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    # PPO: a rollout batch of per_device x accumulation x TRL's one minibatch prompts; 10000 episodes / 64
-    args, _ = args_of("ppo", ["--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1",
+    # PPO: a rollout batch of per_device x accumulation x TRL's one minibatch prompts; 10000
+    # episodes / 64
+    args, _ = args_of("ppo",
+                      ["--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1",
                               "--total_episodes", "10000"])
-    assert (args.num_prompts, args.num_mini_batches, args.micro_batch_size, args.max_steps) == (64, 1, 64, 156)
+    assert (args.num_prompts, args.num_mini_batches, args.micro_batch_size,
+            args.max_steps) == (64, 1, 64, 156)
 
 
 def test_llm_rl_collection_is_one_episode_per_problem_without_a_baseline():
-    args, _ = args_of("reinforce", ["--num_collection_episodes", "100", "--max_trajectory_steps", "10",
-                                    "--sym_calc", "--kl_coeff", "0.25", "--update_ref_iterations", "2"])
+    args, _ = args_of("reinforce",
+                      ["--num_collection_episodes", "100", "--max_trajectory_steps", "10",
+                                    "--sym_calc", "--kl_coeff", "0.25", "--update_ref_iterations",
+                                    "2"])
     assert (args.num_prompts, args.num_generations, args.baseline) == (100, 1, "none")
-    assert (args.stepwise, args.max_episode_steps, args.beta, args.ref_model_sync_steps) == (True, 10, 0.25, 2)
+    assert (args.stepwise, args.max_episode_steps, args.beta,
+            args.ref_model_sync_steps) == (True, 10, 0.25, 2)
     args, _ = args_of("reinforce", ["--num_collection_episodes", "100", "--baseline", "mean"])
     assert args.baseline == "mean"  # an explicit option wins over the seed's
 
@@ -112,11 +139,15 @@ def test_llm_rl_collection_is_one_episode_per_problem_without_a_baseline():
     # 2 warmup updates (1e-3 x 1/2, x 2/2), then 8 more down to the end; progress p = (step - 2) / 8
     ("constant", [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3]),
     ("linear", [5e-4, 1e-3, 1e-3 * 7 / 8, 1e-3 * 6 / 8, 1e-3 * 4 / 8, 1e-3 * 1 / 8]),
-    ("cosine", [5e-4, 1e-3] + [1e-3 * 0.5 * (1 + math.cos(math.pi * p)) for p in (1 / 8, 2 / 8, 4 / 8, 7 / 8)]),
-    ("polynomial", [5e-4, 1e-3] + [(1e-3 - 1e-7) * (1 - p) + 1e-7 for p in (1 / 8, 2 / 8, 4 / 8, 7 / 8)]),
+    ("cosine",
+     [5e-4,
+      1e-3] + [1e-3 * 0.5 * (1 + math.cos(math.pi * p)) for p in (1 / 8, 2 / 8, 4 / 8, 7 / 8)]),
+    ("polynomial",
+     [5e-4, 1e-3] + [(1e-3 - 1e-7) * (1 - p) + 1e-7 for p in (1 / 8, 2 / 8, 4 / 8, 7 / 8)]),
 ])
 def test_schedules_at_a_few_updates(schedule, expected):
-    args = TrainArgs(output_dir="x", learning_rate=1e-3, warmup_steps=2, max_steps=10, lr_scheduler=schedule)
+    args = TrainArgs(output_dir="x", learning_rate=1e-3, warmup_steps=2, max_steps=10,
+                     lr_scheduler=schedule)
     got = [lr_at(step, args) for step in (0, 1, 3, 4, 6, 9)]
     assert got == pytest.approx(expected, rel=1e-9)
     # a critic's rate on the same schedule: the schedule of its own peak
@@ -131,16 +162,21 @@ def test_epochs_and_warmup_ratio_once_the_data_is_read():
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_a_resumed_run_continues_the_schedule(algo, tmp_path):
-    # 3 updates straight against 2 + a resume: the logged learning rates agree, and follow the cosine
+    # 3 updates straight against 2 + a resume: the logged learning rates agree, and follow the
+    # cosine
     import subprocess
     import sys
 
-    common = ["tests/run_with_test_reward.py", algo, "--model_name_or_path", "tiny-random", "--max_new_tokens", "4",
-              "--num_eval_problems", "0", "--num_prompts", "2", "--num_generations", "2", "--micro_batch_size", "4",
-              "--num_mini_batches", "1", "--lr_scheduler", "cosine", "--warmup_steps", "1", "--learning_rate",
+    common = ["tests/run_with_test_reward.py", algo, "--model_name_or_path", "tiny-random",
+              "--max_new_tokens", "4",
+              "--num_eval_problems", "0", "--num_prompts", "2", "--num_generations", "2",
+              "--micro_batch_size", "4",
+              "--num_mini_batches", "1", "--lr_scheduler", "cosine", "--warmup_steps", "1",
+              "--learning_rate",
               "1e-3"]
     for out, steps in (("straight", ["3"]), ("split", ["2"]), ("split", ["3", "--resume"])):
-        subprocess.run([sys.executable, *common, "--max_steps", *steps, "--output_dir", str(tmp_path / out)],
+        subprocess.run([sys.executable, *common, "--max_steps", *steps, "--output_dir",
+                        str(tmp_path / out)],
                        cwd=ROOT, check=True, capture_output=True)
     lrs = {out: [json.loads(x)["lr"] for x in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
            for out in ("straight", "split")}
@@ -150,7 +186,8 @@ def test_a_resumed_run_continues_the_schedule(algo, tmp_path):
 
 # ---- one vocabulary -----------------------------------------------------------------------------------------
 def vocabulary():
-    """{name: row} of the vocabulary table in docs/README.md: options and metric keys, one row each."""
+    """{name: row} of the vocabulary table in docs/README.md: options and metric keys, one row
+    each."""
     text = (ROOT / "docs/README.md").read_text()
     table = text[text.index("## Vocabulary"):]
     table = table[:table.index("\n## ", 3)] if "\n## " in table[3:] else table
@@ -187,14 +224,17 @@ def test_no_alias_is_also_an_option_of_its_file():
 def logged_keys(algo):
     """The metric keys a file writes: the string keys of its metrics dict and of its loss stats."""
     source = (ROOT / f"{algo}.py").read_text()
-    keys = set(re.findall(r'(?:[{,]\s*|^\s+)"([a-z_]+(?:/[a-z_]+)?)": ', source[source.index("def "):],
+    keys = set(re.findall(r'(?:[{,]\s*|^\s+)"([a-z_]+(?:/[a-z_]+)?)": ',
+                          source[source.index("def "):],
                           re.MULTILINE))
     keys |= set(re.findall(r'metrics\["([a-z_/]+)"\]', source))
     keys |= set(re.findall(r'stats\["([a-z_/]+)"\]', source))
     # the dict keys of samples, batches and checkpoints are not metrics
-    return keys - {"question", "answer", "response", "reward", "advantage", "value", "return", "policy", "critic",
-                   "envs", "ref_policy", "input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages",
-                   "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards",
+    return keys - {"question", "answer", "response", "reward", "advantage", "value", "return",
+                   "policy", "critic",
+                   "envs", "ref_policy", "input_ids", "attention_mask", "action_mask",
+                   "old_logprobs", "advantages",
+                   "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs",
                    "reward/sq"}  # reward/sq becomes reward/std in global_metrics
 
 
@@ -202,6 +242,7 @@ def logged_keys(algo):
 def test_every_metric_key_is_in_the_vocabulary(algo):
     names = vocabulary()
     keys = logged_keys(algo)
-    assert {"reward/mean", "accuracy", "entropy", "approx_kl", "grad_norm", "lr"} <= keys  # the parser finds them
+    # the parser finds them
+    assert {"reward/mean", "accuracy", "entropy", "approx_kl", "grad_norm", "lr"} <= keys
     for key in keys:
         assert key in names, f"{algo}.py logs {key!r}, which docs/README.md's vocabulary does not define"

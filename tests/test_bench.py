@@ -1,5 +1,6 @@
-"""The benchmarks' arithmetic by hand: the TRL comparison's summary (the benchmark itself needs TRL and ~20 min:
-bench/trl_vs_mathrl.py) and the baseline-variance statistics (bench/baseline_variance.py)."""
+"""The benchmarks' arithmetic by hand: the TRL comparison's summary (the benchmark itself needs TRL
+and ~20 min: bench/trl_vs_mathrl.py) and the baseline-variance statistics
+(bench/baseline_variance.py)."""
 
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ def test_summary_ratios_and_rollout_time_by_hand():
         "trl": [{"seconds": s, "reward": r, "response_len": n} for s, r, n in
                 [(40.0, 0.0, 50), (50.0, 0.5, 50), (60.0, 1.0, 50), (30.0, 0.5, 50)]],
         "mathrl": [{"seconds": s, "reward": r, "response_len": n, "update_s": u} for s, r, n, u in
-                   [(20.0, 0.0, 40, 12.0), (30.0, 0.25, 40, 20.0), (10.0, 0.75, 20, 4.0), (40.0, 0.25, 100, 30.0)]],
+                   [(20.0, 0.0, 40, 12.0), (30.0, 0.25, 40, 20.0), (10.0, 0.75, 20,
+                                                                    4.0), (40.0, 0.25, 100, 30.0)]],
     }
     out = summarize(rows, {"trl": 2000.0, "mathrl": 1000.0})
     assert out["median_step_s"] == {"trl": 45.0, "mathrl": 25.0}
@@ -30,24 +32,27 @@ def test_summary_ratios_and_rollout_time_by_hand():
 
 
 def test_baseline_variance_statistics_by_hand():
-    # one prompt, M = 4 samples split into 2 groups of k = 2; a group's estimate is sum_i w_i g_i / (P k)
+    # one prompt, M = 4 samples split into 2 groups of k = 2; a group's estimate is sum_i w_i g_i /
+    # (P k)
     ones = torch.ones(4, dtype=torch.float64)
-    # every sample has the same gradient g and reward 1: none estimates g exactly (variance 0, |E|^2 = 1);
-    # rloo's weights sum to 0 in each group, so it estimates 0, also exactly
+    # every sample has the same gradient g and reward 1: none estimates g exactly (variance 0, |E|^2
+    # = 1); rloo's weights sum to 0 in each group, so it estimates 0, also exactly
     s = estimator_stats(torch.ones(4, 4, dtype=torch.float64), ones[None], k=2)
     assert s["none"]["variance"] == pytest.approx(0) and s["none"]["signal"] == pytest.approx(1)
     assert s["rloo"]["variance"] == pytest.approx(0) and s["rloo"]["signal"] == pytest.approx(0)
-    # orthonormal gradients, reward 1 on sample 0 only. none: the group holding sample 0 gives g0 / 2, the other
-    # 0 -> unbiased variance of 2 vectors (1/4 + 0 - |g0/2|^2 / 2) / 1 = 1/8. rloo: that group's weights are
-    # (1, -1) -> (g0 - g_b) / 2, |.|^2 = 1/2 -> (1/2 - 1/4) = 1/4. With uncorrelated gradients the baseline only
-    # adds the second sample's noise: it pays off through the gradient shared by a prompt's responses.
+    # orthonormal gradients, reward 1 on sample 0 only. none: the group holding sample 0 gives g0 /
+    # 2, the other 0 -> unbiased variance of 2 vectors (1/4 + 0 - |g0/2|^2 / 2) / 1 = 1/8. rloo:
+    # that group's weights are (1, -1) -> (g0 - g_b) / 2, |.|^2 = 1/2 -> (1/2 - 1/4) = 1/4. With
+    # uncorrelated gradients the baseline only adds the second sample's noise: it pays off through
+    # the gradient shared by a prompt's responses.
     eye = torch.eye(4, dtype=torch.float64)
     s = estimator_stats(eye, torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), k=2)
     assert s["none"]["variance"] == pytest.approx(1 / 8) and s["rloo"]["variance"] == pytest.approx(1 / 4)
     assert s["none"]["signal"] == pytest.approx(0) and s["rloo"]["signal"] == pytest.approx(0)
-    # two prompts of orthonormal gradients, reward 1 everywhere: the batch estimate sums 4 vectors / (P k) = 4,
-    # |.|^2 = 4 / 16; per prompt (2/8 - 1/8) = 1/8, two prompts 1/4
-    s = estimator_stats(torch.eye(8, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64), k=2)
+    # two prompts of orthonormal gradients, reward 1 everywhere: the batch estimate sums 4 vectors /
+    # (P k) = 4, |.|^2 = 4 / 16; per prompt (2/8 - 1/8) = 1/8, two prompts 1/4
+    s = estimator_stats(torch.eye(8, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64),
+                        k=2)
     assert s["none"]["variance"] == pytest.approx(1 / 4)
     with pytest.raises(ValueError, match="at least 2 groups"):
         estimator_stats(eye, ones[None], k=3)

@@ -1,4 +1,5 @@
-"""The env interface: make_env, reset/step in single-turn and stepwise mode, seeding, data files, errors."""
+"""The env interface: make_env, reset/step in single-turn and stepwise mode, seeding, data files,
+errors."""
 
 import importlib.util
 import json
@@ -8,8 +9,10 @@ import pytest
 from common.env import DATA_DIR, TASKS, load_few_shot, make_env, safe_arith, verify
 
 JANET = {
-    "question": "Janet's ducks lay 16 eggs per day. She eats 3 and bakes with 4. She sells the rest for $2 each. How much does she make?",
-    "answer": "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18",
+    "question": "Janet's ducks lay 16 eggs per day. She eats 3 and bakes with 4. She sells the "
+                "rest for $2 each. How much does she make?",
+    "answer": "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\nShe makes 9 * 2 = "
+              "$<<9*2=18>>18.\n#### 18",
 }
 
 
@@ -27,7 +30,8 @@ def test_countdown_one_liner():
     assert "<answer> </answer>" in obs[1]["content"]
     obs, reward, done, info = env.step("<answer>1+2</answer>")
     assert (obs, reward, done) == (None, 0.1, True)
-    assert info == {"correct": False, "format_ok": True, "pred": "1+2", "answer": env.examples[env.index]["answer"], "steps": 1}
+    assert info == {"correct": False, "format_ok": True, "pred": "1+2",
+                    "answer": env.examples[env.index]["answer"], "steps": 1}
 
 
 def test_registry():
@@ -41,24 +45,31 @@ def test_single_turn_gsm8k_from_file(gsm8k_file):
     assert env.examples[0]["solution"] == JANET["answer"]
     assert env.reset(0)[-1] == {"role": "user", "content": JANET["question"]}
     assert env.step("She makes 9 * 2 = 18 dollars. The answer is 18.") == (
-        None, 1.0, True, {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 1})
+        None, 1.0, True,
+        {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 1})
     env.reset(0)
-    _, reward, _, info = env.step("She makes 18 dollars a day")  # right number, but no answer marker
+    # right number, but no answer marker
+    _, reward, _, info = env.step("She makes 18 dollars a day")
     # was (1.0, True, False): without a marker there is no reward (data/README.md, "Grading policy")
     assert (reward, info["correct"], info["format_ok"], info["pred"]) == (0.0, False, False, "18")
     env.reset(0)
-    assert env.step("#### 18 or 17")[1:] == (0.0, True, {"correct": False, "format_ok": False, "pred": None,
+    assert env.step("#### 18 or 17")[1:] == (0.0, True,
+                                             {"correct": False, "format_ok": False, "pred": None,
                                                           "answer": "18", "steps": 1})
     with pytest.raises(RuntimeError, match="reset"):
         env.step("again")
-    assert env.score("The answer is 17.", 0) == (0.0, {"correct": False, "format_ok": True, "pred": "17", "answer": "18", "steps": 1})
+    assert env.score("The answer is 17.", 0) == (0.0,
+                                                 {"correct": False, "format_ok": True, "pred": "17",
+                                                  "answer": "18", "steps": 1})
 
 
 def test_stepwise_plain_with_openr_tag(gsm8k_file):
-    env = make_env("gsm8k", path=gsm8k_file, template="plain", system_prompt="", stepwise=True, step_tag=" ки\n")
+    env = make_env("gsm8k", path=gsm8k_file, template="plain", system_prompt="", stepwise=True,
+                   step_tag=" ки\n")
     prompt = env.reset(0)
     assert prompt == f"Question: {JANET['question']}\nAnswer:"
-    obs, reward, done, info = env.step(" Janet sells 16 - 3 - 4 = 9 eggs. ки\n")  # the tag text is stripped, then re-added
+    # the tag text is stripped, then re-added
+    obs, reward, done, info = env.step(" Janet sells 16 - 3 - 4 = 9 eggs. ки\n")
     assert obs == prompt + " Janet sells 16 - 3 - 4 = 9 eggs. ки\n"
     assert (reward, done, info["steps"], info["correct"]) == (0.0, False, 1, False)
     obs, reward, done, _ = env.step(" She makes 9 * 2 = 18 dollars.\n")
@@ -74,9 +85,11 @@ def test_stepwise_chat_state_and_max_steps(gsm8k_file):
     prompt = env.reset(0)
     obs, *_ = env.step("Janet sells 9 eggs.\n")
     assert obs == prompt + [{"role": "assistant", "content": "Janet sells 9 eggs.\n"}]
-    obs, reward, done, info = env.step("Each costs 2 dollars.")  # max_steps reached, no final answer
+    # max_steps reached, no final answer
+    obs, reward, done, info = env.step("Each costs 2 dollars.")
     assert obs[-1]["content"] == "Janet sells 9 eggs.\nEach costs 2 dollars.\n"
-    assert (reward, done, info["steps"], info["pred"], info["format_ok"]) == (0.0, True, 2, "2", False)
+    assert (reward, done, info["steps"], info["pred"],
+            info["format_ok"]) == (0.0, True, 2, "2", False)
 
 
 def test_stepwise_countdown_ends_on_answer_tag():
@@ -104,7 +117,8 @@ def test_reward_fn_hook(gsm8k_file):
         ("18", ["Janet sells 9 eggs.", "9 * 2 = 18."], False),
         ("18", ["Janet sells 9 eggs.", "9 * 2 = 18.", "The answer is 18."], True),
     ]
-    env = make_env("gsm8k", path=gsm8k_file, reward_fn=reward_fn)  # single-turn: one call, done=True
+    # single-turn: one call, done=True
+    env = make_env("gsm8k", path=gsm8k_file, reward_fn=reward_fn)
     env.reset(0)
     assert env.step("The answer is 17.")[1] == 0.5
     assert calls[-1] == ("18", ["The answer is 17."], True)
@@ -114,20 +128,26 @@ def test_few_shot_chat_and_plain():
     env = make_env("arithmetic", split="test", num_few_shot=2, system_prompt="Be brief.")
     msgs = env.reset(0)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert msgs[1:3] == [{"role": "user", "content": "What is 47 + 38?"}, {"role": "assistant", "content": "47 + 38 = 85.\nThe answer is 85."}]
+    assert msgs[1:3] == [{"role": "user", "content": "What is 47 + 38?"},
+                         {"role": "assistant", "content": "47 + 38 = 85.\nThe answer is 85."}]
     assert msgs[-1]["content"] == env.examples[0]["question"]
-    env = make_env("arithmetic", split="test", num_few_shot=1, template="plain", system_prompt="Be brief.")
+    env = make_env("arithmetic", split="test", num_few_shot=1, template="plain",
+                   system_prompt="Be brief.")
     assert env.reset(0) == f"Be brief.\n\nQuestion: What is 47 + 38?\nAnswer: 47 + 38 = 85.\nThe answer is 85.\n\nQuestion: {env.examples[0]['question']}\nAnswer:"
-    env = make_env("gsm8k", path=DATA_DIR / "few_shot_gsm8k.jsonl", num_few_shot=1, stepwise=True, step_tag=" ки\n")
-    assert env.reset(0)[2]["content"].endswith("24 - 19 = 5 muffins are left. ки\nThe answer is 5. ки\n")
+    env = make_env("gsm8k", path=DATA_DIR / "few_shot_gsm8k.jsonl", num_few_shot=1, stepwise=True,
+                   step_tag=" ки\n")
+    assert env.reset(0)[2]["content"].endswith("24 - 19 = 5 muffins are left. ки\nThe answer is 5. "
+                                               "ки\n")
 
 
 def test_few_shot_calculator_spans_are_shown_only_to_a_policy_with_a_calculator():
     path = DATA_DIR / "few_shot_gsm8k.jsonl"
     without = make_env("gsm8k", path=path, num_few_shot=2, stepwise=True).reset(0)
     assert without[4]["content"] == "He works 6 + 4 = 10 hours.\nHe earns 10 * 12 = $120.\nThe answer is 120.\n"
-    with_calc = make_env("gsm8k", path=path, num_few_shot=2, stepwise=True, calc_annotations=True).reset(0)
-    assert with_calc[4]["content"] == ("He works 6 + 4 = <<6+4>>10 hours.\nHe earns 10 * 12 = $<<10*12>>120.\n"
+    with_calc = make_env("gsm8k", path=path, num_few_shot=2, stepwise=True,
+                         calc_annotations=True).reset(0)
+    assert with_calc[4]["content"] == ("He works 6 + 4 = <<6+4>>10 hours.\nHe earns 10 * 12 = "
+                                       "$<<10*12>>120.\n"
                                        "The answer is 120.\n")
     single_turn = make_env("arithmetic", split="test", num_few_shot=3, template="plain").reset(0)
     assert "<<" not in single_turn and "140 + 42 = 182." in single_turn
@@ -139,7 +159,8 @@ def test_few_shot_files_are_correct(task):
     assert num_rows >= (4 if task == "countdown" else 8)
     for ex in load_few_shot(TASKS[task], num_rows):
         assert verify(task, ex["solution"], ex["answer"]) == 1.0, ex
-        lines = ex["solution"].split("\n")  # one step per line; only the last line holds the final answer
+        # one step per line; only the last line holds the final answer
+        lines = ex["solution"].split("\n")
         assert TASKS[task].final_answer.search(lines[-1])
         assert not any(TASKS[task].final_answer.search(line) for line in lines[:-1])
 
@@ -151,10 +172,13 @@ def test_seeding_and_splits():
     assert [a.reset() for _ in range(5)] == [b.reset() for _ in range(5)]
     test = make_env("arithmetic", split="test")
     assert len(test) == 500
-    assert [len(make_env("arithmetic", split="test", difficulty=d)) for d in range(1, 6)] == [100] * 5
+    assert [len(make_env("arithmetic", split="test",
+                         difficulty=d)) for d in range(1, 6)] == [100] * 5
     assert len(make_env("arithmetic", split="test", difficulty="1-2")) == 200
-    assert {ex["level"] for ex in make_env("arithmetic", split="test", difficulty="1,3").examples} == {1, 3}
-    assert {ex["level"] for ex in make_env("arithmetic", difficulty="4-5", num_examples=200).examples} == {4, 5}
+    assert {ex["level"] for ex in make_env("arithmetic", split="test",
+                                           difficulty="1,3").examples} == {1, 3}
+    assert {ex["level"] for ex in make_env("arithmetic", difficulty="4-5",
+                                           num_examples=200).examples} == {4, 5}
     assert make_env("arithmetic", difficulty="2", num_examples=5).examples == make_env(
         "arithmetic", difficulty=2, num_examples=5).examples  # "2" from the command line is level 2
     level1 = make_env("arithmetic", difficulty=1, num_examples=3000)
@@ -164,7 +188,9 @@ def test_seeding_and_splits():
     cd_test = make_env("countdown", split="test")
     assert len(cd) == 2000 and len(cd_test) == 500
     assert not {ex["question"] for ex in cd.examples} & {ex["question"] for ex in cd_test.examples}
-    assert make_env("countdown", seed=3, num_examples=50).examples == make_env("countdown", seed=3, num_examples=50).examples
+    assert make_env("countdown", seed=3,
+                    num_examples=50).examples == make_env("countdown", seed=3,
+                                                          num_examples=50).examples
 
 
 def test_generated_problems_are_right():
@@ -175,7 +201,8 @@ def test_generated_problems_are_right():
         if ex["level"] < 5:
             assert safe_arith(ex["question"].removeprefix("What is ").removesuffix("?")) == int(ex["answer"])
         assert int(ex["answer"]) >= 0
-    assert make_env("arithmetic", split="test").examples[0] == {"question": "What is 66 + 24?", "answer": "90", "level": 1}
+    assert make_env("arithmetic", split="test").examples[0] == {"question": "What is 66 + 24?",
+                                                                "answer": "90", "level": 1}
 
 
 def test_make_splits_is_deterministic(tmp_path):
@@ -189,7 +216,8 @@ def test_make_splits_is_deterministic(tmp_path):
 
 
 def test_local_file_formats(tmp_path):
-    rows = [{"problem": "What is 1/2 + 1/2?", "final_answer": "1"}]  # OpenR's math_500.jsonl spelling
+    # OpenR's math_500.jsonl spelling
+    rows = [{"problem": "What is 1/2 + 1/2?", "final_answer": "1"}]
     (tmp_path / "openr.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     assert make_env("math", path=tmp_path / "openr.jsonl").examples[0]["answer"] == "1"
     rows = [{"problem": "p", "solution": "so $\\boxed{\\frac{1}{2}}$"}]
@@ -200,24 +228,32 @@ def test_local_file_formats(tmp_path):
 
     pyarrow.parquet.write_table(pyarrow.Table.from_pylist([JANET]), tmp_path / "g.parquet")
     assert make_env("gsm8k", path=tmp_path / "g.parquet").examples[0]["answer"] == "18"
-    (tmp_path / "cd.jsonl").write_text(json.dumps({"nums": [2, 3], "target": 6}))  # TinyZero's spelling
-    assert make_env("countdown", path=tmp_path / "cd.jsonl").examples[0]["answer"] == '{"numbers": [2, 3], "target": 6}'
+    # TinyZero's spelling
+    (tmp_path / "cd.jsonl").write_text(json.dumps({"nums": [2, 3], "target": 6}))
+    assert make_env("countdown",
+                    path=tmp_path / "cd.jsonl").examples[0]["answer"] == '{"numbers": [2, 3], "target": 6}'
 
 
 def test_errors(tmp_path):
-    with pytest.raises(ValueError, match="unknown task 'gsm9k'; registered tasks: arithmetic, countdown, gsm8k, math"):
+    with pytest.raises(ValueError,
+                       match="unknown task 'gsm9k'; registered tasks: arithmetic, countdown, "
+                             "gsm8k, math"):
         make_env("gsm9k")
     with pytest.raises(ValueError, match="registered tasks"):
         verify("gsm9k", "1", "1")
-    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl.*path=.*--dataset_path.*openai/gsm8k"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"nope\.jsonl.*path=.*--dataset_path.*openai/gsm8k"):
         make_env("gsm8k", path=tmp_path / "nope.jsonl")
     (tmp_path / "bad.jsonl").write_text(json.dumps({"q": "1+1?", "a": "2"}))
-    with pytest.raises(ValueError, match=r"row 0 has no 'question' / 'problem' field \(fields found: \['a', 'q'\]\)\. The gsm8k task accepts"):
+    with pytest.raises(ValueError,
+                       match=r"row 0 has no 'question' / 'problem' field \(fields found: \['a', "
+                             r"'q'\]\)\. The gsm8k task accepts"):
         make_env("gsm8k", path=tmp_path / "bad.jsonl")
     (tmp_path / "bad_math.jsonl").write_text(json.dumps({"problem": "p", "level": 1}))
     with pytest.raises(ValueError, match="'answer' / 'final_answer' / 'solution' field"):
         make_env("math", path=tmp_path / "bad_math.jsonl")
-    (tmp_path / "nohash.jsonl").write_text(json.dumps({"question": "q", "answer": "it is eighteen"}))
+    (tmp_path / "nohash.jsonl").write_text(json.dumps({"question": "q",
+                                                       "answer": "it is eighteen"}))
     with pytest.raises(ValueError, match="no number after '####'"):
         make_env("gsm8k", path=tmp_path / "nohash.jsonl")
     (tmp_path / "data.csv").write_text("question,answer\n")
@@ -235,7 +271,8 @@ def test_errors(tmp_path):
         make_env("arithmetic", template="alpaca")
     with pytest.raises(ValueError, match="split must be"):
         make_env("arithmetic", split="validation")
-    with pytest.raises(ValueError, match="num_few_shot=99 but .*few_shot_countdown.jsonl has 4 examples"):
+    with pytest.raises(ValueError,
+                       match="num_few_shot=99 but .*few_shot_countdown.jsonl has 4 examples"):
         make_env("countdown", num_few_shot=99)
     with pytest.raises(ValueError, match="reward_fn must be"):
         make_env("countdown", reward_fn=1.0)
@@ -250,12 +287,14 @@ def test_hub_loading(monkeypatch, capsys):
         calls.append((name, config, split))
         if name == "openai/gsm8k":
             return [JANET]
-        return [{"problem": "p1", "solution": "so \\boxed{1}", "type": "Algebra"}, {"problem": "p2", "solution": "no box"}]
+        return [{"problem": "p1", "solution": "so \\boxed{1}",
+                 "type": "Algebra"}, {"problem": "p2", "solution": "no box"}]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     assert make_env("gsm8k", split="test").examples[0]["answer"] == "18"
     env = make_env("math")
-    assert [(ex["question"], ex["answer"], ex["subject"]) for ex in env.examples] == [("p1", "1", "Algebra")]
+    assert [(ex["question"], ex["answer"],
+             ex["subject"]) for ex in env.examples] == [("p1", "1", "Algebra")]
     assert "skipped 1 of 2 rows" in capsys.readouterr().out  # the row without \boxed{}
     make_env("math", split="test")
     assert calls == [

@@ -1,5 +1,6 @@
-"""eval.py: pass@k and maj@k against hand-worked cases, regrading saved completions (hand-made files and the
-real GSM8K / MATH-500 reference solutions), and end-to-end runs on a tiny checkpoint (1 process, torchrun)."""
+"""eval.py: pass@k and maj@k against hand-worked cases, regrading saved completions (hand-made files
+and the real GSM8K / MATH-500 reference solutions), and end-to-end runs on a tiny checkpoint (1
+process, torchrun)."""
 
 import json
 import subprocess
@@ -53,34 +54,42 @@ def test_majority_vote_ties_go_to_the_first_seen_and_no_answer_never_wins():
     keys = [5, 3, 3, None, 5]
     assert ev.majority_vote(keys, 3) == 1  # 3 has two votes, 5 one
     assert ev.majority_vote(keys, 5) == 0  # 5 and 3 both have two; 5 was seen first
-    assert ev.majority_vote([None, None, 7], 3) == 2  # two samples without an answer do not outvote one
+    # two samples without an answer do not outvote one
+    assert ev.majority_vote([None, None, 7], 3) == 2
     assert ev.majority_vote([None, None], 2) is None
 
 
 def test_answers_without_the_marker_have_no_vote():
-    # one marked 4 (right) against two bare 5s: the bare numbers get no reward, so they must not outvote it
+    # one marked 4 (right) against two bare 5s: the bare numbers get no reward, so they must not
+    # outvote it
     samples = [ev.grade("gsm8k", text, "4") for text in ("The answer is 4.", "5", "so it is 5")]
-    assert [s["pred"] for s in samples] == ["4", "5", "5"] and [s["format_ok"] for s in samples] == [True, False, False]
+    assert [s["pred"] for s in samples] == ["4", "5",
+                                            "5"] and [s["format_ok"] for s in samples] == [True, False, False]
     assert ev.problem_metrics("gsm8k", samples, [3])["maj@3"] is True
 
 
 def test_vote_keys_compare_numbers_numerically_and_math_by_normalised_latex():
-    assert ev.vote_key("gsm8k", "18") == ev.vote_key("gsm8k", "18.00") == ev.vote_key("gsm8k", "18.") == Fraction(18)
+    assert ev.vote_key("gsm8k", "18") == ev.vote_key("gsm8k",
+                                                     "18.00") == ev.vote_key("gsm8k", "18.") == Fraction(18)
     assert ev.vote_key("arithmetic", "1,000") == 1000
     assert ev.vote_key("math", "\\dfrac{1}{2}") == ev.vote_key("math", "\\frac{1}{2}")
-    assert ev.vote_key("math", "\\frac{1}{2}") != ev.vote_key("math", "0.5")  # documented: grouped as strings
+    # documented: grouped as strings
+    assert ev.vote_key("math", "\\frac{1}{2}") != ev.vote_key("math", "0.5")
     assert ev.vote_key("countdown", "(1 + 2) * 3") == ev.vote_key("countdown", "(1+2)*3")
     assert ev.vote_key("gsm8k", None) is None
 
 
 def test_problem_metrics_and_summary_by_hand():
     # problem A: preds 7, 7.0, 9, None with the gold 9 -> 1 correct of 4; the majority (7) is wrong
-    a = [{"pred": "7", "correct": False}, {"pred": "7.0", "correct": False}, {"pred": "9", "correct": True},
+    a = [{"pred": "7", "correct": False}, {"pred": "7.0", "correct": False},
+         {"pred": "9", "correct": True},
          {"pred": None, "correct": False}]
     # problem B: preds 4, 4, 5, 4 with the gold 4 -> 3 correct of 4; the majority is right
-    b = [{"pred": "4", "correct": True}, {"pred": "4", "correct": True}, {"pred": "5", "correct": False},
+    b = [{"pred": "4", "correct": True}, {"pred": "4", "correct": True},
+         {"pred": "5", "correct": False},
          {"pred": "4", "correct": True}]
-    a, b = ([{**s, "format_ok": s["pred"] is not None} for s in x] for x in (a, b))  # marked answers
+    # marked answers
+    a, b = ([{**s, "format_ok": s["pred"] is not None} for s in x] for x in (a, b))
     ma, mb = ev.problem_metrics("gsm8k", a, [1, 2, 4]), ev.problem_metrics("gsm8k", b, [1, 2, 4])
     assert ma == {"num_correct": 1, "pass@1": 0.25, "maj@1": False, "pass@2": 0.5, "maj@2": False,
                   "pass@4": 1.0, "maj@4": False}
@@ -88,7 +97,8 @@ def test_problem_metrics_and_summary_by_hand():
                   "pass@4": 1.0, "maj@4": True}
     records = []
     for samples, m in ((a, ma), (b, mb)):
-        samples = [{**s, "reward": float(s["correct"]), "format_ok": s["pred"] is not None, "length": 10,
+        samples = [{**s, "reward": float(s["correct"]), "format_ok": s["pred"] is not None,
+                    "length": 10,
                     "truncated": s["pred"] is None} for s in samples]
         records.append({"responses": samples, **m})
     summary = ev.summarize(records, [1, 2, 4])
@@ -123,14 +133,18 @@ def test_help_documents_every_field():
 # ---- --responses: regrading without a model -----------------------------------------------------------
 def test_regrade_a_hand_made_file(tmp_path):
     rows = [
-        {"question": "q0", "answer": "18", "response": "So she makes 9 * 2 = 18 dollars. The answer is 18."},
-        {"answer": "Half of 8 is 4.\n#### 4", "response": "The answer is 5."},  # gold from '####'; wrong
-        {"index": 7, "answer": "1,000", "responses": ["The answer is 1000.", "about 999", "\\boxed{1,000}"]},
+        {"question": "q0", "answer": "18",
+         "response": "So she makes 9 * 2 = 18 dollars. The answer is 18."},
+        # gold from '####'; wrong
+        {"answer": "Half of 8 is 4.\n#### 4", "response": "The answer is 5."},
+        {"index": 7, "answer": "1,000",
+         "responses": ["The answer is 1000.", "about 999", "\\boxed{1,000}"]},
     ]
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "regraded.jsonl"
-    summary = ev.main(replace(ev.Args(), dataset_name="gsm8k", responses=str(path), output=str(out)))
+    summary = ev.main(replace(ev.Args(), dataset_name="gsm8k", responses=str(path),
+                              output=str(out)))
     records = read_jsonl(out)
     assert [r["index"] for r in records] == [0, 1, 7]
     assert [r["answer"] for r in records] == ["18", "4", "1000"]
@@ -151,7 +165,8 @@ def test_regrade_reads_its_own_output_and_grades_again(tmp_path):
         {"response": "4 4 4", "length": 3, "truncated": True}]}]
     path = tmp_path / "saved.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")
-    summary = ev.main(replace(ev.Args(), responses=str(path), output=str(tmp_path / "out.jsonl"), k=[1, 2, 3]))
+    summary = ev.main(replace(ev.Args(), responses=str(path), output=str(tmp_path / "out.jsonl"),
+                              k=[1, 2, 3]))
     (record,) = read_jsonl(tmp_path / "out.jsonl")
     # "4 4 4" has no answer marker: no reward (data/README.md, grading policy)
     assert [s["correct"] for s in record["responses"]] == [True, False, False]
@@ -164,7 +179,8 @@ def test_regrade_countdown_output_keeps_its_json_gold(tmp_path):
     env = make_env("countdown", "test")
     ex = env.examples[0]
     row = {"index": 0, "question": ex["question"], "answer": ex["answer"],
-           "responses": [{"response": f"<answer>{ex['solution']}</answer>"}, {"response": "<answer>1 + 1</answer>"}]}
+           "responses": [{"response": f"<answer>{ex['solution']}</answer>"},
+                         {"response": "<answer>1 + 1</answer>"}]}
     (tmp_path / "cd.jsonl").write_text(json.dumps(row) + "\n")
     ev.main(replace(ev.Args(), dataset_name="countdown", responses=str(tmp_path / "cd.jsonl"),
                     output=str(tmp_path / "out.jsonl")))
@@ -174,9 +190,11 @@ def test_regrade_countdown_output_keeps_its_json_gold(tmp_path):
 
 def test_regrade_without_a_response_field_names_the_fix(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q", "answer": "18"}) + "\n")
-    args = replace(ev.Args(), dataset_name="gsm8k", responses=str(tmp_path / "bad.jsonl"), output=str(tmp_path / "o.jsonl"))
+    args = replace(ev.Args(), dataset_name="gsm8k", responses=str(tmp_path / "bad.jsonl"),
+                   output=str(tmp_path / "o.jsonl"))
     # a bare gold number is no reference solution: grading it against itself would say nothing
-    with pytest.raises(ValueError, match="row 0 has no 'response' or 'responses' field .* --response_field"):
+    with pytest.raises(ValueError,
+                       match="row 0 has no 'response' or 'responses' field .* --response_field"):
         ev.main(args)
     with pytest.raises(ValueError, match="has no 'text' field"):
         ev.main(replace(args, response_field="text"))
@@ -185,7 +203,8 @@ def test_regrade_without_a_response_field_names_the_fix(tmp_path):
 @pytest.mark.skipif(not (SHARED / "gsm8k_test.jsonl").is_file(), reason=f"{SHARED} not found")
 def test_regrade_gsm8k_reference_solutions_is_100_percent(tmp_path, capsys):
     ev.main(parse_args(ev.Args, [
-        "--dataset_name", "gsm8k", "--responses", str(SHARED / "gsm8k_test.jsonl"), "--output", str(tmp_path / "gsm8k.jsonl")]))
+        "--dataset_name", "gsm8k", "--responses", str(SHARED / "gsm8k_test.jsonl"), "--output",
+        str(tmp_path / "gsm8k.jsonl")]))
     out = capsys.readouterr().out
     assert "graded field 'answer' of 1319 rows" in out
     assert "accuracy: 1.0000 (1319/1319 correct)" in out
@@ -194,7 +213,8 @@ def test_regrade_gsm8k_reference_solutions_is_100_percent(tmp_path, capsys):
 
 @pytest.mark.skipif(not (SHARED / "math500_test.jsonl").is_file(), reason=f"{SHARED} not found")
 def test_regrade_math500_reference_solutions(tmp_path):
-    args = replace(ev.Args(), dataset_name="math", responses=str(SHARED / "math500_test.jsonl"), output=str(tmp_path / "m.jsonl"))
+    args = replace(ev.Args(), dataset_name="math", responses=str(SHARED / "math500_test.jsonl"),
+                   output=str(tmp_path / "m.jsonl"))
     summary = ev.main(args)
     assert summary["num_problems"] == 500 and summary["accuracy"] == 1.0
 
@@ -209,8 +229,10 @@ def checkpoint(tmp_path_factory):
 
 
 def test_eval_checkpoint_greedy_matches_the_training_evaluator(checkpoint, tmp_path):
-    out = run([sys.executable, "eval.py", "--model_name_or_path", str(checkpoint), "--dataset_name", "arithmetic",
-               "--split", "test", "--num_eval_problems", "6", "--max_new_tokens", "8", "--batch_size", "4",
+    out = run([sys.executable, "eval.py", "--model_name_or_path", str(checkpoint), "--dataset_name",
+               "arithmetic",
+               "--split", "test", "--num_eval_problems", "6", "--max_new_tokens", "8",
+               "--batch_size", "4",
                "--output", str(tmp_path / "e.jsonl")]).stdout
     records = read_jsonl(tmp_path / "e.jsonl")
     assert len(records) == 6
@@ -218,7 +240,8 @@ def test_eval_checkpoint_greedy_matches_the_training_evaluator(checkpoint, tmp_p
     assert f"accuracy: {solved / 6:.4f} ({solved}/6 correct)" in out
     # the same problems, prompts and greedy responses as the evaluation inside the training scripts
     env = make_env("arithmetic", "test", difficulty="1-2")
-    acc, expected = evaluate(load_policy(str(checkpoint)), load_tokenizer(str(checkpoint)), env, 6, 8,
+    acc, expected = evaluate(load_policy(str(checkpoint)), load_tokenizer(str(checkpoint)), env, 6,
+                             8,
                              return_records=True)
     assert [r["index"] for r in records] == [r["index"] for r in expected]
     assert [r["responses"][0]["response"] for r in records] == [r["response"] for r in expected]
@@ -229,20 +252,26 @@ def test_eval_checkpoint_greedy_matches_the_training_evaluator(checkpoint, tmp_p
 
 
 def test_sampled_eval_is_the_same_with_any_batch_size_and_under_torchrun(checkpoint, tmp_path, monkeypatch):
-    common = ["--model_name_or_path", str(checkpoint), "--num_eval_problems", "4", "--max_new_tokens", "6",
+    common = ["--model_name_or_path", str(checkpoint), "--num_eval_problems", "4",
+              "--max_new_tokens", "6",
               "--num_generations", "3", "--temperature", "1.0", "--k", "1", "2", "3"]
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29561",
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29561",
          "eval.py", *common, "--batch_size", "3", "--output", str(tmp_path / "two.jsonl")])
-    # in-process, with a grade that varies for a random model: correct when the response has an even length
+    # in-process, with a grade that varies for a random model: correct when the response has an even
+    # length
     real_make_env = ev.make_env
 
     def make_env_even(*a, **kw):
         env = real_make_env(*a, **kw)
-        env.score = lambda text, i: (float(len(text) % 2 == 0), {"correct": len(text) % 2 == 0, "format_ok": True, "pred": str(len(text) % 2)})
+        env.score = lambda text, i: (float(len(text) % 2 == 0),
+                                     {"correct": len(text) % 2 == 0, "format_ok": True,
+                                      "pred": str(len(text) % 2)})
         return env
 
     monkeypatch.setattr(ev, "make_env", make_env_even)
-    args = parse_args(ev.Args, common + ["--batch_size", "12", "--output", str(tmp_path / "one.jsonl")])
+    args = parse_args(ev.Args,
+                      common + ["--batch_size", "12", "--output", str(tmp_path / "one.jsonl")])
     summary = ev.main(args)
     one, two = read_jsonl(tmp_path / "one.jsonl"), read_jsonl(tmp_path / "two.jsonl")
     texts = [[s["response"] for s in r["responses"]] for r in one]

@@ -1,5 +1,5 @@
-"""The sympy worker of common/grader.py under load and under failure: many threads and processes at once, a
-killed worker, a killed parent, runaway answers and the counters. About 20 s on 2 cores."""
+"""The sympy worker of common/grader.py under load and under failure: many threads and processes at
+once, a killed worker, a killed parent, runaway answers and the counters. About 20 s on 2 cores."""
 
 import os
 import signal
@@ -20,8 +20,8 @@ SLOW = "\\exp(\\exp(\\exp(\\exp(99))))"  # sympy evaluates this until its budget
 
 
 def symbolic_cases(n, offset=0):
-    """n correct (answer, gold) pairs, all different, that only sympy can decide (no two are equal strings,
-    none is a rational number)."""
+    """n correct (answer, gold) pairs, all different, that only sympy can decide (no two are equal
+    strings, none is a rational number)."""
     ks = [k for k in range(2, 1000) if int(k**0.5) ** 2 != k][offset : offset + n]
     forms = [
         lambda k: (f"\\sqrt{{{k}}}+\\sqrt{{3}}", f"\\sqrt{{3}}+\\sqrt{{{k}}}"),
@@ -33,7 +33,8 @@ def symbolic_cases(n, offset=0):
 
 
 def worker_pids(parents):
-    """Live sympy workers (not zombies) started by any of the process ids `parents`, found through /proc."""
+    """Live sympy workers (not zombies) started by any of the process ids `parents`, found through
+    /proc."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -81,7 +82,8 @@ def test_waiting_for_the_lock_is_not_charged():
     assert math_equal("\\sqrt{8}", "2\\sqrt{2}")
     result = []
     with grader._WORKER.lock:  # another grade holds the worker for 1.5 budgets
-        t = threading.Thread(target=lambda: result.append(math_equal("\\sqrt{12}+\\pi", "\\pi+2\\sqrt{3}")))
+        t = threading.Thread(target=lambda: result.append(math_equal("\\sqrt{12}+\\pi",
+                                                                     "\\pi+2\\sqrt{3}")))
         t.start()
         time.sleep(1.5 * grader.TIMEOUT_S)
     t.join()
@@ -92,15 +94,19 @@ def test_32_processes_at_once_all_correct_and_no_worker_left():
     code = (
         "import sys; from common.grader import math_equal, grader_counts; "
         "cases = [tuple(sys.argv[i:i + 2]) for i in (1, 3)]; "
-        "print(sum(math_equal(*c) for c in cases), grader_counts()['timeouts'], grader_counts()['failures'])"
+        "print(sum(math_equal(*c) for c in cases), grader_counts()['timeouts'], "
+        "grader_counts()['failures'])"
     )
     cases = symbolic_cases(64, offset=100)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, *cases[2 * i], *cases[2 * i + 1]], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(32)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *cases[2 * i], *cases[2 * i + 1]],
+                              cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(32)]
     outs = [p.communicate(timeout=300) for p in procs]  # all 32 were started before the first wait
     assert [p.returncode for p in procs] == [0] * 32, [err[-500:] for _, err in outs if err][:2]
-    assert [out.split() for out, _ in outs] == [["2", "0", "0"]] * 32  # 2/2 correct, no timeout or failure
+    # 2/2 correct, no timeout or failure
+    assert [out.split() for out, _ in outs] == [["2", "0", "0"]] * 32
     assert "did not start" not in "".join(err for _, err in outs)
     time.sleep(0.5)
     assert worker_pids([p.pid for p in procs]) == []
@@ -130,7 +136,8 @@ def test_a_worker_killed_mid_grade_is_restarted(monkeypatch):
 def test_failed_starts_are_retried_and_never_disable_grading(monkeypatch):
     grader._WORKER.stop()
     before = grader_counts()
-    monkeypatch.setattr(sys, "executable", "/bin/false")  # every start fails: the worker exits at once
+    # every start fails: the worker exits at once
+    monkeypatch.setattr(sys, "executable", "/bin/false")
     assert not math_equal("\\sqrt{8}", "2\\sqrt{2}")
     assert grader_counts()["failures"] == before["failures"] + 3  # three tries in that grade
     monkeypatch.undo()
@@ -144,7 +151,8 @@ def test_parent_killed_while_its_worker_is_busy_leaves_no_orphan():
         "print(grader._WORKER.proc.pid, flush=True); "
         f"grader.math_equal({SLOW!r}, '\\\\pi')"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)},
                               stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
     time.sleep(0.5)
@@ -158,7 +166,9 @@ def test_timeouts_are_counted_once_per_grade():
     assert math_equal("\\sqrt{8}", "2\\sqrt{2}")
     before, worker = grader_counts(), grader._WORKER.proc.pid
 
-    def cpu():  # the worker's CPU seconds: what the budget counts (wall time also grows with the machine's load)
+    # the worker's CPU seconds: what the budget counts (wall time also grows with the machine's
+    # load)
+    def cpu():
         return grader._cpu_seconds(worker)
 
     used = cpu()

@@ -1,5 +1,5 @@
-"""grpo.py: the loss against hand-computed values, micro-batching, and end-to-end runs on the tiny model
-(single process, torchrun with 2 CPU processes, resume)."""
+"""grpo.py: the loss against hand-computed values, micro-batching, and end-to-end runs on the tiny
+model (single process, torchrun with 2 CPU processes, resume)."""
 
 import json
 import math
@@ -45,7 +45,8 @@ def _batch(lengths, R=4):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_loss_at_ratio_one_is_minus_mean_advantage(loss_type):
-    # Full-length responses: every aggregation reduces to -mean(A) when the ratio is 1 and beta is 0.
+    # Full-length responses: every aggregation reduces to -mean(A) when the ratio is 1 and beta is
+    # 0.
     logprobs, mask, adv = _batch([4, 4, 4, 4])
     args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
     norm = grpo.loss_normaliser(loss_type, mask, args.max_new_tokens, world_size=1)
@@ -56,7 +57,8 @@ def test_loss_at_ratio_one_is_minus_mean_advantage(loss_type):
 
 @pytest.mark.parametrize("loss_type,expected", [
     # lengths 1, 2, 3, 4 and advantages 1, -0.5, 2, -1.5
-    ("grpo", -(1 - 0.5 + 2 - 1.5) / 4),                      # per-sequence means, then mean: -mean(A)
+    # per-sequence means, then mean: -mean(A)
+    ("grpo", -(1 - 0.5 + 2 - 1.5) / 4),
     ("bnpo", -(1 * 1 - 0.5 * 2 + 2 * 3 - 1.5 * 4) / 10),     # token mean over 10 tokens
     ("dapo", -(1 * 1 - 0.5 * 2 + 2 * 3 - 1.5 * 4) / 10),     # same on one process
     ("dr_grpo", -(1 * 1 - 0.5 * 2 + 2 * 3 - 1.5 * 4) / 16),  # constant: 4 sequences * 4 max tokens
@@ -75,7 +77,8 @@ def test_loss_clips_only_in_the_direction_of_the_advantage():
     old = torch.zeros(2, 1)
     new = torch.log(torch.tensor([[1.5], [1.5]])).requires_grad_()  # ratio 1.5 for both
     loss, stats = grpo.policy_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2.0, args, None)
-    # A > 0: min(1.5, 1.28) * 1 -> -1.28 (clipped, no gradient); A < 0: max(1.5, 1.28) * 1 -> +1.5 (unclipped)
+    # A > 0: min(1.5, 1.28) * 1 -> -1.28 (clipped, no gradient); A < 0: max(1.5, 1.28) * 1 -> +1.5
+    # (unclipped)
     assert loss.item() == pytest.approx((-1.28 + 1.5) / 2)
     assert stats["clipfrac"] == pytest.approx(0.5)
     loss.backward()
@@ -86,7 +89,8 @@ def test_k3_penalty_is_added_per_token():
     args = replace(grpo.Args(), beta=0.1)
     lp = torch.log(torch.tensor([[0.5]])).requires_grad_()
     ref = torch.log(torch.tensor([[0.25]]))
-    loss, stats = grpo.policy_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), 1.0, args, ref)
+    loss, stats = grpo.policy_loss(lp, lp.detach(), torch.tensor([0.0]), torch.ones(1, 1), 1.0,
+                                   args, ref)
     k3 = 0.5 - 1 - torch.log(torch.tensor(0.5)).item()  # q/p - 1 - log(q/p), q/p = 0.5
     assert loss.item() == pytest.approx(0.1 * k3) and stats["kl_ref"] == pytest.approx(k3)
 
@@ -115,7 +119,8 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(loss_type):
             sl = slice(i, i + mb)
             lp, _ = token_logprobs(policy, ids[sl], attn[sl], R)
             # perturb the ratio away from 1 so the clipping path is exercised too
-            loss, _ = grpo.policy_loss(lp, lp.detach() - 0.3, adv[sl], response_mask[sl], norm, args, None)
+            loss, _ = grpo.policy_loss(lp, lp.detach() - 0.3, adv[sl], response_mask[sl], norm,
+                                       args, None)
             loss.backward()
             total += loss.item()
         losses.append(total)
@@ -126,17 +131,20 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(loss_type):
 
 def test_group_advantages_by_hand_and_dr_grpo_without_std():
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
-    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 2: all equal -> exactly 0
+    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 2: all equal -> exactly
+    # 0
     a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
-    torch.testing.assert_close(grpo.compute_advantages(rewards, 4), torch.tensor([a, -a, a, -a, 0, 0, 0, 0.0]))
+    torch.testing.assert_close(grpo.compute_advantages(rewards, 4),
+                               torch.tensor([a, -a, a, -a, 0, 0, 0, 0.0]))
     torch.testing.assert_close(grpo.compute_advantages(rewards, 4, scale=False),
                                torch.tensor([0.5, -0.5, 0.5, -0.5, 0, 0, 0, 0.0]))
 
 
-@pytest.mark.parametrize("loss_type,expected", [("grpo", 2.0), ("bnpo", 5.0), ("dapo", 5.0), ("dr_grpo", 8.0)])
+@pytest.mark.parametrize("loss_type,expected",
+                         [("grpo", 2.0), ("bnpo", 5.0), ("dapo", 5.0), ("dr_grpo", 8.0)])
 def test_dropped_groups_leave_the_normaliser(loss_type, expected):
-    # 4 rows of lengths 3, 2, 1, 4 (max 4); the second group (rows 2, 3) is dropped: its mask is zeroed.
-    # Kept: 2 sequences, 5 tokens; dr_grpo: 2 sequences x 4 max tokens.
+    # 4 rows of lengths 3, 2, 1, 4 (max 4); the second group (rows 2, 3) is dropped: its mask is
+    # zeroed. Kept: 2 sequences, 5 tokens; dr_grpo: 2 sequences x 4 max tokens.
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
     mask[2:] = 0
     assert grpo.loss_normaliser(loss_type, mask, 4, world_size=1) == expected
@@ -146,7 +154,8 @@ def test_dropped_groups_leave_the_normaliser(loss_type, expected):
 def test_bad_sizes_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         grpo.check_args(replace(grpo.Args(), num_prompts=3), world_size=2)
-    grpo.check_args(replace(grpo.Args(), micro_batch_size=5), world_size=1)  # micro-batches of up to 5: fine
+    # micro-batches of up to 5: fine
+    grpo.check_args(replace(grpo.Args(), micro_batch_size=5), world_size=1)
     with pytest.raises(ValueError, match="num_generations must be >= 2"):
         grpo.check_args(replace(grpo.Args(), num_generations=1), world_size=1)
     with pytest.raises(FileNotFoundError, match="no such folder"):
@@ -166,8 +175,10 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
     run([sys.executable, "grpo.py", *TINY, "--max_steps", "2", "--output_dir", str(tmp_path)])
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
-    for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy",
-                "approx_kl", "clipfrac", "grad_norm", "lr", "tokens_per_s", "time/rollout_s", "time/update_s",
+    for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac",
+                "entropy",
+                "approx_kl", "clipfrac", "grad_norm", "lr", "tokens_per_s", "time/rollout_s",
+                "time/update_s",
                 "zero_std_frac"):
         assert key in lines[0], key
     assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
@@ -178,13 +189,16 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
 
 
 def test_torchrun_two_processes_match_one_process(tmp_path):
-    # Same global batch (2 prompts x 4 samples), dapo loss (its normaliser is a global token count), lr large
-    # enough that the update is visible: the parameters after one update must agree to fp32 tolerance.
-    common = ["tests/run_with_test_reward.py", "grpo", *TINY, "--max_steps", "1", "--learning_rate", "1e-3",
+    # Same global batch (2 prompts x 4 samples), dapo loss (its normaliser is a global token count),
+    # lr large enough that the update is visible: the parameters after one update must agree to fp32
+    # tolerance.
+    common = ["tests/run_with_test_reward.py", "grpo", *TINY, "--max_steps", "1", "--learning_rate",
+              "1e-3",
               "--temperature", "1.0", "--loss_type", "dapo"]
     run([sys.executable, *common, "--output_dir", str(tmp_path / "one")])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29517",
          *common, "--output_dir", str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / "one/checkpoint-1"), params(tmp_path / "two/checkpoint-1")
     from common.models import tiny_random_model
@@ -192,9 +206,10 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     start = tiny_random_model().state_dict()
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     assert moved > 1e-4  # the update did something
-    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so a wrong
-    # average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1 and 2 processes
-    # and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is almost 0 (as in test_appo.py).
+    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so
+    # a wrong average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1
+    # and 2 processes and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is
+    # almost 0 (as in test_appo.py).
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
     m1 = [json.loads(x) for x in (tmp_path / "one/metrics.jsonl").read_text().splitlines()]
     m2 = [json.loads(x) for x in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
@@ -205,8 +220,78 @@ def test_resume_continues_exactly(tmp_path):
     common = ["tests/run_with_test_reward.py", "grpo", *TINY, "--learning_rate", "1e-3"]
     run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "straight")])
     run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "split")])
-    run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "split"), "--resume"])
+    run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "split"),
+         "--resume"])
     a, b = params(tmp_path / "straight/checkpoint-3"), params(tmp_path / "split/checkpoint-3")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
     steps = [json.loads(x)["step"] for x in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+# ---- variants: GSPO, truncated importance sampling, KL placements, dynamic sampling ---------------------
+def test_gspo_ratio_is_the_exp_of_the_mean_token_log_ratio():
+    # 2 responses: log-ratios (0.1, 0.3) and (0.2, 9.0 on padding); advantages 1 and -1, no clipping (eps 10)
+    args = replace(grpo.Args(), importance_sampling_level="sequence", epsilon=10.0)
+    old = torch.zeros(2, 2)
+    new = torch.tensor([[0.1, 0.3], [0.2, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, _ = grpo.policy_loss(new, old, torch.tensor([1.0, -1.0]), mask, 2.0, args)
+    r1, r2 = math.exp(0.2), math.exp(0.2)  # mean(0.1, 0.3) = 0.2; the padding's 9.0 is not in the mean
+    assert loss.item() == pytest.approx((-r1 + r2) / 2, abs=1e-6)  # each response: the mean of its tokens
+    loss.backward()
+    # d/d log pi_t of -A exp(mean log-ratio): -A rho / |o| on each of the response's tokens
+    torch.testing.assert_close(new.grad, torch.tensor([[-r1 / 2 / 2, -r1 / 2 / 2], [r2 / 2, 0.0]]))
+
+
+def test_truncated_importance_weights_scale_the_surrogate():
+    # the trainer's old log-probs over the sampler's: e^0.5 = 1.65 (capped at 1.5) and e^-1 = 0.37
+    args = replace(grpo.Args(), tis_cap=1.5, loss_type="bnpo")
+    old = torch.tensor([[0.0, 0.0]])
+    new = old.clone().requires_grad_()
+    sampler = torch.tensor([[-0.5, 1.0]])
+    loss, _ = grpo.policy_loss(new, old, torch.tensor([2.0]), torch.ones(1, 2), 2.0, args, None, sampler)
+    assert loss.item() == pytest.approx(-2.0 * (1.5 + math.exp(-1.0)) / 2)
+    plain, _ = grpo.policy_loss(new, old, torch.tensor([2.0]), torch.ones(1, 2), 2.0,
+                                replace(args, tis_cap=0.0), None, sampler)
+    assert plain.item() == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize("estimator,kl", [("k1", [0.5, -1.0]), ("k2", [0.125, 0.5]),
+                                          ("k3", [math.exp(-0.5) - 0.5, math.e - 2])])
+def test_kl_in_the_reward_and_in_the_loss(estimator, kl):
+    # one response of 2 tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); beta 0.1
+    logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    from common.utils import kl_estimate
+
+    per_token = kl_estimate(logp, ref, estimator)
+    torch.testing.assert_close(per_token, torch.tensor([kl]))
+    # in the reward: the score less beta times the response's summed KL
+    reward = grpo.kl_penalised(torch.tensor([1.0]), per_token, mask, 0.1)
+    assert reward.item() == pytest.approx(1.0 - 0.1 * sum(kl))
+    # in the loss: beta times the per-token KL, aggregated like the surrogate (zero advantage here)
+    args = replace(grpo.Args(), beta=0.1, kl_estimator=estimator, loss_type="grpo")
+    loss, stats = grpo.policy_loss(logp, logp, torch.tensor([0.0]), mask, 1.0, args, ref)
+    assert loss.item() == pytest.approx(0.1 * sum(kl) / 2) and stats["kl_ref"] == pytest.approx(sum(kl) / 2)
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
+    # problems with an even index give the group rewards 0, 1, 0, 1; odd ones 0, 0, 0, 0
+    def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
+        scores = torch.tensor([float(k % 2 and i % 2 == 0) for i in indices for k in range(4)])
+        gen = grpo.Generation(*(torch.zeros(len(scores), 1) for _ in range(7)))
+        return gen, [f"p{i}" for i in indices for _ in range(4)], scores, scores.clone()
+    monkeypatch.setattr(grpo, "rollout", rollout)
+    env = list(range(40))  # only len(env) is read
+    tok = type("Tok", (), {"pad_token_id": 0})()
+    args = replace(grpo.Args(), num_prompts=4, num_generations=4, dynamic_sampling=True, max_sampling_rounds=3)
+    gen, texts, scores, correct, problems, rounds = grpo.sample_groups(None, tok, env, 5, 0, 4, args, None)
+    drawn = [grpo.prompt_indices(5 * 3 + r, 4, 40, args.seed) for r in range(rounds)]
+    expected = [i for round_ in drawn for i in round_ if i % 2 == 0][:4]
+    assert problems == expected and len(problems) == 4 and rounds == len(drawn)
+    assert (scores.view(4, 4).std(dim=1) > 0).all()  # no group of equal rewards in the batch
+    assert texts == [f"p{i}" for i in problems for _ in range(4)] and gen.response_ids.shape == (16, 1)
+    # with too few rounds the batch is filled with equal-reward groups, in the order drawn
+    args = replace(args, max_sampling_rounds=1)
+    *_, problems, rounds = grpo.sample_groups(None, tok, env, 5, 0, 4, args, None)
+    first = grpo.prompt_indices(5, 4, 40, args.seed)
+    assert rounds == 1 and problems == [i for i in first if i % 2 == 0] + [i for i in first if i % 2]

@@ -1,11 +1,12 @@
-"""Every algorithm learns: the tiny random model, rewarded when its response (stepwise files: each step) starts
-with an uppercase letter, raises that reward from its starting rate (about 0.08) to near 1 within 30 updates.
+"""Every algorithm learns: the tiny random model, rewarded when its response (stepwise files: each
+step) starts with an uppercase letter, raises that reward from its starting rate (about 0.08) to
+near 1 within 30 updates.
 
-This is the test that catches a flipped sign, a detached tensor or a wrong mask in any file: with any of them the
-reward stays at its starting rate or falls. The tiny model's next-token distribution is close to uniform over
-49k tokens, so it learns only by repeating the few rewarded first tokens it happens to sample; that needs a large
-learning rate (5e-2; at 1e-2 nothing moves in 30 updates, at 2e-1 the model breaks). About 10-20 s per file on
-2 cores.
+This is the test that catches a flipped sign, a detached tensor or a wrong mask in any file: with
+any of them the reward stays at its starting rate or falls. The tiny model's next-token distribution
+is close to uniform over 49k tokens, so it learns only by repeating the few rewarded first tokens it
+happens to sample; that needs a large learning rate (5e-2; at 1e-2 nothing moves in 30 updates, at
+2e-1 the model breaks). About 10-20 s per file on 2 cores.
 """
 
 import json
@@ -28,15 +29,19 @@ SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update
 
 @pytest.mark.parametrize("algo", list(SIZES))
 def test_reward_rises_within_30_updates(algo, tmp_path):
-    cmd = [sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path", "tiny-random", *SIZES[algo],
-           "--max_new_tokens", "4", "--num_eval_problems", "0", "--temperature", "1.0", "--learning_rate", "5e-2",
+    cmd = [sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path",
+           "tiny-random", *SIZES[algo],
+           "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0", "--temperature", "1.0",
+           "--learning_rate", "5e-2",
            "--max_steps", "30", "--output_dir", str(tmp_path)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "TEST_REWARD": "first_upper"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert all(x["skipped_steps"] == 0 and x["reward/grader_timeouts"] == 0 for x in lines)  # logged by every file
+    # logged by every file
+    assert all(x["skipped_steps"] == 0 and x["reward/grader_timeouts"] == 0 for x in lines)
     rewards = [x["reward/mean"] for x in lines]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert first < 0.2, rewards  # the starting rate: ~8 % of the tiny model's first tokens are uppercase
+    # the starting rate: ~8 % of the tiny model's first tokens are uppercase
+    assert first < 0.2, rewards
     assert last > first + 0.5, rewards

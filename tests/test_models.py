@@ -5,7 +5,8 @@ import warnings
 import pytest
 import torch
 
-from common.models import (EMBEDDED_MODEL, check_model_name, decode_responses, encode_prompts, generate,
+from common.models import (EMBEDDED_MODEL, check_model_name, decode_responses, encode_prompts,
+                           generate,
                            left_pad, load_policy, load_tokenizer, render_prompt, tiny_random_model)
 from common.utils import KV_CACHE, token_logprobs
 
@@ -31,7 +32,8 @@ def test_render_prompt_continues_a_partial_assistant_message(tok):
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
     head = render_prompt(tok, messages)
     assert head.endswith("<|im_start|>assistant\n")
-    partial = render_prompt(tok, messages + [{"role": "assistant", "content": "Step 1: 2 + 3 = 5\n"}])
+    partial = render_prompt(tok,
+                            messages + [{"role": "assistant", "content": "Step 1: 2 + 3 = 5\n"}])
     # the step boundary survives exactly, with no end-of-turn token after it
     assert partial == head + "Step 1: 2 + 3 = 5\n"
     assert render_prompt(tok, "Question: 1 + 1\nAnswer:") == "Question: 1 + 1\nAnswer:"
@@ -43,13 +45,16 @@ def test_left_pad():
 
 
 def test_generation_logprobs_match_training_forward(tok, tiny):
-    prompts = encode_prompts(tok, [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "a longer prompt"}]])
+    prompts = encode_prompts(tok,
+                             [[{"role": "user", "content": "hi"}],
+                              [{"role": "user", "content": "a longer prompt"}]])
     gen = generate(tiny, tok, prompts, 10, temperature=0.7, top_p=0.9, seeds=[1, 2])
     ids, mask = gen.sequences()
     lp, _ = token_logprobs(tiny, ids, mask, gen.response_ids.shape[1], temperature=0.7)
     m = gen.response_mask.bool()
     torch.testing.assert_close(lp[m], gen.logprobs[m], atol=1e-4, rtol=0)
-    assert gen.truncated.all() and not gen.finished.any()  # the random model never says EOS in 10 tokens
+    # the random model never says EOS in 10 tokens
+    assert gen.truncated.all() and not gen.finished.any()
     assert gen.response_mask.sum().item() == 20
 
 
@@ -63,14 +68,16 @@ def test_samples_depend_on_the_row_seed_not_the_batch(tok, tiny):
 
 
 def test_identical_prompts_share_one_prefill(tiny, tok):
-    # A GRPO group is G copies of one prompt: the prefill runs once per distinct prompt, and each row's
-    # samples are still those it draws alone.
+    # A GRPO group is G copies of one prompt: the prefill runs once per distinct prompt, and each
+    # row's samples are still those it draws alone.
     p = encode_prompts(tok, ["same question", "other"])
     shapes = []
-    hook = tiny.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+    hook = tiny.register_forward_pre_hook(lambda m, a,
+                                          kw: shapes.append(tuple(kw["input_ids"].shape)),
                                           with_kwargs=True)
     try:
-        shared = generate(tiny, tok, [p[0], p[0], p[1]], 5, temperature=1.0, seeds=[1, 2, 3]).response_ids
+        shared = generate(tiny, tok, [p[0], p[0], p[1]], 5, temperature=1.0,
+                          seeds=[1, 2, 3]).response_ids
     finally:
         hook.remove()
     assert shapes[0][0] == 2 and all(s == (3, 1) for s in shapes[1:])
@@ -80,8 +87,9 @@ def test_identical_prompts_share_one_prefill(tiny, tok):
 
 
 def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
-    # Recent transformers renamed `past_key_values` to `cache`: the old name warns and is to go in 5.40, and 4.x
-    # would ignore the new one, so a wrong name is either a future crash or a silent full recompute.
+    # Recent transformers renamed `past_key_values` to `cache`: the old name warns and is to go in
+    # 5.40, and 4.x would ignore the new one, so a wrong name is either a future crash or a silent
+    # full recompute.
     names = []
 
     def record(module, args, kwargs):
@@ -106,10 +114,11 @@ def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
 
 
 def test_stop_strings_and_eos_end_rows_independently(tok):
-    # A model that always predicts the same fixed token sequence, so the stopping logic is checked exactly:
-    # row 0 says "a", "\n", ... ; row 1 says "b", EOS.
+    # A model that always predicts the same fixed token sequence, so the stopping logic is checked
+    # exactly: row 0 says "a", "\n", ... ; row 1 says "b", EOS.
     newline = tok("\n", add_special_tokens=False)["input_ids"][-1]
-    a, b = tok("a", add_special_tokens=False)["input_ids"][0], tok("b", add_special_tokens=False)["input_ids"][0]
+    a, b = tok("a", add_special_tokens=False)["input_ids"][0], tok("b",
+                                                                   add_special_tokens=False)["input_ids"][0]
     script = {0: [a, newline, a, a], 1: [b, tok.eos_token_id, b, b]}
 
     class Cache:  # the step count and which original rows are still in the batch
@@ -140,14 +149,17 @@ def test_stop_strings_and_eos_end_rows_independently(tok):
             return type("O", (), {"logits": logits, KV_CACHE: cache})()
 
     gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
-    assert gen.response_mask.tolist() == [[1, 1], [1, 1]]  # all rows done after 2 tokens: no wasted columns
+    # all rows done after 2 tokens: no wasted columns
+    assert gen.response_mask.tolist() == [[1, 1], [1, 1]]
     assert gen.finished.tolist() == [True, True]
     assert decode_responses(tok, gen) == ["a\n", "b"]  # the EOS token is dropped from the text
     gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
     assert gen.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert gen.truncated.tolist() == [True, False]
-    assert batch_sizes[-4:] == [2, 2, 1, 1]  # row 1 ended with EOS at step 2 and left the forward batch
-    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))  # spans tokens
+    # row 1 ended with EOS at step 2 and left the forward batch
+    assert batch_sizes[-4:] == [2, 2, 1, 1]
+    # spans tokens
+    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))
     assert gen.response_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
 
 
@@ -155,7 +167,8 @@ def test_missing_model_path_gives_one_clear_error():
     with pytest.raises(FileNotFoundError, match="no such folder"):
         check_model_name("./runs/does-not-exist")
     check_model_name(EMBEDDED_MODEL)
-    check_model_name("Qwen/Qwen2.5-0.5B-Instruct")  # a hub id is not checked here (no network needed)
+    # a hub id is not checked here (no network needed)
+    check_model_name("Qwen/Qwen2.5-0.5B-Instruct")
 
 
 def test_embedded_model_loads_and_answers():

@@ -22,8 +22,10 @@ def fake_run(path, metrics, evals, args=None):
 
 def test_read_log_stitches_a_resumed_run(tmp_path):
     # steps 1-3, a crash, then a resume from checkpoint-2 whose clock starts again at 0
-    lines = [{"step": 1, "time": 10.0, "reward/mean": 0.1}, {"step": 2, "time": 20.0, "reward/mean": 0.2},
-             {"step": 3, "time": 30.0, "reward/mean": 0.3}, {"step": 3, "time": 12.0, "reward/mean": 0.35},
+    lines = [{"step": 1, "time": 10.0, "reward/mean": 0.1},
+             {"step": 2, "time": 20.0, "reward/mean": 0.2},
+             {"step": 3, "time": 30.0, "reward/mean": 0.3},
+             {"step": 3, "time": 12.0, "reward/mean": 0.35},
              {"step": 4, "time": 22.0, "reward/mean": 0.4}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 5, "ti')
     rows = plot.read_log(tmp_path / "metrics.jsonl")
@@ -37,19 +39,25 @@ def test_kl_key_labels_and_ema():
     assert plot.kl_key([{"approx_kl": 0.0}, {"approx_kl": 0.1, "kl_ref": 0.2}]) == "kl_ref"
     assert plot.kl_key([{"approx_kl": 0.0}]) == "approx_kl"
     assert plot.run_labels(["a/grpo", "b/grpo", "b/ppo"]) == ["a/grpo", "b/grpo", "ppo"]
-    assert plot.ema([1.0, 3.0], 0.5) == pytest.approx([1.0, (0.5 * 0.5 + 1.5) / 0.75])  # bias-corrected
+    # bias-corrected
+    assert plot.ema([1.0, 3.0], 0.5) == pytest.approx([1.0, (0.5 * 0.5 + 1.5) / 0.75])
 
 
 def test_plot_writes_pngs_for_two_runs(tmp_path):
     pytest.importorskip("matplotlib")
     a = fake_run(tmp_path / "runs" / "grpo", [
-        {"step": s, "time": 30.0 * s, "reward/mean": 0.1 * s, "response_len/mean": 60 - s, "approx_kl": 0.0}
-        for s in range(1, 5)], [{"step": 0, "time": 5.0, "eval/accuracy": 0.1}, {"step": 4, "time": 130.0, "eval/accuracy": 0.3}])
+        {"step": s, "time": 30.0 * s, "reward/mean": 0.1 * s, "response_len/mean": 60 - s,
+         "approx_kl": 0.0}
+        for s in range(1, 5)],
+        [{"step": 0, "time": 5.0, "eval/accuracy": 0.1},
+         {"step": 4, "time": 130.0, "eval/accuracy": 0.3}])
     b = fake_run(tmp_path / "runs" / "ppo", [
-        {"step": s, "time": 50.0 * s, "reward/mean": 0.05 * s, "response_len/mean": 50, "kl_ref": 0.01 * s}
+        {"step": s, "time": 50.0 * s, "reward/mean": 0.05 * s, "response_len/mean": 50,
+         "kl_ref": 0.01 * s}
         for s in range(1, 4)], [{"step": 0, "time": 5.0, "eval/accuracy": 0.1}])
     out = tmp_path / "plots"
-    result = subprocess.run([sys.executable, "-m", "common.plot", str(a), str(b), "--out", str(out), "--smooth", "0.5"],
+    result = subprocess.run([sys.executable, "-m", "common.plot", str(a), str(b), "--out", str(out),
+                             "--smooth", "0.5"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     paths = [out / "curves_step.png", out / "curves_time.png"]
@@ -59,7 +67,8 @@ def test_plot_writes_pngs_for_two_runs(tmp_path):
 
 
 def test_bad_run_folder_and_missing_matplotlib(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "common.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "common.plot", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True)
     assert result.returncode == 2 and "is not a run folder: it has no metrics.jsonl" in result.stderr
     run = fake_run(tmp_path / "run", [{"step": 1, "time": 1.0, "reward/mean": 0.5}], [])
     # matplotlib made unimportable: None in sys.modules makes `import matplotlib` raise ImportError

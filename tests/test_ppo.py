@@ -1,8 +1,9 @@
-"""ppo.py: rewards, GAE, whitening and both losses against hand-computed values; the ratio on the first
-minibatch; micro-batching; and end-to-end runs on the tiny model (single process, torchrun with 2 CPU
-processes, resume, the shared critic)."""
+"""ppo.py: rewards, GAE, whitening and both losses against hand-computed values; the ratio on the
+first minibatch; micro-batching; and end-to-end runs on the tiny model (single process, torchrun
+with 2 CPU processes, resume, the shared critic)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def params(path):
 
 
 def critic_params(path):
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)["extra"]["critic"]
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu",
+                      weights_only=False)["extra"]["critic"]
 
 
 def max_diff(a, b):
@@ -44,7 +46,8 @@ def max_diff(a, b):
 def _test_reward_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("run_with_test_reward", ROOT / "tests/run_with_test_reward.py")
+    spec = importlib.util.spec_from_file_location("run_with_test_reward",
+                                                  ROOT / "tests/run_with_test_reward.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -56,15 +59,17 @@ def no_whitening(**kw):
 
 # ---- rewards and GAE ------------------------------------------------------------------------------------------
 def test_gae_terminal_reward_gamma_lambda_one():
-    # Score 1 on the last of 5 tokens; row 2 is a 3-token response padded to 5 (its padding values are junk).
-    # With gamma = lambda = 1 the advantage is (sum of later rewards) - V_t = 1 - V_t and every return is 1.
+    # Score 1 on the last of 5 tokens; row 2 is a 3-token response padded to 5 (its padding values
+    # are junk). With gamma = lambda = 1 the advantage is (sum of later rewards) - V_t = 1 - V_t and
+    # every return is 1.
     args = no_whitening(gamma=1.0, gae_lambda=1.0)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     rewards = ppo.token_rewards(torch.tensor([1.0, 1.0]), torch.tensor([False, False]), mask, args)
     torch.testing.assert_close(rewards, torch.tensor([[0.0, 0, 0, 0, 1], [0, 0, 1, 0, 0]]))
     values = torch.tensor([[0.2, 0.4, 0.5, 0.6, 0.8], [0.5, 0.5, 0.5, 9.0, 9.0]])
     adv, ret = ppo.compute_advantages(rewards, values, mask, args)
-    torch.testing.assert_close(adv, torch.tensor([[0.8, 0.6, 0.5, 0.4, 0.2], [0.5, 0.5, 0.5, 0, 0]]))
+    torch.testing.assert_close(adv,
+                               torch.tensor([[0.8, 0.6, 0.5, 0.4, 0.2], [0.5, 0.5, 0.5, 0, 0]]))
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
 
 
@@ -82,19 +87,25 @@ def test_gae_terminal_reward_gamma_09_lambda_08():
     adv, ret = ppo.compute_advantages(rewards, values, mask, args)
     expected = torch.tensor([[0.315273472, 0.2156576, 0.23008, 0.264, 0.2]])
     torch.testing.assert_close(adv, expected)
-    torch.testing.assert_close(ret, expected + values)  # R = A + V: 0.515273472 0.6156576 0.73008 0.864 1.0
+    # R = A + V: 0.515273472 0.6156576 0.73008 0.864 1.0
+    torch.testing.assert_close(ret, expected + values)
 
 
 def test_kl_on_every_token_score_and_non_stop_penalty_on_the_last():
-    # Row 1 stopped (EOS is its 3rd token, then padding); row 2 hit the length limit (4 tokens, no EOS).
+    # Row 1 stopped (EOS is its 3rd token, then padding); row 2 hit the length limit (4 tokens, no
+    # EOS).
     args = replace(ppo.Args(), beta=0.1, non_stop_penalty=-0.25)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
-    kl = torch.tensor([[0.2, -0.1, 0.3, 7.0], [0.1, 0.1, 0.1, 0.1]])  # log pi_old - log pi_ref; 7.0 is padding
-    rewards = ppo.token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([False, True]), mask, args, kl)
+    # log pi_old - log pi_ref; 7.0 is padding
+    kl = torch.tensor([[0.2, -0.1, 0.3, 7.0], [0.1, 0.1, 0.1, 0.1]])
+    rewards = ppo.token_rewards(torch.tensor([1.0, 0.5]), torch.tensor([False, True]), mask, args,
+                                kl)
     torch.testing.assert_close(rewards, torch.tensor([[-0.02, 0.01, -0.03 + 1.0, 0.0],
                                                       [-0.01, -0.01, -0.01, -0.01 + 0.5 - 0.25]]))
-    # with gamma = lambda = 1 and V = 0, the return of the first token is score - kl_coef * sum_t kl_t
-    _, ret = ppo.compute_advantages(rewards, torch.zeros(2, 4), mask, replace(args, whiten_advantages=False))
+    # with gamma = lambda = 1 and V = 0, the return of the first token is score - kl_coef * sum_t
+    # kl_t
+    _, ret = ppo.compute_advantages(rewards, torch.zeros(2, 4), mask,
+                                    replace(args, whiten_advantages=False))
     torch.testing.assert_close(ret[:, 0], torch.tensor([1.0 - 0.1 * 0.4, 0.5 - 0.25 - 0.1 * 0.4]))
 
 
@@ -105,7 +116,8 @@ def test_whitening_ignores_masked_entries():
     s = (5 / 3) ** 0.5
     expected = torch.tensor([[-1.5 / s, -0.5 / s, 0.5 / s, 0], [1.5 / s, 0, 0, 0]])
     torch.testing.assert_close(masked_whiten(x, mask), expected)
-    # shift_mean=False (reward whitening) scales but keeps the mean: a positive score stays positive.
+    # shift_mean=False (reward whitening) scales but keeps the mean: a positive score stays
+    # positive.
     torch.testing.assert_close(masked_whiten(x, mask, shift_mean=False), (expected + 2.5) * mask)
     # advantage whitening inside compute_advantages: padding stays 0, real tokens have mean 0
     adv, _ = ppo.compute_advantages(x, torch.zeros_like(x), mask, replace(ppo.Args(), gamma=0.0))
@@ -119,15 +131,16 @@ def test_explained_variance():
     assert explained_variance(torch.full_like(returns, 7.0), returns, mask) == pytest.approx(0.0)
     # errors 1 0 -1 -> variance 1 (unbiased), variance of returns 1 -> 0
     assert explained_variance(torch.tensor([[0.0, 2, 4, 0]]), returns, mask) == pytest.approx(0.0)
-    assert explained_variance(torch.tensor([[1.5, 2, 2.5, 0]]), returns, mask) == pytest.approx(0.75)
+    assert explained_variance(torch.tensor([[1.5, 2, 2.5, 0]]), returns,
+                              mask) == pytest.approx(0.75)
 
 
 # ---- losses ---------------------------------------------------------------------------------------------------
 def test_clipped_value_loss_by_hand():
     # old V = 0, returns 1, cliprange_value 0.2; token 4 is padding.
-    #   V = 0.5: moved toward R past the clip -> V_clip = 0.2: max(0.25, 0.64) = 0.64 (clipped, no gradient)
-    #   V = 0.1: inside the clip -> 0.81
-    #   V = -0.5: moved away from R -> max(2.25, 1.44) = 2.25 (unclipped, gradient V - R = -1.5)
+    #   V = 0.5: moved toward R past the clip -> V_clip = 0.2: max(0.25, 0.64) = 0.64 (clipped, no
+    # gradient)   V = 0.1: inside the clip -> 0.81   V = -0.5: moved away from R -> max(2.25, 1.44)
+    # = 2.25 (unclipped, gradient V - R = -1.5)
     args = replace(ppo.Args(), cliprange_value=0.2)
     values = torch.tensor([[0.5, 0.1, -0.5, 100.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1, 1, 0]])
@@ -142,7 +155,8 @@ def test_clipped_value_loss_by_hand():
 def test_policy_loss_clips_only_in_the_direction_of_the_advantage():
     args = replace(ppo.Args(), epsilon=0.2)
     new = torch.log(torch.tensor([[1.5, 1.5]])).requires_grad_()  # ratio 1.5 on both tokens
-    loss, stats = ppo.policy_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), 2.0, args)
+    loss, stats = ppo.policy_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]),
+                                  torch.ones(1, 2), 2.0, args)
     # A > 0: min(1.5, 1.2) -> -1.2 (clipped, no gradient); A < 0: max(1.5, 1.2) -> +1.5 (unclipped)
     assert loss.item() == pytest.approx((-1.2 + 1.5) / 2)
     assert stats["clipfrac"] == pytest.approx(0.5)
@@ -171,7 +185,8 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
 
     policy, critic = load_policy("tiny-random"), load_critic("tiny-random")
     torch.manual_seed(3)
-    torch.nn.init.normal_(critic.head.net[-1].weight, std=0.1)  # a non-zero head, so the body gets gradients
+    # a non-zero head, so the body gets gradients
+    torch.nn.init.normal_(critic.head.net[-1].weight, std=0.1)
     ids = torch.randint(3, 1000, (8, 12))
     attn = torch.ones_like(ids)
     R = 6
@@ -197,14 +212,16 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
             loss.backward()
             total += loss.item()
         losses.append(total)
-        grads.append(torch.cat([p.grad.flatten() for m in (policy, critic) for p in m.parameters()]))
+        grads.append(torch.cat([p.grad.flatten() for m in (policy,
+                                                           critic) for p in m.parameters()]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
 
 
 def test_ratio_is_one_on_the_first_minibatch_of_the_first_epoch(tmp_path, monkeypatch):
-    # pi_old's log-probs are recomputed by the learner before the update (not taken from the sampler), so the
-    # first minibatch sees exactly the policy that produced them; after one optimizer step they differ.
+    # pi_old's log-probs are recomputed by the learner before the update (not taken from the
+    # sampler), so the first minibatch sees exactly the policy that produced them; after one
+    # optimizer step they differ.
     calls = []
     real = ppo.policy_loss
 
@@ -213,9 +230,11 @@ def test_ratio_is_one_on_the_first_minibatch_of_the_first_epoch(tmp_path, monkey
         return real(logprobs, old_logprobs, *a, **kw)
 
     monkeypatch.setattr(ppo, "policy_loss", spy)
-    monkeypatch.setattr(envlib, "make_env", _test_reward_module().make_env)  # a varying reward: real updates
+    # a varying reward: real updates
+    monkeypatch.setattr(envlib, "make_env", _test_reward_module().make_env)
     argv = [*TINY, "--micro_batch_size", "4", "--num_mini_batches", "2", "--num_ppo_epochs", "2",
-            "--max_steps", "1", "--learning_rate", "1e-3", "--temperature", "1.0", "--output_dir", str(tmp_path)]
+            "--max_steps", "1", "--learning_rate", "1e-3", "--temperature", "1.0", "--output_dir",
+            str(tmp_path)]
     ppo.main(parse_args(ppo.Args, argv))
     # one call per minibatch (micro-batch = minibatch): (epoch 0, mb 0), (0, 1), (1, 0), (1, 1)
     assert len(calls) == 4
@@ -229,7 +248,8 @@ def test_bad_sizes_fail_before_any_model_loads():
         ppo.check_args(replace(ppo.Args(), num_prompts=3), world_size=2)
     with pytest.raises(ValueError, match="--num_mini_batches 3 must divide"):
         ppo.check_args(replace(ppo.Args(), num_mini_batches=3), world_size=1)
-    ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)  # micro-batches of up to 5: fine
+    # micro-batches of up to 5: fine
+    ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)
     with pytest.raises(ValueError, match="--gamma and --gae_lambda"):
         ppo.check_args(replace(ppo.Args(), gae_lambda=1.5), world_size=1)
     with pytest.raises(FileNotFoundError, match="no such folder"):
@@ -248,8 +268,10 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
     run([sys.executable, "ppo.py", *TINY, "--max_steps", "2", "--output_dir", str(tmp_path)])
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
-    for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy",
-                "approx_kl", "clipfrac", "grad_norm", "lr", "tokens_per_s", "time/rollout_s", "time/update_s",
+    for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac",
+                "entropy",
+                "approx_kl", "clipfrac", "grad_norm", "lr", "tokens_per_s", "time/rollout_s",
+                "time/update_s",
                 "v_loss", "explained_variance", "vf_clipfrac", "critic_grad_norm"):
         assert key in lines[0], key
     assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
@@ -257,18 +279,22 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
     assert model.config.num_hidden_layers == 2
-    assert "head.net.0.weight" in critic_params(tmp_path / "checkpoint-2")  # the separate critic is saved too
+    # the separate critic is saved too
+    assert "head.net.0.weight" in critic_params(tmp_path / "checkpoint-2")
 
 
 def test_shared_critic_with_every_option_on(tmp_path):
-    # A 1-hidden-layer value head on the policy's body, with the KL reward (loads a reference), the non-stop
-    # penalty, reward whitening, the entropy bonus, per-sequence aggregation, gamma/lambda < 1.
+    # A 1-hidden-layer value head on the policy's body, with the KL reward (loads a reference), the
+    # non-stop penalty, reward whitening, the entropy bonus, per-sequence aggregation, gamma/lambda
+    # < 1.
     run([sys.executable, "tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1",
-         "--critic_type", "shared", "--critic_num_layers", "1", "--critic_hidden_size", "16", "--beta", "0.05",
+         "--critic_type", "shared", "--critic_num_layers", "1", "--critic_hidden_size", "16",
+         "--beta", "0.05",
          "--non_stop_penalty", "-0.5", "--whiten_rewards", "--entropy_coef", "0.01", "--loss_type",
          "sequence", "--gamma", "0.9", "--gae_lambda", "0.95", "--output_dir", str(tmp_path)])
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert line["kl_ref"] == pytest.approx(0.0, abs=1e-5)  # pi_old is still pi_ref before the first update
+    # pi_old is still pi_ref before the first update
+    assert line["kl_ref"] == pytest.approx(0.0, abs=1e-5)
     assert line["v_loss"] > 0 and line["grad_norm"] > 0 and line["critic_grad_norm"] > 0
     head = critic_params(tmp_path / "checkpoint-1")
     assert set(head) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
@@ -276,23 +302,27 @@ def test_shared_critic_with_every_option_on(tmp_path):
 
 
 def test_torchrun_two_processes_match_one_process(tmp_path):
-    # Same global batch (2 prompts x 4 samples), two epochs, the KL reward on: whitening, the token-mean
-    # denominator and explained variance are global, so policy and critic after one update must agree.
-    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1", "--learning_rate", "1e-3",
+    # Same global batch (2 prompts x 4 samples), two epochs, the KL reward on: whitening, the
+    # token-mean denominator and explained variance are global, so policy and critic after one
+    # update must agree.
+    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1", "--learning_rate",
+              "1e-3",
               "--critic_learning_rate", "1e-3", "--temperature", "1.0", "--num_mini_batches", "1",
               "--num_ppo_epochs", "2", "--beta", "0.05"]
     run([sys.executable, *common, "--output_dir", str(tmp_path / "one")])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523",
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29523",
          *common, "--output_dir", str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / "one/checkpoint-1"), params(tmp_path / "two/checkpoint-1")
     from common.models import tiny_random_model
 
     start = tiny_random_model().state_dict()
     assert max_diff(one, {k: start[k] for k in one}) > 1e-4  # the update did something
-    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so a wrong
-    # average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1 and 2 processes
-    # and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is almost 0 (as in test_appo.py).
+    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so
+    # a wrong average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1
+    # and 2 processes and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is
+    # almost 0 (as in test_appo.py).
     assert max_diff(one, two) < 1e-4
     c1, c2 = critic_params(tmp_path / "one/checkpoint-1"), critic_params(tmp_path / "two/checkpoint-1")
     assert c1["head.net.0.weight"].abs().max() > 1e-4  # the critic learned too
@@ -304,12 +334,41 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
 
 
 def test_resume_continues_exactly(tmp_path):
-    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3"]
+    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--learning_rate", "1e-3",
+              "--critic_learning_rate", "1e-3"]
     run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "straight")])
     run([sys.executable, *common, "--max_steps", "1", "--output_dir", str(tmp_path / "split")])
-    run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "split"), "--resume"])
+    run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "split"),
+         "--resume"])
     a, b = tmp_path / "straight/checkpoint-2", tmp_path / "split/checkpoint-2"
     assert max_diff(params(a), params(b)) < 1e-6
     assert max_diff(critic_params(a), critic_params(b)) < 1e-6
     steps = [json.loads(x)["step"] for x in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_the_loss_by_hand(estimator):
+    # tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); zero advantage, so the loss is beta * KL alone
+    from common.utils import kl_estimate
+
+    logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]
+    torch.testing.assert_close(kl_estimate(logp, ref, estimator), torch.tensor([kl]))
+    args = replace(ppo.Args(), beta=0.1, kl_estimator=estimator, kl_penalty="loss", loss_type="token")
+    loss, stats = ppo.policy_loss(logp, logp, torch.zeros(1, 2), mask, 2.0, args, ref)
+    assert loss.item() == pytest.approx(0.1 * sum(kl) / 2) and stats["kl_ref"] == pytest.approx(sum(kl) / 2)
+    # in the reward instead: every token's reward is -beta KL_t, the score on the last
+    rewards = ppo.token_rewards(torch.tensor([1.0]), torch.tensor([False]), mask, args,
+                                kl_estimate(logp, ref, estimator))
+    torch.testing.assert_close(rewards, torch.tensor([[-0.1 * kl[0], -0.1 * kl[1] + 1.0]]))
+
+
+def test_target_kl_stops_the_remaining_minibatches(tmp_path):
+    # 2 epochs x 2 minibatches at a learning rate that moves the policy far: the stop leaves a step out
+    common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1", "--learning_rate", "5e-2",
+              "--temperature", "1.0", "--num_ppo_epochs", "2", "--num_mini_batches", "2"]
+    run([sys.executable, *common, "--output_dir", str(tmp_path / "free")])
+    run([sys.executable, *common, "--target_kl", "1e-6", "--output_dir", str(tmp_path / "stopped")])
+    free, stopped = params(tmp_path / "free/checkpoint-1"), params(tmp_path / "stopped/checkpoint-1")
+    assert max_diff(free, stopped) > 1e-4  # fewer optimizer steps: other weights

@@ -1,8 +1,10 @@
-"""reinforce.py: baselines, KL-regularised and discounted returns, the loss and its masks against hand-computed
-values; the stepwise calculator with a scripted policy; end-to-end runs on the tiny model (single process,
-stepwise with the calculator, torchrun with 2 CPU processes, resume with a refreshed reference)."""
+"""reinforce.py: baselines, KL-regularised and discounted returns, the loss and its masks against
+hand-computed values; the stepwise calculator with a scripted policy; end-to-end runs on the tiny
+model (single process, stepwise with the calculator, torchrun with 2 CPU processes, resume with a
+refreshed reference)."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -38,7 +40,8 @@ def run(cmd, **kw):
 
 
 def run_in_process(argv, monkeypatch):
-    """reinforce.main with the test reward of tests/run_with_test_reward.py, in this process (no import cost)."""
+    """reinforce.main with the test reward of tests/run_with_test_reward.py, in this process (no
+    import cost)."""
     import run_with_test_reward  # tests/ is on sys.path under pytest
 
     monkeypatch.setattr(envlib, "make_env", run_with_test_reward.make_env)
@@ -59,7 +62,8 @@ def test_rloo_baseline_on_a_hand_worked_group():
     b = reinforce.compute_baselines(returns, 4, "rloo")
     # group 1 sums to 2: b_i = (2 - r_i) / 3; group 2 sums to 1: b_i = (1 - r_i) / 3
     assert b.tolist() == pytest.approx([1 / 3, 2 / 3, 2 / 3, 1 / 3, 1 / 3, 1 / 3, 1 / 3, 0.0])
-    assert (returns - b).tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3, 1.0])
+    assert (returns - b).tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, -1 / 3,
+                                                    -1 / 3, 1.0])
     # a group whose samples all agree gets advantage 0 whatever the reward
     assert (torch.ones(4) - reinforce.compute_baselines(torch.ones(4), 4, "rloo")).abs().max() == 0
     assert reinforce.compute_baselines(returns, 4, "mean").tolist() == pytest.approx([3 / 8] * 8)
@@ -83,13 +87,15 @@ def test_kl_regularised_return_on_a_hand_worked_example():
 
 
 def test_discounted_per_step_return_in_stepwise_mode():
-    # episode 0: three lines, reward 1 on the last; episode 1: two lines (the third column is no step)
+    # episode 0: three lines, reward 1 on the last; episode 1: two lines (the third column is no
+    # step)
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.5, 9.0]])
     steps = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     G = reinforce.kl_regularised_returns(rewards, kl, steps, gamma=0.9, beta=0.5)
-    # r - 0.5 KL: [-0.05, -0.1, 0.85] -> G2 = 0.85, G1 = -0.1 + 0.9 * 0.85 = 0.665, G0 = -0.05 + 0.9 * 0.665
-    # [-0.25, 0.75] -> G1 = 0.75, G0 = -0.25 + 0.9 * 0.75 = 0.425; no step, no return (and no KL of 9 leaking in)
+    # r - 0.5 KL: [-0.05, -0.1, 0.85] -> G2 = 0.85, G1 = -0.1 + 0.9 * 0.85 = 0.665, G0 = -0.05 + 0.9
+    # * 0.665 [-0.25, 0.75] -> G1 = 0.75, G0 = -0.25 + 0.9 * 0.75 = 0.425; no step, no return (and
+    # no KL of 9 leaking in)
     assert G.tolist()[0] == pytest.approx([0.5485, 0.665, 0.85])
     assert G.tolist()[1] == pytest.approx([0.425, 0.75, 0.0])
 
@@ -103,7 +109,8 @@ def test_loss_is_minus_advantage_times_sequence_logprob():
     loss, stats = reinforce.policy_loss(logprobs, logprobs.detach(), adv, mask, 2.0, LN[True])
     assert loss.item() == pytest.approx(0.25) and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     loss.backward()
-    # d/d logprob = -A / (|o| * N): -1 / 4 on both tokens of row 0, +2 / 2 on row 1's token, 0 on padding
+    # d/d logprob = -A / (|o| * N): -1 / 4 on both tokens of row 0, +2 / 2 on row 1's token, 0 on
+    # padding
     assert logprobs.grad.flatten().tolist() == pytest.approx([-0.25, -0.25, 1.0, 0.0])
     # plain sum: log pi = [-3, -0.5] -> -(-3 + 1) / 2 = 1
     loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), adv, mask, 2.0, LN[False])
@@ -111,19 +118,24 @@ def test_loss_is_minus_advantage_times_sequence_logprob():
 
 
 def test_a_constant_baseline_is_free_with_sums_but_favours_short_responses_when_length_normalised():
-    # A policy with one logit theta over two responses: o1 is one token (prob p = sigmoid(theta)), o2 is two
-    # tokens (1 - p, then a sure token). The exact expected gradient of -c * log pi(o) over the policy's own
-    # samples is 0 for any constant c (that is why a baseline is allowed). With length normalisation it is
-    # -c * (p(1-p) - p(1-p)/2) = -c p(1-p)/2: at p = 1/2, c = 1, -1/8, so descent raises theta, the short
-    # response. Subtracting b from every return therefore also pushes toward longer responses by b/8 here.
+    # A policy with one logit theta over two responses: o1 is one token (prob p = sigmoid(theta)),
+    # o2 is two tokens (1 - p, then a sure token). The exact expected gradient of -c * log pi(o)
+    # over the policy's own samples is 0 for any constant c (that is why a baseline is allowed).
+    # With length normalisation it is
+    # -c * (p(1-p) - p(1-p)/2) = -c p(1-p)/2: at p = 1/2, c = 1, -1/8, so descent raises theta, the
+    # short response. Subtracting b from every return therefore also pushes toward longer responses
+    # by b/8 here.
     theta = torch.zeros((), requires_grad=True)
     p = torch.sigmoid(theta)
-    logprobs = torch.stack([torch.stack([p.log(), torch.zeros(())]), torch.stack([(1 - p).log(), torch.zeros(())])])
+    logprobs = torch.stack([torch.stack([p.log(), torch.zeros(())]),
+                            torch.stack([(1 - p).log(), torch.zeros(())])])
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    weights = torch.stack([p, 1 - p]).detach()  # c = 1, and E over o: each response weighted by its probability
+    # c = 1, and E over o: each response weighted by its probability
+    weights = torch.stack([p, 1 - p]).detach()
     for length_normalize, expected in [(False, 0.0), (True, -1 / 8)]:
         theta.grad = None
-        loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), weights, mask, 1.0, LN[length_normalize])
+        loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), weights, mask, 1.0,
+                                        LN[length_normalize])
         loss.backward(retain_graph=True)
         assert theta.grad.item() == pytest.approx(expected, abs=1e-7)
 
@@ -153,7 +165,8 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
             total += loss.item()
         losses.append(total)
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)  # advantages of both signs: the loss is near 0
+    # advantages of both signs: the loss is near 0
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
     assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
 
 
@@ -177,8 +190,8 @@ def test_calculator_refuses_code_without_side_effect(tmp_path):
 
 @pytest.mark.parametrize("task", ["arithmetic", "gsm8k"])
 def test_few_shot_calculator_spans_are_followed_by_the_calculators_value(task):
-    # the worked examples are what the model imitates: each <<expr>> must be followed by exactly the text the
-    # calculator writes for it, and no more digits
+    # the worked examples are what the model imitates: each <<expr>> must be followed by exactly the
+    # text the calculator writes for it, and no more digits
     spans = 0
     for ex in load_few_shot(TASKS[task], 8):
         for m in re.finditer(r"<<([^<>\n]*)>>", ex["solution"]):
@@ -190,7 +203,8 @@ def test_few_shot_calculator_spans_are_followed_by_the_calculators_value(task):
 
 
 def _scripted(tokenizer, script):
-    """A stand-in for the policy's sampler: plays script[(episode, step, call)], log-prob -1 per token."""
+    """A stand-in for the policy's sampler: plays script[(episode, step, call)], log-prob -1 per
+    token."""
     def sample(prompts, max_new_tokens, keys):
         out = []
         for key in keys:
@@ -213,33 +227,40 @@ def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
         (1, 1, 0): f"<<__import__('os').system('touch {target}')>>", (1, 1, 1): " hm.\n",  # refused
         (1, 2, 0): "The answer is 41.\n",
     }
-    ro = play_episodes(_scripted(tok, script), tok, env, [0], 2, 128, True, torch.device("cpu"), {tok.eos_token_id})
+    ro = play_episodes(_scripted(tok, script), tok, env, [0], 2, 128, True, torch.device("cpu"),
+                       {tok.eos_token_id})
     assert not target.exists()
     assert ro.texts == ["12 + 30 = <<12+30>>42 so 42 apples.\nThe answer is 42.",
-                        f"I guess 41.\n<<__import__('os').system('touch {target}')>> hm.\nThe answer is 41."]
+                        f"I guess 41.\n<<__import__('os').system('touch {target}')>> hm.\nThe "
+                        "answer is 41."]
     assert ro.rewards.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
     assert ro.step_mask.tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
     assert ro.correct.tolist() == [1.0, 0.0] and ro.truncated.tolist() == [False, False]
     assert ro.calc_fired == 0.5 and ro.calc_refused == 0.5  # per episode
     gen = ro.gen
     assert gen.prompt_ids.shape[0] == 5  # 2 + 3 lines, episode by episode
-    # row 0 is episode 0's first line: exactly the calculator's "42" is out of the loss (and has no log-prob)
+    # row 0 is episode 0's first line: exactly the calculator's "42" is out of the loss (and has no
+    # log-prob)
     calc = (gen.response_mask[0] == 1) & (ro.loss_mask[0] == 0)
     assert tok.decode(gen.response_ids[0][calc]) == "42"
     assert gen.logprobs[0][calc].tolist() == [0.0, 0.0]
     n_before = len(tok("12 + 30 = <<12+30>>", add_special_tokens=False)["input_ids"])
     assert calc.nonzero().flatten().tolist() == [n_before, n_before + 1]
-    # the refused span writes nothing: every token of episode 1's second line (row 3) is the policy's
+    # the refused span writes nothing: every token of episode 1's second line (row 3) is the
+    # policy's
     assert ro.loss_mask[3].sum() == gen.response_mask[3].sum()
     # row 1 (episode 0's second line) was sampled after the state that holds the calculator's value
-    assert tok.decode(gen.prompt_ids[1][gen.prompt_mask[1].bool()]).endswith("<<12+30>>42 so 42 apples.\n")
+    assert tok.decode(gen.prompt_ids[1][gen.prompt_mask[1].bool()]).endswith("<<12+30>>42 so 42 "
+                                                                             "apples.\n")
     # returns: episode 0 is rewarded on its second line, so G = [gamma, 1]
-    G = reinforce.kl_regularised_returns(ro.rewards, torch.zeros(2, 3), ro.step_mask, gamma=0.9, beta=0.1)
+    G = reinforce.kl_regularised_returns(ro.rewards, torch.zeros(2, 3), ro.step_mask, gamma=0.9,
+                                         beta=0.1)
     assert G.tolist()[0] == pytest.approx([0.9, 1.0, 0.0])
     # and the loss gives the calculator's tokens no gradient
     logprobs = torch.randn(gen.response_ids.shape, requires_grad=True)
     adv = torch.ones(5)
-    loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), adv, ro.loss_mask.float(), 5.0, LN[True])
+    loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), adv, ro.loss_mask.float(), 5.0,
+                                    LN[True])
     loss.backward()
     assert logprobs.grad[0][calc].abs().sum() == 0 and logprobs.grad[0][~calc & gen.response_mask[0].bool()].ne(0).all()
 
@@ -247,23 +268,28 @@ def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
 def test_a_line_stops_after_four_calculations():
     tok = load_tokenizer("tiny-random")
     script = {(0, 0, c): "<<1+1>>" for c in range(5)}
-    (action,) = sample_line(_scripted(tok, script), tok, [[1, 2]], [(0, 0)], 64, True, {tok.eos_token_id})
+    (action,) = sample_line(_scripted(tok, script), tok, [[1, 2]], [(0, 0)], 64, True,
+                            {tok.eos_token_id})
     assert tok.decode(action.ids) == "<<1+1>>2" * 4 + "<<1+1>>" and action.fired == 4
 
 
 # ---- argument checks ----------------------------------------------------------------------------------------
 def test_bad_arguments_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="rloo needs --num_generations >= 2"):
-        reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4), world_size=1)
-    reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4, baseline="none"), 1)
+        reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4),
+                             world_size=1)
+    reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4,
+                                 baseline="none"), 1)
     with pytest.raises(ValueError, match="add --stepwise"):
         reinforce.check_args(replace(reinforce.Args(), sym_calc=True), world_size=1)
     with pytest.raises(ValueError, match="--beta is 0"):
-        reinforce.check_args(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2), world_size=1)
+        reinforce.check_args(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2),
+                             world_size=1)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         reinforce.check_args(replace(reinforce.Args(), num_prompts=3), world_size=2)
     with pytest.raises(FileNotFoundError, match="no such folder"):
-        reinforce.check_args(replace(reinforce.Args(), model_name_or_path="./no/such/model"), world_size=1)
+        reinforce.check_args(replace(reinforce.Args(), model_name_or_path="./no/such/model"),
+                             world_size=1)
 
 
 def test_help_documents_every_field_and_the_seeds_few_shot_name():
@@ -271,12 +297,15 @@ def test_help_documents_every_field_and_the_seeds_few_shot_name():
     for f in fields(reinforce.Args):
         assert f"--{f.name}" in out, f.name
         assert field_docs(reinforce.Args).get(f.name), f"{f.name} has no docstring"
-    assert parse_args(reinforce.Args, ["--n_few_shot_examples", "3"]).num_few_shot == 3  # LLM_RL's name
+    # LLM_RL's name
+    assert parse_args(reinforce.Args, ["--n_few_shot_examples", "3"]).num_few_shot == 3
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------
-KEYS = ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy", "approx_kl",
-        "kl_ref", "pg_loss", "return/mean", "grad_norm", "lr", "tokens_per_s", "time/rollout_s", "time/update_s")
+KEYS = ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac", "entropy",
+        "approx_kl",
+        "kl_ref", "pg_loss", "return/mean", "grad_norm", "lr", "tokens_per_s", "time/rollout_s",
+        "time/update_s")
 
 
 def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
@@ -294,25 +323,30 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("mode", ["single_turn", "stepwise"])
 def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
-    # Same global batch, the mean baseline (a global mean) and the KL term, lr large enough that the update is
-    # visible: the parameters after the updates must agree to fp32 tolerance. Stepwise: 2 updates with the
-    # calculator on, which is also the stepwise smoke run.
+    # Same global batch, the mean baseline (a global mean) and the KL term, lr large enough that the
+    # update is visible: the parameters after the updates must agree to fp32 tolerance. Stepwise: 2
+    # updates with the calculator on, which is also the stepwise smoke run.
     steps = "2" if mode == "stepwise" else "1"
-    common = [*TINY, "--max_steps", steps, "--learning_rate", "1e-3", "--temperature", "1.0", "--baseline", "mean",
+    common = [*TINY, "--max_steps", steps, "--learning_rate", "1e-3", "--temperature", "1.0",
+              "--baseline", "mean",
               "--beta", "0.1", "--no_eval_on_start", *(STEPWISE if mode == "stepwise" else [])]
     run_in_process([*common, "--output_dir", str(tmp_path / "one")], monkeypatch)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29521",
-         "tests/run_with_test_reward.py", "reinforce", *common, "--output_dir", str(tmp_path / "two")], env=env)
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29521",
+         "tests/run_with_test_reward.py", "reinforce", *common, "--output_dir",
+         str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / f"one/checkpoint-{steps}"), params(tmp_path / f"two/checkpoint-{steps}")
     from common.models import tiny_random_model
 
     start = tiny_random_model().state_dict()
-    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4  # the update did something
-    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so a wrong
-    # average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1 and 2 processes
-    # and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is almost 0 (as in test_appo.py).
-    # Stepwise states differ a lot in length, so padding differs more between the layouts.
+    # the update did something
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4
+    # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so
+    # a wrong average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1
+    # and 2 processes and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is
+    # almost 0 (as in test_appo.py). Stepwise states differ a lot in length, so padding differs more
+    # between the layouts.
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["reward/mean"] for m in m1] == pytest.approx([m["reward/mean"] for m in m2])
@@ -326,14 +360,17 @@ def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
 
 
 def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypatch):
-    # The reference is refreshed after update 2; the run stops after update 3 and resumes for update 4, whose KL
-    # is to the policy after update 2: the checkpoint must carry that reference. A large kl_coeff makes any
-    # difference show.
+    # The reference is refreshed after update 2; the run stops after update 3 and resumes for update
+    # 4, whose KL is to the policy after update 2: the checkpoint must carry that reference. A large
+    # kl_coeff makes any difference show.
     common = [*TINY, "--learning_rate", "1e-3", "--beta", "1.0", "--ref_model_sync_steps", "2",
               "--no_eval_on_start"]
-    run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "straight")], monkeypatch)
-    run_in_process([*common, "--max_steps", "3", "--output_dir", str(tmp_path / "split")], monkeypatch)
-    run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "split"), "--resume"], monkeypatch)
+    run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "straight")],
+                   monkeypatch)
+    run_in_process([*common, "--max_steps", "3", "--output_dir", str(tmp_path / "split")],
+                   monkeypatch)
+    run_in_process([*common, "--max_steps", "4", "--output_dir", str(tmp_path / "split"),
+                    "--resume"], monkeypatch)
     a, b = params(tmp_path / "straight/checkpoint-4"), params(tmp_path / "split/checkpoint-4")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
     straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
@@ -341,3 +378,29 @@ def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypat
     # right after a refresh the sampler is the reference (KL 0); one update later it is not
     assert abs(straight[2]["kl_ref"]) < 1e-5 and abs(straight[3]["kl_ref"]) > 1e-4
     assert straight[3]["kl_ref"] == pytest.approx(split[3]["kl_ref"])
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_the_return_and_in_the_loss_by_hand(estimator):
+    # one action of 2 tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); length-normalised KL = mean
+    from common.utils import kl_estimate
+
+    logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]
+    action_kl = reinforce.sequence_logprobs(kl_estimate(logp, ref, estimator), mask, True)  # [1]
+    G = reinforce.kl_regularised_returns(torch.tensor([[1.0]]), action_kl[:, None], torch.ones(1, 1), 1.0, 0.1)
+    assert G.item() == pytest.approx(1.0 - 0.1 * sum(kl) / 2)  # in the return: r - beta KL
+    args = replace(reinforce.Args(), beta=0.1, kl_estimator=estimator, kl_penalty="loss")
+    loss, stats = reinforce.policy_loss(logp, logp, torch.zeros(1), mask, 1.0, args, ref)
+    assert loss.item() == pytest.approx(0.1 * sum(kl) / 2)  # in the loss: beta KL of the action
+
+
+def test_truncated_importance_weights_scale_each_tokens_log_prob():
+    # trainer over sampler: e^0.5 capped at 1.5, e^-1; A = 1, sums: loss = -(1.5 * lp0 + e^-1 * lp1)
+    args = replace(reinforce.Args(), tis_cap=1.5, length_normalize=False)
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    sampler = torch.tensor([[-1.5, -1.0]])
+    loss, _ = reinforce.policy_loss(logp, sampler, torch.ones(1), torch.ones(1, 2), 1.0, args, None, sampler)
+    assert loss.item() == pytest.approx(-(1.5 * -1.0 + math.exp(-1.0) * -2.0))
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.5, -math.exp(-1.0)]]))

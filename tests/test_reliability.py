@@ -1,6 +1,6 @@
-"""A run a student can leave overnight: bad input fails before any model loads with the fix, a NaN reward stops
-the run, a NaN loss or gradient skips the step, no checkpoint holds NaN, and a run killed at any moment resumes
-to the same weights and logs as an uninterrupted one."""
+"""A run a student can leave overnight: bad input fails before any model loads with the fix, a NaN
+reward stops the run, a NaN loss or gradient skips the step, no checkpoint holds NaN, and a run
+killed at any moment resumes to the same weights and logs as an uninterrupted one."""
 
 import importlib
 import json
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.models import load_tokenizer, tiny_random_model
-from common.utils import (Logger, StepGuard, check_rewards, checkpoints, latest_checkpoint, load_trainer_state,
+from common.utils import (Logger, StepGuard, check_rewards, checkpoints, load_trainer_state,
                           resume_point, save_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +44,10 @@ def algo_args(algo, **changes):
 
 
 # ---- bad input: one error with the fix, before any model loads --------------------------------------------------
-SIZES = ["max_steps", "max_new_tokens", "micro_batch_size", "num_prompts", "num_generations", "num_envs",
-         "num_mini_batches", "num_ppo_epochs", "num_steps", "max_episode_steps", "log_interval", "eval_batch_size"]
+SIZES = ["max_steps", "max_new_tokens", "micro_batch_size", "num_prompts", "num_generations",
+         "num_envs",
+         "num_mini_batches", "num_ppo_epochs", "num_steps", "max_episode_steps", "log_interval",
+         "eval_batch_size"]
 
 
 @pytest.mark.parametrize("algo,size", [(algo, size) for algo in ALGOS for size in SIZES
@@ -65,7 +67,8 @@ def test_output_dir_that_is_a_file_or_unwritable_fails_at_once(algo, tmp_path):
         module.check_args(replace(args, output_dir=str(tmp_path / "a_file")), world_size=1)
     with pytest.raises(NotADirectoryError, match="a_file is a file"):
         module.check_args(replace(args, output_dir=str(tmp_path / "a_file" / "run")), world_size=1)
-    with pytest.raises(PermissionError, match="can't be written"):  # /proc takes no new files, even from root
+    # /proc takes no new files, even from root
+    with pytest.raises(PermissionError, match="can't be written"):
         module.check_args(replace(args, output_dir="/proc/mathrl-run"), world_size=1)
     assert not (Path("/proc") / "mathrl-run").exists()
 
@@ -85,11 +88,14 @@ def test_a_malformed_json_line_names_the_file_and_its_line(tmp_path):
 
     path = tmp_path / "train.jsonl"
     # line 3 is blank, line 4 is cut short; a U+2028 inside a JSON string is not a line break
-    path.write_text('{"question": "a\u2028b", "answer": "1"}\n{"question": "c", "answer": "2"}\n\n{"question": "d", "ans\n')
-    with pytest.raises(ValueError, match=r"train.jsonl, line 4: not valid JSON \(Unterminated string"):
+    path.write_text('{"question": "a\u2028b", "answer": "1"}\n{"question": "c", "answer": '
+                    '"2"}\n\n{"question": "d", "ans\n')
+    with pytest.raises(ValueError,
+                       match=r"train.jsonl, line 4: not valid JSON \(Unterminated string"):
         make_env("arithmetic", path=path)
     path.write_text('{"question": "a\u2028b", "answer": "1"}\n\n{"question": "c", "answer": "2"}\n')
-    assert [ex["question"] for ex in make_env("arithmetic", path=path).examples] == ["a\u2028b", "c"]
+    assert [ex["question"] for ex in make_env("arithmetic",
+                                              path=path).examples] == ["a\u2028b", "c"]
     bad = tmp_path / "train.json"
     bad.write_text('[\n {"question": "a", "answer": "1"},\n {"question": "b" "answer": "2"}\n]')
     with pytest.raises(ValueError, match=r"train.json, line 3: not valid JSON \(Expecting ','"):
@@ -101,7 +107,8 @@ def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name,
+                        *a: None if name == "wandb" else find_spec(name, *a))
     module, args = algo_args(algo, output_dir=str(tmp_path), track=True)
     with pytest.raises(ImportError, match="pip install wandb, or drop --track"):
         module.check_args(args, world_size=1)
@@ -113,15 +120,18 @@ def test_defaults_work_at_1_2_and_8_processes_or_name_the_fix(algo, world, tmp_p
     module, args = algo_args(algo, output_dir=str(tmp_path))
     try:
         module.check_args(args, world_size=world)
-    except ValueError as e:  # allowed only with a concrete fix, and only where the defaults can't split
+    # allowed only with a concrete fix, and only where the defaults can't split
+    except ValueError as e:
         assert "try --" in str(e), e
         assert world == 8 and algo in ("grpo", "reinforce"), e  # 4 prompts over 8 processes
 
 
 def test_ppo_defaults_under_torchrun_with_two_processes(tmp_path):
-    # ppo's defaults (16 prompts, 2 minibatches, micro-batches of 8) give each rank minibatches of 4 sequences:
-    # this used to fail with "--micro_batch_size 8 must divide 4"; micro-batches are now "up to" 8.
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531", "ppo.py",
+    # ppo's defaults (16 prompts, 2 minibatches, micro-batches of 8) give each rank minibatches of 4
+    # sequences: this used to fail with "--micro_batch_size 8 must divide 4"; micro-batches are now
+    # "up to" 8.
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29531", "ppo.py",
          "--model_name_or_path", "tiny-random", "--max_steps", "1", "--num_eval_problems", "2",
          "--output_dir", str(tmp_path)], env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
@@ -129,11 +139,15 @@ def test_ppo_defaults_under_torchrun_with_two_processes(tmp_path):
 
 # ---- non-finite rewards, losses and weights -------------------------------------------------------------------
 def test_check_rewards_names_the_sample_the_problem_and_the_update():
-    check_rewards(torch.tensor([0.0, 1.0, 0.1]), 3, "gsm8k", lambda k: f"problem {k}")  # finite: nothing
-    with pytest.raises(FloatingPointError, match=r"reward inf for sample 2 \(problem 7\) of task 'gsm8k' in update 3"):
+    # finite: nothing
+    check_rewards(torch.tensor([0.0, 1.0, 0.1]), 3, "gsm8k", lambda k: f"problem {k}")
+    with pytest.raises(FloatingPointError,
+                       match=r"reward inf for sample 2 \(problem 7\) of task 'gsm8k' in update 3"):
         check_rewards(torch.tensor([0.0, 1.0, math.inf]), 3, "gsm8k", lambda k: f"problem {k + 5}")
-    with pytest.raises(FloatingPointError, match=r"reward nan for sample 1, step 2 \(env 1, step 2\)"):
-        check_rewards(torch.tensor([[0.0, 0, 0], [0, 0, math.nan]]), 1, "math", lambda k, t: f"env {k}, step {t}")
+    with pytest.raises(FloatingPointError,
+                       match=r"reward nan for sample 1, step 2 \(env 1, step 2\)"):
+        check_rewards(torch.tensor([[0.0, 0, 0], [0, 0, math.nan]]), 1, "math", lambda k,
+                      t: f"env {k}, step {t}")
 
 
 def test_step_guard_skips_non_finite_steps_and_stops_after_three_in_a_row():
@@ -158,9 +172,11 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, tok):
     save_checkpoint(tmp_path / "checkpoint-1", model, tok, 1)
     with torch.no_grad():
         model.model.norm.weight[3] = math.nan
-    with pytest.raises(FloatingPointError, match=r"not writing .*checkpoint-2: model.norm.weight .* NaN or inf"):
+    with pytest.raises(FloatingPointError,
+                       match=r"not writing .*checkpoint-2: model.norm.weight .* NaN or inf"):
         save_checkpoint(tmp_path / "checkpoint-2", model, tok, 2)
-    with pytest.raises(FloatingPointError, match=r"extra.critic.head.bias"):  # a critic's weights too
+    # a critic's weights too
+    with pytest.raises(FloatingPointError, match=r"extra.critic.head.bias"):
         save_checkpoint(tmp_path / "checkpoint-2", tiny_random_model(), tok, 2,
                         extra={"critic": {"head.bias": torch.tensor([math.inf])}})
     assert checkpoints(tmp_path) == [tmp_path / "checkpoint-1"]
@@ -181,10 +197,13 @@ def _nan_loss_after(grpo, monkeypatch, bad_calls):
 def test_a_nan_loss_skips_that_step_and_the_run_goes_on(tmp_path, monkeypatch):
     import grpo
 
-    # micro-batches of 2 over 8 sequences: calls 4..7 are update 2's; one NaN micro-batch spoils its step
+    # micro-batches of 2 over 8 sequences: calls 4..7 are update 2's; one NaN micro-batch spoils its
+    # step
     _nan_loss_after(grpo, monkeypatch, {5})
-    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8, num_eval_problems=2,
-                      num_prompts=2, num_generations=4, micro_batch_size=2, max_steps=3, learning_rate=1e-3,
+    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8,
+                      num_eval_problems=2,
+                      num_prompts=2, num_generations=4, micro_batch_size=2, max_steps=3,
+                      learning_rate=1e-3,
                       output_dir=str(tmp_path)))
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["skipped_steps"] for x in lines] == [0, 1, 0]
@@ -197,12 +216,17 @@ def test_nan_losses_in_a_row_stop_the_run_without_a_nan_checkpoint(tmp_path, mon
     import grpo
 
     _nan_loss_after(grpo, monkeypatch, set(range(4, 100)))  # every step from update 2 on
-    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row had a NaN or inf loss"):
-        grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8, num_eval_problems=2,
-                          num_prompts=2, num_generations=4, micro_batch_size=2, max_steps=6, save_interval=1,
+    with pytest.raises(FloatingPointError,
+                       match="3 optimizer steps in a row had a NaN or inf loss"):
+        grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8,
+                          num_eval_problems=2,
+                          num_prompts=2, num_generations=4, micro_batch_size=2, max_steps=6,
+                          save_interval=1,
                           output_dir=str(tmp_path)))
-    # updates 2, 3 and 4 were skipped; the checkpoints written before the stop hold the finite update-1 weights
-    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-2", "checkpoint-1"]
+    # updates 2, 3 and 4 were skipped; the checkpoints written before the stop hold the finite
+    # update-1 weights
+    assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-2",
+                                                       "checkpoint-1"]
     a, b = (load_file(str(tmp_path / f"checkpoint-{k}" / "model.safetensors")) for k in (1, 3))
     assert all(torch.equal(a[k], b[k]) and bool(torch.isfinite(a[k]).all()) for k in a)
 
@@ -216,7 +240,8 @@ def test_grader_timeouts_are_logged_as_a_fraction_of_the_graded_responses(tmp_pa
         calls[0] += 1
         return {"grades": 0, "timeouts": 2 * (calls[0] // 2), "failures": 0}
     monkeypatch.setattr(grpo, "grader_counts", counts)
-    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8, num_eval_problems=2,
+    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8,
+                      num_eval_problems=2,
                       num_prompts=2, num_generations=4, max_steps=2, output_dir=str(tmp_path)))
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["reward/grader_timeouts"] for x in lines] == [2 / 8, 2 / 8]
@@ -224,14 +249,20 @@ def test_grader_timeouts_are_logged_as_a_fraction_of_the_graded_responses(tmp_pa
 
 @pytest.mark.parametrize("algo", ["grpo", "appo"])
 def test_a_nan_reward_at_update_1_stops_the_run_before_the_update(algo, tmp_path):
-    # graded before update 1's rollout: 4 eval answers, then 8 responses (grpo) or 8 x 4 steps (appo) of update 0
+    # graded before update 1's rollout: 4 eval answers, then 8 responses (grpo) or 8 x 4 steps
+    # (appo) of update 0
     nan_at = {"grpo": 4 + 8, "appo": 4 + 8 * 4}[algo]
-    sizes = {"grpo": ["--num_prompts", "2", "--num_generations", "4"], "appo": ["--eval_max_new_tokens", "8"]}[algo]
-    out = run([sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path", "tiny-random",
-               "--max_new_tokens", "8", "--num_eval_problems", "4", *sizes, "--max_steps", "3", "--save_interval", "1",
-               "--output_dir", str(tmp_path)], ok=False, env={**os.environ, "TEST_REWARD": f"nan_at:{nan_at}"})
+    sizes = {"grpo": ["--num_prompts", "2", "--num_generations", "4"],
+             "appo": ["--eval_max_new_tokens", "8"]}[algo]
+    out = run([sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path",
+               "tiny-random",
+               "--max_new_tokens", "8", "--num_eval_problems", "4", *sizes, "--max_steps", "3",
+               "--save_interval", "1",
+               "--output_dir", str(tmp_path)], ok=False,
+               env={**os.environ, "TEST_REWARD": f"nan_at:{nan_at}"})
     assert "FloatingPointError: reward nan for sample 0" in out.stderr
-    assert "of task 'arithmetic' in update 2: rewards must be finite numbers" in out.stderr  # update 1 is the 2nd
+    # update 1 is the 2nd
+    assert "of task 'arithmetic' in update 2: rewards must be finite numbers" in out.stderr
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-1"]
     weights = load_file(str(tmp_path / "checkpoint-1" / "model.safetensors"))
     assert all(bool(torch.isfinite(w).all()) for w in weights.values())
@@ -245,13 +276,14 @@ def test_unfinished_saves_and_other_names_are_not_checkpoints(tmp_path, tok):
         (tmp_path / name / "trainer_state.pt").write_text("partial")
     (tmp_path / "checkpoint-7").write_text("a file")
     assert checkpoints(tmp_path) == [tmp_path / "checkpoint-2"]
-    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
-    assert latest_checkpoint(tmp_path / "missing") is None
+    assert checkpoints(tmp_path)[0] == tmp_path / "checkpoint-2"  # the newest complete one
+    assert checkpoints(tmp_path / "missing") == []
 
 
 def test_weights_loaded_from_a_checkpoint_are_aligned_like_new_ones(tmp_path, tok):
-    # safetensors data sits at an arbitrary offset; CPU matmuls round unaligned operands differently, which made
-    # a resumed appo run drift by an ulp from the uninterrupted one a few updates later
+    # safetensors data sits at an arbitrary offset; CPU matmuls round unaligned operands
+    # differently, which made a resumed appo run drift by an ulp from the uninterrupted one a few
+    # updates later
     from common.models import load_policy
 
     save_checkpoint(tmp_path / "checkpoint-1", tiny_random_model(), tok, 1)
@@ -277,10 +309,13 @@ def test_resume_point_decisions(tmp_path, tok, capsys):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path / f"checkpoint-{step}", tiny_random_model(), tok, step)
     # a fresh run would mix with the earlier one's checkpoints under a later --resume
-    with pytest.raises(FileExistsError, match="already holds checkpoint-3 from an earlier run: pass --resume"):
+    with pytest.raises(FileExistsError,
+                       match="already holds checkpoint-3 from an earlier run: pass --resume"):
         resume_point(tmp_path, False, 5)
-    # --max_steps below the checkpoint: an error, where it used to overwrite checkpoint-3 with later weights
-    with pytest.raises(ValueError, match="checkpoint-3 is at update 3, beyond --max_steps 2; pass --max_steps 3"):
+    # --max_steps below the checkpoint: an error, where it used to overwrite checkpoint-3 with later
+    # weights
+    with pytest.raises(ValueError,
+                       match="checkpoint-3 is at update 3, beyond --max_steps 2; pass --max_steps 3"):
         resume_point(tmp_path, True, 2)
     with pytest.raises(SystemExit) as done:  # already finished: exit 0, so a resume loop ends
         resume_point(tmp_path, True, 3)
@@ -298,11 +333,13 @@ def test_resume_point_decisions(tmp_path, tok, capsys):
     state_file = tmp_path / "checkpoint-2" / "trainer_state.pt"
     state_file.write_bytes(b"\0" * state_file.stat().st_size)
     step, path, _ = resume_point(tmp_path, True, 5)
-    assert (step, path) == (1, tmp_path / "checkpoint-1") and "checkpoint-2 is corrupt" in capsys.readouterr().out
+    assert (step, path) == (1,
+                            tmp_path / "checkpoint-1") and "checkpoint-2 is corrupt" in capsys.readouterr().out
 
 
 def test_a_resumed_logger_cuts_the_logs_back_to_the_checkpoint(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3, 4))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s,
+                                                                "x": s}) + "\n" for s in (1, 2, 3, 4))
                                             + '{"step": 5, "x"')  # the last line cut by a kill
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 2, 4)))
     logger = Logger(run_args(tmp_path), initial_step=2)
@@ -329,13 +366,16 @@ def test_divergence_is_said_once(tmp_path, capsys):
     assert err.count("warning: the policy's entropy collapsed to 0 at update 8") == 1
 
 
-@pytest.mark.parametrize("algo", ["grpo", "appo"])  # appo: episodes that carry over updates, a critic
+# appo: episodes that carry over updates, a critic
+@pytest.mark.parametrize("algo", ["grpo", "appo"])
 def test_killed_at_random_moments_and_resumed_ends_like_an_uninterrupted_run(algo, tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     from kill_resume import kill_and_resume
 
-    summary = kill_and_resume(algo, kills=3, seed=0, out=tmp_path)  # 16 updates, a checkpoint after each
+    # 16 updates, a checkpoint after each
+    summary = kill_and_resume(algo, kills=3, seed=0, out=tmp_path)
     assert summary["kills"] == 3 and summary["crashes"] == []
     assert summary["max_abs_weight_diff"] == 0.0
-    assert summary["logs_match"] == {"metrics.jsonl": True, "eval.jsonl": True, "samples.jsonl": True}
+    assert summary["logs_match"] == {"metrics.jsonl": True, "eval.jsonl": True,
+                                     "samples.jsonl": True}
 

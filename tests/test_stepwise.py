@@ -1,4 +1,5 @@
-"""common/stepwise.py: the PRM read-out, parallel stepwise episodes (carry-over, resets, EOS, rewards, resume)."""
+"""common/stepwise.py: the PRM read-out, parallel stepwise episodes (carry-over, resets, EOS,
+rewards, resume)."""
 
 from types import SimpleNamespace
 
@@ -15,7 +16,8 @@ TAG, GOOD, BAD, PAD = 7, 3, 4, 0
 
 
 class PositionPRM(torch.nn.Module):
-    """logit(good) - logit(bad) = position / 2 at every position: P(good) at position p is sigmoid(p / 2)."""
+    """logit(good) - logit(bad) = position / 2 at every position: P(good) at position p is sigmoid(p
+    / 2)."""
 
     def __init__(self):
         super().__init__()
@@ -29,7 +31,8 @@ class PositionPRM(torch.nn.Module):
 
 def test_prm_score_is_read_at_the_newest_tag_only():
     rows = [[5, TAG, 6, 6, TAG, 9, 9],  # tags at positions 1 and 4, two tokens after the last one
-            [8, TAG]]                    # left-padded by 5: its tag sits at position 1, not at column 6
+            # left-padded by 5: its tag sits at position 1, not at column 6
+            [8, TAG]]
     scores = prm_scores(PositionPRM(), rows, TAG, GOOD, BAD, PAD)
     torch.testing.assert_close(scores, torch.sigmoid(torch.tensor([4 / 2, 1 / 2])))
     with pytest.raises(ValueError, match="no step tag"):
@@ -41,13 +44,15 @@ def test_prm_tokens_must_be_single_tokens():
     assert single_token_id(tok, "+", "good token") == 27
     with pytest.raises(ValueError, match="'ки' is 2 tokens.*--prm_step_tag"):
         single_token_id(tok, "ки", "step tag")  # the embedded tokenizer splits it...
-    prm_tok = load_prm_tokenizer("tiny-random", "ки")  # ...so the tiny PRM adds it, as Math-Shepherd has it
+    # ...so the tiny PRM adds it, as Math-Shepherd has it
+    prm_tok = load_prm_tokenizer("tiny-random", "ки")
     assert len(prm_tok.encode("ки", add_special_tokens=False)) == 1
 
 
 def test_tiny_prm_input_has_one_tag_per_step_and_ends_with_it():
     prm = ProcessRewardModel("tiny-random")
-    text = prm.text("What is 2 + 3?", ["2 + 3 = 5 ки", "The answer is 5."])  # a tag written by the policy is dropped
+    # a tag written by the policy is dropped
+    text = prm.text("What is 2 + 3?", ["2 + 3 = 5 ки", "The answer is 5."])
     assert text == "What is 2 + 3?\n2 + 3 = 5 ки\nThe answer is 5. ки"  # OpenR's format
     ids = prm.tokenizer(text)["input_ids"]
     assert ids.count(prm.tag_id) == 2 and ids[-1] == prm.tag_id
@@ -64,13 +69,15 @@ def test_trim_left_padding():
 
 # ---- episodes ------------------------------------------------------------------------------------------------
 class ScriptedPolicy(torch.nn.Module):
-    """Emits the same token script in every row, restarting at each prefill (a new generate call)."""
+    """Emits the same token script in every row, restarting at each prefill (a new generate
+    call)."""
 
     def __init__(self, script):
         super().__init__()
         self.script, self.dummy, self.t = script, torch.nn.Parameter(torch.zeros(1)), 0
 
-    def forward(self, input_ids, attention_mask, position_ids, use_cache=True, logits_to_keep=0, **kw):
+    def forward(self, input_ids, attention_mask, position_ids, use_cache=True, logits_to_keep=0,
+                **kw):
         if kw.get(KV_CACHE) is None:
             self.t = 0
         logits = torch.full((input_ids.shape[0], 1, 49152), -100.0)
@@ -85,25 +92,30 @@ def tok():
 
 
 def arithmetic(max_steps=2):
-    return make_env("arithmetic", "train", seed=0, difficulty="1", num_examples=50, stepwise=True, max_steps=max_steps)
+    return make_env("arithmetic", "train", seed=0, difficulty="1", num_examples=50, stepwise=True,
+                    max_steps=max_steps)
 
 
 def test_episodes_carry_over_segments_and_reset_after_max_steps(tok):
     env, policy = arithmetic(max_steps=2), load_policy("tiny-random")
-    envs = StepwiseEnvs(env, tok, num_envs=2, first_env=2, total_envs=4, seed=0)  # global envs 2 and 3 of 4
+    # global envs 2 and 3 of 4
+    envs = StepwiseEnvs(env, tok, num_envs=2, first_env=2, total_envs=4, seed=0)
     first = [e.index for e in envs.envs]
     assert first == [problem_index(2, 50, 0), problem_index(3, 50, 0)]
     seg = envs.collect(policy, update=0, num_steps=3, max_new_tokens=3, temperature=1.0)
-    # the random model never writes an answer: every episode ends at its 2nd step, then a new one starts
+    # the random model never writes an answer: every episode ends at its 2nd step, then a new one
+    # starts
     assert seg.dones.tolist() == [[0, 1, 0], [0, 1, 0]]
     assert seg.rewards.tolist() == [[0, 0, 0], [0, 0, 0]]  # the verifier, on wrong final answers
-    assert [e.index for e in envs.envs] == [problem_index(6, 50, 0), problem_index(7, 50, 0)]  # 2nd episode: + 4
+    # 2nd episode: + 4
+    assert [e.index for e in envs.envs] == [problem_index(6, 50, 0), problem_index(7, 50, 0)]
     assert len(seg.episodes) == 2 and all(e["steps"] == 2 and not e["correct"] for e in seg.episodes)
     # rows are env-major; row k*3 + t's observation is env k's state before step t
     ids, mask = seg.gen.sequences()
     assert ids.shape[0] == 6 and seg.gen.response_mask.sum(1).tolist() == [3] * 6 and seg.gen.truncated.all()
     assert tok.decode(seg.next_obs[0]).endswith("<|im_start|>assistant\n" + envs.envs[0].steps[0] + "\n")
-    # the segment's last step continues in the next update: the state holds step 1 of the 2nd episode
+    # the segment's last step continues in the next update: the state holds step 1 of the 2nd
+    # episode
     assert len(envs.envs[0].steps) == 1
     # resume: a fresh set of envs loaded from the state continues identically
     state = envs.state_dict()
@@ -111,7 +123,8 @@ def test_episodes_carry_over_segments_and_reset_after_max_steps(tok):
     twin.load_state_dict(state)
     a = envs.collect(policy, update=1, num_steps=2, max_new_tokens=3, temperature=1.0)
     b = twin.collect(policy, update=1, num_steps=2, max_new_tokens=3, temperature=1.0)
-    assert torch.equal(a.gen.response_ids, b.gen.response_ids) and torch.equal(a.gen.prompt_ids, b.gen.prompt_ids)
+    assert torch.equal(a.gen.response_ids,
+                       b.gen.response_ids) and torch.equal(a.gen.prompt_ids, b.gen.prompt_ids)
     assert a.dones.tolist() == b.dones.tolist() == [[1, 0], [1, 0]]
 
 
@@ -120,13 +133,15 @@ def test_answer_ends_the_episode_and_prm_plus_outcome_reward(tok):
     answer = env.examples[problem_index(0, 50, 0)]["answer"]
     policy = ScriptedPolicy(tok.encode(f"The answer is {answer}.\n"))
     prm = ProcessRewardModel("tiny-random")
-    envs = StepwiseEnvs(env, tok, num_envs=1, first_env=0, total_envs=1, seed=0, prm=prm, outcome_reward_coef=2.0)
+    envs = StepwiseEnvs(env, tok, num_envs=1, first_env=0, total_envs=1, seed=0, prm=prm,
+                        outcome_reward_coef=2.0)
     seg = envs.collect(policy, update=0, num_steps=2, max_new_tokens=16, temperature=1.0)
     assert seg.texts[0] == f"The answer is {answer}.\n" and seg.dones.tolist() == [[1, 1]]
     assert seg.episodes[0]["correct"] and seg.episodes[0]["steps"] == 1
     # step 0 answers problem 0 correctly; step 1 writes the same text for problem 1 (another answer)
     second = env.examples[problem_index(1, 50, 0)]["answer"]
-    expected_prm = prm([env.examples[problem_index(0, 50, 0)]["question"]], [[f"The answer is {answer}."]])
+    expected_prm = prm([env.examples[problem_index(0, 50, 0)]["question"]],
+                       [[f"The answer is {answer}."]])
     torch.testing.assert_close(seg.prm_rewards[0, :1], expected_prm)
     correct = [1.0, float(second == answer)]
     torch.testing.assert_close(seg.rewards[0], seg.prm_rewards[0] + 2.0 * torch.tensor(correct))
@@ -138,12 +153,14 @@ def test_eos_ends_the_episode_and_grades_what_was_written(tok):
     policy = ScriptedPolicy(tok.encode(f"It is {answer}") + [tok.eos_token_id])
     envs = StepwiseEnvs(env, tok, num_envs=1, first_env=0, total_envs=1, seed=0)
     seg = envs.collect(policy, update=0, num_steps=1, max_new_tokens=16, temperature=1.0)
-    # graded, but without an answer marker a right number earns nothing (data/README.md, grading policy)
+    # graded, but without an answer marker a right number earns nothing (data/README.md, grading
+    # policy)
     assert seg.dones.tolist() == [[1]] and seg.rewards.tolist() == [[0.0]]
     assert seg.episodes[0]["response"] == f"It is {answer}" and not seg.gen.truncated.any()
 
 
 def test_prm_tag_merged_by_the_tokenizer_is_a_clear_error():
-    prm = ProcessRewardModel("tiny-random", step_tag=".")  # one token alone, but ' .' is another token in context
+    # one token alone, but ' .' is another token in context
+    prm = ProcessRewardModel("tiny-random", step_tag=".")
     with pytest.raises(ValueError, match="does not end .* with the step tag's token"):
         prm(["What is 2 + 3?"], [["2 + 3 = 5"]])

@@ -6,8 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.utils import (discounted_returns, explained_variance, identical_rows, kl_estimate, kl_k1, kl_k2,
-                          kl_k3, masked_mean, masked_whiten, minibatches, problem_index, prompt_indices,
+from common.utils import (discounted_returns, explained_variance, identical_rows, kl_estimate,
+                          kl_k1, kl_k2,
+                          kl_k3, masked_mean, masked_whiten, minibatches, problem_index,
+                          prompt_indices,
                           step_gae, token_gae, token_logprobs)
 
 
@@ -26,7 +28,8 @@ def test_token_gae_four_steps_by_hand():
 
 
 def test_token_gae_ends_at_padding():
-    # A 2-token response padded to 4: the value after the last real token is 0, whatever sits in the padding.
+    # A 2-token response padded to 4: the value after the last real token is 0, whatever sits in the
+    # padding.
     rewards = torch.tensor([[0.0, 1.0, 5.0, 5.0]])
     values = torch.tensor([[0.5, 0.6, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
@@ -37,12 +40,14 @@ def test_token_gae_ends_at_padding():
 
 
 def test_step_gae_episode_boundary_and_bootstrap():
-    # Steps 0 | 1 2 : an episode ends at step 0, a new one runs into the segment cut, bootstrapped with V=2.
+    # Steps 0 | 1 2 : an episode ends at step 0, a new one runs into the segment cut, bootstrapped
+    # with V=2.
     rewards = torch.tensor([[1.0, 0.0, 2.0]])
     values = torch.tensor([[0.5, 1.0, 1.5]])
     dones = torch.tensor([[1.0, 0.0, 0.0]])
     adv, ret = step_gae(rewards, values, torch.tensor([2.0]), dones, gamma=0.5, lam=1.0)
-    # A2 = 2 + 0.5*2 - 1.5 = 1.5 ; A1 = 0 + 0.5*1.5 - 1 + 0.5*1.5 = 0.5 ; A0 = 1 - 0.5 = 0.5 (no carry over the end)
+    # A2 = 2 + 0.5*2 - 1.5 = 1.5 ; A1 = 0 + 0.5*1.5 - 1 + 0.5*1.5 = 0.5 ; A0 = 1 - 0.5 = 0.5 (no
+    # carry over the end)
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 1.5]]))
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.5, 3.0]]))
 
@@ -54,8 +59,8 @@ def test_discounted_returns():
 
 # ---- data order and minibatches ----------------------------------------------------------------------------------
 def test_prompt_indices_walk_one_seeded_permutation_per_pass():
-    # 5 problems, 2 prompts an update: updates 0-1 cover pass 0's first 4, update 2 takes its last and the
-    # first of pass 1, which is another permutation
+    # 5 problems, 2 prompts an update: updates 0-1 cover pass 0's first 4, update 2 takes its last
+    # and the first of pass 1, which is another permutation
     stream = [i for step in range(5) for i in prompt_indices(step, 2, 5, seed=3)]
     assert sorted(stream[:5]) == [0, 1, 2, 3, 4] and sorted(stream[5:10]) == [0, 1, 2, 3, 4]
     assert stream[:5] != stream[5:10]
@@ -69,8 +74,10 @@ def test_minibatches_one_keeps_order_several_shuffle_each_epoch_alike_on_resume(
     parts = list(minibatches(6, 3, [7, 8]))  # 2 epochs x 3 minibatches of 2 rows
     assert len(parts) == 6 and all(len(p) == 2 for p in parts)
     assert sorted(torch.cat(parts[:3]).tolist()) == sorted(torch.cat(parts[3:]).tolist()) == list(range(6))
-    assert torch.cat(parts[:3]).tolist() != torch.cat(parts[3:]).tolist()  # each epoch its own shuffle
-    assert [p.tolist() for p in minibatches(6, 3, [7, 8])] == [p.tolist() for p in parts]  # a pure function
+    # each epoch its own shuffle
+    assert torch.cat(parts[:3]).tolist() != torch.cat(parts[3:]).tolist()
+    # a pure function
+    assert [p.tolist() for p in minibatches(6, 3, [7, 8])] == [p.tolist() for p in parts]
 
 
 # ---- KL estimators ----------------------------------------------------------------------------------------------
@@ -83,7 +90,8 @@ def test_kl_estimators_single_sample():
     logp, ref = torch.tensor(math.log(0.5)), torch.tensor(math.log(0.25))
     assert kl_k1(logp, ref).item() == pytest.approx(math.log(2.0))
     assert kl_k2(logp, ref).item() == pytest.approx(0.5 * math.log(2.0) ** 2)
-    assert kl_k3(logp, ref).item() == pytest.approx(0.5 - 1 - math.log(0.5))  # r - 1 - log r, r = q/p = 0.5
+    # r - 1 - log r, r = q/p = 0.5
+    assert kl_k3(logp, ref).item() == pytest.approx(0.5 - 1 - math.log(0.5))
 
 
 def test_kl_estimate_dispatches_by_name():
@@ -100,7 +108,8 @@ def test_kl_estimators_expectations_match_closed_forms():
     # Exact expectations under x ~ p (a weighted sum over the 3 outcomes, no sampling noise).
     logp, ref = P.log(), Q.log()
     assert (P * kl_k1(logp, ref)).sum().item() == pytest.approx(KL_PQ)
-    assert (P * kl_k3(logp, ref)).sum().item() == pytest.approx(KL_PQ)  # E_p[q/p] = 1, so E[k3] = KL
+    # E_p[q/p] = 1, so E[k3] = KL
+    assert (P * kl_k3(logp, ref)).sum().item() == pytest.approx(KL_PQ)
     second_moment = 0.5 * (0.5 * math.log(2.0) ** 2 + 0.3 * math.log(1.2) ** 2 + 0.2 * math.log(0.4) ** 2)
     assert (P * kl_k2(logp, ref)).sum().item() == pytest.approx(second_moment)
     assert (kl_k3(logp, ref) >= 0).all()
@@ -114,14 +123,17 @@ def test_masked_mean_and_whiten():
     torch.testing.assert_close(masked_mean(x, mask, dim=1), torch.tensor([1.5, 3.0]))
     w = masked_whiten(x, mask)
     # values 1, 2, 3: mean 2, unbiased variance 1 -> -1, 0, 1; padding stays 0 however large it was
-    torch.testing.assert_close(w, torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(w, torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6,
+                               rtol=0)
     assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0
-    # OpenR's form, eps on the std: the same away from 0 variance, and 0 (not noise) for equal values
+    # OpenR's form, eps on the std: the same away from 0 variance, and 0 (not noise) for equal
+    # values
     torch.testing.assert_close(masked_whiten(x, mask, eps_on_std=True), w, atol=1e-6, rtol=0)
     same = masked_whiten(torch.tensor([[0.3, 0.3]]), torch.ones(1, 2), eps_on_std=True)
     assert same.abs().max().item() == 0.0
     # TRL's reward whitening keeps the mean: 1, 2, 3 -> 1, 2, 3 (mean 2, std 1)
-    torch.testing.assert_close(masked_whiten(x, mask, shift_mean=False)[mask.bool()], torch.tensor([1.0, 2.0, 3.0]),
+    torch.testing.assert_close(masked_whiten(x, mask, shift_mean=False)[mask.bool()],
+                               torch.tensor([1.0, 2.0, 3.0]),
                                atol=1e-6, rtol=0)
 
 
@@ -147,7 +159,8 @@ def test_token_logprobs_match_cross_entropy(tiny):
     R = 4
     lp, ent = token_logprobs(tiny, ids, mask, R, temperature=0.7)
     logits = tiny(input_ids=ids, attention_mask=mask).logits[:, -R - 1:-1] / 0.7  # one-token shift
-    expected = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, -R:].reshape(-1), reduction="none")
+    expected = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, -R:].reshape(-1),
+                                reduction="none")
     torch.testing.assert_close(lp, expected.view(3, R), atol=1e-5, rtol=0)
     p = logits.softmax(-1)
     torch.testing.assert_close(ent, -(p * p.log()).sum(-1), atol=1e-4, rtol=0)
@@ -166,9 +179,9 @@ def test_token_logprobs_invariant_to_left_padding(tiny):
 
 
 def test_token_logprobs_cut_all_padding_columns_and_zero_fill_them(tiny):
-    # A micro-batch padded for a longer rollout: 2 extra pad columns on the left of every prompt and 3 on the
-    # right of every response. The real tokens' log-probs and hidden states must be those of the unpadded
-    # batch, and the pad columns come back as 0.
+    # A micro-batch padded for a longer rollout: 2 extra pad columns on the left of every prompt and
+    # 3 on the right of every response. The real tokens' log-probs and hidden states must be those
+    # of the unpadded batch, and the pad columns come back as 0.
     torch.manual_seed(3)
     ids = torch.randint(3, 1000, (2, 7))  # 4 prompt + 3 response tokens
     mask = torch.ones_like(ids)
@@ -199,18 +212,20 @@ def test_token_logprobs_chunking_and_gradients_agree(tiny):
 
 def test_identical_rows_on_a_hand_example():
     # rows 0, 2, 3 are one prompt, row 1 another (same tokens, different padding), row 4 a third
-    x = torch.tensor([[0, 5, 6, 0, 1, 1], [5, 6, 0, 1, 1, 0], [0, 5, 6, 0, 1, 1], [0, 5, 6, 0, 1, 1], [0, 7, 6, 0, 1, 1]])
+    x = torch.tensor([[0, 5, 6, 0, 1, 1], [5, 6, 0, 1, 1, 0], [0, 5, 6, 0, 1, 1],
+                      [0, 5, 6, 0, 1, 1], [0, 7, 6, 0, 1, 1]])
     first, inverse = identical_rows(x)
     assert len(first) == 3
     torch.testing.assert_close(x[first][inverse], x)
     assert first.tolist() == [0, 1, 4] and inverse.tolist() == [0, 1, 0, 0, 2]
-    first, inverse = identical_rows(x[[4, 1, 0]])  # all distinct: the identity, whatever the values' order
+    # all distinct: the identity, whatever the values' order
+    first, inverse = identical_rows(x[[4, 1, 0]])
     assert first.tolist() == inverse.tolist() == [0, 1, 2]
 
 
 def test_token_logprobs_share_identical_prompts_exactly(tiny):
-    # Rows 0 and 1 share a prompt (run once, its keys/values copied), row 2 has its own. Log-probs and
-    # gradients must equal those of each row run on its own.
+    # Rows 0 and 1 share a prompt (run once, its keys/values copied), row 2 has its own. Log-probs
+    # and gradients must equal those of each row run on its own.
     torch.manual_seed(4)
     prompt_a, prompt_b = torch.randint(3, 1000, (1, 5)), torch.randint(3, 1000, (1, 5))
     responses = torch.randint(3, 1000, (3, 4))
@@ -227,5 +242,7 @@ def test_token_logprobs_share_identical_prompts_exactly(tiny):
         lp_row, _ = token_logprobs(tiny, ids[row:row + 1], mask[row:row + 1], 4)
         (lp_row * mask[row:row + 1, -4:]).sum().backward()
         alone.append(lp_row)
-    torch.testing.assert_close(lp * mask[:, -4:], torch.cat(alone) * mask[:, -4:], atol=1e-5, rtol=0)
-    torch.testing.assert_close(shared_grad, tiny.model.layers[0].self_attn.k_proj.weight.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(lp * mask[:, -4:], torch.cat(alone) * mask[:, -4:], atol=1e-5,
+                               rtol=0)
+    torch.testing.assert_close(shared_grad, tiny.model.layers[0].self_attn.k_proj.weight.grad,
+                               atol=1e-5, rtol=1e-4)

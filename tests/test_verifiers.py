@@ -1,4 +1,5 @@
-"""Hand-picked verifier cases for every task: equivalent forms, wrong-but-close answers, adversarial output."""
+"""Hand-picked verifier cases for every task: equivalent forms, wrong-but-close answers, adversarial
+output."""
 
 import json
 import time
@@ -7,11 +8,12 @@ from fractions import Fraction
 import pytest
 
 from common import grader
-from common.env import answer_value, extract_answer, format_number, safe_arith, to_number, verify
+from common.env import TASKS, answer_value, format_number, safe_arith, to_number, verify
 from common.grader import ascii_lookalikes, last_boxed, normalize, parse, sympy_equal
 
-# ---------------------------------------------------------------------------------------------------
-# GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is"; no marker, no reward
+# ------------------------------------------------------------------------------------------------
+# GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is"; no
+# marker, no reward
 
 GSM8K_CASES = [
     ("The answer is 18.", "18", 1.0),
@@ -25,7 +27,8 @@ GSM8K_CASES = [
     ("THE ANSWER IS 42", "42", 1.0),
     ("The answer is .5", "0.5", 1.0),
     ("The answer is -3.", "-3", 1.0),
-    # was 1.0 (the first number after the phrase): the whole span is the answer now, and "not 20" hedges it
+    # was 1.0 (the first number after the phrase): the whole span is the answer now, and "not 20"
+    # hedges it
     ("The answer is 18 apples, not 20.", "18", 0.0),
     ("The answer is 17. No, wait: the final answer is 18.", "18", 1.0),  # the last phrase counts
     # was 1.0 (the bare last number): without an answer marker there is no reward (data/README.md)
@@ -61,7 +64,8 @@ def test_gsm8k(response, gold, expected):
     assert verify("gsm8k", response, gold) == expected
 
 
-# Issue 21: every wrong answer that scored 1.0, and the class around it. Expectations computed by hand.
+# Issue 21: every wrong answer that scored 1.0, and the class around it. Expectations computed by
+# hand.
 GSM8K_WHOLE_SPAN = [
     # several candidates or a hedge: no answer
     ("The answer is not 18, it is 17.", "18", 0.0),
@@ -151,7 +155,8 @@ def test_gsm8k_whole_span_is_one_value(response, gold, expected):
 
 
 def test_no_marker_no_reward():
-    """Decided policy: without \\boxed{}, #### or "The answer is", no correctness reward (train and eval)."""
+    """Decided policy: without \\boxed{}, #### or "The answer is", no correctness reward (train and
+    eval)."""
     from common.env import TASKS
 
     question = "Janet has 16 eggs and eats 2. How many are left? The sum 14 is wrong; the answer could be 18."
@@ -159,7 +164,7 @@ def test_no_marker_no_reward():
         for task in ("gsm8k", "arithmetic"):
             assert TASKS[task].grade(response, "14")[0] == 0.0
             assert TASKS[task].grade(response, "14")[2] is False  # format_ok
-    assert extract_answer("gsm8k", "She has 14 eggs left") == "14"  # still shown, for diagnostics
+    assert extract("gsm8k", "She has 14 eggs left") == "14"  # still shown, for diagnostics
 
 
 def test_answer_value_and_number_text():
@@ -167,45 +172,56 @@ def test_answer_value_and_number_text():
     assert answer_value("18/5") == Fraction(18, 5)
     assert answer_value("3 or 4") is None
     assert answer_value("") is None
-    assert answer_value("2**3") is None  # python's power is markdown bold here: "2 3" is two numbers
-    assert [format_number(Fraction(v)) for v in ("18", "3.6", "-1/8", "18/7")] == ["18", "3.6", "-0.125", "18/7"]
-    assert to_number("18/7") == Fraction(18, 7) and to_number("1,8") is None and to_number("1,000") == 1000
+    # python's power is markdown bold here: "2 3" is two numbers
+    assert answer_value("2**3") is None
+    assert [format_number(Fraction(v)) for v in ("18", "3.6", "-1/8",
+                                                 "18/7")] == ["18", "3.6", "-0.125", "18/7"]
+    assert to_number("18/7") == Fraction(18,
+                                         7) and to_number("1,8") is None and to_number("1,000") == 1000
     assert ascii_lookalikes("−５ ١٨ 18² x\u00a0y") == "-5 18 18^{2} x y"
 
 
 @pytest.mark.parametrize("response,gold,expected", [
     ("47 + 38 = 85.\nThe answer is 85.", "85", 1.0),
     ("The answer is 85", "58", 0.0),
-    ("12 * 4 = 48, 35 + 48 = 83", "83", 0.0),  # was 1.0 (the bare last number): no marker, no reward
+    # was 1.0 (the bare last number): no marker, no reward
+    ("12 * 4 = 48, 35 + 48 = 83", "83", 0.0),
     ("(23 + 19) * 3 = 126. The answer is 127.", "126", 0.0),
 ])
 def test_arithmetic(response, gold, expected):
     assert verify("arithmetic", response, gold) == expected
 
 
+def extract(task, response):
+    """The answer the verifier reads from a response (None: none)."""
+    return TASKS[task].extract(response)[0]
+
+
 def test_extract_answer():
-    assert extract_answer("gsm8k", "#### 1,000") == "1000"
-    assert extract_answer("gsm8k", "#### 18/5") == "3.6"  # the exact value, as text
-    assert extract_answer("gsm8k", "The answer is 3 or 4.") is None
-    assert extract_answer("gsm8k", "no digits here") is None
-    assert extract_answer("arithmetic", "3 + 4 = 7. The answer is 7.") == "7"
-    assert extract_answer("math", "so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
-    assert extract_answer("math", "The answer is $\\frac{1}{2}$.") == "\\frac{1}{2}"
-    assert extract_answer("math", "The answer is: 5.") == "5"
-    assert extract_answer("math", "no answer") is None
-    assert extract_answer("math", "The answer is $\\$18.90$.") == "\\$18.90"  # an escaped $ does not close
-    assert extract_answer("math", "The answer is $18$ (or perhaps $19$).") is None
-    assert extract_answer("countdown", "<answer> 1+2 </answer> or <answer>3*4</answer>") == "3*4"
+    assert extract("gsm8k", "#### 1,000") == "1000"
+    assert extract("gsm8k", "#### 18/5") == "3.6"  # the exact value, as text
+    assert extract("gsm8k", "The answer is 3 or 4.") is None
+    assert extract("gsm8k", "no digits here") is None
+    assert extract("arithmetic", "3 + 4 = 7. The answer is 7.") == "7"
+    assert extract("math", "so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
+    assert extract("math", "The answer is $\\frac{1}{2}$.") == "\\frac{1}{2}"
+    assert extract("math", "The answer is: 5.") == "5"
+    assert extract("math", "no answer") is None
+    # an escaped $ does not close
+    assert extract("math", "The answer is $\\$18.90$.") == "\\$18.90"
+    assert extract("math", "The answer is $18$ (or perhaps $19$).") is None
+    assert extract("countdown", "<answer> 1+2 </answer> or <answer>3*4</answer>") == "3*4"
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Countdown: TinyZero rules, 1.0 correct / 0.1 right format / 0.0 no <answer>
 
 CD = json.dumps({"numbers": [3, 5, 7], "target": 22})
 COUNTDOWN_CASES = [
     ("<answer>3*5+7</answer>", CD, 1.0),
     ("<think>3 * 5 = 15, 15 + 7 = 22</think>\n<answer> 7 + 5 * 3 </answer>", CD, 1.0),
-    ("<answer>(3*5)+7</answer>\nSo that is the equation.", CD, 1.0),  # text after the tag is fine here
+    # text after the tag is fine here
+    ("<answer>(3*5)+7</answer>\nSo that is the equation.", CD, 1.0),
     ("<answer>3×5+7</answer>", CD, 1.0),
     ("<answer>3+5+7</answer> no, <answer>3*5+7</answer>", CD, 1.0),  # the last tag counts
     ("<answer>3*5+7</answer> no, <answer>3+5+7</answer>", CD, 0.1),
@@ -218,7 +234,8 @@ COUNTDOWN_CASES = [
     ("<answer></answer>", CD, 0.1),
     ("3*5+7 = 22", CD, 0.0),  # no tag
     ("<answer>3*5+7", CD, 0.0),  # unclosed tag
-    ("<answer>3/(5-5)</answer>", json.dumps({"numbers": [5, 5, 3], "target": 3}), 0.1),  # division by zero
+    # division by zero
+    ("<answer>3/(5-5)</answer>", json.dumps({"numbers": [5, 5, 3], "target": 3}), 0.1),
     ("<answer>6/3*4</answer>", json.dumps({"numbers": [6, 4, 3], "target": 8}), 1.0),
     ("<answer>6/4*3</answer>", json.dumps({"numbers": [6, 4, 3], "target": 8}), 0.1),
     ("<answer>1+2</answer>", json.dumps({"numbers": [55, 65, 91, 5], "target": 96}), 0.1),
@@ -257,7 +274,7 @@ def test_safe_arith(expr, value):
     assert safe_arith(expr) == value
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # MATH: normalisation, structure, sympy equivalence
 
 MATH_EQUAL = [
@@ -294,7 +311,8 @@ MATH_EQUAL = [
     ("1\\pm\\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}"),
     ("\\{1\\pm\\sqrt{5},-2\\}", "\\{-2, 1+\\sqrt5, 1-\\sqrt5\\}"),
     ("\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}", "\\begin{pmatrix}0.2\\\\-3.6\\end{pmatrix}"),
-    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{bmatrix}-1&0\\\\0&-1\\end{bmatrix}"),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+     "\\begin{bmatrix}-1&0\\\\0&-1\\end{bmatrix}"),
     ("(-\\infty, 2) \\cup (3, \\infty)", "(3,\\infty)\\cup(-\\infty,2)"),
     ("5x - 7y + 11z + 4 = 0", "-10x + 14y - 22z - 8 = 0"),  # the same plane
     ("137 \\frac{1}{2}", "137.5"),  # a mixed number
@@ -383,8 +401,9 @@ MATH_DIFFERENT = [
 
 
 @pytest.mark.parametrize("response,gold,expected", [
-    # was equal both ways: normalize dropped every `y=`. A gold expression accepts a named answer, but a gold
-    # equation with variables on its right needs an equivalent equation (the names count).
+    # was equal both ways: normalize dropped every `y=`. A gold expression accepts a named answer,
+    # but a gold equation with variables on its right needs an equivalent equation (the names
+    # count).
     ("\\boxed{y = 2x + 3}", "2x+3", 1.0),
     ("\\boxed{2x + 3}", "y = 2x + 3", 0.0),
     ("\\boxed{-2x}", "y = -2x", 0.0),
@@ -462,14 +481,17 @@ def test_sympy_equal_equations():
 
 
 def test_slow_simplification_times_out_and_the_worker_recovers():
-    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0  # warm the worker up
+    # warm the worker up
+    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0
     worker = grader._WORKER.proc.pid
     cpu, start = grader._cpu_seconds(worker), time.monotonic()
-    assert verify("math", "\\boxed{\\exp(\\exp(\\exp(\\exp(99))))}", "\\pi") == 0.0  # too big to evaluate
-    # was: under 2 s of wall time. The budget is the worker's CPU time now (1 s), so the wall time is about
-    # 1 s on an idle machine and grows only when other processes share the cores.
+    # too big to evaluate
+    assert verify("math", "\\boxed{\\exp(\\exp(\\exp(\\exp(99))))}", "\\pi") == 0.0
+    # was: under 2 s of wall time. The budget is the worker's CPU time now (1 s), so the wall time
+    # is about 1 s on an idle machine and grows only when other processes share the cores.
     assert grader._cpu_seconds(worker) - cpu < 1.5 and time.monotonic() - start < 10.0
-    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0  # the worker recovered
+    # the worker recovered
+    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0
 
 
 def test_last_boxed_and_normalize():
@@ -481,7 +503,8 @@ def test_last_boxed_and_normalize():
     assert last_boxed("\\boxed{1") is None
     assert last_boxed("no box") is None
     assert normalize("\\left( \\dfrac{1}{2}, 3 \\right)") == "(\\frac{1}{2},3)"
-    # was "10080": normalize keeps a name now (x=5 and y=5 differ); math_equal reads `x = 10,080` as 10080
+    # was "10080": normalize keeps a name now (x=5 and y=5 differ); math_equal reads `x = 10,080` as
+    # 10080
     assert normalize("x = 10,\\!080 \\text{ dollars}") == "x=10,080"
     assert normalize("10,\\!080 \\text{ dollars}") == "10080"
     assert normalize("1{,}000") == "1000"
@@ -499,7 +522,7 @@ def test_math_only_the_last_box_counts():
     assert verify("math", "I think it is 18.", "18") == 0.0  # ... but never a bare last number
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Adversarial output: graded 0 within 2 s, and nothing is executed
 
 
@@ -546,6 +569,7 @@ def test_adversarial_countdown_and_calculator(tmp_path):
         assert safe_arith(expr) is None
         assert time.monotonic() - start < 2.0
     start = time.monotonic()
-    assert verify("countdown", "<answer>" * 100_000, cd) == 0.0  # many unclosed tags: no answer, fast
+    # many unclosed tags: no answer, fast
+    assert verify("countdown", "<answer>" * 100_000, cd) == 0.0
     assert time.monotonic() - start < 2.0
     assert not marker.exists()

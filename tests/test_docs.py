@@ -1,0 +1,78 @@
+"""Docs that cannot drift from the code: every link to a code line points at the line that defines what it
+names (docs/links.py), every command line in the docs and in the files' docstrings parses with that file's
+own options, and no line of the library runs past 100 characters."""
+
+import importlib
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.args import parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]
+LIBRARY = [*(f"{a}.py" for a in ALGOS), "eval.py", *(str(p.relative_to(ROOT)) for p in (ROOT / "common").glob("*.py"))]
+
+
+def test_links_to_code_lines_are_current():
+    out = subprocess.run([sys.executable, "docs/links.py"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, "stale links (python docs/links.py --fix rewrites them):\n" + out.stdout
+    text = "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    assert len(re.findall(r"\]\(\.\./\w+\.py#L\d+\)", text)) >= 30  # the pages do link to lines
+
+
+def command_lines():
+    """(source, file, argv) of every `python X.py ...` / `torchrun ... X.py ...` line in the docs, the README
+    and the algorithm files' docstrings, with backslash continuations joined."""
+    found = []
+    sources = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    sources += [ROOT / f for f in [*(f"{a}.py" for a in ALGOS), "eval.py"]]
+    for path in sources:
+        text = path.read_text()
+        if path.suffix == ".py":
+            text = text[:text.index('"""', 3)].replace("\\\\\n", "\\\n")
+        text = re.sub(r"\\\n\s*", " ", text)
+        for line in text.splitlines():
+            m = re.search(r"(?:python|torchrun[^#]*?)\s+(grpo|ppo|reinforce|appo|tppo|eval)\.py((?:\s+[^#`|]*)?)", line)
+            if not m or "..." in m.group(2) or "$" in m.group(2):
+                continue
+            found.append((path.name, m.group(1), shlex.split(m.group(2))))
+    return found
+
+
+def test_the_docs_hold_the_command_lines_they_should():
+    files = {f for _, f, _ in command_lines()}
+    assert set(ALGOS) <= files and len(command_lines()) >= 40
+
+
+@pytest.mark.parametrize("source,algo,argv", command_lines(), ids=lambda x: x if isinstance(x, str) else None)
+def test_every_command_line_parses(source, algo, argv, capsys):
+    module = importlib.import_module(algo)
+    parse_args(module.Args, argv)  # an unknown flag or a bad value exits here
+
+
+@pytest.mark.parametrize("path", LIBRARY)
+def test_lines_are_at_most_100_characters(path):
+    long = [i for i, line in enumerate((ROOT / path).read_text().splitlines(), 1) if len(line) > 100]
+    assert not long, f"{path}: lines {long[:10]} run past 100 characters"
+
+
+def changed_lines(a, b):
+    out = subprocess.run(["diff", f"{a}.py", f"{b}.py"], cwd=ROOT, capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line[:1] in "<>")
+
+
+def test_the_diff_counts_the_docs_quote_are_current():
+    quoted = 0
+    for page in (ROOT / "docs").glob("*.md"):
+        for a, b, n in re.findall(r"`diff (\w+)\.py (\w+)\.py`(?::| is) (\d+)", page.read_text()):
+            assert int(n) == changed_lines(a, b), f"docs/{page.name} quotes {n} lines for diff {a}.py {b}.py"
+            quoted += 1
+    row = re.search(r"\| `diff grpo.py X.py` lines \| (\d+) \| — \| (\d+) \| (\d+) \| (\d+) \|",
+                    (ROOT / "docs/README.md").read_text())
+    assert [int(n) for n in row.groups()] == [changed_lines("grpo", x) for x in ("reinforce", "ppo", "appo", "tppo")]
+    assert quoted >= 5
