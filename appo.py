@@ -467,11 +467,13 @@ def main(args):
         metrics["explained_variance"] = explained_variance(values, returns, mask)
         # the true accuracy and length of the episodes that ended in this segment, over all ranks
         ended = all_reduce_sum(torch.tensor([len(episodes), sum(e["correct"] for e in episodes),
-                                             sum(e["steps"] for e in episodes)],
+                                             sum(e["steps"] for e in episodes),
+                                             sum(e["cut"] for e in episodes)],
                                             dtype=torch.float64, device=device))
-        if ended[0] > 0:
+        if ended[0] > 0:  # cut: ended by --max_episode_steps before an answer
             metrics.update({"accuracy": (ended[1] / ended[0]).item(),
-                            "episode_steps/mean": (ended[2] / ended[0]).item()})
+                            "episode_steps/mean": (ended[2] / ended[0]).item(),
+                            "episode_cut_frac": (ended[3] / ended[0]).item()})
         metrics.update({"episodes": ended[0].item(), "lr": lr,
                         "tokens_per_s": n_tokens * world / t_rollout,
                         "time/rollout_s": t_rollout, "time/update_s": t_update})

@@ -1,5 +1,4 @@
-"""TPPO: token-level PPO with action decomposition (POAD), as in OpenR's train/mat.
-Docs: docs/tppo.md
+"""TPPO: token-level PPO with action decomposition, as in OpenR's train/mat. Docs: docs/tppo.md
 
 OpenR (Wang et al. 2024, arXiv:2410.09671), train/mat/trainers/llm_trainer_tppo.py. One action is
 one reasoning step (a line of text), rewarded per step: r_t = P('+' | question, steps 1..t) of a
@@ -490,11 +489,13 @@ def main(args):
         metrics["explained_variance"] = explained_variance(values, returns, mask)
         # the true accuracy and length of the episodes that ended in this segment, over all ranks
         ended = all_reduce_sum(torch.tensor([len(episodes), sum(e["correct"] for e in episodes),
-                                             sum(e["steps"] for e in episodes)],
+                                             sum(e["steps"] for e in episodes),
+                                             sum(e["cut"] for e in episodes)],
                                             dtype=torch.float64, device=device))
-        if ended[0] > 0:
+        if ended[0] > 0:  # cut: ended by --max_episode_steps before an answer
             metrics.update({"accuracy": (ended[1] / ended[0]).item(),
-                            "episode_steps/mean": (ended[2] / ended[0]).item()})
+                            "episode_steps/mean": (ended[2] / ended[0]).item(),
+                            "episode_cut_frac": (ended[3] / ended[0]).item()})
         metrics.update({"episodes": ended[0].item(), "lr": lr,
                         "tokens_per_s": n_tokens * world / t_rollout,
                         "time/rollout_s": t_rollout, "time/update_s": t_update})

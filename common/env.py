@@ -854,29 +854,38 @@ def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
 
 
 def _filter_math(env, subject, levels, say):
-    """Keep the problems of one MATH subject and/or some levels, in place."""
+    """Keep the problems of one MATH subject and/or some levels, in place. Subjects are spelled
+    as the hub's 'type' or MATH-500's 'subject' ("Counting & Probability"); levels as 3 or
+    "Level 3"."""
     if env.task.name != "math":
         raise ValueError(f"--levels and MATH subjects filter the math task, not {env.task.name}.")
     examples = env.examples
     if subject is not None:
         if not any(ex.get("subject") for ex in examples):
             say(f"--dataset_name {subject}: these rows have no 'subject' field, so all "
-                f"{len(examples)} "
-                f"problems are used")
+                f"{len(examples)} problems are used")
         else:
-            examples = [ex for ex in examples if str(ex.get("subject",
-                                                            "")).lower().replace(" ", "_")
-                        .replace("&", "and") == subject]
+            examples = [ex for ex in examples if _subject_key(ex.get("subject")) == subject]
     if levels is not None:
         wanted = set(Arithmetic.levels(levels))
         if not any(ex.get("level") for ex in examples):
             say(f"--levels {levels}: these rows have no 'level' field, so no level filter applies")
         else:
-            examples = [ex for ex in examples
-                        if int(re.sub(r"\D", "", str(ex.get("level") or 0)) or 0) in wanted]
+            examples = [ex for ex in examples if _level_number(ex.get("level")) in wanted]
     if not examples:
         raise ValueError(f"no problem of subject {subject} and levels {levels} in this data")
     env.examples = examples
+
+
+def _subject_key(subject) -> str:
+    """'Counting & Probability' -> 'counting_and_probability', as in MATH_SUBJECTS."""
+    return str(subject or "").lower().replace("&", "and").replace(" ", "_")
+
+
+def _level_number(level) -> int:
+    """'Level 3' or 3 -> 3; a missing or unreadable level -> 0 (kept by no filter)."""
+    digits = re.sub(r"\D", "", str(level or ""))
+    return int(digits) if digits else 0
 
 
 def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn,
@@ -974,6 +983,7 @@ class MathEnv:
             else:
                 reward, info = 0.0, {"correct": False, "format_ok": False, "pred": None,
                                      "answer": example["answer"]}
+            info["cut"] = self.done and not answered  # ended by the step limit, not by an answer
             obs = self._state()
         info["steps"] = len(self.steps)
         if self.reward_fn is not None:  # process reward hook (APPO/TPPO): scores every step

@@ -198,7 +198,7 @@ class StepwiseEnvs:
             gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
                            stop_strings=("\n",),
                            seeds=seeds, autocast_dtype=autocast_dtype)
-            correct = torch.zeros(E)
+            correct, cut = torch.zeros(E), torch.zeros(E)
             for k, env in enumerate(self.envs):
                 keep = gen.response_mask[k].bool()
                 ids, lps = gen.response_ids[k][keep].tolist(), gen.logprobs[k][keep].tolist()
@@ -213,6 +213,7 @@ class StepwiseEnvs:
                     rewards[k, t], info = env.score("\n".join(env.steps), env.index)
                     env.done = done = True
                 dones[k, t], correct[k] = float(done), float(done and info["correct"])
+                cut[k] = float(info.get("cut", False))
             # CRUCIAL: the PRM's score of the newest step replaces the env's reward
             if self.prm is not None:
                 questions = [env.examples[env.index]["question"] for env in self.envs]
@@ -224,7 +225,8 @@ class StepwiseEnvs:
                     example = env.examples[env.index]
                     episodes.append({"question": example["question"], "answer": example["answer"],
                                      "response": "\n".join(env.steps), "correct": bool(correct[k]),
-                                     "steps": len(env.steps), "rewards": self.step_rewards[k]})
+                                     "steps": len(env.steps), "cut": bool(cut[k]),
+                                     "rewards": self.step_rewards[k]})
                     self.obs[k] = self._reset(k)
         flat = [(obs_ids[k][t], actions[k][t], logprobs[k][t],
                  truncated[k][t]) for k in range(E) for t in range(T)]

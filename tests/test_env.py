@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from common.env import DATA_DIR, TASKS, load_few_shot, make_env, safe_arith, verify
+from common.args import TrainArgs
+from common.env import (DATA_DIR, TASKS, detect_task, load_few_shot, make_env, make_envs,
+                        safe_arith, verify)
 
 JANET = {
     "question": "Janet's ducks lay 16 eggs per day. She eats 3 and bakes with 4. She sells the "
@@ -77,7 +79,8 @@ def test_stepwise_plain_with_openr_tag(gsm8k_file):
     obs, reward, done, info = env.step(" The answer is 18.")
     assert obs == prompt + " Janet sells 16 - 3 - 4 = 9 eggs. ки\n She makes 9 * 2 = 18 dollars. ки\n The answer is 18. ки\n"
     assert (reward, done) == (1.0, True)
-    assert info == {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 3}
+    assert info == {"correct": True, "format_ok": True, "pred": "18", "answer": "18", "steps": 3,
+                    "cut": False}
 
 
 def test_stepwise_chat_state_and_max_steps(gsm8k_file):
@@ -88,8 +91,8 @@ def test_stepwise_chat_state_and_max_steps(gsm8k_file):
     # max_steps reached, no final answer
     obs, reward, done, info = env.step("Each costs 2 dollars.")
     assert obs[-1]["content"] == "Janet sells 9 eggs.\nEach costs 2 dollars.\n"
-    assert (reward, done, info["steps"], info["pred"],
-            info["format_ok"]) == (0.0, True, 2, "2", False)
+    assert (reward, done, info["steps"], info["pred"], info["format_ok"],
+            info["cut"]) == (0.0, True, 2, "2", False, True)
 
 
 def test_stepwise_countdown_ends_on_answer_tag():
@@ -302,3 +305,78 @@ def test_hub_loading(monkeypatch, capsys):
         ("DigitalLearningGmbH/MATH-lighteval", "default", "train"),
         ("HuggingFaceH4/MATH-500", None, "test"),
     ]
+
+
+# ---- which task a file is for; MATH subjects and levels ----------------------------------------------------
+MATH500_ROWS = [  # MATH-500's fields: problem, solution, answer, subject, level
+    {"problem": "What is $2+3$?", "solution": "$\\boxed{5}$", "answer": "5",
+     "subject": "Prealgebra", "level": 1},
+    {"problem": "Solve $x+1=3$.", "solution": "$x=\\boxed{2}$", "answer": "2",
+     "subject": "Algebra", "level": 2},
+    {"problem": "How many ways to pick 2 of 4?", "solution": "$\\boxed{6}$", "answer": "6",
+     "subject": "Counting & Probability", "level": 3},
+    {"problem": "What is $10\\div 2$?", "solution": "$\\boxed{5}$", "answer": "5",
+     "subject": "Prealgebra", "level": 4},
+]
+
+
+@pytest.mark.parametrize("row, task", [
+    (MATH500_ROWS[0], "math"),
+    ({"problem": "What is $1+1$?", "final_answer": "2"}, "math"),  # OpenR's math_500.jsonl
+    ({"problem": "p", "solution": "so \\boxed{1}", "type": "Algebra", "level": "Level 1"}, "math"),
+    (JANET, "gsm8k"),
+    ({"question": "q", "answer": "so 4 + 5 = 9. The answer is: 9"}, "gsm8k"),  # LLM_RL's files
+    ({"nums": [2, 3], "target": 6}, "countdown"),  # TinyZero's
+    ({"question": "What is 2 + 3?", "answer": "5", "level": 1}, "arithmetic"),
+])
+def test_a_files_task_is_read_off_its_first_row(row, task):
+    assert detect_task([row]) == task
+
+
+def test_a_math_file_given_with_the_default_task_is_read_as_math(tmp_path):
+    path = tmp_path / "math500.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MATH500_ROWS))
+    args = TrainArgs(dataset_path=str(path), num_eval_problems=0)
+    said = []
+    train, _ = make_envs(args, say=said.append)
+    assert train.task.name == "math" and args.dataset_name == "math" and len(train) == 4
+    assert said == [f"{path}: its fields are those of the math task, not arithmetic: reading it as "
+                    f"math"]
+
+
+@pytest.mark.parametrize("name, levels, questions", [
+    ("prealgebra", None, ["What is $2+3$?", "What is $10\\div 2$?"]),
+    ("prealgebra", "1-3", ["What is $2+3$?"]),
+    ("counting_and_probability", None, ["How many ways to pick 2 of 4?"]),  # "&" spelled "and"
+    ("math", "2,4", ["Solve $x+1=3$.", "What is $10\\div 2$?"]),
+])
+def test_math_subjects_and_levels_filter_both_splits(tmp_path, name, levels, questions):
+    path = tmp_path / "math500.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MATH500_ROWS))
+    args = TrainArgs(dataset_name=name, dataset_path=str(path), eval_dataset_path=str(path),
+                     levels=levels)
+    train, held_out = make_envs(args, say=lambda _: None)
+    assert [ex["question"] for ex in train.examples] == questions
+    assert [ex["question"] for ex in held_out.examples] == questions
+    assert args.dataset_name == name  # args.json records the subject that was run
+
+
+def test_math_filters_say_what_they_cannot_do(tmp_path):
+    path = tmp_path / "openr.jsonl"  # OpenR's rows carry neither subject nor level
+    path.write_text(json.dumps({"problem": "What is $1+1$?", "final_answer": "2"}) + "\n")
+    said = []
+    args = TrainArgs(dataset_name="prealgebra", dataset_path=str(path), num_eval_problems=0,
+                     levels="1")
+    assert len(make_envs(args, say=said.append)[0]) == 1
+    assert said == ["--dataset_name prealgebra: these rows have no 'subject' field, so all 1 "
+                    "problems are used",
+                    "--levels 1: these rows have no 'level' field, so no level filter applies"]
+    with pytest.raises(ValueError, match="--levels and MATH subjects filter the math task, not "
+                                         "arithmetic"):
+        make_envs(TrainArgs(levels="1-2", num_eval_problems=0), say=lambda _: None)
+    path.write_text(json.dumps(MATH500_ROWS[1]) + "\n")
+    with pytest.raises(ValueError, match="no problem of subject geometry and levels None"):
+        make_envs(TrainArgs(dataset_name="geometry", dataset_path=str(path), num_eval_problems=0),
+                  say=lambda _: None)
+    with pytest.raises(ValueError, match="--dataset_name 'algebre': not a task"):
+        make_envs(TrainArgs(dataset_name="algebre", num_eval_problems=0), say=lambda _: None)

@@ -48,10 +48,10 @@ def one_update(folder):
 
 @pytest.mark.parametrize("algo", ["appo", "tppo"])
 def test_openr_train_llm_sh(algo, model, tmp_path):
-    # OpenR's math_500.jsonl rows: {"problem", "final_answer"}
+    # OpenR's math_500.jsonl rows, {"problem", "final_answer"}, with MATH-500's subject kept
     data = write_jsonl(tmp_path / "math_500.jsonl",
-                       [{"problem": f"What is ${i} + {i}$?", "final_answer": str(2 * i)}
-                                                     for i in range(8)])
+                       [{"problem": f"What is ${i} + {i}$?", "final_answer": str(2 * i),
+                         "subject": ["Prealgebra", "Algebra"][i % 2]} for i in range(8)])
     (tmp_path / "prm_lora").mkdir()
     out = run(algo, ["--seed", "10", "--dataset_name", "prealgebra", "--dataset_path", data,
                      "--eval_dataset_path", data, "--model_name_or_path", model, "--prm_type", "MS",
@@ -64,8 +64,8 @@ def test_openr_train_llm_sh(algo, model, tmp_path):
     assert "--num_mini_batch is OpenR's name for --num_mini_batches" in out
     assert f"--algorithm_name {algo.upper()}: OpenR's algorithm switch; this file is it" in out
     assert "--prm_checkpoint_path: OpenR's MS PRM does not read it either" in out
-    # OpenR's file has no subject to filter by
-    assert "no 'subject' field, so all 8 problems are used" in out
+    # --dataset_name prealgebra keeps its 4 problems, and OpenR's 10 steps of 96 tokens on MATH
+    assert "| 4 problems |" in out and "episodes of 10 steps of 96 tokens at most" in out
     # OpenR's --experiment_name names the run
     args = one_update(tmp_path / f"runs/{algo}/ms_single")
     assert (args["seed"], args["num_mini_batches"], args["num_ppo_epochs"],
