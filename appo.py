@@ -43,22 +43,22 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.nn.utils import clip_grad_norm_
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs, resolve_task
 from common.grader import grader_counts
-from common.models import (Critic, check_model_name, evaluate, left_pad, load_critic, load_policy,
-                           load_tokenizer)
+from common.models import (Critic, check_model_name, evaluate, left_pad, load_critic,
+                           load_tokenizer, trained_policy)
+from common.sharding import (AdapterOffBody, clip_grad_norm, decoder_layers, full_state_dict,
+                             load_optimizer_state, shard)
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
                              trim_left_padding)
 from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean, all_reduce_sum,
-                          average_gradients, backbone_and_head, batched_token_logprobs,
-                          broadcast_parameters, check_common_args, check_rewards, every,
-                          explained_variance, global_metrics, init_distributed, kl_k3, masked_mean,
-                          masked_sum, masked_whiten, mean_of, mismatch_stats, print0, report_end,
-                          resume_point, sample_seed, save_checkpoint, set_seed, step_gae,
-                          token_logprobs)
+                          average_gradients, batched_token_logprobs, broadcast_parameters,
+                          check_common_args, check_rewards, every, explained_variance,
+                          global_metrics, init_distributed, kl_k3, masked_mean, masked_sum,
+                          masked_whiten, mean_of, mismatch_stats, print0, report_end, resume_point,
+                          sample_seed, save_checkpoint, set_seed, step_gae, token_logprobs)
 
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
@@ -116,8 +116,8 @@ class Args(TrainArgs):
     """weight of the entropy bonus (OpenR: 0.01)"""
     target_kl: float = 0.02
     """skip a minibatch's policy step when its approx_kl exceeds this (OpenR: 0.02; 0: never)"""
-    lora_r: int = 0
-    """LoRA rank of the policy (OpenR: 8, alpha 16, q_proj/v_proj; needs peft); 0: none"""
+    lora_target_modules: str = "q_proj,v_proj"
+    """modules that get LoRA adapters (OpenR's: r 8, alpha 16, on q_proj and v_proj)"""
     eval_max_new_tokens: int = 64
     """token limit of the whole answer in evaluation"""
 
@@ -132,12 +132,6 @@ def check_args(args, world_size):
     if args.num_steps % args.num_mini_batches:
         raise ValueError(f"--num_mini_batches {args.num_mini_batches} must divide --num_steps "
                          f"{args.num_steps}: each minibatch takes as many steps of every episode.")
-    if args.lora_r:
-        try:
-            import peft  # noqa: F401
-        except ImportError:
-            raise ImportError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
-                              "fine-tuning)") from None
     check_model_name(args.model_name_or_path)
     if args.prm_model_name_or_path:  # its tokenizer only: the tag and candidates are single tokens
         prm_tok = load_prm_tokenizer(args.prm_model_name_or_path, args.prm_step_tag)
@@ -228,8 +222,7 @@ def update_critic(critic, critic_optimizer, batch, idx, args, autocast, guard):
         total_loss += loss.item()
         stats.append(s)
     average_gradients(critic)
-    grad_norm = clip_grad_norm_([p for p in critic.parameters() if p.requires_grad],
-                                args.max_grad_norm).item()
+    grad_norm = clip_grad_norm(critic, args.max_grad_norm)
     if guard.ok(total_loss, grad_norm):
         critic_optimizer.step()
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
@@ -265,54 +258,40 @@ def update_policy(policy, optimizer, batch, idx, args, autocast, guard, first=Fa
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "early_stop_frac": 1.0}
     average_gradients(policy)
-    grad_norm = clip_grad_norm_([p for p in policy.parameters() if p.requires_grad],
-                                args.max_grad_norm).item()
+    grad_norm = clip_grad_norm(policy, args.max_grad_norm)
     if guard.ok(total_loss, grad_norm):
         optimizer.step()
     return {**stats, "early_stop_frac": 0.0, "grad_norm": grad_norm}
 
 
 # ------------------------------------------------------------------------------------------------
-# Models: LoRA and the critic
+# Models: the critic
 # ------------------------------------------------------------------------------------------------
-def add_lora(policy, r, resume_from=None):
-    """OpenR's adapters: r, alpha 2r, on q_proj and v_proj, no dropout."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    if resume_from is not None:
-        return PeftModel.from_pretrained(policy, str(resume_from), is_trainable=True)
-    config = LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"],
-                        lora_dropout=0.0, bias="none")
-    return get_peft_model(policy, config)
-
-
-class AdapterOffBody(torch.nn.Module):
-    """The LoRA policy's transformer body with its adapters switched off: OpenR's critic body. The
-    policy is held outside the module tree, so the critic's parameters are the value head alone."""
-
-    def __init__(self, peft_policy):
-        super().__init__()
-        object.__setattr__(self, "policy", peft_policy)
-
-    def forward(self, **kwargs):
-        with self.policy.disable_adapter():
-            return backbone_and_head(self.policy)[0](**kwargs)
-
-
-def make_critic(policy, args, device):
+def make_critic(policy, args, device, state=None):
     """A value head on a frozen body: the starting policy's (a copy with full fine-tuning; the
-    policy itself with adapters off with LoRA). --critic_train_body trains a copy of the body."""
+    policy itself with adapters off with LoRA). --critic_train_body trains a copy of the body.
+    state: a checkpoint's trainer state, whose critic weights are loaded."""
     if args.lora_r and not args.critic_train_body:
-        return Critic(AdapterOffBody(policy), policy.config.hidden_size, args.critic_hidden_size,
-                      args.critic_num_layers, freeze_body=True).to(device)
-    return load_critic(args.model_name_or_path, args.critic_hidden_size, args.critic_num_layers,
-                       freeze_body=not args.critic_train_body, device=device,
-                       gradient_checkpointing=args.gradient_checkpointing)
+        critic = Critic(AdapterOffBody(policy), policy.config.hidden_size, args.critic_hidden_size,
+                        args.critic_num_layers, freeze_body=True).to(device)
+    else:
+        critic = load_critic(args.model_name_or_path, args.critic_hidden_size,
+                             args.critic_num_layers, freeze_body=not args.critic_train_body,
+                             device=device, gradient_checkpointing=args.gradient_checkpointing,
+                             # a frozen body only runs forwards: bf16 halves it under --bf16
+                             dtype=torch.bfloat16 if args.bf16 and not args.critic_train_body
+                             else torch.float32)
+    if state is not None:
+        critic.load_state_dict(state["extra"]["critic"], strict=False)
+    broadcast_parameters(critic)
+    if args.fsdp and args.critic_train_body:  # a trained body is sharded as the policy is
+        shard(critic, decoder_layers(critic.body), args.bf16)
+    return critic
 
 
 def critic_state(critic):
     """What a checkpoint keeps of the critic: what learns (the head; the body only if trained)."""
-    return {k: v for k, v in critic.state_dict().items()
+    return {k: v for k, v in full_state_dict(critic).items()
             if not (critic.freeze_body and k.startswith("body."))}
 
 
@@ -345,16 +324,8 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = load_policy(str(resume_from or args.model_name_or_path) if not args.lora_r
-                         else args.model_name_or_path, device=device,
-                         gradient_checkpointing=args.gradient_checkpointing)
-    if args.lora_r:
-        policy = add_lora(policy, args.lora_r, resume_from)
-    broadcast_parameters(policy)
-    critic = make_critic(policy, args, device)  # beyond grpo: the value function
-    if state is not None:
-        critic.load_state_dict(state["extra"]["critic"], strict=False)
-    broadcast_parameters(critic)
+    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    critic = make_critic(policy, args, device, state)  # beyond grpo: the value function
     prm = (ProcessRewardModel(args.prm_model_name_or_path, args.prm_step_tag, args.prm_good_token,
                               args.prm_bad_token, device=device, autocast_dtype=autocast_dtype)
            if args.prm_model_name_or_path else None)
@@ -365,8 +336,8 @@ def main(args):
     envs = StepwiseEnvs(env, tokenizer, local_envs, rank * local_envs, args.num_envs, args.seed,
                         prm, args.outcome_reward_coef)
     if state is not None:
-        optimizer.load_state_dict(state["optimizers"]["policy"])
-        critic_optimizer.load_state_dict(state["optimizers"]["critic"])
+        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
+        load_optimizer_state(critic, critic_optimizer, state["optimizers"]["critic"])
         envs.load_state_dict(state["extra"]["envs"][rank * local_envs:(rank + 1) * local_envs])
     guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
     logger = Logger(args, start_step, enabled=dist_info.is_main)
@@ -380,12 +351,12 @@ def main(args):
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         return acc
 
-    def save(step):
+    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
         running = [s for part in all_gather_objects(envs.state_dict()) for s in part]
-        if dist_info.is_main:
-            save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                            {"policy": optimizer, "critic": critic_optimizer},
-                            extra={"critic": critic_state(critic), "envs": running})
+        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
+                        {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)},
+                        extra={"critic": critic_state(critic), "envs": running},
+                        merge_base=args.merge_lora and args.model_name_or_path)
 
     first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
 

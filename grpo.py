@@ -32,19 +32,19 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
-from torch.nn.utils import clip_grad_norm_
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
 from common.models import (Generation, check_model_name, decode_responses, encode_prompts,
-                           evaluate, generate, load_policy, load_reference, load_tokenizer)
+                           evaluate, generate, load_tokenizer, reference_policy, trained_policy)
+from common.sharding import clip_grad_norm, load_optimizer_state
 from common.utils import (Logger, StepGuard, all_reduce_sum, average_gradients,
-                          batched_token_logprobs, broadcast_parameters, check_batch,
-                          check_common_args, check_rewards, every, global_metrics,
-                          init_distributed, kl_estimate, kl_k3, masked_mean, masked_sum, mean_of,
-                          minibatches, mismatch_stats, print0, prompt_indices, report_end,
-                          resume_point, sample_seed, save_checkpoint, set_seed, token_logprobs)
+                          batched_token_logprobs, check_batch, check_common_args, check_rewards,
+                          every, global_metrics, init_distributed, kl_estimate, kl_k3, masked_mean,
+                          masked_sum, mean_of, minibatches, mismatch_stats, print0, prompt_indices,
+                          report_end, resume_point, sample_seed, save_checkpoint, set_seed,
+                          token_logprobs)
 
 
 @dataclass
@@ -244,13 +244,12 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
-                         gradient_checkpointing=args.gradient_checkpointing)
-    broadcast_parameters(policy)
-    ref_policy = load_reference(args.model_name_or_path, device=device) if args.beta > 0 else None
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    ref_policy = reference_policy(args, policy, device) if args.beta > 0 else None
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
+                                  lr=args.learning_rate, weight_decay=0.0)
     if state is not None:
-        optimizer.load_state_dict(state["optimizers"]["policy"])
+        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
     guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
     logger = Logger(args, start_step, enabled=dist_info.is_main)
 
@@ -263,10 +262,10 @@ def main(args):
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         return acc
 
-    def save(step):
-        if dist_info.is_main:
-            save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                            {"policy": optimizer})
+    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
+        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
+                        {"policy": (policy, optimizer)},
+                        merge_base=args.merge_lora and args.model_name_or_path)
 
     first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
 
@@ -329,7 +328,7 @@ def main(args):
                 stats.append({**s, **mismatch_stats(old, gen.logprobs[i], mask[i]),
                               "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
-            grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
+            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
             if guard.ok(total_loss, grad_norms[-1]):
                 optimizer.step()
         t_update = time.time() - t0 - t_rollout
@@ -370,7 +369,8 @@ def main(args):
 
     final_acc = run_eval(args.max_steps)
     save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}")
+    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
+               adapter=bool(args.lora_r))
     logger.close()
     return first_acc, final_acc
 

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch.nn.utils import clip_grad_norm_
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
 from common.models import (ValueHead, check_model_name, decode_responses, encode_prompts, evaluate,
-                           generate, load_critic, load_policy, load_reference, load_tokenizer)
+                           generate, load_critic, load_tokenizer, reference_policy, trained_policy)
+from common.sharding import (clip_grad_norm, decoder_layers, full_state_dict, load_optimizer_state,
+                             shard)
 from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, average_gradients,
                           batched_token_logprobs, broadcast_parameters, check_batch,
                           check_common_args, check_rewards, every, explained_variance,
@@ -276,9 +277,7 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
-                         gradient_checkpointing=args.gradient_checkpointing)
-    broadcast_parameters(policy)
+    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
     # PPO: the critic, a second transformer that starts as a copy of the policy, or a value head on
     # the policy's own hidden states; `critic_module` is whichever holds the critic's parameters.
     critic = value_head = None
@@ -292,13 +291,16 @@ def main(args):
     if state is not None:
         critic_module.load_state_dict(state["extra"]["critic"])
     broadcast_parameters(critic_module)  # gradients are averaged over ranks too (below)
-    ref_policy = load_reference(args.model_name_or_path, device=device) if args.beta > 0 else None
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    if args.fsdp and critic is not None:  # the second transformer is sharded as the policy is
+        shard(critic, decoder_layers(critic.body), args.bf16)
+    ref_policy = reference_policy(args, policy, device) if args.beta > 0 else None
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
+                                  lr=args.learning_rate, weight_decay=0.0)
     critic_optimizer = torch.optim.AdamW(critic_module.parameters(), lr=args.critic_learning_rate,
                                          weight_decay=0.0)
     if state is not None:
-        optimizer.load_state_dict(state["optimizers"]["policy"])
-        critic_optimizer.load_state_dict(state["optimizers"]["critic"])
+        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
+        load_optimizer_state(critic_module, critic_optimizer, state["optimizers"]["critic"])
     guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
     logger = Logger(args, start_step, enabled=dist_info.is_main)
 
@@ -311,11 +313,12 @@ def main(args):
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         return acc
 
-    def save(step):
-        if dist_info.is_main:
-            save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                            {"policy": optimizer, "critic": critic_optimizer},
-                            extra={"critic": critic_module.state_dict()})
+    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
+        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
+                        {"policy": (policy, optimizer),
+                         "critic": (critic_module, critic_optimizer)},
+                        extra={"critic": full_state_dict(critic_module)},
+                        merge_base=args.merge_lora and args.model_name_or_path)
 
     first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
 
@@ -390,9 +393,8 @@ def main(args):
                               "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
             average_gradients(critic_module)
-            grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
-            critic_grad_norms.append(clip_grad_norm_(critic_module.parameters(),
-                                                     args.max_grad_norm).item())
+            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
+            critic_grad_norms.append(clip_grad_norm(critic_module, args.max_grad_norm))
             if guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
                 optimizer.step()
                 critic_optimizer.step()
@@ -441,7 +443,8 @@ def main(args):
 
     final_acc = run_eval(args.max_steps)
     save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}")
+    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
+               adapter=bool(args.lora_r))
     logger.close()
     return first_acc, final_acc
 

@@ -41,21 +41,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch.nn.utils import clip_grad_norm_
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
 from common.models import (check_model_name, decode_responses, encode_prompts, eos_token_ids,
-                           evaluate, generate, load_policy, load_reference, load_tokenizer)
+                           evaluate, generate, load_tokenizer, reference_policy, trained_policy)
+from common.sharding import clip_grad_norm, full_state_dict, load_optimizer_state, unsharded
 from common.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
 from common.utils import (Logger, StepGuard, all_reduce_sum, average_gradients,
-                          batched_token_logprobs, broadcast_parameters, check_batch,
-                          check_common_args, check_rewards, discounted_returns, every,
-                          global_metrics, init_distributed, kl_estimate, kl_k3, masked_mean,
-                          masked_sum, mean_of, minibatches, mismatch_stats, print0, prompt_indices,
-                          report_end, resume_point, sample_seed, save_checkpoint, set_seed,
-                          token_logprobs)
+                          batched_token_logprobs, check_batch, check_common_args, check_rewards,
+                          discounted_returns, every, global_metrics, init_distributed, kl_estimate,
+                          kl_k3, masked_mean, masked_sum, mean_of, minibatches, mismatch_stats,
+                          print0, prompt_indices, report_end, resume_point, sample_seed,
+                          save_checkpoint, set_seed, token_logprobs)
 
 
 @dataclass
@@ -186,8 +185,9 @@ def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
                                 lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
                                 autocast_dtype)
         eos_ids = set(eos_token_ids(policy, tokenizer))
-        return play_episodes(sample, tokenizer, env, indices, G, args.max_new_tokens, args.sym_calc,
-                             next(policy.parameters()).device, eos_ids)
+        with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
+            return play_episodes(sample, tokenizer, env, indices, G, args.max_new_tokens,
+                                 args.sym_calc, next(policy.parameters()).device, eos_ids)
     prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
@@ -231,13 +231,12 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
-                         gradient_checkpointing=args.gradient_checkpointing)
-    broadcast_parameters(policy)
-    ref_policy = load_reference(args.model_name_or_path, device=device) if args.beta > 0 else None
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    ref_policy = reference_policy(args, policy, device) if args.beta > 0 else None
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
+                                  lr=args.learning_rate, weight_decay=0.0)
     if state is not None:
-        optimizer.load_state_dict(state["optimizers"]["policy"])
+        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
         if ref_policy is not None and "ref_policy" in state["extra"]:  # a refreshed reference
             ref_policy.load_state_dict(state["extra"]["ref_policy"])
     guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
@@ -252,11 +251,11 @@ def main(args):
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         return acc
 
-    def save(step):
-        if dist_info.is_main:  # reinforce: a refreshed reference is part of the state
-            ref = {"ref_policy": ref_policy.state_dict()} if args.ref_model_sync_steps else None
-            save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                            {"policy": optimizer}, extra=ref)
+    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
+        ref = {"ref_policy": ref_policy.state_dict()} if args.ref_model_sync_steps else None
+        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
+                        {"policy": (policy, optimizer)}, extra=ref,  # reinforce: a refreshed ref
+                        merge_base=args.merge_lora and args.model_name_or_path)
 
     first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
 
@@ -321,11 +320,12 @@ def main(args):
                 stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[i], mask[i]),
                               "entropy": masked_mean(entropy.detach(), mask[i]).item()})
             average_gradients(policy)
-            grad_norms.append(clip_grad_norm_(policy.parameters(), args.max_grad_norm).item())
+            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
             if guard.ok(total_loss, grad_norms[-1]):
                 optimizer.step()
         if ref_policy is not None and every(step + 1, args.ref_model_sync_steps):
-            ref_policy.load_state_dict(policy.state_dict())  # the seed's reference refresh
+            # the seed's reference refresh
+            ref_policy.load_state_dict(full_state_dict(policy, all_ranks=True))
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging
@@ -366,7 +366,8 @@ def main(args):
 
     final_acc = run_eval(args.max_steps)
     save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}")
+    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
+               adapter=bool(args.lora_r))
     logger.close()
     return first_acc, final_acc
 

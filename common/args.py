@@ -99,6 +99,16 @@ class TrainArgs:
     """bfloat16 autocast for forwards (weights and optimizer state stay fp32)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
+    fsdp: bool = False
+    """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
+    lora_r: int = 0
+    """LoRA rank: train adapters on frozen weights (needs peft); 0: full fine-tuning"""
+    lora_alpha: Optional[int] = None
+    """LoRA scale numerator: adapters are scaled by lora_alpha / lora_r (default: 2 * lora_r)"""
+    lora_target_modules: str = "all-linear"
+    """modules that get adapters: 'all-linear' or a comma list such as 'q_proj,v_proj'"""
+    merge_lora: bool = False
+    """also write each checkpoint's adapter merged into the base model, in checkpoint-N/merged"""
     track: bool = False
     """log to Weights & Biases"""
     wandb_project: str = "mathrl"

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
-from common.utils import KV_CACHE, all_gather_objects, identical_rows, position_ids_from_mask
+from common.sharding import AdapterOff, add_lora, decoder_layers, shard, unsharded
+from common.utils import (KV_CACHE, all_gather_objects, broadcast_parameters, identical_rows,
+                          position_ids_from_mask)
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"
@@ -234,6 +236,11 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
 
     if name == TINY_RANDOM:
         model = tiny_random_model().to(dtype)
+    elif (Path(name) / "adapter_config.json").is_file():  # a --lora_r checkpoint: merge it
+        from peft import PeftConfig, PeftModel
+
+        base = load_policy(PeftConfig.from_pretrained(name).base_model_name_or_path, dtype)
+        model = PeftModel.from_pretrained(base, name).merge_and_unload()
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
@@ -260,6 +267,36 @@ def load_reference(name, dtype=torch.float32, device="cpu"):
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+def trained_policy(args, resume_from, device):
+    """The policy a file trains, from the checkpoint it resumes or the starting model: whole, or
+    LoRA adapters on frozen weights (--lora_r: the base model, then the adapter); the same on every
+    rank (broadcast from rank 0), then sharded by FSDP2 under --fsdp."""
+    if args.lora_r:  # the base weights are frozen: bf16 halves them under --bf16
+        policy = load_policy(args.model_name_or_path, device=device,
+                             dtype=torch.bfloat16 if args.bf16 else torch.float32,
+                             gradient_checkpointing=args.gradient_checkpointing)
+        policy = add_lora(policy, args.lora_r, args.lora_alpha or 2 * args.lora_r,
+                          args.lora_target_modules, args.model_name_or_path, resume_from)
+    else:
+        policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
+                             gradient_checkpointing=args.gradient_checkpointing)
+    broadcast_parameters(policy)
+    if args.fsdp:
+        shard(policy, decoder_layers(policy), args.bf16)
+    return policy
+
+
+def reference_policy(args, policy, device):
+    """The frozen starting policy that the KL is measured against. With LoRA it is the policy with
+    its adapters off: no second copy. Otherwise a whole copy on every rank, also under --fsdp (it
+    only runs forwards, so it holds no gradients nor optimizer state, and a whole copy needs no
+    gathers), in bf16 under --bf16."""
+    if args.lora_r:
+        return AdapterOff(policy)
+    return load_reference(args.model_name_or_path, torch.bfloat16 if args.bf16 else torch.float32,
+                          device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,12 +342,13 @@ class Critic(torch.nn.Module):
 
 
 def load_critic(name, width=1024, depth=0, freeze_body=False, device="cpu",
-                gradient_checkpointing=False):
+                gradient_checkpointing=False, dtype=torch.float32):
     """A separate critic whose body starts as a copy of the causal LM `name` (the policy's
-    weights)."""
-    lm = load_policy(name, device=device,
+    weights); a frozen body may be held in bf16 (dtype), the head is always fp32."""
+    lm = load_policy(name, dtype=dtype, device=device,
                      gradient_checkpointing=gradient_checkpointing and not freeze_body)
-    critic = Critic(lm.base_model, lm.config.hidden_size, width, depth, freeze_body).to(device)
+    critic = Critic(lm.base_model, lm.config.hidden_size, width, depth, freeze_body)
+    critic.head.to(device=device, dtype=torch.float32)
     return critic
 
 
@@ -479,7 +517,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     alive_mask = []  # per step: was the row still generating when this token was sampled
     rows = torch.arange(B, device=device)  # the original rows still in the forward batch
-    with autocast:
+    with autocast, unsharded(model):  # FSDP2: the weights gathered once, not once per token
         attn = prompt_mask
         positions = position_ids_from_mask(prompt_mask)
         # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
@@ -571,6 +609,17 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
     indices = sorted(chosen.tolist())[rank::world]
     records = []
+    with unsharded(model):  # FSDP2: ranks may hold different numbers of batches
+        records = _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size,
+                                autocast_dtype)
+    records = [r for part in all_gather_objects(records) for r in part]
+    accuracy = sum(r["correct"] for r in records) / max(1, len(records))
+    return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy
+
+
+def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, autocast_dtype):
+    """One record per problem of `indices`: its greedy response, reward and grade."""
+    records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
         gen = generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]),
@@ -584,6 +633,4 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
                             "correct": bool(info["correct"]),
                             "pred": info.get("pred"), "answer": env.examples[i]["answer"],
                             "truncated": truncated})
-    records = [r for part in all_gather_objects(records) for r in part]
-    accuracy = sum(r["correct"] for r in records) / max(1, len(records))
-    return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy
+    return records

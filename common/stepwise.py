@@ -27,6 +27,7 @@ import torch.distributed as dist
 from common.env import TASKS, safe_arith
 from common.models import (TINY_RANDOM, Generation, check_model_name, encode_prompts, eos_token_ids,
                            generate, left_pad, load_reference, load_tokenizer, tiny_random_model)
+from common.sharding import unsharded
 from common.utils import all_gather_objects, position_ids_from_mask, problem_index, sample_seed
 
 # ------------------------------------------------------------------------------------------------
@@ -450,11 +451,11 @@ def evaluate_stepwise(policy, tokenizer, env, num_problems, max_new_tokens, batc
     sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast_dtype)
     device, eos_ids = next(policy.parameters()).device, set(eos_token_ids(policy, tokenizer))
     correct = []
-    for start in range(0, len(indices), batch_size):
-        chunk = indices[start:start + batch_size]
-        episodes = play_episodes(sample, tokenizer, env, chunk, 1, max_new_tokens,
-                                 env.calc_annotations,
-                                 device, eos_ids)
-        correct += episodes.correct.tolist()
+    with unsharded(policy):  # FSDP2: ranks may play different numbers of steps
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start:start + batch_size]
+            episodes = play_episodes(sample, tokenizer, env, chunk, 1, max_new_tokens,
+                                     env.calc_annotations, device, eos_ids)
+            correct += episodes.correct.tolist()
     correct = [c for part in all_gather_objects(correct) for c in part]
     return sum(correct) / max(1, len(correct))

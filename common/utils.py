@@ -18,8 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from common.sharding import AdapterOff, full_state_dict, is_sharded, optimizer_state, untied
 
 # Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its
 # outputs: the old `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old
@@ -70,6 +73,15 @@ def backbone_and_head(model):
     return model.base_model, model.get_output_embeddings()
 
 
+def sharded_hidden_states(model, input_ids, attention_mask, position_ids):
+    """The body's last hidden states [B, T, H] of an FSDP2-sharded causal LM. FSDP2 gathers the
+    root's weights (embeddings, final norm, head) in the root's forward only, and keeps them until
+    backward: so the whole model runs, with one logit per row, and its head can be used after."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                output_hidden_states=True, logits_to_keep=1)
+    return out.hidden_states[-1]
+
+
 def _body_forward(model, body, input_ids, attention_mask, prompt_len):
     """Hidden states [B, T, H]. Rows with identical prompt columns (a GRPO group: G responses to one
     question) run the prompt once; its keys/values are copied out to every row of the group, and the
@@ -77,6 +89,8 @@ def _body_forward(model, body, input_ids, attention_mask, prompt_len):
     of the weights as a plain forward, at a fraction of the prompt's cost in forward and
     backward."""
     positions = position_ids_from_mask(attention_mask)
+    if is_sharded(model):
+        return sharded_hidden_states(model, input_ids, attention_mask, positions)
     distinct = None
     # HF turns the cache off under gradient checkpointing, so prompts are shared only without it.
     if prompt_len >= 1 and not getattr(body, "gradient_checkpointing", False):
@@ -106,6 +120,10 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
     the backward pass, so the [B, R, V] float32 logits never exist at once (V is 49k-152k: that
     tensor would dominate memory).
     """
+    if isinstance(model, AdapterOff):  # LoRA's reference: the policy with its adapters off
+        with model.policy.disable_adapter():
+            return token_logprobs(model.policy, input_ids, attention_mask, response_len,
+                                  temperature, chunk_rows, return_hidden)
     body, head = backbone_and_head(model)
     # Columns that are padding in every row (left of the longest prompt, right of the longest
     # response) change nothing for the real tokens, so they are cut before the forward and
@@ -402,7 +420,9 @@ def average_gradients(module):
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     world = dist.get_world_size()
-    grads = [p.grad for p in module.parameters() if p.requires_grad and p.grad is not None]
+    # sharded (FSDP2) gradients were already reduce-scattered and averaged in backward
+    grads = [p.grad for p in module.parameters()
+             if p.requires_grad and p.grad is not None and not isinstance(p.grad, DTensor)]
     handles = [dist.all_reduce(g, async_op=True) for g in grads]
     for h, g in zip(handles, grads):
         h.wait()
@@ -619,26 +639,36 @@ def _non_finite(tensors, prefix=""):
     return bad
 
 
-def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None):
-    """Writes `path/` with the policy (save_pretrained, safetensors), its tokenizer,
-    trainer_state.pt (the step, optimizer states and any extra state, e.g. a critic's weights) and
-    manifest.json (every file's size).
+def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, merge_base=None):
+    """Writes `path/` with the policy (save_pretrained, safetensors; a LoRA policy's adapter), its
+    tokenizer, trainer_state.pt (the step, optimizer states and any extra state, e.g. a critic's
+    weights) and manifest.json (every file's size). optimizers: {name: (module, optimizer)}.
+    merge_base: a LoRA policy's base model, to also write the merged model in `path/merged`.
 
+    Every rank calls it (under --fsdp the weights and optimizer states are gathered); rank 0 writes.
     A kill at any moment leaves either the previous checkpoint or the new one whole: the files are
     written into `path.tmp`, which `checkpoints` ignores, and renamed into place only when complete.
     Weights holding NaN or inf are never written."""
     path = Path(path)
-    bad = _non_finite({**model.state_dict(), "extra": extra or {}})
+    weights = untied(model, full_state_dict(model))
+    optimizer_states = {k: optimizer_state(m, o) for k, (m, o) in (optimizers or {}).items()}
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    bad = _non_finite({**weights, "extra": extra or {}}) if main else None
+    if dist.is_initialized():  # every rank stops, not only the one that looked
+        bad = all_gather_objects(bad)[0]
     if bad:
         raise FloatingPointError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
                                  "NaN or inf. "
                                  f"The previous checkpoint is intact; --resume continues from it.")
+    if not main:
+        return
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    state = {"step": step, "optimizers": {k: o.state_dict() for k, o in (optimizers or {}).items()},
-             "extra": extra or {}}
+    if merge_base:
+        _save_merged(merge_base, tmp, tokenizer)
+    state = {"step": step, "optimizers": optimizer_states, "extra": extra or {}}
     torch.save(state, tmp / "trainer_state.pt")
     sizes = {str(f.relative_to(tmp)): f.stat().st_size
              for f in sorted(tmp.rglob("*")) if f.is_file()}
@@ -652,6 +682,18 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None):
         shutil.rmtree(old)
     else:
         os.replace(tmp, path)
+
+
+def _save_merged(base_name, adapter_dir, tokenizer):
+    """--merge_lora: the adapter just written in adapter_dir, merged into a fresh copy of its base
+    model, as a folder that AutoModelForCausalLM.from_pretrained loads."""
+    from peft import PeftModel
+
+    from common.models import load_policy
+
+    merged = PeftModel.from_pretrained(load_policy(base_name), str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(adapter_dir / "merged", safe_serialization=True)
+    tokenizer.save_pretrained(adapter_dir / "merged")
 
 
 def checkpoints(output_dir):
@@ -740,6 +782,15 @@ def check_common_args(args):
                          "need a "
                          f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
     check_output_dir(args.output_dir)
+    if args.lora_r and importlib.util.find_spec("peft") is None:
+        raise ImportError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
+                          "fine-tuning)")
+    if args.merge_lora and not args.lora_r:
+        raise ValueError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
+                         "saves whole models already): drop --merge_lora or set --lora_r.")
+    if args.fsdp and "RANK" not in os.environ:
+        raise ValueError("--fsdp shards the models over the processes that torchrun starts: run "
+                         "`torchrun --nproc_per_node N <file>.py --fsdp ...` (N = 1 works too).")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise ImportError("--track logs to Weights & Biases, which is not installed: pip install "
                           "wandb, or drop "

@@ -2,7 +2,6 @@
 against hand-computed values; OpenR's argument names; end-to-end runs on the tiny model (PRM,
 torchrun with 2 CPU processes, resume, the OpenR command line, LoRA)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,8 +19,6 @@ from common.models import load_policy
 from common.utils import StepGuard, token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
-# optional: without peft the OpenR test runs full fine-tuning
-LORA = importlib.util.find_spec("peft") is not None
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",
         "--num_steps", "2", "--num_mini_batches", "2", "--micro_batch_size", "1",
         "--critic_hidden_size", "16",
@@ -275,7 +272,7 @@ def test_openr_command_line_runs_with_openr_lora(tmp_path):
                "--num_eval_problems", "0", "--output_dir", str(tmp_path / "run"),
                # OpenR trains LoRA adapters (r 8) and its critic reads the base model with the
                # adapters off
-               *(["--lora_r", "8", "--learning_rate", "1e-2"] if LORA else [])])
+               "--lora_r", "8", "--learning_rate", "1e-2"])
     # 32 env steps / (8 x 4)
     assert "reading it as math" in out.stdout and "--max_steps 1" in out.stdout
     assert "--ppo_epoch is OpenR's name for --num_ppo_epochs" in out.stdout
@@ -283,8 +280,8 @@ def test_openr_command_line_runs_with_openr_lora(tmp_path):
     state = torch.load(tmp_path / "run/checkpoint-1/trainer_state.pt", weights_only=False)
     # the critic's body is not trained
     assert all(k.startswith("head.") for k in state["extra"]["critic"])
-    if LORA:
-        saved = load_file(str(tmp_path / "run/checkpoint-1/adapter_model.safetensors"))
-        assert saved and all("lora_" in k for k in saved)
-        # B starts at 0: it learned
-        assert any(v.abs().max() > 0 for k, v in saved.items() if "lora_B" in k)
+    saved = load_file(str(tmp_path / "run/checkpoint-1/adapter_model.safetensors"))
+    # OpenR's adapters: q_proj and v_proj of the 2 layers, A and B
+    assert len(saved) == 8 and all("lora_" in k for k in saved)
+    # B starts at 0: it learned
+    assert any(v.abs().max() > 0 for k, v in saved.items() if "lora_B" in k)
