@@ -96,6 +96,9 @@ def check_args(args, world_size):
     if args.ref_model_sync_steps and args.beta == 0:
         raise ValueError("--ref_model_sync_steps refreshes the KL reference, but --beta is 0 (no "
                          "reference); set --beta > 0 or drop --ref_model_sync_steps.")
+    if args.ref_model_sync_steps and args.lora_r:
+        raise ValueError("--ref_model_sync_steps copies the policy into the reference, but with "
+                         "--lora_r the reference is the frozen base (the adapters off): drop one.")
     if args.sym_calc and not args.stepwise:
         raise ValueError("--sym_calc works line by line: add --stepwise.")
     if not 0 <= args.gamma <= 1:

@@ -285,6 +285,9 @@ def test_bad_arguments_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="--beta is 0"):
         reinforce.check_args(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2),
                              world_size=1)
+    with pytest.raises(ValueError, match="the reference is the frozen base"):
+        reinforce.check_args(replace(reinforce.Args(), lora_r=8, ref_model_sync_steps=2),
+                             world_size=1)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         reinforce.check_args(replace(reinforce.Args(), num_prompts=3), world_size=2)
     with pytest.raises(FileNotFoundError, match="no such folder"):

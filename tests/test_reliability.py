@@ -115,6 +115,25 @@ def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
+def test_fsdp_and_lora_flags_fail_before_any_model_loads(algo, tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.delenv("RANK", raising=False)
+    module, args = algo_args(algo, output_dir=str(tmp_path), fsdp=True)
+    with pytest.raises(ValueError, match=r"run `torchrun --nproc_per_node N .*--fsdp"):
+        module.check_args(args, world_size=1)
+    module, args = algo_args(algo, output_dir=str(tmp_path), merge_lora=True)
+    with pytest.raises(ValueError, match="but --lora_r is 0"):
+        module.check_args(args, world_size=1)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name,
+                        *a: None if name == "peft" else find_spec(name, *a))
+    module, args = algo_args(algo, output_dir=str(tmp_path), lora_r=8)
+    with pytest.raises(ImportError, match="--lora_r needs peft: pip install peft"):
+        module.check_args(args, world_size=1)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("world", [1, 2, 8])
 def test_defaults_work_at_1_2_and_8_processes_or_name_the_fix(algo, world, tmp_path):
     module, args = algo_args(algo, output_dir=str(tmp_path))

@@ -1,0 +1,222 @@
+"""How close rollouts and updates come to what the hardware allows.
+
+    python bench/roofline.py                          # CPU: SmolLM2-135M shape, ~5 min on 2 cores
+    python bench/roofline.py --shapes 135M 0.5B --batch 8 32 --new_tokens 64 256
+    python bench/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
+
+First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
+and matmul FLOP/s (square fp32 and bf16 matmuls). Then, on random-weight models built offline from
+real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
+
+- rollout: `common.models.generate` at each batch size and response length (prompts of --prompt_len
+  tokens, sampling at temperature 1, every row its own seed). Its bound is the sum, over the prefill
+  and every decode step, of the larger of the time to read the weights and the KV cache at the
+  measured bandwidth and the time to do the step's FLOPs at the measured matmul peak; `of bound` is
+  that bound over the measured time (1.0 = at the hardware's limit).
+- update: a forward and backward pass of `common.utils.token_logprobs` over the same sequences, in
+  micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention)
+  over the time, against the measured matmul peak.
+
+The default shape is the default GRPO rollout (4 prompts x 8 samples = 32 rows, 64 new tokens, a
+prompt of about 150 tokens with the worked example). With matplotlib, --plot writes the tables as a
+figure of tokens/s against batch size and response length.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.memory import SHAPES as QWEN  # noqa: E402
+from common.models import generate, load_tokenizer  # noqa: E402
+from common.utils import token_logprobs  # noqa: E402
+
+SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+            num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
+SHAPES = {"135M": ("llama", SMOL), **{k: ("qwen2", v) for k, v in QWEN.items()}}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeat=3):
+    """The best of `repeat` timings of fn() after one warm-up call, in seconds."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def device_peaks(device):
+    """(bytes/s of a large copy, counting the read and the write; {dtype: matmul FLOP/s})."""
+    n = (256 if device.type == "cpu" else 2048) * 2**20 // 4
+    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() * 4 / timed(lambda: dst.copy_(src), device, repeat=5)
+    flops = {}
+    size = 2048 if device.type == "cpu" else 8192
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        flops[dtype] = 2 * size**3 / timed(lambda: a @ b, device)
+    return bandwidth, flops
+
+
+def build(shape, dtype, device):
+    from transformers import LlamaConfig, Qwen2Config
+
+    kind, fields = SHAPES[shape]
+    config = (LlamaConfig if kind == "llama" else Qwen2Config)(
+        **fields, max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype)
+    model.config.use_cache = False
+    return model.eval()
+
+
+class Shape:
+    """What one token costs a model: the weights it reads, its FLOPs, its KV bytes per position."""
+
+    def __init__(self, model, dtype):
+        c = model.config
+        self.bytes = torch.finfo(dtype).bits // 8
+        self.layers, self.hidden = c.num_hidden_layers, c.hidden_size
+        head_dim = c.hidden_size // c.num_attention_heads
+        total = sum(p.numel() for p in model.parameters())
+        embedding = c.vocab_size * c.hidden_size
+        # a decode step reads every weight once; the embedding table is read whole only when it is
+        # also the head (tied), else a row per sequence
+        self.read_params = total if c.tie_word_embeddings else total - embedding
+        self.matmul_params = total - (0 if c.tie_word_embeddings else embedding)  # the head's too
+        self.body_params = total - embedding
+        self.vocab = c.vocab_size
+        self.kv_per_position = 2 * self.layers * c.num_key_value_heads * head_dim * self.bytes
+
+    def attention_flops(self, queries, keys):
+        """QK^T and AV of `queries` positions over `keys` positions, all layers."""
+        return 4 * self.layers * self.hidden * queries * keys
+
+
+def rollout_bound(s, batch, prompt_len, new_tokens, bandwidth, peak):
+    """Seconds of the prefill plus every decode step at the hardware's limit."""
+    prefill = 2 * s.body_params * prompt_len + s.attention_flops(prompt_len, prompt_len / 2)
+    total = (prefill + 2 * s.vocab * s.hidden) / peak  # the distinct prompts: one per group of 8
+    total *= max(1, batch // 8)
+    for t in range(1, new_tokens):
+        context = prompt_len + t
+        bytes_read = s.read_params * s.bytes + s.kv_per_position * context * batch
+        flops = 2 * s.matmul_params * batch + s.attention_flops(batch, context)
+        total += max(bytes_read / bandwidth, flops / peak)
+    return total
+
+
+def update_flops(s, batch, prompt_len, new_tokens):
+    """Forward and backward (3x the forward) of token_logprobs: the body on every position, the head
+    on the response positions."""
+    T = prompt_len + new_tokens
+    forward = (2 * s.body_params * T + 2 * s.vocab * s.hidden * new_tokens
+               + s.attention_flops(T, T / 2)) * batch
+    return 3 * forward
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", default=["135M"], choices=list(SHAPES))
+    p.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    p.add_argument("--new_tokens", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--prompt_len", type=int, default=150)
+    p.add_argument("--micro_batch_size", type=int, default=8)
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (a GPU); fp32 otherwise")
+    p.add_argument("--plot", default=None, help="write a figure here (needs matplotlib)")
+    args = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    bandwidth, flops = device_peaks(device)
+    peak = flops[dtype]
+    name = (torch.cuda.get_device_name() if device.type == "cuda"
+            else f"CPU, {torch.get_num_threads()} threads")
+    print(f"{name}: copy {bandwidth / 1e9:.1f} GB/s, matmul fp32 {flops[torch.float32] / 1e9:.0f} "
+          f"GFLOP/s, bf16 {flops[torch.bfloat16] / 1e9:.0f} GFLOP/s; weights in {dtype}")
+    tok = load_tokenizer("tiny-random")
+    rows = []
+    print("| shape | batch | new tokens | rollout tokens/s | of bound | update tokens/s | MFU |")
+    print("|---|---|---|---|---|---|---|")
+    for shape in args.shapes:
+        model = build(shape, dtype, device)
+        s = Shape(model, dtype)
+        for batch in args.batch:
+            for new in args.new_tokens:
+                g = torch.Generator().manual_seed(0)
+                # groups of 8 rows share a prompt, as a GRPO rollout does
+                prompts = [torch.randint(100, 40000, (args.prompt_len,), generator=g).tolist()
+                           for _ in range(max(1, batch // 8))]
+                prompts = [prompts[i // 8] for i in range(batch)]
+                out = {}
+
+                def roll():
+                    out["gen"] = generate(model, tok, prompts, new, 1.0, 1.0,
+                                          seeds=list(range(batch)))
+
+                t_roll = timed(roll, device, repeat=1)
+                sampled = out["gen"].response_mask.sum().item()
+                bound = rollout_bound(s, batch, args.prompt_len, new, bandwidth, peak)
+                ids, mask = out["gen"].sequences()
+                R = out["gen"].response_ids.shape[1]
+
+                def update():
+                    model.zero_grad(set_to_none=True)
+                    for i in range(0, batch, args.micro_batch_size):
+                        lp, _ = token_logprobs(model, ids[i:i + args.micro_batch_size],
+                                               mask[i:i + args.micro_batch_size], R)
+                        lp.sum().backward()
+
+                model.train()
+                t_update = timed(update, device, repeat=1)
+                model.eval()
+                mfu = update_flops(s, batch, args.prompt_len, R) / t_update / peak
+                rows.append((shape, batch, new, sampled / t_roll, bound / t_roll,
+                             batch * R / t_update, mfu))
+                print(f"| {shape} | {batch} | {new} | {sampled / t_roll:.0f} | "
+                      f"{bound / t_roll:.2f} | {batch * R / t_update:.0f} | {mfu:.2f} |",
+                      flush=True)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for shape in sorted({r[0] for r in rows}):
+        for new in sorted({r[2] for r in rows}):
+            pts = [(r[1], r[3], r[4]) for r in rows if r[0] == shape and r[2] == new]
+            axes[0].plot([x for x, _, _ in pts], [y for _, y, _ in pts], "o-",
+                         label=f"{shape}, {new} new tokens")
+            axes[1].plot([x for x, _, _ in pts], [f for _, _, f in pts], "o-")
+    axes[0].set(xlabel="batch (rows)", ylabel="rollout tokens/s", xscale="log", yscale="log")
+    axes[1].set(xlabel="batch (rows)", ylabel="fraction of the bound", xscale="log", ylim=(0, 1))
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
