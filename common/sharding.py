@@ -12,16 +12,29 @@ a time in the training forward and backward, and all at once for a rollout (`uns
 """
 
 import contextlib
+import sys
 
 import torch
-from torch.distributed.tensor import DTensor
 
 
+# torch.distributed.fsdp and DTensor take about 1 s to import, which every run without --fsdp (and
+# every test process) would pay for nothing: nothing is sharded before `shard` has imported them.
 def is_sharded(model) -> bool:
     """True when FSDP2 has sharded `model` (its root)."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def is_dtensor(tensor) -> bool:
+    """True for a DTensor (a sharded parameter, gradient or norm)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,7 +152,7 @@ def clip_grad_norm(model, max_norm) -> float:
     gradients are sharded (DTensors: the norm is then over every rank's shard)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+    return (norm.full_tensor() if is_dtensor(norm) else norm).item()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from common.sharding import AdapterOff, full_state_dict, is_sharded, optimizer_state, untied
+from common.sharding import (AdapterOff, full_state_dict, is_dtensor, is_sharded, optimizer_state,
+                             untied)
 
 # Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its
 # outputs: the old `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old
@@ -422,7 +422,7 @@ def average_gradients(module):
     world = dist.get_world_size()
     # sharded (FSDP2) gradients were already reduce-scattered and averaged in backward
     grads = [p.grad for p in module.parameters()
-             if p.requires_grad and p.grad is not None and not isinstance(p.grad, DTensor)]
+             if p.requires_grad and p.grad is not None and not is_dtensor(p.grad)]
     handles = [dist.all_reduce(g, async_op=True) for g in grads]
     for h, g in zip(handles, grads):
         h.wait()

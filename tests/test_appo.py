@@ -29,7 +29,7 @@ def run(cmd, env=None):
     # one thread: the tiny model is fastest that way, and two threads on a busy 2-core machine can
     # be 50x slower
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -236,10 +236,13 @@ def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(t
         one, two = params(tmp_path / f"one/checkpoint-{k}"), params(tmp_path / f"two/checkpoint-{k}")
         # the updates did something
         assert max((one[n] - start[n]).abs().max().item() for n in one) > 1e-3
-        # fp32 rounding differs between 1- and 2-row batches (~1e-7 in the log-probs); Adam turns it
-        # into up to ~1e-5 on the few weights whose gradient is almost 0. A wrong average or
-        # minibatch would be ~1e-3.
-        assert max((one[n] - two[n]).abs().max().item() for n in one) < 1e-4
+        # fp32 rounding differs between 1- and 2-row batches (~1e-7 in the log-probs). Adam divides
+        # by the gradient's own size, so on a weight whose gradient is almost 0 that rounding moves
+        # it by up to lr (1e-3; one embedding row here differs by 1.3e-4). A wrong average or
+        # minibatch would move nearly every weight: fewer than 1 in 1000 may differ by 1e-5.
+        differ = sum(((one[n] - two[n]).abs() > 1e-5).sum().item() for n in one)
+        assert differ < 1e-3 * sum(one[n].numel() for n in one)
+        assert max((one[n] - two[n]).abs().max().item() for n in one) < 1e-3
     c1 = torch.load(tmp_path / "one/checkpoint-2/trainer_state.pt",
                     weights_only=False)["extra"]["critic"]
     c2 = torch.load(tmp_path / "two/checkpoint-2/trainer_state.pt",

@@ -160,7 +160,7 @@ def test_epochs_and_warmup_ratio_once_the_data_is_read():
     assert (args.max_steps, args.warmup_steps) == (19, 2)  # ceil(150 / 8), ceil(1.9)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.parametrize("algo", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_a_resumed_run_continues_the_schedule(algo, tmp_path):
     # 3 updates straight against 2 + a resume: the logged learning rates agree, and follow the
     # cosine

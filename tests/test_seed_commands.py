@@ -72,6 +72,7 @@ def test_openr_train_llm_sh(algo, model, tmp_path):
             args["prm_step_tag"]) == (10, 4, 1, "ки")
 
 
+@pytest.mark.slow  # 64 x 8 samples: ~45 s
 def test_oat_ppo_on_gsm8k(model, tmp_path):
     data = write_jsonl(tmp_path / "gsm8k.jsonl",
                        [{"question": f"Sam has {i} apples and buys {i} more. How many?",
@@ -106,6 +107,7 @@ def test_oat_ppo_on_gsm8k(model, tmp_path):
                                                                                  "polynomial")
 
 
+@pytest.mark.slow  # 128 x 8 samples: ~60 s
 def test_oat_r1_zero_on_countdown(model, tmp_path):
     # lkevinzc/CountDownZero rows: a ready-made prompt in "input", TinyZero's ground truth in
     # "gt_answer"
@@ -138,6 +140,7 @@ def test_oat_r1_zero_on_countdown(model, tmp_path):
                                                                                               "loss", 1)
 
 
+@pytest.mark.slow  # 100 episodes of up to 10 steps: ~30 s
 def test_llm_rl_reinforce_stable_on_gsm8k(model, tmp_path):
     # LLM_RL's data/*.json: a list of {"id", "problem", "solution"} whose solutions end "The answer
     # is: N"

@@ -31,7 +31,7 @@ def run(cmd, env=None):
     # one thread: the tiny model is fastest that way, and two threads on a busy 2-core machine can
     # be 50x slower
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
