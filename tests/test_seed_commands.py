@@ -54,12 +54,11 @@ def test_openr_train_llm_sh(algo, model, tmp_path):
                          "subject": ["Prealgebra", "Algebra"][i % 2]} for i in range(8)])
     (tmp_path / "prm_lora").mkdir()
     out = run(algo, ["--seed", "10", "--dataset_name", "prealgebra", "--dataset_path", data,
-                     "--eval_dataset_path", data, "--model_name_or_path", model, "--prm_type", "MS",
-                     "--prm_model_name_or_path", model, "--prm_checkpoint_path",
-                     str(tmp_path / "prm_lora"),
-                     "--algorithm_name", algo.upper(), "--experiment_name", "ms_single",
-                     "--num_mini_batch", "4",
-                     "--ppo_epoch", "1"], tmp_path)
+                     "--eval_dataset_path", data, "--model_name_or_path", model, "--prm_type",
+                     "MS", "--prm_model_name_or_path", model, "--prm_checkpoint_path",
+                     str(tmp_path / "prm_lora"), "--algorithm_name", algo.upper(),
+                     "--experiment_name", "ms_single", "--num_mini_batch", "4", "--ppo_epoch", "1"],
+              tmp_path)
     assert "--ppo_epoch is OpenR's name for --num_ppo_epochs" in out
     assert "--num_mini_batch is OpenR's name for --num_mini_batches" in out
     assert f"--algorithm_name {algo.upper()}: OpenR's algorithm switch; this file is it" in out
@@ -76,35 +75,29 @@ def test_openr_train_llm_sh(algo, model, tmp_path):
 def test_oat_ppo_on_gsm8k(model, tmp_path):
     data = write_jsonl(tmp_path / "gsm8k.jsonl",
                        [{"question": f"Sam has {i} apples and buys {i} more. How many?",
-                                                   "final_answer": str(2 * i)} for i in range(1, 9)])
+                         "final_answer": str(2 * i)} for i in range(1, 9)])
     out = run("ppo",
               ["--collocate", "--learning_rate", "1e-6", "--critic_learning_rate", "1e-6",
-               "--lr_scheduler",
-                      "polynomial", "--kl_penalty_coef", "0", "--num_ppo_epochs", "2", "--beta",
-                      "0.0001",
-                      "--non_stop_penalty", "0", "--oracle_type", "reward", "--oracle", "gsm8k",
-                      "--pretrain", model,
-                      "--apply-chat-template", "--prompt_data", data, "--num_prompt_epoch", "6",
-                      "--num_samples", "8",
-                      "--temperature", "1.2", "--top_p", "0.9", "--generate_max_length", "1024",
-                      "--input_key",
-                      "question", "--output_key", "final_answer", "--train_batch_size", "64",
-                      "--train_batch_size_per_device", "8", "--rollout_batch_size", "64",
-                      "--rollout_batch_size_per_device", "8", "--pi_buffer_maxlen_per_device", "64",
-                      "--eval_temperature", "0.35", "--eval_n", "16", "--max_eval", "1500"],
-                      tmp_path)
-    assert "--pretrain is oat's name for --model_name_or_path" in out and "--collocate: one process" in out
+               "--lr_scheduler", "polynomial", "--kl_penalty_coef", "0", "--num_ppo_epochs", "2",
+               "--beta", "0.0001", "--non_stop_penalty", "0", "--oracle_type", "reward",
+               "--oracle", "gsm8k", "--pretrain", model, "--apply-chat-template", "--prompt_data",
+               data, "--num_prompt_epoch", "6", "--num_samples", "8", "--temperature", "1.2",
+               "--top_p", "0.9", "--generate_max_length", "1024", "--input_key", "question",
+               "--output_key", "final_answer", "--train_batch_size", "64",
+               "--train_batch_size_per_device", "8", "--rollout_batch_size", "64",
+               "--rollout_batch_size_per_device", "8", "--pi_buffer_maxlen_per_device", "64",
+               "--eval_temperature", "0.35", "--eval_n", "16", "--max_eval", "1500"], tmp_path)
+    assert "--pretrain is oat's name for --model_name_or_path" in out
+    assert "--collocate: one process" in out
     assert "with --kl_penalty_coef 0, oat's --beta 0.0001 is a KL loss" in out
     args = one_update(tmp_path / "runs/ppo")
+    # 64 prompts x 8 samples per rollout, 64 samples per optimizer step
     assert (args["num_prompts"], args["num_generations"], args["num_mini_batches"],
-            args["micro_batch_size"]) \
-        == (64, 8, 8, 8)  # 64 prompts x 8 samples per rollout, 64 samples per optimizer step
+            args["micro_batch_size"]) == (64, 8, 8, 8)
     assert (args["kl_penalty"], args["kl_estimator"], args["max_new_tokens"],
-            args["dataset_name"]) \
-        == ("loss", "k3", 1024, "gsm8k")
-    assert (args["question_key"], args["answer_key"],
-            args["lr_scheduler"]) == ("question", "final_answer",
-                                                                                 "polynomial")
+            args["dataset_name"]) == ("loss", "k3", 1024, "gsm8k")
+    assert (args["question_key"], args["answer_key"], args["lr_scheduler"]) \
+        == ("question", "final_answer", "polynomial")
 
 
 @pytest.mark.slow  # 128 x 8 samples: ~60 s
@@ -113,31 +106,27 @@ def test_oat_r1_zero_on_countdown(model, tmp_path):
     # "gt_answer"
     data = write_jsonl(tmp_path / "countdown.jsonl",
                        [{"input": "Using the numbers [3, 5, 7], make 22.",
-                                                       "gt_answer": json.dumps({"target": 22, "numbers": [3, 5, 7]})}
+                         "gt_answer": json.dumps({"target": 22, "numbers": [3, 5, 7]})}
                                                       for _ in range(4)])
     out = run("grpo",
-              ["--critic_type", "grpo", "--gpus", "8", "--vllm_gpu_ratio", "0.7", "--learning_rate",
-               "1e-6",
-                       "--lr_warmup_ratio", "1e-7", "--kl_penalty_coef", "0", "--num_ppo_epochs",
-                       "1", "--beta",
-                       "0.001", "--non_stop_penalty", "0", "--oracle", "countdown", "--pretrain",
-                       model,
-                       "--ref_offload", "--prompt_data", data, "--input_key", "input",
-                       "--output_key", "gt_answer",
-                       "--prompt_max_length", "256", "--num_samples", "8", "--temperature", "1.0",
-                       "--top_p", "0.9",
-                       "--generate_max_length", "1024", "--train_batch_size", "128",
-                       "--train_batch_size_per_device",
-                       "2", "--rollout_batch_size", "128", "--rollout_batch_size_per_device", "32",
-                       "--pi_buffer_maxlen_per_device", "256", "--eval_temperature", "0"], tmp_path)
-    assert "--critic_type grpo: oat's name for this file's algorithm" in out and "--gpus: launch with torchrun" in out
+              ["--critic_type", "grpo", "--gpus", "8", "--vllm_gpu_ratio", "0.7",
+               "--learning_rate", "1e-6", "--lr_warmup_ratio", "1e-7", "--kl_penalty_coef", "0",
+               "--num_ppo_epochs", "1", "--beta", "0.001", "--non_stop_penalty", "0", "--oracle",
+               "countdown", "--pretrain", model, "--ref_offload", "--prompt_data", data,
+               "--input_key", "input", "--output_key", "gt_answer", "--prompt_max_length", "256",
+               "--num_samples", "8", "--temperature", "1.0", "--top_p", "0.9",
+               "--generate_max_length", "1024", "--train_batch_size", "128",
+               "--train_batch_size_per_device", "2", "--rollout_batch_size", "128",
+               "--rollout_batch_size_per_device", "32", "--pi_buffer_maxlen_per_device", "256",
+               "--eval_temperature", "0"], tmp_path)
+    assert "--critic_type grpo: oat's name for this file's algorithm" in out
+    assert "--gpus: launch with torchrun" in out
     args = one_update(tmp_path / "runs/grpo")
+    # 128 x 8 samples, 128 per optimizer step
     assert (args["num_prompts"], args["num_generations"], args["num_mini_batches"],
-            args["micro_batch_size"]) \
-        == (128, 8, 8, 2)  # 128 x 8 samples, 128 per optimizer step
+            args["micro_batch_size"]) == (128, 8, 8, 2)
     assert (args["dataset_name"], args["beta"], args["kl_penalty"],
-            args["warmup_steps"]) == ("countdown", 0.001,
-                                                                                              "loss", 1)
+            args["warmup_steps"]) == ("countdown", 0.001, "loss", 1)
 
 
 @pytest.mark.slow  # 100 episodes of up to 10 steps: ~30 s
@@ -145,7 +134,8 @@ def test_llm_rl_reinforce_stable_on_gsm8k(model, tmp_path):
     # LLM_RL's data/*.json: a list of {"id", "problem", "solution"} whose solutions end "The answer
     # is: N"
     rows = [{"id": i, "problem": f"Sam has {i} apples and buys {i} more. How many apples?",
-             "solution": f"He has {i} + {i} = {2 * i} apples.\nThe answer is: {2 * i}"} for i in range(1, 9)]
+             "solution": f"He has {i} + {i} = {2 * i} apples.\nThe answer is: {2 * i}"}
+            for i in range(1, 9)]
     (tmp_path / "data").mkdir()
     for name in ("test_all.json", "train_all.json"):
         (tmp_path / "data" / name).write_text(json.dumps(rows))
@@ -157,57 +147,54 @@ def test_llm_rl_reinforce_stable_on_gsm8k(model, tmp_path):
         "solution in a new line.")
     out = run("reinforce",
               ["--gsm8k_path", "data/test_all.json", "--train_data_file", "data/train_all.json",
-                            "--test_gsm8k_path", "data/test_all.json", "--sys_prompt_path",
-                            "policy/stepwise_solver_sys.txt", "--model_name_or_path", model,
-                            "--ref_model_name",
-                            model, "--cache_dir", "../../hfcache", "--n_few_shot_examples", "5",
-                            "--num_iterations", "20", "--num_collection_episodes", "100",
-                            "--max_trajectory_steps",
-                            "10", "--num_update_steps", "4096", "--cache_buffer",
-                            "--evaluation_iterations", "1",
-                            "--n_eval_steps", "101", "--buffer_cache_path",
-                            "data/buffer_cache_l1b_k25.pkl",
-                            "--gradient_accumulation_steps", "32", "--save_path",
-                            "data/policy_l1b_k25",
-                            "--n_save_iterations", "1", "--kl_coeff", "0.25", "--sym_calc",
-                            "--evaluation_at_start",
-                            "--update_ref_iterations", "2"], tmp_path)
-    assert "--num_update_steps: no replay buffer" in out and "--max_steps given: it wins over --num_iterations" in out
+               "--test_gsm8k_path", "data/test_all.json", "--sys_prompt_path",
+               "policy/stepwise_solver_sys.txt", "--model_name_or_path", model, "--ref_model_name",
+               model, "--cache_dir", "../../hfcache", "--n_few_shot_examples", "5",
+               "--num_iterations", "20", "--num_collection_episodes", "100",
+               "--max_trajectory_steps", "10", "--num_update_steps", "4096", "--cache_buffer",
+               "--evaluation_iterations", "1", "--n_eval_steps", "101", "--buffer_cache_path",
+               "data/buffer_cache_l1b_k25.pkl", "--gradient_accumulation_steps", "32",
+               "--save_path", "data/policy_l1b_k25", "--n_save_iterations", "1", "--kl_coeff",
+               "0.25", "--sym_calc", "--evaluation_at_start", "--update_ref_iterations", "2"],
+              tmp_path)
+    assert "--num_update_steps: no replay buffer" in out
+    assert "--max_steps given: it wins over --num_iterations" in out
     args = one_update(tmp_path / "data/policy_l1b_k25")
     assert (args["num_prompts"], args["num_generations"], args["baseline"],
             args["stepwise"]) == (100, 1, "none", True)
     assert (args["max_episode_steps"], args["beta"], args["ref_model_sync_steps"],
-            args["num_few_shot"]) \
-        == (10, 0.25, 2, 5)
-    assert args["dataset_name"] == "gsm8k" and args["system_prompt"].startswith("Your task is to "
-                                                                                "solve")
+            args["num_few_shot"]) == (10, 0.25, 2, 5)
+    assert args["dataset_name"] == "gsm8k"
+    assert args["system_prompt"].startswith("Your task is to solve")
 
 
 def test_trl_ppo_example(model, tmp_path):
     data = write_jsonl(tmp_path / "prompts.jsonl",
                        [{"question": f"What is {i} + {i}?", "answer": str(2 * i)}
-                                                    for i in range(1, 9)])
+                        for i in range(1, 9)])
     out = run("ppo",
               ["--dataset_name", data, "--dataset_train_split", "descriptiveness",
-               "--learning_rate", "3e-6",
-                      "--output_dir", "pythia-1b-deduped-descriptiveness-sentiment-trl-style-ppo",
-                      "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1",
-                      "--total_episodes",
-                      "10000", "--model_name_or_path", model, "--missing_eos_penalty", "1.0"],
-                      tmp_path)
+               "--learning_rate", "3e-6", "--output_dir",
+               "pythia-1b-deduped-descriptiveness-sentiment-trl-style-ppo",
+               "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1",
+               "--total_episodes", "10000", "--model_name_or_path", model, "--missing_eos_penalty",
+               "1.0"], tmp_path)
     assert "--missing_eos_penalty is TRL PPOConfig's name for --non_stop_penalty" in out
     args = one_update(tmp_path / "pythia-1b-deduped-descriptiveness-sentiment-trl-style-ppo")
     assert (args["num_prompts"], args["num_mini_batches"], args["micro_batch_size"],
-            args["non_stop_penalty"]) \
-        == (64, 1, 64, -1.0)
+            args["non_stop_penalty"]) == (64, 1, 64, -1.0)
 
 
 def test_trl_grpo_cli(model, tmp_path):
-    data = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}
-                                                  for i in range(1, 9)])
-    out = run("grpo", ["--model_name_or_path", model, "--dataset_name", data, "--reward_funcs", "accuracy_reward",
-                       "--output_dir", "Qwen2-0.5B-GRPO", "--push_to_hub"], tmp_path)
-    assert "--reward_funcs accuracy_reward: the task's verifier is the reward" in out and "--push_to_hub:" in out
+    data = write_jsonl(tmp_path / "gsm8k.jsonl",
+                       [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}
+                        for i in range(1, 9)])
+    out = run("grpo", ["--model_name_or_path", model, "--dataset_name", data, "--reward_funcs",
+                       "accuracy_reward", "--output_dir", "Qwen2-0.5B-GRPO", "--push_to_hub"],
+              tmp_path)
+    assert "--reward_funcs accuracy_reward: the task's verifier is the reward" in out
+    assert "--push_to_hub:" in out
     args = one_update(tmp_path / "Qwen2-0.5B-GRPO")
-    assert args["dataset_path"] == args["eval_dataset_path"] == data  # TRL's data name: a file, for both
+    # TRL's data name: a file, for training and evaluation
+    assert args["dataset_path"] == args["eval_dataset_path"] == data
     assert args["dataset_name"] == "gsm8k" and "evaluation reads this file too" in out
