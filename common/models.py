@@ -319,7 +319,9 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, hidden):  # [..., H] -> [...]
-        return self.net(hidden.float()).squeeze(-1)
+        # Autocast runs the Linear in bf16; the values leave in fp32 so that losses against fp32
+        # returns (Huber, MSE) see one dtype in their backward.
+        return self.net(hidden.float()).squeeze(-1).float()
 
 
 class Critic(torch.nn.Module):

@@ -26,9 +26,9 @@ from common import env as envlib  # noqa: E402
 GRADED = [0]  # responses graded so far in this process (module level: stepwise files copy the env)
 
 
-def test_reward(action):
+def test_reward(action, count=True):
     mode = os.environ.get("TEST_REWARD", "length")
-    GRADED[0] += 1
+    GRADED[0] += count
     if mode == "lowercase":
         return sum("a" <= c <= "z" for c in action) / max(1, len(action))
     if mode == "uppercase":
@@ -44,6 +44,14 @@ class TestRewardEnv(envlib.MathEnv):
     def step(self, action):
         obs, _, done, info = super().step(action)
         return obs, test_reward(action), done, info
+
+    def score(self, response, index):
+        reward, info = super().score(response, index)
+        if self.stepwise:
+            # an episode that the policy closes with EOS is graded here, after step() rewarded its
+            # last step (and counted it): the same reward, not the verifier's
+            return test_reward(response.split("\n")[-1], count=False), info
+        return reward, info
 
 
 MAKE_ENV = envlib.make_env

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import appo
 from common.args import field_docs, parse_args
-from common.models import load_policy
+from common.models import ValueHead, load_policy
 from common.utils import StepGuard, token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +103,24 @@ def test_clipped_huber_value_loss():
     # d/dV of 0.5 (V - R)^2 = V - R = 0.5, over 2; the clipped branch of transition 1 passes no
     # gradient
     torch.testing.assert_close(values.grad, torch.tensor([0.25, 0.0]))
+
+
+def test_value_head_under_bf16_autocast_gives_fp32_values_and_the_huber_gradient():
+    # --bf16 autocasts the head's Linear; its values must leave in fp32, or the Huber loss against
+    # fp32 returns fails in the backward (appo/tppo --bf16 crashed so)
+    head = ValueHead(2, depth=0)  # zero-initialised: V = 0
+    hidden = torch.tensor([[1.0, 2.0], [3.0, -1.0]], dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        values = head(hidden)
+    assert values.dtype == torch.float32
+    args = replace(appo.Args(), cliprange_value=0.2, huber_delta=10.0, vf_coef=1.0)
+    loss, _ = appo.value_loss(values, torch.zeros(2), torch.tensor([1.0, -2.0]), None, 2.0, args)
+    # huber(0 - 1) = 0.5, huber(0 + 2) = 2, over 2 transitions
+    assert loss.item() == pytest.approx(1.25)
+    loss.backward()
+    # dL/dV = (V - R) / 2 = [-0.5, 1.0]; dL/dw = sum_i dL/dV_i h_i = -0.5 [1, 2] + [3, -1]
+    torch.testing.assert_close(head.net[-1].weight.grad, torch.tensor([[2.5, -2.0]]))
+    torch.testing.assert_close(head.net[-1].bias.grad, torch.tensor([0.5]))
 
 
 # ---- the KL early stop ----------------------------------------------------------------------------------------
