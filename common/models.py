@@ -453,13 +453,14 @@ def _single_token_stop_table(tokenizer, text):
     return _STOP_TABLES[key]
 
 
-def sample_token(logits, temperature, top_p, generators=None):
+def sample_token(logits, temperature, top_p, uniforms=None):
     """logits [B, V] -> (token [B], its log-prob [B] under softmax(logits / temperature)).
 
-    temperature == 0 is greedy. `generators` gives row i its own RNG stream, so a row's sample
-    depends only on its own seed and logits, not on which other rows share the batch or the process:
-    1 process and N ranks draw the same samples for the same global batch. The returned log-prob
-    ignores top-p truncation, so it matches what `token_logprobs` computes in training forwards."""
+    temperature == 0 is greedy. `uniforms` [B] (from `row_uniforms`) gives each row its own draw in
+    [0, 1), so a row's sample depends only on its own seed and logits, not on which other rows share
+    the batch or the process: 1 process and N ranks draw the same samples for the same global batch.
+    Without them torch's global RNG samples. The returned log-prob ignores top-p truncation, so it
+    matches what `token_logprobs` computes in training forwards."""
     logits = logits.float()
     if temperature == 0:
         token = logits.argmax(-1)
@@ -471,29 +472,55 @@ def sample_token(logits, temperature, top_p, generators=None):
         # keep the smallest prefix whose mass reaches top_p
         drop = sorted_p.cumsum(-1) - sorted_p > top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-    if generators is None:
+    if uniforms is None:
         token = torch.multinomial(probs, 1)[:, 0]
     else:
-        token = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+        token = inverse_cdf(probs, uniforms)
     return token, logp.gather(-1, token[:, None])[:, 0]
 
 
-def row_generators(seeds, device):
-    """One torch.Generator per row, from integer seeds (see `sample_token`)."""
-    return [torch.Generator(device=device).manual_seed(int(s) % (2**63)) for s in seeds]
+def inverse_cdf(probs, uniforms):
+    """Row i's token: the first whose cumulative probability exceeds uniforms[i] x the row's mass
+    (probs need not sum to 1: top-p zeroes some). In float64, and with uniforms at most 1 - 2^-32,
+    the threshold stays below the mass, so a token of probability 0 is never drawn."""
+    cdf = probs.double().cumsum(-1)  # [B, V]
+    threshold = uniforms.double() * cdf[:, -1]
+    return torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0].clamp(max=probs.shape[1] - 1)
+
+
+def _hash32(x):
+    """A 32-bit integer hash (Wellons' lowbias32) of int64 tensors holding values below 2^32. Each
+    32-bit product is formed from 16-bit halves, so no int64 overflows on any device."""
+    for shift, m in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = x ^ (x >> shift)
+        x = (x * (m & 0xFFFF) + (((x * (m >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def row_uniforms(seeds, t):
+    """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t), counter-based
+    like Philox. All rows draw in a few tensor ops, with no per-row generator, and a row's draw
+    depends on its own seed and position only. seeds: int64 [B], >= 0."""
+    key = _hash32((seeds & 0xFFFFFFFF) ^ _hash32((seeds >> 32) ^ 0x9E3779B9))
+    bits = _hash32(key ^ _hash32(torch.full_like(seeds, t) ^ 0x632BE5AB))
+    return bits.double() / 2**32
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
-             seeds=None, autocast_dtype=None):
+             seeds=None, autocast_dtype=None, check_every=None):
     """Batched KV-cached sampling.
 
     prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses
     torch's global RNG). stop_strings: e.g. ("\\n",) to end an action at the step boundary; the
     token that completes a stop string is kept in the response. Returns a `Generation` on the
-    model's device.
+    model's device. check_every: read which rows are done (a host sync) every this many tokens, to
+    stop early and drop finished rows from the batch; default 1 on CPU, where a sync costs nothing,
+    and 8 on a GPU, where it stalls the queue of kernels (finished rows decode a few tokens more,
+    masked out).
     """
     device = next(model.parameters()).device
+    check_every = check_every or (1 if device.type == "cpu" else 8)
     pad_id = tokenizer.pad_token_id
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
     one_token_stops = [s for s in stop_strings if len(s) == 1]
@@ -508,7 +535,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     prompt_ids, prompt_mask = left_pad(prompts, pad_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     B = prompt_ids.shape[0]
-    generators = row_generators(seeds, device) if seeds is not None else None
+    seeds = None if seeds is None else torch.tensor([int(x) % 2**63 for x in seeds], device=device)
     was_training = model.training
     model.eval()
     autocast = torch.autocast(device.type,
@@ -534,8 +561,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             cache.batch_select_indices(inverse)
         logits = out.logits[:, -1][inverse]  # [B, V]
         for t in range(max_new_tokens):
-            gens = None if generators is None else [generators[i] for i in rows.tolist()]
-            sampled, lp_rows = sample_token(logits, temperature, top_p, gens)
+            uniforms = None if seeds is None else row_uniforms(seeds[rows], t)
+            sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
             token = torch.full((B,), pad_id, dtype=sampled.dtype, device=device)
             lp = torch.zeros(B, device=device)
             alive = ~done
@@ -551,13 +578,14 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
                 hit |= _long_stop_hit(tokenizer, tokens, long_stops, alive)
             finished |= hit & alive
             done |= hit
-            if bool(done.all()) or t == max_new_tokens - 1:
+            check = (t + 1) % check_every == 0
+            if t == max_new_tokens - 1 or (check and bool(done.all())):
                 break
             # Finished rows leave the forward batch (their KV cache rows too): once the model
             # answers concisely, most of a batch is done long before the slowest row, and a dead row
             # costs as much as a live one. A row's sample depends only on its own logits and its own
-            # generator.
-            keep = (~done[rows]).nonzero()[:, 0]
+            # seed.
+            keep = (~done[rows]).nonzero()[:, 0] if check else rows
             if len(keep) < len(rows):
                 rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
                 cache.batch_select_indices(keep)
@@ -567,12 +595,13 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             cache, next_pos, logits = getattr(out, KV_CACHE), next_pos + 1, out.logits[:, -1]
     model.train(was_training)
 
-    response_ids = torch.stack(tokens, dim=1)  # [B, R]
     response_mask = torch.stack(alive_mask, dim=1).long()  # [B, R]
+    # between checks every row may have finished: those last columns hold no token
+    R = max(1, int(response_mask.any(0).nonzero().max()) + 1) if check_every > 1 else len(tokens)
     return Generation(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-        response_mask=response_mask,
-        logprobs=torch.stack(logps, dim=1), finished=finished, truncated=~finished,
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        response_ids=torch.stack(tokens[:R], dim=1), response_mask=response_mask[:, :R],
+        logprobs=torch.stack(logps[:R], dim=1), finished=finished, truncated=~finished,
     )
 
 

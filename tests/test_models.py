@@ -5,9 +5,9 @@ import warnings
 import pytest
 import torch
 
-from common.models import (EMBEDDED_MODEL, check_model_name, decode_responses, encode_prompts,
-                           generate,
-                           left_pad, load_policy, load_tokenizer, render_prompt, tiny_random_model)
+from common.models import (EMBEDDED_MODEL, _hash32, check_model_name, decode_responses,
+                           encode_prompts, generate, inverse_cdf, left_pad, load_policy,
+                           load_tokenizer, render_prompt, row_uniforms, tiny_random_model)
 from common.utils import KV_CACHE, token_logprobs
 
 
@@ -65,6 +65,60 @@ def test_samples_depend_on_the_row_seed_not_the_batch(tok, tiny):
     assert together[2].tolist() == alone[0].tolist()
     other_seed = generate(tiny, tok, p[2:], 6, temperature=1.0, seeds=[13]).response_ids
     assert other_seed[0].tolist() != alone[0].tolist()
+
+
+def test_inverse_cdf_draws_by_hand():
+    probs = torch.tensor([[0.25, 0.75]])
+    # cdf [0.25, 1.0]: the first token whose cumulative probability exceeds u
+    assert [inverse_cdf(probs, torch.tensor([u])).item() for u in (0.0, 0.2, 0.25, 0.999)] == [0, 0, 1, 1]
+    # zero-probability tokens are never drawn, even at the largest uniform (1 - 2^-32)
+    zeros = torch.tensor([[0.5, 0.0, 0.5, 0.0]]).expand(2, 4)
+    assert inverse_cdf(zeros, torch.tensor([0.5, 1 - 2**-32], dtype=torch.float64)).tolist() == [2, 2]
+    # top-p leaves a mass below 1 (here 0.4): thresholds scale with it, u 0.74 -> 0.296 < 0.3
+    kept = torch.tensor([[0.0, 0.3, 0.0, 0.1], [0.0, 0.3, 0.0, 0.1]])
+    assert inverse_cdf(kept, torch.tensor([0.74, 0.76])).tolist() == [1, 3]
+
+
+def _lowbias32(x):  # the same hash in plain Python integer arithmetic
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_hash_matches_32_bit_arithmetic_and_uniforms_are_uniform():
+    xs = [0, 1, 2, 12345, 0x7FFFFFFF, 0x80000000, 0xDEADBEEF, 0xFFFFFFFF]
+    assert _hash32(torch.tensor(xs)).tolist() == [_lowbias32(x) for x in xs]
+    seeds = torch.arange(5000, dtype=torch.long) * 1_000_003 + 2**40  # seeds above 2^32 too
+    u = torch.stack([row_uniforms(seeds, t) for t in range(8)])  # [8, 5000]
+    assert u.min() >= 0 and u.max() < 1 and len(torch.unique(u)) == u.numel()
+    # 40,000 draws: each tenth of [0, 1) holds 4,000 +- 4 sigma (about 240), the mean 0.5 +- 0.006
+    counts = torch.histc(u.float(), bins=10, min=0, max=1)
+    assert (counts - 4000).abs().max() < 240 and abs(u.mean().item() - 0.5) < 0.006
+    # consecutive tokens of a row are not correlated
+    assert abs(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1].item()) < 0.02
+    # the sampler's frequencies follow the probabilities
+    tokens = inverse_cdf(torch.tensor([[0.1, 0.2, 0.3, 0.4]]).expand(u.numel(), 4), u.flatten())
+    freq = torch.bincount(tokens, minlength=4) / u.numel()
+    torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.01, rtol=0)
+
+
+def test_checking_for_finished_rows_every_8_tokens_draws_the_same_responses(tok, tiny):
+    # a GPU reads which rows are done every 8 tokens, not every token (a host sync): finished rows
+    # then decode a few tokens more, masked out, and leave the batch later; the responses and their
+    # log-probs are those of checking every token
+    p = encode_prompts(tok, ["one", "two two", "three three three", "four"])
+    kw = dict(temperature=1.0, seeds=[5, 6, 7, 8], stop_strings=("e",))
+    every = generate(tiny, tok, p, 20, check_every=1, **kw)
+    lengths = every.response_mask.sum(1).tolist()
+    assert len(set(lengths)) > 1 and every.finished.any()  # rows stop at different tokens
+    for n in (3, 8):
+        sparse = generate(tiny, tok, p, 20, check_every=n, **kw)
+        assert sparse.response_ids.tolist() == every.response_ids.tolist()
+        assert sparse.response_mask.tolist() == every.response_mask.tolist()
+        assert torch.equal(sparse.logprobs, every.logprobs)
+        assert sparse.finished.tolist() == every.finished.tolist()
 
 
 def test_identical_prompts_share_one_prefill(tiny, tok):
