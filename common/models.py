@@ -485,7 +485,8 @@ def inverse_cdf(probs, uniforms):
     the threshold stays below the mass, so a token of probability 0 is never drawn."""
     cdf = probs.double().cumsum(-1)  # [B, V]
     threshold = uniforms.double() * cdf[:, -1]
-    return torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0].clamp(max=probs.shape[1] - 1)
+    token = torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0]
+    return token.clamp(max=probs.shape[1] - 1)
 
 
 def _hash32(x):
@@ -498,9 +499,9 @@ def _hash32(x):
 
 
 def row_uniforms(seeds, t):
-    """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t), counter-based
-    like Philox. All rows draw in a few tensor ops, with no per-row generator, and a row's draw
-    depends on its own seed and position only. seeds: int64 [B], >= 0."""
+    """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t),
+    counter-based like Philox. All rows draw in a few tensor ops, with no per-row generator, and
+    a row's draw depends on its own seed and position only. seeds: int64 [B], >= 0."""
     key = _hash32((seeds & 0xFFFFFFFF) ^ _hash32((seeds >> 32) ^ 0x9E3779B9))
     bits = _hash32(key ^ _hash32(torch.full_like(seeds, t) ^ 0x632BE5AB))
     return bits.double() / 2**32

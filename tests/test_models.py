@@ -1,5 +1,6 @@
 """common/models.py: the embedded model, tiny-random, prompt rendering and generation."""
 
+import collections
 import warnings
 
 import pytest
@@ -119,6 +120,30 @@ def test_checking_for_finished_rows_every_8_tokens_draws_the_same_responses(tok,
         assert sparse.response_mask.tolist() == every.response_mask.tolist()
         assert torch.equal(sparse.logprobs, every.logprobs)
         assert sparse.finished.tolist() == every.finished.tolist()
+
+
+def test_under_bf16_autocast_the_sampler_casts_each_weight_once_per_rollout(tok, tiny):
+    # autocast keeps the bf16 copy of a trained (requires_grad) weight for its whole block, and
+    # generate runs every decode step in one block: each Linear weight is cast once per rollout,
+    # not once per token, and decoding then reads bf16 weights
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    linear = {m.weight.data_ptr(): name for name, m in tiny.named_modules()
+              if isinstance(m, torch.nn.Linear)}
+    casts = collections.Counter()
+
+    class CountWeightCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in linear:
+                casts[linear[args[0].data_ptr()]] += 1
+            return func(*args, **(kwargs or {}))
+
+    p = encode_prompts(tok, ["one", "two two"])
+    with CountWeightCasts():
+        gen = generate(tiny, tok, p, 10, temperature=1.0, seeds=[1, 2],
+                       autocast_dtype=torch.bfloat16)
+    assert gen.response_mask.sum().item() == 20  # 10 decode steps for each row
+    assert len(linear) == 15 and casts == collections.Counter({name: 1 for name in linear.values()})
 
 
 def test_identical_prompts_share_one_prefill(tiny, tok):
