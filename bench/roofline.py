@@ -14,8 +14,9 @@ real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
   measured bandwidth and the time to do the step's FLOPs at the measured matmul peak; `of bound` is
   that bound over the measured time (1.0 = at the hardware's limit).
 - update: a forward and backward pass of `common.utils.token_logprobs` over the same sequences, in
-  micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention)
-  over the time, against the measured matmul peak.
+  micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
+  a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
+  the measured matmul peak.
 
 The default shape is the default GRPO rollout (4 prompts x 8 samples = 32 rows, 64 new tokens, a
 prompt of about 150 tokens with the worked example). With matplotlib, --plot writes the tables as a
@@ -124,12 +125,13 @@ def rollout_bound(s, batch, prompt_len, new_tokens, bandwidth, peak):
     return total
 
 
-def update_flops(s, batch, prompt_len, new_tokens):
-    """Forward and backward (3x the forward) of token_logprobs: the body on every position, the head
-    on the response positions."""
-    T = prompt_len + new_tokens
-    forward = (2 * s.body_params * T + 2 * s.vocab * s.hidden * new_tokens
-               + s.attention_flops(T, T / 2)) * batch
+def update_flops(s, batch, prompt_len, new_tokens, groups):
+    """Forward and backward (3x the forward) of token_logprobs: the body on each of the `groups`
+    distinct prompts once (token_logprobs shares a prompt's forward among its rows), then on every
+    row's response positions, and the head on the response positions."""
+    P, R = prompt_len, new_tokens
+    forward = (2 * s.body_params * (P * groups + R * batch) + 2 * s.vocab * s.hidden * R * batch
+               + s.attention_flops(P, P / 2) * groups + s.attention_flops(R, P + R / 2) * batch)
     return 3 * forward
 
 
@@ -187,7 +189,7 @@ def main():
                 model.train()
                 t_update = timed(update, device, repeat=1)
                 model.eval()
-                mfu = update_flops(s, batch, args.prompt_len, R) / t_update / peak
+                mfu = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8)) / t_update / peak
                 rows.append((shape, batch, new, sampled / t_roll, bound / t_roll,
                              batch * R / t_update, mfu))
                 print(f"| {shape} | {batch} | {new} | {sampled / t_roll:.0f} | "

@@ -75,3 +75,14 @@ def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
         (g,) = torch.autograd.grad(masked_sum(lp, loss_mask[i:i + 1]), weight)
         assert torch.allclose(fast[i], g.flatten(), atol=1e-6), i
         assert g.abs().sum() > 0
+
+
+def test_roofline_update_flops_count_a_shared_prompt_once():
+    from roofline import Shape, update_flops
+
+    s = Shape.__new__(Shape)  # a made-up model: 10 body parameters, vocabulary 3, width 2, 1 layer
+    s.body_params, s.vocab, s.hidden, s.layers = 10, 3, 2, 1
+    # 2 rows sharing one 4-token prompt, 2 response tokens each. Forward: body 2*10*(4*1 + 2*2) = 160,
+    # head 2*3*2 per response token * 4 = 48, attention 4*1*2 * (4 * 2) = 64 for the prompt and
+    # 4*1*2 * (2 * 5) = 80 per row's response = 160; backward twice the forward
+    assert update_flops(s, batch=2, prompt_len=4, new_tokens=2, groups=1) == 3 * (160 + 48 + 64 + 160)
