@@ -586,8 +586,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             # answers concisely, most of a batch is done long before the slowest row, and a dead row
             # costs as much as a live one. A row's sample depends only on its own logits and its own
             # seed.
-            keep = (~done[rows]).nonzero()[:, 0] if check else rows
-            if len(keep) < len(rows):
+            keep = (~done[rows]).nonzero()[:, 0] if check else None
+            if keep is not None and len(keep) < len(rows):
                 rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
                 cache.batch_select_indices(keep)
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
