@@ -14,6 +14,9 @@
 - `generate`: batched KV-cached sampling with left padding, temperature, top-p, EOS and stop
   strings. It
   returns token ids, masks, finished/truncated flags and the sampler's log-probs.
+- `PrefixCache`: keys and values of token sequences already read in a rollout, so that a prompt
+  that starts with one (the batch's shared system prompt, a stepwise episode's state so far) is not
+  read again.
 """
 
 import contextlib
@@ -507,9 +510,118 @@ def row_uniforms(seeds, t):
     return bits.double() / 2**32
 
 
+# a prefix shared by all of a batch's prompts gets a forward of its own from this many tokens on
+MIN_SHARED_PREFIX = 16
+
+
+def _common_prefix(a, b):
+    """Length of the longest common prefix of two id lists (a binary search of C-speed slice
+    compares: a Python loop over tokens would cost more than the forward it saves)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid - 1)
+    return lo
+
+
+class PrefixCache:
+    """Keys and values of token sequences the model has read, kept to be read again: a stepwise
+    episode's next prompt is its last prompt plus the line just sampled, and a batch's prompts share
+    their system prompt and worked examples. `generate` reads what it can from here, and prefills
+    the rest.
+
+    Valid only while the weights stay the same: make a new one for every rollout. Each entry is
+    (ids, [(keys, values) per layer, each [heads, len(ids), head_dim]])."""
+
+    def __init__(self):
+        self.entries = []
+
+    def match(self, ids):
+        """(n, entry index): the most leading tokens of ids any entry holds (index None if none)."""
+        best = (0, None)
+        for i, (held, _) in enumerate(self.entries):
+            n = _common_prefix(held, ids)
+            best = max(best, (n, i), key=lambda x: x[0])
+        return best
+
+    def add(self, ids, layers):
+        self.entries.append((list(ids), layers))
+
+    def drop(self, indices):
+        """Forget entries that a longer sequence is about to replace."""
+        self.entries = [e for i, e in enumerate(self.entries) if i not in set(indices)]
+
+    def keep(self, cache, rows, sequences, starts):
+        """Store rows of a KV cache: batch row rows[i] holds sequences[i] from column starts[i]."""
+        for row, ids, start in zip(rows, sequences, starts):
+            end = start + len(ids)
+            self.add(ids, [(layer.keys[row, :, start:end].clone(),
+                            layer.values[row, :, start:end].clone()) for layer in cache.layers])
+
+
+def _full_attention(model):
+    """Prefix reuse places cached keys by position; a sliding-window layer keeps only its last
+    window, so a model with one (or with no config to tell) reads every prompt in full."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return not (getattr(config, "sliding_window", None)
+                and getattr(config, "use_sliding_window", True))
+
+
+def _prefill(model, prompts, prompt_ids, prompt_mask, positions, prefix_cache):
+    """Read the (distinct, left-padded) prompts into a KV cache: (cache, last logits [B, V]).
+
+    Row i's first n_i tokens may already be in `prefix_cache`. The prompts are right-aligned, so
+    only the last M = max_i(len_i - n_i) columns are run through the model; the columns before come
+    from the cache (a row may recompute a few tokens it holds, to keep one rectangular forward).
+    Before that, a prefix that all prompts share and the cache lacks is read once, for one row."""
+    B, W = prompt_ids.shape
+    if prefix_cache is None:
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1)
+        return getattr(out, KV_CACHE), out.logits[:, -1]
+    shared = min(_common_prefix(prompts[0], p) for p in prompts)
+    if B > 1 and shared >= MIN_SHARED_PREFIX and any(prefix_cache.match(p)[0] < shared
+                                                     for p in prompts):
+        ids = prompt_ids.new_tensor([prompts[0][:shared]])
+        layers = getattr(model(input_ids=ids, use_cache=True, logits_to_keep=1), KV_CACHE).layers
+        prefix_cache.add(ids[0].tolist(), [(layer.keys[0], layer.values[0]) for layer in layers])
+    matches = [prefix_cache.match(p) for p in prompts]
+    lengths = [len(p) for p in prompts]
+    # at least each row's last token runs, for its logits
+    M = max(n - min(m, n - 1) for (m, _), n in zip(matches, lengths))
+    if M == W:  # nothing to read again
+        return _prefill(model, prompts, prompt_ids, prompt_mask, positions, None)
+    # Row i's first len_i - M tokens come from its entry, into the columns just before the last M.
+    held = [prefix_cache.entries[i][1] if i is not None else None for _, i in matches]
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer in range(len(next(h for h in held if h is not None))):
+        pair = []
+        for kv in (0, 1):  # keys, values
+            like = next(h[layer][kv] for h in held if h is not None)  # [heads, n, head_dim]
+            x = like.new_zeros(B, like.shape[0], W - M, like.shape[2])
+            for row, (h, n) in enumerate(zip(held, lengths)):
+                if n > M:
+                    x[row, :, W - n:] = h[layer][kv][:, :n - M]
+            pair.append(x)
+        cache.update(*pair, layer)
+    # each row will store its own longer sequence (see `generate`)
+    prefix_cache.drop([i for m, i in matches if m > 0])
+    out = model(input_ids=prompt_ids[:, W - M:], attention_mask=prompt_mask,
+                position_ids=positions[:, W - M:], use_cache=True, logits_to_keep=1,
+                **{KV_CACHE: cache})
+    return getattr(out, KV_CACHE), out.logits[:, -1]
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
-             seeds=None, autocast_dtype=None, check_every=None):
+             seeds=None, autocast_dtype=None, check_every=None, prefix_cache=None):
     """Batched KV-cached sampling.
 
     prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses
@@ -518,7 +630,10 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     model's device. check_every: read which rows are done (a host sync) every this many tokens, to
     stop early and drop finished rows from the batch; default 1 on CPU, where a sync costs nothing,
     and 8 on a GPU, where it stalls the queue of kernels (finished rows decode a few tokens more,
-    masked out).
+    masked out). prefix_cache: a `PrefixCache` that lives for one rollout: prompts read what it
+    holds, and each row's prompt and response are stored in it for the next call (a stepwise
+    episode's next state). None: a prefix that all prompts share is read once, for this call only.
+    False: every prompt is read in full.
     """
     device = next(model.parameters()).device
     check_every = check_every or (1 if device.type == "cpu" else 8)
@@ -554,13 +669,28 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
         # only the distinct prompts run through the model, and their KV cache rows are then copied
         # out to every row.
         distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
-        out = model(input_ids=prompt_ids[distinct], attention_mask=attn[distinct],
-                    position_ids=positions[distinct],
-                    use_cache=True, logits_to_keep=1)
-        cache, next_pos = getattr(out, KV_CACHE), positions[:, -1:] + 1
+        store = None  # prefix_cache=False, or a model whose cache cannot be rearranged
+        if prefix_cache is not False and _full_attention(model):
+            store = PrefixCache() if prefix_cache is None else prefix_cache
+        cache, logits = _prefill(model, [list(prompts[i]) for i in distinct.tolist()],
+                                 prompt_ids[distinct], attn[distinct], positions[distinct], store)
+        next_pos = positions[:, -1:] + 1
         if len(distinct) < B:
             cache.batch_select_indices(inverse)
-        logits = out.logits[:, -1][inverse]  # [B, V]
+        logits = logits[inverse]  # [B, V]
+
+        def remember(batch_rows):
+            """Store these rows of the forward batch in prefix_cache: the prompt and the response
+            tokens the model has read (all but the last, which was never fed)."""
+            if store is None or store is not prefix_cache:  # no later call to read it
+                return
+            index = rows[batch_rows]
+            counts = torch.stack(alive_mask, 1)[index].sum(1).tolist()
+            sampled = torch.stack(tokens, 1)[index].tolist()
+            sequences = [list(prompts[r]) + ids[:k - 1]
+                         for r, ids, k in zip(index.tolist(), sampled, counts)]
+            store.keep(cache, batch_rows.tolist(), sequences,
+                              [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
         for t in range(max_new_tokens):
             uniforms = None if seeds is None else row_uniforms(seeds[rows], t)
             sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
@@ -588,12 +718,14 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             # seed.
             keep = (~done[rows]).nonzero()[:, 0] if check else None
             if keep is not None and len(keep) < len(rows):
+                remember(done[rows].nonzero()[:, 0])
                 rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
                 cache.batch_select_indices(keep)
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             out = model(input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
                         use_cache=True, **{KV_CACHE: cache})
             cache, next_pos, logits = getattr(out, KV_CACHE), next_pos + 1, out.logits[:, -1]
+        remember(torch.arange(len(rows), device=device))
     model.train(was_training)
 
     response_mask = torch.stack(alive_mask, dim=1).long()  # [B, R]

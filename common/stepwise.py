@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from common.env import TASKS, safe_arith
 from common.models import (TINY_RANDOM, Generation, check_model_name, encode_prompts, eos_token_ids,
-                           generate, left_pad, load_reference, load_tokenizer, tiny_random_model)
+                           PrefixCache, generate, left_pad, load_reference, load_tokenizer,
+                           tiny_random_model)
 from common.sharding import unsharded
 from common.utils import all_gather_objects, position_ids_from_mask, problem_index, sample_seed
 
@@ -193,12 +194,15 @@ class StepwiseEnvs:
         prm_rewards = torch.full((E, T), math.nan)
         episodes = []
         device = next(policy.parameters()).device
+        # an episode's next state is its last one plus the line just sampled: read only the new
+        # tokens (this segment only: the policy's weights change at the next update)
+        prefix_cache = PrefixCache()
         for t in range(T):
             prompts = encode_prompts(tok, self.obs)
             seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
             gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
-                           stop_strings=("\n",),
-                           seeds=seeds, autocast_dtype=autocast_dtype)
+                           stop_strings=("\n",), seeds=seeds, autocast_dtype=autocast_dtype,
+                           prefix_cache=prefix_cache)
             correct, cut = torch.zeros(E), torch.zeros(E)
             for k, env in enumerate(self.envs):
                 keep = gen.response_mask[k].bool()
@@ -354,13 +358,17 @@ def sample_line(sample, tokenizer, prompts, keys, max_new_tokens, sym_calc, eos_
 
 def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc, autocast_dtype=None):
     """The `sample` of `sample_line` with the policy: keys (episode, step, call) -> seeds via
-    seed_of (None: torch's global RNG, or greedy at temperature 0)."""
+    seed_of (None: torch's global RNG, or greedy at temperature 0). Make one per rollout: it keeps
+    what the policy has read (`PrefixCache`), and each line (or calculator call) reads only the
+    tokens added since."""
     stops = ("\n", ">>") if sym_calc else ("\n",)
+    prefix_cache = PrefixCache()
 
     def sample(prompts, max_new_tokens, keys):
         seeds = None if seed_of is None else [seed_of(*key) for key in keys]
         gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
-                       stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype)
+                       stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype,
+                       prefix_cache=prefix_cache)
         return [(ids[m].tolist(), lp[m].tolist()) for ids, lp, m in
                 zip(gen.response_ids.cpu(), gen.logprobs.cpu(), gen.response_mask.cpu().bool())]
     return sample

@@ -6,9 +6,10 @@ import warnings
 import pytest
 import torch
 
-from common.models import (EMBEDDED_MODEL, _hash32, check_model_name, decode_responses,
-                           encode_prompts, generate, inverse_cdf, left_pad, load_policy,
-                           load_tokenizer, render_prompt, row_uniforms, tiny_random_model)
+from common.models import (EMBEDDED_MODEL, PrefixCache, _common_prefix, _hash32, check_model_name,
+                           decode_responses, encode_prompts, generate, inverse_cdf, left_pad,
+                           load_policy, load_tokenizer, render_prompt, row_uniforms,
+                           tiny_random_model)
 from common.utils import KV_CACHE, token_logprobs
 
 
@@ -163,6 +164,85 @@ def test_identical_prompts_share_one_prefill(tiny, tok):
     for row, (prompt, seed) in enumerate([(p[0], 1), (p[0], 2), (p[1], 3)]):
         alone = generate(tiny, tok, [prompt], 5, temperature=1.0, seeds=[seed]).response_ids
         assert shared[row].tolist() == alone[0].tolist()
+
+
+def _forward_shapes(model):
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    return shapes, hook
+
+
+def test_common_prefix_and_prefix_cache_match_by_hand():
+    assert _common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert _common_prefix([1, 2], [1, 2, 3]) == 2 and _common_prefix([5], [1]) == 0
+    assert _common_prefix(list(range(100)), list(range(57)) + [0]) == 57
+    cache = PrefixCache()
+    assert cache.match([1, 2]) == (0, None)
+    cache.add([1, 2, 3], [])
+    cache.add([1, 2, 3, 4, 5], [])
+    cache.add([7], [])
+    assert cache.match([1, 2, 3, 4, 9]) == (4, 1) and cache.match([1, 2, 8]) == (2, 0)
+    assert cache.match([7, 7]) == (1, 2) and cache.match([8]) == (0, None)
+    cache.drop([0, 2])
+    assert [ids for ids, _ in cache.entries] == [[1, 2, 3, 4, 5]]
+
+
+def test_a_prefix_shared_by_all_prompts_is_read_once(tiny, tok):
+    # 4 prompts: the same 20 tokens, then 3 to 9 of their own. The 20 run once, for one row; then
+    # one forward of the 4 rows reads the widest row's own 9 tokens. Tokens and log-probs are those
+    # of reading every prompt in full.
+    torch.manual_seed(0)
+    shared = torch.randint(10, 400, (20,)).tolist()
+    prompts = [shared + torch.randint(10, 400, (n,)).tolist() for n in (3, 9, 5, 4)]
+    kw = dict(temperature=1.0, seeds=[1, 2, 3, 4], stop_strings=("e",))
+    shapes, hook = _forward_shapes(tiny)
+    try:
+        reused = generate(tiny, tok, prompts, 6, **kw)
+        assert shapes[:2] == [(1, 20), (4, 9)]
+        shapes.clear()
+        full = generate(tiny, tok, prompts, 6, prefix_cache=False, **kw)
+        assert shapes[0] == (4, 29)
+        shapes.clear()
+        # no prefix of 16 tokens or more shared by all: every prompt is read in full
+        generate(tiny, tok, prompts + [torch.randint(10, 400, (12,)).tolist()], 2,
+                 **{**kw, "seeds": [1, 2, 3, 4, 5]})
+        assert shapes[0] == (5, 29)
+    finally:
+        hook.remove()
+    assert reused.response_ids.tolist() == full.response_ids.tolist()
+    torch.testing.assert_close(reused.logprobs, full.logprobs, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("check_every", [1, 3])
+def test_a_prefix_cache_carries_each_row_to_its_next_call(tiny, tok, check_every):
+    # A stepwise episode's next prompt is its last prompt, the line sampled and a step tag. With
+    # one PrefixCache across the calls, the second call reads only the 3 tokens each row lacks:
+    # the last sampled token (never fed) and the 2 added. Rows stop at different tokens.
+    torch.manual_seed(1)
+    prompts = [torch.randint(10, 400, (n,)).tolist() for n in (7, 11, 4)]
+    kw = dict(temperature=1.0, stop_strings=("e",), check_every=check_every)
+    cache = PrefixCache()
+    first = generate(tiny, tok, prompts, 8, seeds=[1, 2, 3], prefix_cache=cache, **kw)
+    lengths = first.response_mask.sum(1).tolist()
+    assert len(set(lengths)) > 1  # rows left the batch at different tokens
+    # each row stored: its prompt and all its response tokens but the last
+    assert sorted(len(ids) for ids, _ in cache.entries) == sorted(
+        len(p) + n - 1 for p, n in zip(prompts, lengths))
+    nxt = [p + ids[:n].tolist() + [13, 14]
+           for p, ids, n in zip(prompts, first.response_ids, lengths)]
+    shapes, hook = _forward_shapes(tiny)
+    try:
+        second = generate(tiny, tok, nxt, 8, seeds=[4, 5, 6], prefix_cache=cache, **kw)
+    finally:
+        hook.remove()
+    assert shapes[0] == (3, 3)
+    # the entries read were replaced by the rows' longer sequences
+    assert len(cache.entries) == 3
+    full = generate(tiny, tok, nxt, 8, seeds=[4, 5, 6], prefix_cache=False, **kw)
+    assert second.response_ids.tolist() == full.response_ids.tolist()
+    assert second.response_mask.tolist() == full.response_mask.tolist()
+    torch.testing.assert_close(second.logprobs, full.logprobs, atol=1e-6, rtol=0)
 
 
 def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
