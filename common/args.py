@@ -99,6 +99,9 @@ class TrainArgs:
     """bfloat16 autocast for forwards (weights and optimizer state stay fp32)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
+    compile: bool = False
+    """sample with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU); the
+    first rollouts pay for compiling"""
     fsdp: bool = False
     """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
     lora_r: int = 0

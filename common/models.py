@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +289,8 @@ def trained_policy(args, resume_from, device):
     broadcast_parameters(policy)
     if args.fsdp:
         shard(policy, decoder_layers(policy), args.bf16)
+    if args.compile:
+        compile_decoding(policy)
     return policy
 
 
@@ -619,6 +622,34 @@ def _prefill(model, prompts, prompt_ids, prompt_mask, positions, prefix_cache):
     return getattr(out, KV_CACHE), out.logits[:, -1]
 
 
+_COMPILED = weakref.WeakKeyDictionary()  # model -> its compiled forward (`compile_decoding`)
+STATIC_CACHE_STEP = 128  # static caches are a multiple of this long: few shapes, few compiles
+
+
+def compile_decoding(model, backend="inductor"):
+    """Make `generate` decode `model` with a static KV cache and a compiled forward (the gpt-fast
+    approach, optional: --compile). Every decode step then has the same shapes, so torch.compile
+    traces it once per batch size and cache length, and on a GPU its kernels replay as one CUDA
+    graph rather than one launch each. Finished rows stay in the batch, masked: dropping them would
+    change the shapes. The first rollouts pay for the compiling. The weights are inputs of the
+    compiled graph, not constants in it, so optimizer steps reach it. backend: torch.compile's."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    _COMPILED[model] = torch.compile(model, dynamic=False, backend=backend,
+                                     mode="reduce-overhead" if cuda and backend == "inductor"
+                                     else None)
+    return model
+
+
+def _static_cache(model, cache, length):
+    """A StaticCache of `length` positions holding what the DynamicCache `cache` holds."""
+    from transformers import StaticCache
+
+    static = StaticCache(config=model.config, max_cache_len=length)
+    for i, layer in enumerate(cache.layers):
+        static.update(layer.keys, layer.values, i)
+    return static
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
              seeds=None, autocast_dtype=None, check_every=None, prefix_cache=None):
@@ -690,7 +721,15 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             sequences = [list(prompts[r]) + ids[:k - 1]
                          for r, ids, k in zip(index.tolist(), sampled, counts)]
             store.keep(cache, batch_rows.tolist(), sequences,
-                              [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
+                       [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
+
+        compiled = _COMPILED.get(model)
+        if compiled is not None:  # the prompts' keys and values, in a preallocated cache
+            W = prompt_ids.shape[1]
+            length = -(-(W + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+            cache = _static_cache(model, cache, length)
+            # the columns after the current token are hidden by the causal mask
+            attn = torch.cat([attn, attn.new_ones(B, length - W)], dim=1)
         for t in range(max_new_tokens):
             uniforms = None if seeds is None else row_uniforms(seeds[rows], t)
             sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
@@ -716,14 +755,16 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             # answers concisely, most of a batch is done long before the slowest row, and a dead row
             # costs as much as a live one. A row's sample depends only on its own logits and its own
             # seed.
-            keep = (~done[rows]).nonzero()[:, 0] if check else None
+            keep = (~done[rows]).nonzero()[:, 0] if check and compiled is None else None
             if keep is not None and len(keep) < len(rows):
                 remember(done[rows].nonzero()[:, 0])
                 rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
                 cache.batch_select_indices(keep)
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = model(input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
-                        use_cache=True, **{KV_CACHE: cache})
+            if compiled is None:
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = (model if compiled is None else compiled)(
+                input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
+                use_cache=True, **{KV_CACHE: cache})
             cache, next_pos, logits = getattr(out, KV_CACHE), next_pos + 1, out.logits[:, -1]
         remember(torch.arange(len(rows), device=device))
     model.train(was_training)

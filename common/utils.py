@@ -791,6 +791,9 @@ def check_common_args(args):
     if args.fsdp and "RANK" not in os.environ:
         raise ValueError("--fsdp shards the models over the processes that torchrun starts: run "
                          "`torchrun --nproc_per_node N <file>.py --fsdp ...` (N = 1 works too).")
+    if args.compile and args.fsdp:
+        raise ValueError("--compile decodes with a whole, compiled model; under --fsdp the weights "
+                         "are gathered from shards for each rollout: drop one of the two.")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise ImportError("--track logs to Weights & Biases, which is not installed: pip install "
                           "wandb, or drop "

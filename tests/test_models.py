@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.models import (EMBEDDED_MODEL, PrefixCache, _common_prefix, _hash32, check_model_name,
-                           decode_responses, encode_prompts, generate, inverse_cdf, left_pad,
+                           compile_decoding, decode_responses, encode_prompts, generate, inverse_cdf, left_pad,
                            load_policy, load_tokenizer, render_prompt, row_uniforms,
                            tiny_random_model)
 from common.utils import KV_CACHE, token_logprobs
@@ -243,6 +243,34 @@ def test_a_prefix_cache_carries_each_row_to_its_next_call(tiny, tok, check_every
     assert second.response_ids.tolist() == full.response_ids.tolist()
     assert second.response_mask.tolist() == full.response_mask.tolist()
     torch.testing.assert_close(second.logprobs, full.logprobs, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_decoding_draws_the_tokens_of_eager_decoding(tok, backend):
+    # --compile: a static KV cache and a compiled forward, finished rows kept in the batch, masked.
+    # The tokens are eager decoding's, also after an in-place weight update (an optimizer step):
+    # the weights are inputs of the compiled graph, not constants in it. aot_eager traces the
+    # graph as inductor does but skips its code generation (33 s on 2 cores); the slow test runs
+    # inductor.
+    torch.manual_seed(0)
+    prompts = [torch.randint(10, 400, (n,)).tolist() for n in (7, 11, 4, 9)]
+    kw = dict(temperature=1.0, seeds=[1, 2, 3, 4], stop_strings=("e",))
+    model, twin = load_policy("tiny-random"), load_policy("tiny-random")
+    eager = generate(twin, tok, prompts, 12, **kw)
+    assert len(set(eager.response_mask.sum(1).tolist())) > 1  # rows finish at different tokens
+    compile_decoding(model, backend=backend)
+    for step in range(2):
+        compiled = generate(model, tok, prompts, 12, **kw)
+        assert compiled.response_ids.tolist() == eager.response_ids.tolist()
+        assert compiled.response_mask.tolist() == eager.response_mask.tolist()
+        torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+        with torch.no_grad():  # the same step on both
+            for a, b in zip(model.parameters(), twin.parameters()):
+                noise = torch.randn(a.shape, generator=torch.Generator().manual_seed(a.numel()))
+                a.add_(noise), b.add_(noise)
+        eager_next = generate(twin, tok, prompts, 12, **kw)
+        assert eager_next.response_ids.tolist() != eager.response_ids.tolist()
+        eager = eager_next
 
 
 def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):

@@ -131,6 +131,10 @@ def test_fsdp_and_lora_flags_fail_before_any_model_loads(algo, tmp_path, monkeyp
     module, args = algo_args(algo, output_dir=str(tmp_path), lora_r=8)
     with pytest.raises(ImportError, match="--lora_r needs peft: pip install peft"):
         module.check_args(args, world_size=1)
+    monkeypatch.setenv("RANK", "0")  # under torchrun
+    module, args = algo_args(algo, output_dir=str(tmp_path), fsdp=True, compile=True)
+    with pytest.raises(ValueError, match="--compile decodes with a whole, compiled model"):
+        module.check_args(args, world_size=1)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
