@@ -3,6 +3,7 @@
     python bench/roofline.py                          # CPU: SmolLM2-135M shape, ~5 min on 2 cores
     python bench/roofline.py --shapes 135M 0.5B --batch 8 32 --new_tokens 64 256
     python bench/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
+    python bench/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
 
 First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
 and matmul FLOP/s (square fp32 and bf16 matmuls). Then, on random-weight models built offline from
@@ -20,7 +21,9 @@ real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
 
 The default shape is the default GRPO rollout (4 prompts x 8 samples = 32 rows, 64 new tokens, a
 prompt of about 150 tokens with the worked example). With matplotlib, --plot writes the tables as a
-figure of tokens/s against batch size and response length.
+figure of tokens/s against batch size and response length. --compile decodes as `--compile` does
+(`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
+compiles it, and its seconds are printed apart.
 """
 
 import argparse
@@ -34,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
-from common.models import generate, load_tokenizer  # noqa: E402
+from common.models import compile_decoding, generate, load_tokenizer  # noqa: E402
 from common.utils import token_logprobs  # noqa: E402
 
 SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -146,6 +149,8 @@ def main():
     p.add_argument("--micro_batch_size", type=int, default=8)
     p.add_argument("--bf16", action="store_true", help="bf16 weights (a GPU); fp32 otherwise")
     p.add_argument("--plot", default=None, help="write a figure here (needs matplotlib)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode with a static KV cache and a compiled forward, as --compile does")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.bf16 else torch.float32
@@ -161,6 +166,8 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         model = build(shape, dtype, device)
+        if args.compile:
+            compile_decoding(model)
         s = Shape(model, dtype)
         for batch in args.batch:
             for new in args.new_tokens:
@@ -175,6 +182,11 @@ def main():
                     out["gen"] = generate(model, tok, prompts, new, 1.0, 1.0,
                                           seeds=list(range(batch)))
 
+                if args.compile:  # the first rollout of a shape compiles it
+                    t0 = time.perf_counter()
+                    roll()
+                    print(f"(the first rollout of {shape}, batch {batch}, {new} tokens, compiling: "
+                          f"{time.perf_counter() - t0:.0f} s)", flush=True)
                 t_roll = timed(roll, device, repeat=1)
                 sampled = out["gen"].response_mask.sum().item()
                 bound = rollout_bound(s, batch, args.prompt_len, new, bandwidth, peak)
