@@ -544,7 +544,8 @@ class PrefixCache:
         best = (0, None)
         for i, (held, _) in enumerate(self.entries):
             n = _common_prefix(held, ids)
-            best = max(best, (n, i), key=lambda x: x[0])
+            if n > best[0]:
+                best = (n, i)
         return best
 
     def add(self, ids, layers):
@@ -552,7 +553,8 @@ class PrefixCache:
 
     def drop(self, indices):
         """Forget entries that a longer sequence is about to replace."""
-        self.entries = [e for i, e in enumerate(self.entries) if i not in set(indices)]
+        indices = set(indices)
+        self.entries = [e for i, e in enumerate(self.entries) if i not in indices]
 
     def keep(self, cache, rows, sequences, starts):
         """Store rows of a KV cache: batch row rows[i] holds sequences[i] from column starts[i]."""
