@@ -76,7 +76,8 @@ def trl_worker(args):
         gradient_accumulation_steps=NUM_PROMPTS * G // MICRO, num_generations=G,
         max_completion_length=64,
         temperature=0.7, top_p=1.0, beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-        num_ppo_epochs=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False,
+        # num_iterations: TRL's name for num_ppo_epochs (a rename to ours broke this bench once)
+        num_iterations=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False,
         use_cpu=True,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
     )
