@@ -51,12 +51,13 @@ def trl_worker(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from common.env import make_env
+    from common.env import make_envs
     from common.models import embedded_model_dir
     from grpo import prompt_indices
 
     torch.manual_seed(args.seed)
-    env = make_env("arithmetic", "train", seed=args.seed, difficulty="1-2")
+    # grpo.py's env, from grpo.py's options: the same prompts (system prompt, worked example)
+    env, _ = make_envs(grpo_args(args))
     # The prompts of grpo.py's updates 0..steps-1, in its order; TRL is told not to shuffle.
     order = [i for step in range(args.steps) for i in prompt_indices(step, NUM_PROMPTS, len(env),
                                                                      args.seed)]
@@ -106,6 +107,16 @@ def trl_worker(args):
            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def grpo_args(args):
+    """grpo.py's options in this bench; the TRL side builds its env from them too."""
+    import grpo
+
+    return grpo.Args(max_steps=args.steps, num_prompts=NUM_PROMPTS, num_generations=G,
+                     micro_batch_size=MICRO, max_new_tokens=64, temperature=0.7,
+                     learning_rate=2e-5, seed=args.seed, num_eval_problems=0,
+                     log_interval=10**9, output_dir=args.out + "/mathrl")
+
+
 def mathrl_worker(args):
     import grpo
 
@@ -124,10 +135,7 @@ def mathrl_worker(args):
 
     grpo.rollout, grpo.Logger.log = rollout, log
     report(side="mathrl", ready=True)
-    grpo.main(grpo.Args(max_steps=args.steps, num_prompts=NUM_PROMPTS, num_generations=G,
-                        micro_batch_size=MICRO,
-                        max_new_tokens=64, temperature=0.7, learning_rate=2e-5, seed=args.seed,
-                        num_eval_problems=0, log_interval=10**9, output_dir=args.out + "/mathrl"))
+    grpo.main(grpo_args(args))
     report(side="mathrl", done=True,
            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
