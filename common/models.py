@@ -589,13 +589,13 @@ def _prefill(model, prompts, prompt_ids, prompt_mask, positions, prefix_cache):
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                     use_cache=True, logits_to_keep=1)
         return getattr(out, KV_CACHE), out.logits[:, -1]
+    matches = [prefix_cache.match(p) for p in prompts]
     shared = min(_common_prefix(prompts[0], p) for p in prompts)
-    if B > 1 and shared >= MIN_SHARED_PREFIX and any(prefix_cache.match(p)[0] < shared
-                                                     for p in prompts):
+    if B > 1 and shared >= MIN_SHARED_PREFIX and any(m < shared for m, _ in matches):
         ids = prompt_ids.new_tensor([prompts[0][:shared]])
         layers = getattr(model(input_ids=ids, use_cache=True, logits_to_keep=1), KV_CACHE).layers
         prefix_cache.add(ids[0].tolist(), [(layer.keys[0], layer.values[0]) for layer in layers])
-    matches = [prefix_cache.match(p) for p in prompts]
+        matches = [prefix_cache.match(p) for p in prompts]
     lengths = [len(p) for p in prompts]
     # at least each row's last token runs, for its logits
     M = max(n - min(m, n - 1) for (m, _), n in zip(matches, lengths))
