@@ -187,7 +187,7 @@ def value_loss(values, old_values, returns, action_mask, normaliser, args):
 def critic_values(critic, input_ids, attention_mask, R):
     """V(o_t) of each transition: the critic at the observation's last token, before the action."""
     input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
-    return critic(input_ids, attention_mask)[:, -R - 1]  # [b]
+    return critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1]  # [b]
 
 
 def loss_normaliser(action_mask):

@@ -217,7 +217,7 @@ def forward(policy, critic, value_head, input_ids, attention_mask, R, temperatur
     else:
         logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, temperature)
         # CRUCIAL: the same one-token shift as the log-probs: V(s_t) sits at the position before t.
-        values = critic(input_ids, attention_mask)[:, -R - 1:-1]  # [b, R]
+        values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]  # [b, R]
     return logprobs, entropy, values
 
 

@@ -208,7 +208,8 @@ def critic_values(critic, input_ids, attention_mask, R):
     """V of the prefix before each action token: the critic at the observation's last token and at
     the action's tokens but the last. [b, R]"""
     input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
-    return critic(input_ids, attention_mask)[:, -R - 1:-1]  # CRUCIAL: the log-probs' token shift
+    # CRUCIAL: the log-probs' token shift
+    return critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]
 
 
 def loss_normaliser(action_mask):

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from common.sharding import AdapterOff, add_lora, decoder_layers, shard, unsharded
+from common.sharding import AdapterOff, add_lora, decoder_layers, is_sharded, shard, unsharded
 from common.utils import (KV_CACHE, all_gather_objects, broadcast_parameters, identical_rows,
-                          position_ids_from_mask)
+                          position_ids_from_mask, shared_prompt_forward)
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"
@@ -341,11 +341,17 @@ class Critic(torch.nn.Module):
         if freeze_body:
             self.body.requires_grad_(False)
 
-    def forward(self, input_ids, attention_mask):  # [B, T] -> values [B, T]
+    def forward(self, input_ids, attention_mask, prompt_len=0):  # [B, T] -> values [B, T]
+        """prompt_len: the left-padded prompt's columns, whose shared tokens then run once."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_body):
-            positions = position_ids_from_mask(attention_mask)
-            hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=positions).last_hidden_state
+            # FSDP2 runs a sharded body whole (OpenR's critic: the policy's, adapters off)
+            sharded = is_sharded(self) or is_sharded(getattr(self.body, "policy", None))
+            if prompt_len and not sharded:
+                hidden = shared_prompt_forward(self.body, input_ids, attention_mask, prompt_len)
+            else:
+                hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids_from_mask(attention_mask)
+                                   ).last_hidden_state
         return self.head(hidden)
 
 

@@ -73,18 +73,25 @@ class AdapterOffBody(torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "policy", policy)
 
-    def forward(self, input_ids, attention_mask, position_ids):
+    @property
+    def gradient_checkpointing(self):  # the body's: HF then turns its cache off
+        from common.utils import backbone_and_head
+
+        return getattr(backbone_and_head(self.policy)[0], "gradient_checkpointing", False)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **cache):
         from transformers.modeling_outputs import BaseModelOutput
 
         from common.utils import backbone_and_head, sharded_hidden_states
 
         with self.policy.disable_adapter():
-            if is_sharded(self.policy):
+            if is_sharded(self.policy):  # the whole model runs: no cache in or out
+                assert not cache, "a sharded critic body runs without a KV cache"
                 return BaseModelOutput(last_hidden_state=sharded_hidden_states(
                     self.policy, input_ids, attention_mask, position_ids))
             return backbone_and_head(self.policy)[0](input_ids=input_ids,
                                                      attention_mask=attention_mask,
-                                                     position_ids=position_ids)
+                                                     position_ids=position_ids, **cache)
 
 
 # ------------------------------------------------------------------------------------------------

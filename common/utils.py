@@ -34,6 +34,10 @@ KV_CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ el
 # ------------------------------------------------------------------------------------------------
 # Log-probs and entropy
 # ------------------------------------------------------------------------------------------------
+# fewer shared prompt tokens than this run as a plain forward: the split costs a second pass
+MIN_SHARED_TOKENS = 8
+
+
 def position_ids_from_mask(mask):
     # CRUCIAL: with left padding the first real token must get position 0, not the pad count.
     return (mask.cumsum(-1) - 1).clamp(min=0)
@@ -82,23 +86,55 @@ def sharded_hidden_states(model, input_ids, attention_mask, position_ids):
     return out.hidden_states[-1]
 
 
+def shared_prefix_len(input_ids, attention_mask, prompt_len):
+    """How many leading prompt tokens every row has in common, wherever its left padding puts them
+    (a system prompt and worked example ahead of each question; a whole prompt when all rows are
+    one GRPO group). 0 when a row's prompt is not one padding run then tokens."""
+    mask = attention_mask[:, :prompt_len].bool()
+    pads = prompt_len - mask.sum(1)  # [B] left padding of each row
+    if not bool((mask.long().cumsum(1) > 0).eq(mask).all()) or len(input_ids) < 2:
+        return 0
+    shortest = int(prompt_len - pads.max())
+    cols = pads[:, None] + torch.arange(shortest, device=input_ids.device)  # [B, L] real tokens
+    aligned = input_ids.gather(1, cols)
+    return int(aligned.eq(aligned[:1]).all(0).long().cumprod(0).sum())
+
+
 def _body_forward(model, body, input_ids, attention_mask, prompt_len):
-    """Hidden states [B, T, H]. Rows with identical prompt columns (a GRPO group: G responses to one
-    question) run the prompt once; its keys/values are copied out to every row of the group, and the
-    responses attend to them. Gradients flow back through the copies, so this is the same function
-    of the weights as a plain forward, at a fraction of the prompt's cost in forward and
-    backward."""
-    positions = position_ids_from_mask(attention_mask)
+    """Hidden states [B, T, H]: `shared_prompt_forward`, or under FSDP2 the whole sharded model."""
     if is_sharded(model):
+        positions = position_ids_from_mask(attention_mask)
         return sharded_hidden_states(model, input_ids, attention_mask, positions)
-    distinct = None
+    return shared_prompt_forward(body, input_ids, attention_mask, prompt_len)
+
+
+def shared_prompt_forward(body, input_ids, attention_mask, prompt_len):
+    """A transformer body's last hidden states [B, T, H]; ids [B, T] = [left-padded prompt of
+    prompt_len columns ; the rest]. Prompt tokens that rows share run once: either every row's
+    common leading tokens (the system prompt and worked example ahead of every question; a whole
+    prompt when the rows are one GRPO group) or, when it saves more, each distinct prompt of several
+    groups. Their keys and values are copied out to the rows, and the rest of each row attends to
+    them. Gradients flow back through the copies, so this is the same function of the weights as a
+    plain forward, at a fraction of the prompt's cost in forward and backward."""
+    positions = position_ids_from_mask(attention_mask)
+    B = len(input_ids)
     # HF turns the cache off under gradient checkpointing, so prompts are shared only without it.
     if prompt_len >= 1 and not getattr(body, "gradient_checkpointing", False):
+        k = shared_prefix_len(input_ids, attention_mask, prompt_len)
         distinct, inverse = identical_rows(torch.cat([input_ids[:, :prompt_len],
                                                       attention_mask[:, :prompt_len]], 1))
-    if distinct is None or len(distinct) == len(input_ids):
-        return body(input_ids=input_ids, attention_mask=attention_mask,
-                    position_ids=positions).last_hidden_state
+        if k >= MIN_SHARED_TOKENS and (B - 1) * k >= (B - len(distinct)) * prompt_len:
+            return _shared_prefix_forward(body, input_ids, attention_mask, positions, prompt_len, k)
+        if len(distinct) < B:
+            return _shared_prompts_forward(body, input_ids, attention_mask, positions, prompt_len,
+                                           distinct, inverse)
+    return body(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=positions).last_hidden_state
+
+
+def _shared_prompts_forward(body, input_ids, attention_mask, positions, prompt_len, distinct,
+                            inverse):
+    """Each distinct prompt once; row i's prompt is distinct[inverse[i]]."""
     prompt = body(input_ids=input_ids[distinct, :prompt_len],
                   attention_mask=attention_mask[distinct, :prompt_len],
                   position_ids=positions[distinct, :prompt_len], use_cache=True)
@@ -107,6 +143,30 @@ def _body_forward(model, body, input_ids, attention_mask, prompt_len):
     rest = body(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask,
                 position_ids=positions[:, prompt_len:], use_cache=True, **{KV_CACHE: cache})
     return torch.cat([prompt.last_hidden_state[inverse], rest.last_hidden_state], dim=1)
+
+
+def _shared_prefix_forward(body, input_ids, attention_mask, positions, prompt_len, k):
+    """The k leading tokens all rows share once, as one row; then each row without them, its left
+    padding moved between them and the rest (masked, positions unchanged)."""
+    B, T = input_ids.shape
+    pads = (prompt_len - attention_mask[:, :prompt_len].sum(1))[:, None]  # [B, 1]
+    first = int(pads[0])
+    prefix = body(input_ids=input_ids[:1, first:first + k],
+                  position_ids=positions[:1, first:first + k], use_cache=True)
+    cache = getattr(prefix, KV_CACHE)
+    cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=input_ids.device))
+    # rest column c is the row's column c inside its padding, c + k after it
+    cols = torch.arange(T - k, device=input_ids.device)[None]
+    take = cols + k * (cols >= pads)  # [B, T - k]
+    rest_mask = attention_mask.gather(1, take)
+    rest = body(input_ids=input_ids.gather(1, take), position_ids=positions.gather(1, take),
+                attention_mask=torch.cat([rest_mask.new_ones(B, k), rest_mask], 1),
+                use_cache=True, **{KV_CACHE: cache})
+    # [shared, padding, rest] back to each row's own [padding, shared, rest]
+    relaid = torch.cat([prefix.last_hidden_state.expand(B, -1, -1), rest.last_hidden_state], 1)
+    cols = torch.arange(T, device=input_ids.device)[None]
+    back = torch.where(cols < pads, cols + k, torch.where(cols < pads + k, cols - pads, cols))
+    return relaid.gather(1, back[:, :, None].expand(-1, -1, relaid.shape[-1]))
 
 
 def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0, chunk_rows=None,

@@ -1,6 +1,7 @@
 """Numeric helpers of common/utils.py against hand-worked values and closed forms."""
 
 import math
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from common.utils import (discounted_returns, explained_variance, identical_rows
                           kl_k1, kl_k2,
                           kl_k3, masked_mean, masked_whiten, minibatches, problem_index,
                           prompt_indices,
-                          step_gae, token_gae, token_logprobs)
+                          shared_prefix_len, step_gae, token_gae, token_logprobs)
 
 
 # ---- GAE ---------------------------------------------------------------------------------------------------
@@ -246,3 +247,64 @@ def test_token_logprobs_share_identical_prompts_exactly(tiny):
                                rtol=0)
     torch.testing.assert_close(shared_grad, tiny.model.layers[0].self_attn.k_proj.weight.grad,
                                atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_len_on_a_hand_example():
+    # three left-padded prompts (pad id 0): [7 8 9 4], [7 8 9 5 6], [7 8 1]: 2 shared tokens
+    ids = torch.tensor([[0, 7, 8, 9, 4, 11], [7, 8, 9, 5, 6, 12], [0, 0, 7, 8, 1, 13]])
+    mask = (ids != 0).long()
+    assert shared_prefix_len(ids, mask, 5) == 2
+    assert shared_prefix_len(ids[:2], mask[:2], 5) == 3
+    assert shared_prefix_len(ids[:1], mask[:1], 5) == 0  # one row: nothing to share
+    holed = mask.clone()
+    holed[1, 2] = 0  # padding inside a prompt: not one run of padding then tokens
+    assert shared_prefix_len(ids, holed, 5) == 0
+
+
+def test_token_logprobs_share_a_prefix_of_prompts_of_different_lengths(tiny):
+    # A 12-token preamble ahead of questions of 3, 5 and 1 tokens, so each row's left padding puts
+    # the preamble in other columns. It runs once; log-probs, hidden states and gradients must be
+    # those of the plain forward (the sharing switched off).
+    torch.manual_seed(5)
+    preamble, R = torch.randint(3, 1000, (12,)), 4
+    prompts = [torch.cat([preamble, torch.randint(3, 1000, (n,))]) for n in (3, 5, 1)]
+    P = max(len(p) for p in prompts)
+    ids = torch.stack([F.pad(torch.cat([p, torch.randint(3, 1000, (R,))]), (P - len(p), 0))
+                       for p in prompts])
+    mask = torch.stack([F.pad(torch.ones(len(p) + R, dtype=torch.long), (P - len(p), 0))
+                        for p in prompts])
+    mask[2, -1] = 0  # a response that ended early
+    assert shared_prefix_len(ids, mask, P) == 12
+    out = []
+    for min_shared in (8, 10**9):
+        with patch("common.utils.MIN_SHARED_TOKENS", min_shared):
+            tiny.zero_grad()
+            lp, _, hidden = token_logprobs(tiny, ids, mask, R, return_hidden=True)
+            (lp * mask[:, -R:]).sum().backward()
+            out.append((lp * mask[:, -R:], hidden[mask.bool()],
+                        tiny.model.layers[0].self_attn.k_proj.weight.grad.clone()))
+    (lp, hidden, grad), (lp_plain, hidden_plain, grad_plain) = out
+    torch.testing.assert_close(lp, lp_plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden, hidden_plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grad, grad_plain, atol=1e-5, rtol=1e-4)
+    assert grad.abs().sum() > 0
+
+
+def test_critic_shares_a_prompt_prefix_and_gives_the_plain_values():
+    from common.models import load_critic
+
+    torch.manual_seed(6)
+    critic = load_critic("tiny-random")
+    torch.nn.init.normal_(critic.head.net[-1].weight)  # V starts at 0: make it read the states
+    preamble = torch.randint(3, 1000, (8,))
+    # prompts of 9, 11 and 11 tokens (row 0 left-padded by 2) that start with the same 8, then 3
+    # response tokens
+    ids = torch.stack([F.pad(torch.cat([preamble, torch.randint(3, 1000, (n + 3,))]), (3 - n, 0))
+                       for n in (1, 3, 3)])
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    assert shared_prefix_len(ids, mask, 11) == 8
+    plain = critic(ids, mask)
+    shared = critic(ids, mask, prompt_len=11)
+    torch.testing.assert_close(shared[mask.bool()], plain[mask.bool()], atol=1e-5, rtol=0)
+    assert plain[mask.bool()].std() > 0
