@@ -1,23 +1,34 @@
-"""grpo.py against TRL's GRPOTrainer on identical work, in one invocation, alternating step by step.
+"""mathrl against TRL on identical work, in one invocation, alternating step by step.
+
+Three pairs (`--algo`):
+- grpo: `grpo.py` against TRL 1.16's GRPOTrainer (`beta` 0, the `grpo` loss, per-sequence mean);
+- rloo: `reinforce.py --baseline rloo` against TRL 1.16's RLOOTrainer (`beta` 0.05, the k1 KL of
+  every response summed into its reward, summed token log-probs, the leave-one-out baseline);
+- ppo: `ppo.py` against the PPOTrainer of TRL 1.12, the last release that ships one
+  (trl.experimental.ppo; it needs its own environment, `--trl_python`, see below).
 
 Both sides train the embedded SmolLM2-135M-Instruct (the same fp32 safetensors), on the same
 arithmetic prompts in the same order, with the same group size, completion length, temperature,
 learning rate, batch shape (4 prompts x 8 samples = 32 completions per optimizer step, micro-batches
-of 8), loss (`grpo`, per-sequence mean), `beta` 0 and no gradient checkpointing. Each side runs in
-its own worker process for its whole run (so "reward after N steps" is one continuous run, and each
-has its own peak RSS); the parent hands a baton back and forth so exactly one of them computes at
-any time, and both see the same machine state.
+of 8) and no gradient checkpointing. Each side runs in its own worker process for its whole run (so
+"reward after N steps" is one continuous run, and each has its own peak RSS); the parent hands a
+baton back and forth so exactly one of them computes at any time, and both see the same machine
+state.
 
     pip install -r requirements-bench.txt
-    python bench/trl_vs_mathrl.py --steps 10            # ~20 min on a 2-core CPU
+    python bench/trl_vs_mathrl.py --steps 10                 # ~15 min on a 2-core CPU
+    python bench/trl_vs_mathrl.py --algo rloo --steps 10
+    python -m venv --system-site-packages .venv-trl112 && .venv-trl112/bin/pip install trl==1.12.0
+    python bench/trl_vs_mathrl.py --algo ppo --steps 10 --trl_python .venv-trl112/bin/python
 
 Prints the median step time of each, the ratio mathrl/TRL, each side's peak RSS, and the training
 reward of the last steps. `--eval_problems N` also grades both final policies on N held-out problems
-with the same greedy evaluator. grpo.py runs unmodified: the worker only wraps two of its functions
-to wait for the baton and to report each step.
+with the same greedy evaluator. The mathrl file runs unmodified: the worker only wraps two of its
+functions to wait for the baton and to report each step.
 """
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -31,7 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NUM_PROMPTS, G, MICRO = 4, 8, 8
+MICRO = 8
+MATHRL_FILE = {"grpo": "grpo", "rloo": "reinforce", "ppo": "ppo"}
+TRL_TRAINER = {"grpo": "trl.GRPOTrainer", "rloo": "trl.RLOOTrainer",
+               "ppo": "trl.experimental.ppo.PPOTrainer"}
 
 
 def wait_for_baton():
@@ -45,23 +59,31 @@ def report(**row):
     print("BENCH " + json.dumps(row), flush=True)
 
 
+def trl_prompts(args):
+    """The mathrl file's env, from its options (the same system prompt and worked example), and the
+    prompts of its updates 0..steps-1 in its order, as (text, index) pairs; TRL is told not to
+    shuffle."""
+    from common.env import make_envs
+    from common.utils import prompt_indices
+
+    env, _ = make_envs(mathrl_args(args))
+    num_prompts, g = batch_shape(args.algo)
+    order = [i for step in range(args.steps)
+             for i in prompt_indices(step, num_prompts, len(env), args.seed)]
+    return env, [(env.reset(i), i) for i in order]
+
+
 def trl_worker(args):
+    """TRL 1.16's GRPOTrainer or RLOOTrainer: both take reward functions and the same options."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from common.env import make_envs
     from common.models import embedded_model_dir
-    from grpo import prompt_indices
 
     torch.manual_seed(args.seed)
-    # grpo.py's env, from grpo.py's options: the same prompts (system prompt, worked example)
-    env, _ = make_envs(grpo_args(args))
-    # The prompts of grpo.py's updates 0..steps-1, in its order; TRL is told not to shuffle.
-    order = [i for step in range(args.steps) for i in prompt_indices(step, NUM_PROMPTS, len(env),
-                                                                     args.seed)]
-    data = Dataset.from_list([{"prompt": env.reset(i), "index": i} for i in order])
+    env, prompts = trl_prompts(args)
+    data = Dataset.from_list([{"prompt": text, "index": i} for text, i in prompts])
 
     def reward(prompts, completions, index, **kwargs):
         return [env.score(c[0]["content"] if isinstance(c, list) else c,
@@ -70,18 +92,23 @@ def trl_worker(args):
     path = str(embedded_model_dir())
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    config = GRPOConfig(
+    shared = dict(
         output_dir=args.out + "/trl", max_steps=args.steps, learning_rate=2e-5,
         lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=NUM_PROMPTS * G // MICRO, num_generations=G,
-        max_completion_length=64,
-        temperature=0.7, top_p=1.0, beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        gradient_accumulation_steps=4, num_generations=8,
+        max_completion_length=64, temperature=0.7, top_p=1.0, epsilon=0.2,
         # num_iterations: TRL's name for num_ppo_epochs (a rename to ours broke this bench once)
         num_iterations=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False,
         use_cpu=True,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
     )
+    if args.algo == "grpo":
+        from trl import GRPOConfig as Config, GRPOTrainer as Trainer
+        config = Config(**shared, beta=0.0, loss_type="grpo", scale_rewards="group")
+    else:  # rloo: k1 KL summed per response, in the reward; summed log-probs; raw advantages
+        from trl import RLOOConfig as Config, RLOOTrainer as Trainer
+        config = Config(**shared, beta=0.05, normalize_advantages=False)
 
     class Baton(TrainerCallback):
         def on_step_begin(self, *a, **kw):
@@ -96,8 +123,8 @@ def trl_worker(args):
                        reward=logs["reward"],
                        response_len=logs.get("completions/mean_length"))
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Baton()])
+    trainer = Trainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
+                      processing_class=tokenizer, callbacks=[Baton()])
     report(side="trl", ready=True)
     trainer.train()
     if args.eval_problems:
@@ -107,20 +134,144 @@ def trl_worker(args):
            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def grpo_args(args):
-    """grpo.py's options in this bench; the TRL side builds its env from them too."""
-    import grpo
+def trl_ppo_worker(args):
+    """TRL 1.12's PPOTrainer, the last one TRL ships. It takes a reward *model*, read through
+    `get_reward` (the backbone's last hidden state, through `.score`, at the last token): the
+    verifier is wrapped as such a model, with no weights, that grades the decoded response."""
+    import types
 
-    return grpo.Args(max_steps=args.steps, num_prompts=NUM_PROMPTS, num_generations=G,
-                     micro_batch_size=MICRO, max_new_tokens=64, temperature=0.7,
-                     learning_rate=2e-5, seed=args.seed, num_eval_problems=0,
-                     log_interval=10**9, output_dir=args.out + "/mathrl")
+    import torch
+    from datasets import Dataset
+    from torch.utils.data import DataLoader
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
+                              AutoTokenizer, DataCollatorWithPadding, TrainerCallback)
+    from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
+
+    from common.models import embedded_model_dir, encode_prompts
+
+    torch.manual_seed(args.seed)
+    env, prompts = trl_prompts(args)
+    path = str(embedded_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    # TRL's PPO takes every pad token for padding (attention masks, where a response ends); the
+    # embedded tokenizer pads with EOS, which also closes each chat turn inside the prompt, so it
+    # gets <|endoftext|> (in the vocabulary, never in a prompt) as TRL's example gets [PAD].
+    tokenizer.pad_token = "<|endoftext|>"
+    ids = encode_prompts(tokenizer, [text for text, _ in prompts])
+    data = Dataset.from_list([{"input_ids": x} for x in ids])
+    table = {tuple(x): i for x, (_, i) in zip(ids, prompts)}
+    lengths = sorted({len(x) for x in ids})
+    seen = {"tokens": 0, "rows": 0}
+
+    class Verifier(torch.nn.Module):  # what get_reward reads: a backbone and a score head
+        base_model_prefix = "backbone"
+
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.score = self._grade, lambda hidden: hidden
+
+        def _grade(self, input_ids, attention_mask, **kw):
+            rows = []
+            for tokens, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+                tokens = [t for t, m in zip(tokens, mask) if m]  # prompt + response
+                n = next(n for n in lengths if tuple(tokens[:n]) in table)
+                response = tokens[n:]
+                seen["tokens"] += len(response)
+                seen["rows"] += 1
+                text = tokenizer.decode(response, skip_special_tokens=True)
+                rows.append(env.score(text, table[tuple(tokens[:n])])[0])
+            score = torch.tensor(rows, dtype=torch.float32)
+            # the same score at every position: get_reward reads the last token's
+            return types.SimpleNamespace(
+                hidden_states=[score[:, None, None].expand(*input_ids.shape, 1)])
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    # the value model: the policy's body and one linear layer, as ppo.py's separate critic
+    value_model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
+                                                                     dtype=torch.float32)
+    value_model.config.pad_token_id = tokenizer.pad_token_id
+    num_prompts, g = batch_shape(args.algo)
+    config = PPOConfig(
+        output_dir=args.out + "/trl", total_episodes=args.steps * num_prompts * g,
+        learning_rate=2e-5, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        per_device_train_batch_size=MICRO, gradient_accumulation_steps=num_prompts * g // MICRO,
+        # generation, and the no-grad forwards of the reference and the value model, in one batch
+        local_rollout_forward_batch_size=num_prompts * g,
+        num_ppo_epochs=1, num_mini_batches=1, response_length=64, temperature=0.7,
+        stop_token="eos", missing_eos_penalty=None, kl_coef=0.05, kl_estimator="k1",
+        cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1.0, lam=0.95,
+        whiten_rewards=False, num_sample_generations=0, gradient_checkpointing=False, bf16=False,
+        use_cpu=True, logging_steps=1, report_to=[], save_strategy="no", seed=args.seed,
+        dataloader_num_workers=0,
+    )
+    real_generation = ppo_trainer.batch_generation
+    clock = {}
+
+    def batch_generation(*a, **kw):  # the first thing of every step but the data's next batch
+        clock["t0"] = wait_for_baton()
+        return real_generation(*a, **kw)
+
+    ppo_trainer.batch_generation = batch_generation
+
+    class Baton(TrainerCallback):
+        def on_log(self, _args, state, control, logs=None, **kw):
+            if logs and "objective/scores" in logs:
+                self.logs = logs
+
+        def on_step_end(self, _args, state, control, **kw):
+            report(side="trl", step=state.global_step, seconds=time.time() - clock["t0"],
+                   reward=self.logs["objective/scores"],
+                   response_len=seen["tokens"] / max(1, seen["rows"]))
+            seen.update(tokens=0, rows=0)
+
+    collate = DataCollatorWithPadding(tokenizer)
+    trainer = PPOTrainer(args=config, processing_class=tokenizer, model=model, ref_model=ref_model,
+                         reward_model=Verifier(), train_dataset=data, value_model=value_model,
+                         eval_dataset=data, data_collator=collate, callbacks=[Baton()])
+    # PPOTrainer shuffles its prompts; the mathrl file's order instead, batch by batch
+    trainer.dataloader = trainer.accelerator.prepare(
+        DataLoader(data, batch_size=num_prompts * g, shuffle=False, collate_fn=collate,
+                   drop_last=True))
+    report(side="trl", ready=True)
+    trainer.train()
+    if args.eval_problems:
+        model.save_pretrained(args.out + "/trl-final")
+        tokenizer.save_pretrained(args.out + "/trl-final")
+    report(side="trl", done=True,
+           peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def batch_shape(algo):
+    """(prompts, samples per prompt) of one update: 32 completions on every pair (PPO samples each
+    prompt once, as TRL's PPOTrainer does)."""
+    return (32, 1) if algo == "ppo" else (4, 8)
+
+
+def mathrl_args(args):
+    """The mathrl file's options in this bench; the TRL side builds its env from them too."""
+    num_prompts, g = batch_shape(args.algo)
+    shared = dict(max_steps=args.steps, num_prompts=num_prompts, num_generations=g,
+                  micro_batch_size=MICRO, max_new_tokens=64, temperature=0.7,
+                  learning_rate=2e-5, seed=args.seed, num_eval_problems=0,
+                  log_interval=10**9, output_dir=args.out + "/mathrl")
+    module = importlib.import_module(MATHRL_FILE[args.algo])
+    if args.algo == "rloo":  # TRL's RLOO: KL in the reward (k1, summed), log-probs summed
+        shared.update(baseline="rloo", beta=0.05, kl_estimator="k1", kl_penalty="reward",
+                      length_normalize=False)
+    if args.algo == "ppo":  # TRL's PPOTrainer: one optimizer (one learning rate), a linear value
+        # head on a copy of the policy, k1 KL in the reward, GAE lambda 0.95, whitened advantages
+        shared.update(critic_learning_rate=2e-5, critic_type="separate", critic_num_layers=0,
+                      num_ppo_epochs=1, num_mini_batches=1, beta=0.05, kl_estimator="k1",
+                      kl_penalty="reward", loss_type="token", cliprange_value=0.2, vf_coef=0.1,
+                      gamma=1.0, gae_lambda=0.95, whiten_advantages=True, whiten_rewards=False,
+                      non_stop_penalty=0.0)
+    return module.Args(**shared)
 
 
 def mathrl_worker(args):
-    import grpo
-
-    real_rollout, real_log = grpo.rollout, grpo.Logger.log
+    module = importlib.import_module(MATHRL_FILE[args.algo])
+    real_rollout, real_log = module.rollout, module.Logger.log
     clock = {}
 
     def rollout(*a, **kw):
@@ -133,11 +284,27 @@ def mathrl_worker(args):
                reward=metrics["reward/mean"],
                response_len=metrics["response_len/mean"], update_s=metrics["time/update_s"])
 
-    grpo.rollout, grpo.Logger.log = rollout, log
+    module.rollout, module.Logger.log = rollout, log
     report(side="mathrl", ready=True)
-    grpo.main(grpo_args(args))
+    module.main(mathrl_args(args))
     report(side="mathrl", done=True,
            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def check_trl(python, algo):
+    """One clear error, before any model loads, when the TRL side's Python lacks the trainer."""
+    trainer = TRL_TRAINER[algo]
+    probe = subprocess.run([python, "-c", f"import trl, {trainer.rsplit('.', 1)[0]} as m; "
+                            f"print(trl.__version__, hasattr(m, '{trainer.rsplit('.', 1)[1]}'))"],
+                           capture_output=True, text=True)
+    version, found = (probe.stdout.split() + ["", ""])[:2]
+    if probe.returncode != 0 or found != "True":
+        fix = ("pip install -r requirements-bench.txt" if algo != "ppo" else
+               "python -m venv --system-site-packages .venv-trl112 && "
+               ".venv-trl112/bin/pip install trl==1.12.0, then --trl_python .venv-trl112/bin/python")
+        sys.exit(f"--algo {algo} needs TRL's {trainer} in {python} (found TRL "
+                 f"{version or 'not installed'}): {fix}")
+    print(f"{MATHRL_FILE[algo]}.py against TRL {version}'s {trainer}", flush=True)
 
 
 def read_report(proc):
@@ -148,16 +315,13 @@ def read_report(proc):
 
 
 def main(args):
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        sys.exit("TRL is not installed: pip install -r requirements-bench.txt")
+    check_trl(args.trl_python, args.algo)
     out = args.out or tempfile.mkdtemp(prefix="bench-trl-")
     workers = {}
     for side in ("trl", "mathrl"):
-        cmd = [sys.executable, __file__, "--worker", side, "--steps", str(args.steps), "--seed",
-               str(args.seed),
-               "--out", out, "--eval_problems", str(args.eval_problems)]
+        python = args.trl_python if side == "trl" else sys.executable
+        cmd = [python, __file__, "--worker", side, "--algo", args.algo, "--steps", str(args.steps),
+               "--seed", str(args.seed), "--out", out, "--eval_problems", str(args.eval_problems)]
         workers[side] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True, cwd=ROOT,
                                          env={**os.environ, "TQDM_DISABLE": "1"})
@@ -238,10 +402,15 @@ if __name__ == "__main__":
                    help="also grade both final policies on N held-out problems")
     p.add_argument("--out", default=None,
                    help="folder for both runs and summary.json (default: a temp dir)")
+    p.add_argument("--algo", choices=sorted(MATHRL_FILE), default="grpo",
+                   help="grpo: grpo.py vs GRPOTrainer; rloo: reinforce.py --baseline rloo vs "
+                        "RLOOTrainer; ppo: ppo.py vs TRL 1.12's PPOTrainer")
+    p.add_argument("--trl_python", default=sys.executable,
+                   help="the Python whose TRL runs the TRL side (--algo ppo: one with TRL 1.12)")
     p.add_argument("--worker", choices=["trl", "mathrl"], help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker == "trl":
-        trl_worker(a)
+        (trl_ppo_worker if a.algo == "ppo" else trl_worker)(a)
     elif a.worker == "mathrl":
         mathrl_worker(a)
     else:
