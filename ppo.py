@@ -18,8 +18,9 @@ agg: the token mean over the minibatch (token, TRL) or per-sequence means, then 
 Simplified versus oat and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
 - rewards come from rule-based verifiers (common/env.py), not a reward model;
-- pi_old's log-probs are recomputed by the learner before the update (as TRL does), not taken from
-  the sampler, so the ratio is exactly 1 on the first minibatch of the first epoch;
+- pi_old's log-probs are recomputed by the learner before the update, not taken from the sampler
+  (TRL's PPOTrainer keeps the generation's logits), so the ratio is exactly 1 on the first
+  minibatch of the first epoch;
 - no adaptive KL controller and no reward clipping.
 
 Launch:

@@ -123,7 +123,7 @@ def shared_prompt_forward(body, input_ids, attention_mask, prompt_len):
         k = shared_prefix_len(input_ids, attention_mask, prompt_len)
         distinct, inverse = identical_rows(torch.cat([input_ids[:, :prompt_len],
                                                       attention_mask[:, :prompt_len]], 1))
-        if k >= MIN_SHARED_TOKENS and (B - 1) * k >= (B - len(distinct)) * prompt_len:
+        if k >= MIN_SHARED_TOKENS and (B - 1) * k > (B - len(distinct)) * prompt_len:
             return _shared_prefix_forward(body, input_ids, attention_mask, positions, prompt_len, k)
         if len(distinct) < B:
             return _shared_prompts_forward(body, input_ids, attention_mask, positions, prompt_len,

@@ -86,3 +86,25 @@ def test_roofline_update_flops_count_a_shared_prompt_once():
     # head 2*3*2 per response token * 4 = 48, attention 4*1*2 * (4 * 2) = 64 for the prompt and
     # 4*1*2 * (2 * 5) = 80 per row's response = 160; backward twice the forward
     assert update_flops(s, batch=2, prompt_len=4, new_tokens=2, groups=1) == 3 * (160 + 48 + 64 + 160)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "ppo"])
+def test_trl_pairs_give_each_file_options_it_accepts_and_the_same_batch(algo):
+    # The TRL bench passes each file its options by name; a renamed option once broke it unseen.
+    import argparse
+    import importlib
+
+    from trl_vs_mathrl import MATHRL_FILE, batch_shape, mathrl_args
+
+    args = mathrl_args(argparse.Namespace(algo=algo, steps=10, seed=0, out="/nonexistent"))
+    importlib.import_module(MATHRL_FILE[algo]).check_args(args, 1)
+    # 32 completions per optimizer step on every pair, micro-batches of 8, as on the TRL side
+    assert args.num_prompts * args.num_generations == 32 and args.micro_batch_size == 8
+    assert (args.num_prompts, args.num_generations) == batch_shape(algo)
+    assert (args.max_new_tokens, args.temperature, args.learning_rate) == (64, 0.7, 2e-5)
+    if algo == "rloo":  # TRL's RLOO: k1 KL summed over a response, in its reward
+        assert (args.baseline, args.beta, args.kl_estimator, args.kl_penalty,
+                args.length_normalize) == ("rloo", 0.05, "k1", "reward", False)
+    if algo == "ppo":  # TRL's PPO: one learning rate for policy and value model, GAE lambda 0.95
+        assert (args.critic_learning_rate, args.gae_lambda, args.critic_num_layers,
+                args.num_ppo_epochs, args.num_mini_batches) == (2e-5, 0.95, 0, 1, 1)

@@ -2,6 +2,7 @@
 
 import collections
 import warnings
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -367,3 +368,40 @@ def test_embedded_model_loads_and_answers():
     prompt = encode_prompts(tok, [[{"role": "user", "content": "What is the capital of France?"}]])
     gen = generate(model, tok, prompt, 12, temperature=0)
     assert "Paris" in decode_responses(tok, gen)[0]
+
+
+def test_decode_steps_append_keys_and_values_in_place_by_hand():
+    from transformers import DynamicCache
+
+    from common.models import _append_in_place
+
+    cache = DynamicCache()
+    k0, v0 = torch.arange(24.).view(2, 1, 3, 4), -torch.arange(24.).view(2, 1, 3, 4)  # 3 positions
+    cache.update(k0, v0, 0)
+    _append_in_place(cache, room=4)
+    k1, v1 = torch.full((2, 1, 1, 4), 7.0), torch.full((2, 1, 1, 4), 8.0)
+    keys, values = cache.update(k1, v1, 0)  # into a new buffer of 3 + 4 positions
+    assert torch.equal(keys, torch.cat([k0, k1], 2)) and torch.equal(values, torch.cat([v0, v1], 2))
+    buffer = cache.layers[0].buffers[0]
+    assert buffer.shape == (2, 1, 7, 4) and keys.data_ptr() == buffer.data_ptr()
+    keys, _ = cache.update(k1 + 1, v1, 0)  # the next step writes in place: no new buffer
+    assert cache.layers[0].buffers[0] is buffer and keys.shape[2] == 5
+    assert torch.equal(keys[:, :, 4], torch.full((2, 1, 4), 8.0))
+    # a row that finished leaves the batch: the next step copies the rest into a new buffer
+    cache.batch_select_indices(torch.tensor([1]))
+    keys, _ = cache.update(k1[:1] + 2, v1[:1], 0)
+    assert cache.layers[0].buffers[0] is not buffer and keys.shape == (1, 1, 6, 4)
+    assert torch.equal(keys[0, :, :3], k0[1]) and keys[0, 0, 5, 0] == 9.0
+
+
+def test_in_place_appends_draw_the_tokens_of_concatenation(tok, tiny):
+    # rows that end at different tokens leave the batch (new buffers) while others go on
+    p = encode_prompts(tok, ["one", "two two", "three three three", "four"])
+    kw = dict(temperature=1.0, seeds=[5, 6, 7, 8], stop_strings=("e",))
+    in_place = generate(tiny, tok, p, 20, **kw)
+    assert len(set(in_place.response_mask.sum(1).tolist())) > 1
+    with patch("common.models._append_in_place", lambda cache, room: cache):
+        concatenated = generate(tiny, tok, p, 20, **kw)
+    assert in_place.response_ids.tolist() == concatenated.response_ids.tolist()
+    assert in_place.response_mask.tolist() == concatenated.response_mask.tolist()
+    torch.testing.assert_close(in_place.logprobs, concatenated.logprobs, atol=1e-6, rtol=0)
