@@ -663,7 +663,10 @@ def _append_in_place(cache, room):
     buffers with `room` more positions, instead of concatenating a new copy of the whole cache every
     token: on a CPU that copy (tens of MB in fresh pages at 32 rows) cost more than the step's
     matmuls. Rows dropped by batch_select_indices get new buffers at the next step."""
-    from transformers.cache_utils import DynamicLayer
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # a transformers whose caches have no layer objects: concatenate
+        return cache
 
     def update(layer, keys, values, *args, **kwargs):
         n, m = layer.keys.shape[-2], keys.shape[-2]
