@@ -92,11 +92,12 @@ def trl_worker(args):
     path = str(embedded_model_dir())
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    num_prompts, g = batch_shape(args.algo)
     shared = dict(
         output_dir=args.out + "/trl", max_steps=args.steps, learning_rate=2e-5,
         lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=4, num_generations=8,
+        gradient_accumulation_steps=num_prompts * g // MICRO, num_generations=g,
         max_completion_length=64, temperature=0.7, top_p=1.0, epsilon=0.2,
         # num_iterations: TRL's name for num_ppo_epochs (a rename to ours broke this bench once)
         num_iterations=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False,

@@ -21,6 +21,7 @@
 
 import contextlib
 import fcntl
+import functools
 import glob
 import os
 import shutil
@@ -34,8 +35,8 @@ from pathlib import Path
 import torch
 
 from common.sharding import AdapterOff, add_lora, decoder_layers, is_sharded, shard, unsharded
-from common.utils import (KV_CACHE, all_gather_objects, broadcast_parameters, identical_rows,
-                          position_ids_from_mask, shared_prompt_forward)
+from common.utils import (KV_CACHE, MIN_SHARED_PREFIX, all_gather_objects, broadcast_parameters,
+                          identical_rows, position_ids_from_mask, shared_prompt_forward)
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"
@@ -519,10 +520,6 @@ def row_uniforms(seeds, t):
     return bits.double() / 2**32
 
 
-# a prefix shared by all of a batch's prompts gets a forward of its own from this many tokens on
-MIN_SHARED_PREFIX = 16
-
-
 def _common_prefix(a, b):
     """Length of the longest common prefix of two id lists (a binary search of C-speed slice
     compares: a Python loop over tokens would cost more than the forward it saves)."""
@@ -662,7 +659,9 @@ def _append_in_place(cache, room):
     """Let each full-attention layer of a DynamicCache take a decode step's keys and values into
     buffers with `room` more positions, instead of concatenating a new copy of the whole cache every
     token: on a CPU that copy (tens of MB in fresh pages at 32 rows) cost more than the step's
-    matmuls. Rows dropped by batch_select_indices get new buffers at the next step."""
+    matmuls. Rows dropped by batch_select_indices get new buffers at the next step. (`--compile`'s
+    StaticCache also writes in place, but attends over its whole length every step and keeps
+    finished rows.)"""
     try:
         from transformers.cache_utils import DynamicLayer
     except ImportError:  # a transformers whose caches have no layer objects: concatenate
@@ -671,8 +670,9 @@ def _append_in_place(cache, room):
     def update(layer, keys, values, *args, **kwargs):
         n, m = layer.keys.shape[-2], keys.shape[-2]
         buffers = getattr(layer, "buffers", None)
+        # new buffers on the first step, after rows left (new key tensors), or when full
         if (buffers is None or layer.keys.data_ptr() != buffers[0].data_ptr()
-                or len(buffers[0]) != len(keys) or n + m > buffers[0].shape[-2]):
+                or n + m > buffers[0].shape[-2]):
             size = n + max(m, room)
             buffers = [x.new_empty(*x.shape[:-2], size, x.shape[-1]) for x in (keys, values)]
             buffers[0][..., :n, :] = layer.keys
@@ -685,7 +685,7 @@ def _append_in_place(cache, room):
 
     for layer in getattr(cache, "layers", []):
         if type(layer) is DynamicLayer and layer.is_initialized:  # sliding windows keep their own
-            layer.update = update.__get__(layer)
+            layer.update = functools.partial(update, layer)
     return cache
 
 

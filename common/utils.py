@@ -34,8 +34,9 @@ KV_CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ el
 # ------------------------------------------------------------------------------------------------
 # Log-probs and entropy
 # ------------------------------------------------------------------------------------------------
-# fewer shared prompt tokens than this run as a plain forward: the split costs a second pass
-MIN_SHARED_TOKENS = 8
+# fewer tokens shared by every prompt than this run with the rest: splitting them off costs a pass
+# (generate's prefill and token_logprobs' forward both use it)
+MIN_SHARED_PREFIX = 16
 
 
 def position_ids_from_mask(mask):
@@ -90,10 +91,12 @@ def shared_prefix_len(input_ids, attention_mask, prompt_len):
     """How many leading prompt tokens every row has in common, wherever its left padding puts them
     (a system prompt and worked example ahead of each question; a whole prompt when all rows are
     one GRPO group). 0 when a row's prompt is not one padding run then tokens."""
-    mask = attention_mask[:, :prompt_len].bool()
-    pads = prompt_len - mask.sum(1)  # [B] left padding of each row
-    if not bool((mask.long().cumsum(1) > 0).eq(mask).all()) or len(input_ids) < 2:
+    if len(input_ids) < 2:
         return 0
+    mask = attention_mask[:, :prompt_len].bool()
+    if not bool((mask.long().cumsum(1) > 0).eq(mask).all()):
+        return 0
+    pads = prompt_len - mask.sum(1)  # [B] left padding of each row
     shortest = int(prompt_len - pads.max())
     cols = pads[:, None] + torch.arange(shortest, device=input_ids.device)  # [B, L] real tokens
     aligned = input_ids.gather(1, cols)
@@ -123,7 +126,7 @@ def shared_prompt_forward(body, input_ids, attention_mask, prompt_len):
         k = shared_prefix_len(input_ids, attention_mask, prompt_len)
         distinct, inverse = identical_rows(torch.cat([input_ids[:, :prompt_len],
                                                       attention_mask[:, :prompt_len]], 1))
-        if k >= MIN_SHARED_TOKENS and (B - 1) * k > (B - len(distinct)) * prompt_len:
+        if k >= MIN_SHARED_PREFIX and (B - 1) * k > (B - len(distinct)) * prompt_len:
             return _shared_prefix_forward(body, input_ids, attention_mask, positions, prompt_len, k)
         if len(distinct) < B:
             return _shared_prompts_forward(body, input_ids, attention_mask, positions, prompt_len,

@@ -277,7 +277,7 @@ def test_token_logprobs_share_a_prefix_of_prompts_of_different_lengths(tiny):
     assert shared_prefix_len(ids, mask, P) == 12
     out = []
     for min_shared in (8, 10**9):
-        with patch("common.utils.MIN_SHARED_TOKENS", min_shared):
+        with patch("common.utils.MIN_SHARED_PREFIX", min_shared):
             tiny.zero_grad()
             lp, _, hidden = token_logprobs(tiny, ids, mask, R, return_hidden=True)
             (lp * mask[:, -R:]).sum().backward()
@@ -296,15 +296,15 @@ def test_critic_shares_a_prompt_prefix_and_gives_the_plain_values():
     torch.manual_seed(6)
     critic = load_critic("tiny-random")
     torch.nn.init.normal_(critic.head.net[-1].weight)  # V starts at 0: make it read the states
-    preamble = torch.randint(3, 1000, (8,))
-    # prompts of 9, 11 and 11 tokens (row 0 left-padded by 2) that start with the same 8, then 3
+    preamble = torch.randint(3, 1000, (16,))
+    # prompts of 17, 19 and 19 tokens (row 0 left-padded by 2) that start with the same 16, then 3
     # response tokens
     ids = torch.stack([F.pad(torch.cat([preamble, torch.randint(3, 1000, (n + 3,))]), (3 - n, 0))
                        for n in (1, 3, 3)])
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
-    assert shared_prefix_len(ids, mask, 11) == 8
+    assert shared_prefix_len(ids, mask, 19) == 16
     plain = critic(ids, mask)
-    shared = critic(ids, mask, prompt_len=11)
+    shared = critic(ids, mask, prompt_len=19)
     torch.testing.assert_close(shared[mask.bool()], plain[mask.bool()], atol=1e-5, rtol=0)
     assert plain[mask.bool()].std() > 0
