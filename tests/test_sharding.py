@@ -3,6 +3,7 @@ process after an update, a bit-exact resume, checkpoints that load, a LoRA updat
 adapters only, the adapters-off reference that is the base model, and one gather per rollout."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,12 +31,19 @@ CASES = {
 LORA = ["--lora_r", "8", "--learning_rate", "1e-2"]
 
 
-def run(argv, processes=1, port=29551):
+def free_port():
+    """A port no one listens on: pytest -n 2 can run two of these torchrun tests at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(argv, processes=1):
     if processes == 1:
         cmd, env = [sys.executable, TINY[0], argv[0], *TINY[1:], *argv[1:]], None
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-               "--master_port", str(port), TINY[0], argv[0], *TINY[1:], *argv[1:], "--fsdp"]
+               "--master_port", str(free_port()), TINY[0], argv[0], *TINY[1:], *argv[1:], "--fsdp"]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
