@@ -515,9 +515,19 @@ def row_uniforms(seeds, t):
     """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t),
     counter-based like Philox. All rows draw in a few tensor ops, with no per-row generator, and
     a row's draw depends on its own seed and position only. seeds: int64 [B], >= 0."""
-    key = _hash32((seeds & 0xFFFFFFFF) ^ _hash32((seeds >> 32) ^ 0x9E3779B9))
-    bits = _hash32(key ^ _hash32(torch.full_like(seeds, t) ^ 0x632BE5AB))
-    return bits.double() / 2**32
+    return key_uniforms(row_keys(seeds), t)
+
+
+def row_keys(seeds):
+    """Each row's 32-bit key, a hash of its 64-bit seed: the part of `row_uniforms` that does not
+    change from token to token, computed once per rollout."""
+    return _hash32((seeds & 0xFFFFFFFF) ^ _hash32((seeds >> 32) ^ 0x9E3779B9))
+
+
+def key_uniforms(keys, t):
+    """`row_uniforms` from `row_keys`. The token index's hash is one number for every row, so it is
+    hashed in Python: on a GPU each tensor op of a decode step is a kernel launch."""
+    return _hash32(keys ^ _hash32(t ^ 0x632BE5AB)).double() / 2**32
 
 
 def _common_prefix(a, b):
@@ -689,6 +699,51 @@ def _append_in_place(cache, room):
     return cache
 
 
+DECODE_ATTENTION = "mathrl_decode_sdpa"
+
+
+def _decode_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """SDPA that, for one query token per row, reads each key/value head once. With grouped-query
+    attention (G query heads per key/value head) and a padding mask, transformers' SDPA path copies
+    every cached key and value G times per layer per token (`repeat_kv`; newer releases skip the copy
+    in eager decoding, none under torch.compile): at 256 rows of a Qwen2.5-1.5B shape that is ~34 GB
+    written per token, 11 times the weights. Here the G query heads of a key/value head become
+    G query positions over it, which the mask (the same for every head) covers as it is. Prefill
+    and training forwards go to transformers' SDPA unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    B, H, S, D = query.shape
+    groups = H // key.shape[1]
+    if S != 1 or groups == 1 or attention_mask is None or attention_mask.shape[-2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      **kwargs)
+    # head h reads key/value head h // G (repeat_kv's order): [B, H, 1, D] -> [B, H/G, G, D]
+    q = query.reshape(B, key.shape[1], groups, D)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,
+                                                           scale=scaling)
+    return out.reshape(B, 1, H, D), None  # transformers' layout: [B, S, H, D]
+
+
+@contextlib.contextmanager
+def _packed_gqa(model):
+    """Run `model`'s SDPA attention through `_decode_attention` (same function, fewer bytes)."""
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    if before != "sdpa":
+        yield
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(DECODE_ATTENTION, _decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, sdpa_mask)  # masks made as for SDPA
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
              seeds=None, autocast_dtype=None, check_every=None, prefix_cache=None):
@@ -722,6 +777,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     B = prompt_ids.shape[0]
     seeds = None if seeds is None else torch.tensor([int(x) % 2**63 for x in seeds], device=device)
+    keys = None if seeds is None else row_keys(seeds)
     was_training = model.training
     model.eval()
     autocast = torch.autocast(device.type,
@@ -732,7 +788,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     alive_mask = []  # per step: was the row still generating when this token was sampled
     rows = torch.arange(B, device=device)  # the original rows still in the forward batch
-    with autocast, unsharded(model):  # FSDP2: the weights gathered once, not once per token
+    # FSDP2: the weights gathered once, not once per token
+    with autocast, unsharded(model), _packed_gqa(model):
         attn = prompt_mask
         positions = position_ids_from_mask(prompt_mask)
         # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
@@ -772,7 +829,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             # the columns after the current token are hidden by the causal mask
             attn = torch.cat([attn, attn.new_ones(B, length - W)], dim=1)
         for t in range(max_new_tokens):
-            uniforms = None if seeds is None else row_uniforms(seeds[rows], t)
+            uniforms = None if seeds is None else key_uniforms(keys[rows], t)
             sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
             token = torch.full((B,), pad_id, dtype=sampled.dtype, device=device)
             lp = torch.zeros(B, device=device)
