@@ -705,11 +705,11 @@ DECODE_ATTENTION = "mathrl_decode_sdpa"
 def _decode_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     """SDPA that, for one query token per row, reads each key/value head once. With grouped-query
     attention (G query heads per key/value head) and a padding mask, transformers' SDPA path copies
-    every cached key and value G times per layer per token (`repeat_kv`; newer releases skip the copy
-    in eager decoding, none under torch.compile): at 256 rows of a Qwen2.5-1.5B shape that is ~34 GB
-    written per token, 11 times the weights. Here the G query heads of a key/value head become
-    G query positions over it, which the mask (the same for every head) covers as it is. Prefill
-    and training forwards go to transformers' SDPA unchanged."""
+    every cached key and value G times per layer per token (`repeat_kv`; newer releases skip the
+    copy in eager decoding, none under torch.compile): at 256 rows of a Qwen2.5-1.5B shape that is
+    ~34 GB written per token, 11 times the weights. Here the G query heads of a key/value head
+    become G query positions over it, which the mask (the same for every head) covers as it is.
+    Prefill and training forwards go to transformers' SDPA unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     B, H, S, D = query.shape
