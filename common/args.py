@@ -78,7 +78,8 @@ class TrainArgs:
     top_p: float = 1.0
     """nucleus sampling mass"""
     micro_batch_size: int = 8
-    """sequences per forward/backward; gradients accumulate over micro-batches"""
+    """sequences per forward/backward; gradients accumulate over micro-batches (a GPU wants more: a
+    1.5B model's update on an H200 ran at 0.25 MFU with 8, 0.35 with 32)"""
     # ---- evaluation, logging, checkpoints
     eval_interval: int = 0
     """evaluate every this many updates (0: only at the start and the end)"""
@@ -100,8 +101,9 @@ class TrainArgs:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     compile: bool = False
-    """sample with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU); the
-    first rollouts pay for compiling"""
+    """sample with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU: about
+    4-5x eager's rollout tokens/s for a 1.5B model on an H200); the first rollouts pay for
+    compiling"""
     fsdp: bool = False
     """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
     lora_r: int = 0
