@@ -694,7 +694,9 @@ def _append_in_place(cache, room):
         return layer.keys, layer.values
 
     for layer in getattr(cache, "layers", []):
-        if type(layer) is DynamicLayer and layer.is_initialized:  # sliding windows keep their own
+        # transformers < 4.57 has no is_initialized: a layer holds keys once it has been written
+        written = getattr(layer, "is_initialized", getattr(layer, "keys", None) is not None)
+        if type(layer) is DynamicLayer and written:  # sliding windows keep their own
             layer.update = functools.partial(update, layer)
     return cache
 
