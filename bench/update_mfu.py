@@ -13,7 +13,6 @@ the first size, sorted by device time (CPU time on a CPU).
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roofline import SHAPES, Shape, build, device_peaks, sync, update_flops  # noqa: E402
+from roofline import SHAPES, Shape, build, device_peaks, sync, timed, update_flops  # noqa: E402
 
 from common.utils import token_logprobs  # noqa: E402
 
@@ -60,14 +59,7 @@ def main():
     print("| micro-batch | ms | tokens/s | MFU |\n|---|---|---|---|")
     for rows in args.micro_batch_size:
         ids, mask = batch(rows)
-        step(ids, mask)  # warm-up
-        best = float("inf")
-        for _ in range(3):
-            sync(device)
-            t0 = time.perf_counter()
-            step(ids, mask)
-            sync(device)
-            best = min(best, time.perf_counter() - t0)
+        best = timed(lambda: step(ids, mask), device)
         mfu = update_flops(s, rows, P, R, max(1, rows // 8)) / best / peak
         print(f"| {rows} | {best * 1e3:.0f} | {rows * R / best:.0f} | {mfu:.2f} |", flush=True)
     ids, mask = batch(args.micro_batch_size[0])

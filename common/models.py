@@ -694,9 +694,9 @@ def _append_in_place(cache, room):
         return layer.keys, layer.values
 
     for layer in getattr(cache, "layers", []):
-        # transformers < 4.57 has no is_initialized: a layer holds keys once it has been written
-        written = getattr(layer, "is_initialized", getattr(layer, "keys", None) is not None)
-        if type(layer) is DynamicLayer and written:  # sliding windows keep their own
+        # written layers only (keys None before; 4.56's layers have no is_initialized); sliding
+        # windows keep their own update
+        if type(layer) is DynamicLayer and layer.keys is not None:
             layer.update = functools.partial(update, layer)
     return cache
 
@@ -716,7 +716,7 @@ def _decode_attention(module, query, key, value, attention_mask, scaling=None, *
 
     B, H, S, D = query.shape
     groups = H // key.shape[1]
-    if S != 1 or groups == 1 or attention_mask is None or attention_mask.shape[-2] != 1:
+    if S != 1 or groups == 1 or attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       **kwargs)
     # head h reads key/value head h // G (repeat_kv's order): [B, H, 1, D] -> [B, H/G, G, D]
@@ -737,6 +737,7 @@ def _packed_gqa(model):
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    # registered on each call (two dict entries), so the function in force is this module's
     AttentionInterface.register(DECODE_ATTENTION, _decode_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, sdpa_mask)  # masks made as for SDPA
     config._attn_implementation = DECODE_ATTENTION
