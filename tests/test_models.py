@@ -465,3 +465,61 @@ def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
         plain = generate(tiny, tok, p, 12, **kw)
     assert packed.response_ids.tolist() == plain.response_ids.tolist()
     torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-6, rtol=0)
+
+
+def _packable():
+    from common.models import _onednn_works
+
+    return _onednn_works()
+
+
+@pytest.mark.skipif(not _packable(), reason="this torch build has no oneDNN packed linear")
+def test_packed_linears_by_hand_packed_once_and_again_after_an_optimizer_step():
+    from common.models import _onednn_linears
+
+    # W [[1, 2], [3, 4]], b [0.5, -1]: x [1, 1] -> [3.5, 6]; x [2, -1] -> [0.5, 1]
+    layer = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        layer.bias.copy_(torch.tensor([0.5, -1.0]))
+    model = torch.nn.Sequential(layer, torch.nn.Linear(2, 3, bias=False))
+    x = torch.tensor([[[1.0, 1.0]], [[2.0, -1.0]]])  # [B, S, K], as a decode step gives it
+    store = {}
+    with torch.no_grad(), _onednn_linears(model, True, store):
+        assert "forward" in vars(layer)  # this call's packed weight, not torch's linear
+        assert layer(x).tolist() == [[[3.5, 6.0]], [[0.5, 1.0]]]
+        expected = model[1](torch.nn.functional.linear(x, layer.weight, layer.bias))
+        torch.testing.assert_close(model(x), expected, atol=1e-6, rtol=0)
+    assert "forward" not in vars(layer) and "forward" not in vars(model[1])  # restored
+    assert set(store) == {layer, model[1]}
+    first = store[layer][1]
+    with torch.no_grad(), _onednn_linears(model, True, store):  # same weights: packed ones reused
+        assert store[layer][1] is first
+    # an optimizer step writes the weights in place: the next call packs them again
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(x).sum().backward()
+    optimizer.step()
+    with torch.no_grad(), _onednn_linears(model, True, store):
+        assert store[layer][1] is not first
+        got = layer(x)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias),
+                               atol=1e-6, rtol=0)
+    with torch.no_grad(), _onednn_linears(model, False, store):  # off (autocast, --compile)
+        assert "forward" not in vars(layer)
+
+
+@pytest.mark.skipif(not _packable(), reason="this torch build has no oneDNN packed linear")
+def test_generate_with_packed_linears_draws_what_torch_linear_draws(tok, tiny):
+    p = encode_prompts(tok, ["one", "two two", "three three three"])
+    kw = dict(temperature=1.0, seeds=[5, 6, 7])
+    store = PrefixCache()
+    packed = generate(tiny, tok, p, 12, prefix_cache=store, **kw)
+    linears = [m for m in tiny.modules() if type(m) is torch.nn.Linear]
+    assert set(store.packed) == set(linears) and not any("forward" in vars(m) for m in linears)
+    held = {m: w for m, (_, w) in store.packed.items()}
+    generate(tiny, tok, p, 4, prefix_cache=store, **kw)  # the rollout's next call: packs nothing
+    assert all(store.packed[m][1] is held[m] for m in linears)
+    with patch("common.models.PACK_LINEARS", False):
+        plain = generate(tiny, tok, p, 12, **kw)
+    assert packed.response_ids.tolist() == plain.response_ids.tolist()
+    torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-5, rtol=0)
