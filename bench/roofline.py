@@ -4,10 +4,12 @@
     python bench/roofline.py --shapes 135M 0.5B --batch 8 32 --new_tokens 64 256
     python bench/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
     python bench/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
+    python bench/roofline.py --batch 32 --new_tokens 64 [--torch_linears]   # packed linears or not
 
 First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
-and matmul FLOP/s (square fp32 and bf16 matmuls). Then, on random-weight models built offline from
-real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
+and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of torch's matmul
+and oneDNN's packed linear, which `generate` decodes with there). Then, on random-weight models
+built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
 
 - rollout: `common.models.generate` at each batch size and response length (prompts of --prompt_len
   tokens, sampling at temperature 1, every row its own seed). Its bound is the sum, over the prefill
@@ -23,7 +25,9 @@ The default shape is the default GRPO rollout (4 prompts x 8 samples = 32 rows, 
 prompt of about 150 tokens with the worked example). With matplotlib, --plot writes the tables as a
 figure of tokens/s against batch size and response length. --compile decodes as `--compile` does
 (`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
-compiles it, and its seconds are printed apart.
+compiles it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
+own linear instead of oneDNN's packed weights (`common.models._onednn_linears`), for a before and
+after; --rollout_only skips the update.
 """
 
 import argparse
@@ -37,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
+import common.models  # noqa: E402
 from common.models import compile_decoding, generate, load_tokenizer  # noqa: E402
 from common.utils import token_logprobs  # noqa: E402
 
@@ -77,6 +82,12 @@ def device_peaks(device):
         b = torch.randn(size, size, device=device).to(dtype)
         # the best of 10: on a shared host single timings of this matmul ranged over 82-133 GFLOP/s
         flops[dtype] = 2 * size**3 / timed(lambda: a @ b, device, repeat=10)
+        if device.type == "cpu" and dtype == torch.float32 and common.models._onednn_works():
+            # generate's linears run through oneDNN on a CPU: the peak is the better of the two
+            w = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), None)
+            packed = timed(lambda: torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], ""),
+                           device, repeat=10)
+            flops[dtype] = max(flops[dtype], 2 * size**3 / packed)
     return bandwidth, flops
 
 
@@ -149,10 +160,15 @@ def main():
     p.add_argument("--micro_batch_size", type=int, default=8)
     p.add_argument("--bf16", action="store_true", help="bf16 weights (a GPU); fp32 otherwise")
     p.add_argument("--plot", default=None, help="write a figure here (needs matplotlib)")
+    p.add_argument("--rollout_only", action="store_true",
+                   help="skip the update (its figures print as -): a GPU's short leases")
+    p.add_argument("--torch_linears", action="store_true",
+                   help="on a CPU, decode through torch's own linear, not oneDNN's packed weights")
     p.add_argument("--compile", action="store_true",
                    help="decode with a static KV cache and a compiled forward, as --compile does")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    common.models.PACK_LINEARS = not args.torch_linears
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bandwidth, flops = device_peaks(device)
     peak = flops[dtype]
@@ -200,14 +216,17 @@ def main():
                                                mask[i:i + args.micro_batch_size], R)
                         lp.sum().backward()
 
-                model.train()
-                t_update = timed(update, device, repeat=1)
-                model.eval()
-                mfu = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8)) / t_update / peak
-                rows.append((shape, batch, new, sampled / t_roll, bound / t_roll,
-                             batch * R / t_update, mfu))
+                update_tps = mfu = float("nan")
+                if not args.rollout_only:
+                    model.train()
+                    t_update = timed(update, device, repeat=1)
+                    model.eval()
+                    update_tps = batch * R / t_update
+                    flops = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8))
+                    mfu = flops / t_update / peak
+                rows.append((shape, batch, new, sampled / t_roll, bound / t_roll, update_tps, mfu))
                 print(f"| {shape} | {batch} | {new} | {sampled / t_roll:.0f} | "
-                      f"{bound / t_roll:.2f} | {batch * R / t_update:.0f} | {mfu:.2f} |",
+                      f"{bound / t_roll:.2f} | {update_tps:.0f} | {mfu:.2f} |".replace("nan", "-"),
                       flush=True)
     if args.plot:
         plot(rows, args.plot)
