@@ -782,17 +782,17 @@ def _onednn_linears(model, enabled, store=None):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     store = {} if store is None else store
-    for m in linears:
-        # an optimizer step writes the weight in place, which bumps its version: pack it again
-        key = (m.weight.data_ptr(), m.weight._version)
-        if m not in store or store[m][0] != key:
-            store[m] = (key, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None))
-        m.forward = functools.partial(packed_forward, store[m][1], m.bias)
     try:
+        for m in linears:
+            # an optimizer step writes the weight in place, which bumps its version: pack it again
+            key = (m.weight.data_ptr(), m.weight._version)
+            if m not in store or store[m][0] != key:
+                store[m] = (key, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None))
+            m.forward = functools.partial(packed_forward, store[m][1], m.bias)
         yield
     finally:
         for m in linears:
-            del m.forward
+            vars(m).pop("forward", None)  # the class's forward again
 
 
 @torch.no_grad()
@@ -809,7 +809,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     masked out). prefix_cache: a `PrefixCache` that lives for one rollout: prompts read what it
     holds, and each row's prompt and response are stored in it for the next call (a stepwise
     episode's next state). None: a prefix that all prompts share is read once, for this call only.
-    False: every prompt is read in full.
+    False: every prompt is read in full. On a CPU, fp32 linear layers decode through weights packed
+    for oneDNN (`_onednn_linears`), once per call or, with a prefix_cache, once per rollout.
     """
     device = next(model.parameters()).device
     check_every = check_every or (1 if device.type == "cpu" else 8)
