@@ -754,7 +754,7 @@ PACK_LINEARS = True  # `_onednn_linears`; False runs torch's own (bench/roofline
 
 @functools.cache
 def _onednn_works():
-    """Whether this torch build has oneDNN's packed linear (x86 and recent Arm builds do)."""
+    """Whether this torch build has oneDNN's packed linear (x86 builds do; without, torch's)."""
     try:
         w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 3), None)
         out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3), w, None, "none", [], "")
