@@ -331,6 +331,8 @@ def main(args):
             grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
             if guard.ok(total_loss, grad_norms[-1]):
                 optimizer.step()
+        # the rollout has no use for gradients: freed here, not at the next update's start
+        optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging

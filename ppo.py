@@ -403,6 +403,9 @@ def main(args):
             kl_now = all_reduce_mean({"kl": sum(kl_now) / len(kl_now)})["kl"]
             if args.target_kl and kl_now > args.target_kl:
                 break  # CleanRL's early stop: the policy moved far from the one that sampled
+        # the rollout has no use for gradients: freed here, not at the next update's start
+        optimizer.zero_grad(set_to_none=True)
+        critic_optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging

@@ -329,6 +329,8 @@ def main(args):
         if ref_policy is not None and every(step + 1, args.ref_model_sync_steps):
             # the seed's reference refresh
             ref_policy.load_state_dict(full_state_dict(policy, all_ranks=True))
+        # the rollout has no use for gradients: freed here, not at the next update's start
+        optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging

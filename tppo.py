@@ -437,6 +437,9 @@ def main(args):
                 s.update(update_policy(policy, optimizer, batch, idx, args, autocast, guard,
                                        first=not stats))
                 stats.append(s)
+        # the rollout has no use for gradients: freed here, not at the next update's start
+        optimizer.zero_grad(set_to_none=True)
+        critic_optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging
