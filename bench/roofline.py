@@ -84,9 +84,8 @@ def device_peaks(device):
         flops[dtype] = 2 * size**3 / timed(lambda: a @ b, device, repeat=10)
         if device.type == "cpu" and dtype == torch.float32 and common.models._onednn_works():
             # generate's linears run through oneDNN on a CPU: the peak is the better of the two
-            w = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), None)
-            packed = timed(lambda: torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], ""),
-                           device, repeat=10)
+            w = common.models._pack(b.T.contiguous())
+            packed = timed(lambda: common.models._packed_linear(a, w), device, repeat=10)
             flops[dtype] = max(flops[dtype], 2 * size**3 / packed)
     return bandwidth, flops
 

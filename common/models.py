@@ -752,14 +752,22 @@ def _packed_gqa(model):
 PACK_LINEARS = True  # `_onednn_linears`; False runs torch's own (bench/roofline.py compares)
 
 
+def _pack(weight):
+    """A Linear's weight [out, in], laid out once for `_packed_linear` (oneDNN's blocked format)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def _packed_linear(x, packed, bias=None):
+    """F.linear(x, weight, bias) from `_pack(weight)`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 @functools.cache
 def _onednn_works():
     """Whether this torch build has oneDNN's packed linear (x86 builds do; without, torch's)."""
     try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 3), None)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3), w, None, "none", [], "")
-        return out.tolist() == [[3.0] * 4] * 2
-    except (AttributeError, RuntimeError):
+        return _packed_linear(torch.ones(2, 3), _pack(torch.ones(4, 3))).tolist() == [[3.0] * 4] * 2
+    except (AttributeError, NotImplementedError, RuntimeError):
         return False
 
 
@@ -771,24 +779,18 @@ def _onednn_linears(model, enabled, store=None):
     is the cost: on a 2-core CPU SmolLM2's head (49,152 x 576) took 56 ms a call at 32 rows, against
     22 ms packed, and a 1536 x 576 projection 0.61 against 0.40 ms. The same function, rounded
     differently (about 1e-6 in the logits). Packing all of SmolLM2-135M takes ~0.25 s."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if enabled else []
-    linears = [m for m in linears if m.weight.device.type == "cpu"
-               and m.weight.dtype == torch.float32 and type(m.weight) is torch.nn.Parameter]
-    if not linears or not PACK_LINEARS or not _onednn_works():
-        yield
-        return
-
-    def packed_forward(weight, bias, x):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
+    enabled = enabled and PACK_LINEARS and _onednn_works()
+    linears = [m for m in model.modules() if enabled and type(m) is torch.nn.Linear
+               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+               and type(m.weight) is torch.nn.Parameter]  # not FSDP2's DTensors
     store = {} if store is None else store
     try:
         for m in linears:
             # an optimizer step writes the weight in place, which bumps its version: pack it again
             key = (m.weight.data_ptr(), m.weight._version)
             if m not in store or store[m][0] != key:
-                store[m] = (key, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), None))
-            m.forward = functools.partial(packed_forward, store[m][1], m.bias)
+                store[m] = (key, _pack(m.weight))
+            m.forward = functools.partial(_packed_linear, packed=store[m][1], bias=m.bias)
         yield
     finally:
         for m in linears:

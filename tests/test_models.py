@@ -7,10 +7,10 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from common.models import (EMBEDDED_MODEL, PrefixCache, _common_prefix, _hash32, check_model_name,
-                           compile_decoding, decode_responses, encode_prompts, generate, inverse_cdf, left_pad,
-                           key_uniforms, load_policy, load_tokenizer, render_prompt, row_keys,
-                           row_uniforms, tiny_random_model)
+from common.models import (EMBEDDED_MODEL, PrefixCache, _common_prefix, _hash32, _onednn_works,
+                           check_model_name, compile_decoding, decode_responses, encode_prompts,
+                           generate, inverse_cdf, key_uniforms, left_pad, load_policy,
+                           load_tokenizer, render_prompt, row_keys, row_uniforms, tiny_random_model)
 from common.utils import KV_CACHE, token_logprobs
 
 
@@ -467,13 +467,7 @@ def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
     torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-6, rtol=0)
 
 
-def _packable():
-    from common.models import _onednn_works
-
-    return _onednn_works()
-
-
-@pytest.mark.skipif(not _packable(), reason="this torch build has no oneDNN packed linear")
+@pytest.mark.skipif(not _onednn_works(), reason="this torch build has no oneDNN packed linear")
 def test_packed_linears_by_hand_packed_once_and_again_after_an_optimizer_step():
     from common.models import _onednn_linears
 
@@ -508,7 +502,7 @@ def test_packed_linears_by_hand_packed_once_and_again_after_an_optimizer_step():
         assert "forward" not in vars(layer)
 
 
-@pytest.mark.skipif(not _packable(), reason="this torch build has no oneDNN packed linear")
+@pytest.mark.skipif(not _onednn_works(), reason="this torch build has no oneDNN packed linear")
 def test_generate_with_packed_linears_draws_what_torch_linear_draws(tok, tiny):
     p = encode_prompts(tok, ["one", "two two", "three three three"])
     kw = dict(temperature=1.0, seeds=[5, 6, 7])
