@@ -15,7 +15,10 @@ built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
   tokens, sampling at temperature 1, every row its own seed). Its bound is the sum, over the prefill
   and every decode step, of the larger of the time to read the weights and the KV cache at the
   measured bandwidth and the time to do the step's FLOPs at the measured matmul peak; `of bound` is
-  that bound over the measured time (1.0 = at the hardware's limit).
+  that bound over the measured time (1.0 = at the hardware's limit). `linears alone` is the same
+  fraction for a decode step halfway through the responses whose only cost would be its linear
+  layers, each run as `generate` runs it: the most any decoding with those matmul kernels can
+  reach, since attention, norms and the sampler only add.
 - update: a forward and backward pass of `common.utils.token_logprobs` over the same sequences, in
   micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
   a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
@@ -127,17 +130,35 @@ class Shape:
         return 4 * self.layers * self.hidden * queries * keys
 
 
+def step_bound(s, batch, context, bandwidth, peak):
+    """Seconds of a decode step of `batch` rows over `context` positions at the hardware's limit."""
+    bytes_read = s.read_params * s.bytes + s.kv_per_position * context * batch
+    flops = 2 * s.matmul_params * batch + s.attention_flops(batch, context)
+    return max(bytes_read / bandwidth, flops / peak)
+
+
 def rollout_bound(s, batch, prompt_len, new_tokens, bandwidth, peak):
     """Seconds of the prefill plus every decode step at the hardware's limit."""
     prefill = 2 * s.body_params * prompt_len + s.attention_flops(prompt_len, prompt_len / 2)
     total = (prefill + 2 * s.vocab * s.hidden) / peak  # the distinct prompts: one per group of 8
     total *= max(1, batch // 8)
     for t in range(1, new_tokens):
-        context = prompt_len + t
-        bytes_read = s.read_params * s.bytes + s.kv_per_position * context * batch
-        flops = 2 * s.matmul_params * batch + s.attention_flops(batch, context)
-        total += max(bytes_read / bandwidth, flops / peak)
+        total += step_bound(s, batch, prompt_len + t, bandwidth, peak)
     return total
+
+
+def linears_alone(model, batch, device, pack):
+    """Seconds of one decode step's linear layers and nothing else, at `batch` rows, each through
+    the op `generate` uses (oneDNN's packed weights on a CPU, unless --torch_linears), in the
+    model's order so that the weights come from memory as in a step. A rollout can come no closer
+    to the bound than its linear layers do: what is left of a step (attention, norms, the sampler)
+    only adds."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dtype = next(model.parameters()).dtype
+    inputs = {n: torch.randn(batch, n, device=device, dtype=dtype)
+              for n in {m.in_features for m in linears}}
+    with torch.no_grad(), common.models._onednn_linears(model, pack):
+        return timed(lambda: [m(inputs[m.in_features]) for m in linears], device, repeat=5)
 
 
 def update_flops(s, batch, prompt_len, new_tokens, groups):
@@ -177,8 +198,9 @@ def main():
           f"GFLOP/s, bf16 {flops[torch.bfloat16] / 1e9:.0f} GFLOP/s; weights in {dtype}")
     tok = load_tokenizer("tiny-random")
     rows = []
-    print("| shape | batch | new tokens | rollout tokens/s | of bound | update tokens/s | MFU |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | batch | new tokens | rollout tokens/s | of bound | linears alone | "
+          "update tokens/s | MFU |")
+    print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         model = build(shape, dtype, device)
         if args.compile:
@@ -223,10 +245,14 @@ def main():
                     update_tps = batch * R / t_update
                     flops = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8))
                     mfu = flops / t_update / peak
+                # the step halfway through the responses, against its linear layers alone
+                t_alone = linears_alone(model, batch, device, not args.compile)
+                alone = step_bound(s, batch, args.prompt_len + new // 2, bandwidth, peak) / t_alone
                 rows.append((shape, batch, new, sampled / t_roll, bound / t_roll, update_tps, mfu))
                 print(f"| {shape} | {batch} | {new} | {sampled / t_roll:.0f} | "
-                      f"{bound / t_roll:.2f} | {update_tps:.0f} | {mfu:.2f} |".replace("nan", "-"),
-                      flush=True)
+                      f"{bound / t_roll:.2f} | {alone:.2f} ({1e3 * t_alone:.0f} ms) | "
+                      f"{update_tps:.0f} | "
+                      f"{mfu:.2f} |".replace("nan", "-"), flush=True)
     if args.plot:
         plot(rows, args.plot)
 

@@ -1,6 +1,7 @@
 """The benchmarks' arithmetic by hand: the TRL comparison's summary (the benchmark itself needs TRL
-and ~20 min: bench/trl_vs_mathrl.py) and the baseline-variance statistics
-(bench/baseline_variance.py)."""
+and ~20 min: bench/trl_vs_mathrl.py), the baseline-variance statistics
+(bench/baseline_variance.py) and the roofline's bounds; and that bench/decode_sketch.py samples
+what `generate` samples."""
 
 import sys
 from pathlib import Path
@@ -88,6 +89,17 @@ def test_roofline_update_flops_count_a_shared_prompt_once():
     assert update_flops(s, batch=2, prompt_len=4, new_tokens=2, groups=1) == 3 * (160 + 48 + 64 + 160)
 
 
+def test_roofline_step_bound_is_the_slower_of_reading_and_computing():
+    from roofline import Shape, step_bound
+
+    s = Shape.__new__(Shape)  # 100 parameters in fp32, 8 KV bytes per position, 1 layer of width 2
+    s.read_params, s.matmul_params, s.bytes, s.kv_per_position, s.layers, s.hidden = (
+        100, 100, 4, 8, 1, 2)
+    # 2 rows over 10 positions: bytes 100*4 + 8*10*2 = 560; FLOPs 2*100*2 + 4*1*2 * (2*10) = 560
+    assert step_bound(s, batch=2, context=10, bandwidth=56, peak=112) == 10.0  # reading is slower
+    assert step_bound(s, batch=2, context=10, bandwidth=56, peak=28) == 20.0  # computing is
+
+
 @pytest.mark.parametrize("algo", ["grpo", "rloo", "ppo"])
 def test_trl_pairs_give_each_file_options_it_accepts_and_the_same_batch(algo):
     # The TRL bench passes each file its options by name; a renamed option once broke it unseen.
@@ -108,3 +120,22 @@ def test_trl_pairs_give_each_file_options_it_accepts_and_the_same_batch(algo):
     if algo == "ppo":  # TRL's PPO: one learning rate for policy and value model, GAE lambda 0.95
         assert (args.critic_learning_rate, args.gae_lambda, args.critic_num_layers,
                 args.num_ppo_epochs, args.num_mini_batches) == (2e-5, 0.95, 0, 1, 1)
+
+
+def test_decode_sketch_draws_the_tokens_of_generate():
+    # bench/decode_sketch.py's speed is only worth comparing if it computes generate's function:
+    # the same sampled tokens, its prompt keys read once per group
+    from decode_sketch import sketch_rollout
+
+    from common.models import generate, load_tokenizer, tiny_random_model
+
+    model, tok = tiny_random_model(), load_tokenizer("tiny-random")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 1000, (12,), generator=g).tolist() for _ in range(2)]
+    prompts = [prompts[i // 3] for i in range(6)]  # 2 groups of 3 rows
+    gen = generate(model, tok, prompts, 8, 1.0, 1.0, seeds=list(range(6)))
+    sketch = sketch_rollout(model, prompts, 3, 8, list(range(6)))
+    mask = gen.response_mask.bool()
+    assert mask.sum() > 30  # most rows ran all 8 tokens (an EOS ends a row early in generate)
+    assert torch.equal(sketch[:, :mask.shape[1]][mask], gen.response_ids[mask])
+    assert len(set(map(tuple, sketch.tolist()))) == 6  # rows of one prompt drew different tokens
