@@ -5,9 +5,9 @@
 
 `generate` decodes through transformers' forward. This sketch writes the decode step of a
 Llama-shaped model out by hand, as gpt-fast does, and changes two things:
-- no per-module glue (hooks, kwargs, masks rebuilt every token, output objects): a step is the
-  norms, the rotary embedding, the linear layers (through the same packed weights as `generate`),
-  attention and the head;
+- no glue around the layers (kwargs, masks rebuilt every token, cache objects, output objects): a
+  step calls the model's own norms, rotary embedding and linear layers (through the same packed
+  weights as `generate`), attention and the head;
 - the prompt's keys and values are kept once per GRPO group and read once for the group's rows
   (its 8 rows x 3 query heads per key/value head become 24 queries of one matmul), while `generate`
   copies them to every row and reads them once per row.
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,15 +34,6 @@ from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E4
 from common.models import (_onednn_linears, _packed_gqa, generate, key_uniforms,  # noqa: E402
                            load_tokenizer, row_keys, sample_token)
 from common.utils import KV_CACHE  # noqa: E402
-
-
-def rms_norm(x, norm):
-    return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
-
-
-def rotate(x, cos, sin):
-    x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat((-x2, x1), -1) * sin
 
 
 def sketch_rollout(model, prompts, group, new_tokens, seeds):
@@ -66,14 +58,13 @@ def sketch_rollout(model, prompts, group, new_tokens, seeds):
             if t == new_tokens - 1:
                 break
             x = model.model.embed_tokens(token)  # [B, H]
-            cos, sin = model.model.rotary_emb(x[:, None], torch.full((B, 1), W + t))
-            cos, sin = cos[:, None], sin[:, None]  # [B, 1, 1, D]
+            cos, sin = model.model.rotary_emb(x[:, None], torch.full((B, 1), W + t))  # [B, 1, D]
             for (Kp, Vp), (Kr, Vr), layer in zip(prompt_kv, response_kv, layers):
                 attn, mlp = layer.self_attn, layer.mlp
-                h = rms_norm(x, layer.input_layernorm)
-                q = rotate(attn.q_proj(h).view(B, Hk, G, D), cos, sin)
-                Kr[:, :, t] = rotate(attn.k_proj(h).view(B, Hk, 1, D), cos, sin)[:, :, 0]
-                Vr[:, :, t] = attn.v_proj(h).view(B, Hk, D)
+                h = layer.input_layernorm(x)
+                q, k = apply_rotary_pos_emb(attn.q_proj(h).view(B, Hk, G, D),
+                                            attn.k_proj(h).view(B, Hk, 1, D), cos, sin)
+                Kr[:, :, t], Vr[:, :, t] = k[:, :, 0], attn.v_proj(h).view(B, Hk, D)
                 # the group's rows x query heads as one matmul over the group's prompt keys
                 qg = q.view(P, group, Hk, G, D).transpose(1, 2).reshape(P, Hk, group * G, D)
                 sp = (qg @ Kp.transpose(-1, -2)).view(P, Hk, group, G, W).transpose(1, 2)
@@ -84,9 +75,9 @@ def sketch_rollout(model, prompts, group, new_tokens, seeds):
                 a = ((pp @ Vp).view(P, Hk, group, G, D).transpose(1, 2).reshape(B, Hk, G, D)
                      + pr @ Vr[:, :, :t + 1])
                 x = x + attn.o_proj(a.reshape(B, Hq * D))
-                h = rms_norm(x, layer.post_attention_layernorm)
+                h = layer.post_attention_layernorm(x)
                 x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
-            logits = model.lm_head(rms_norm(x, model.model.norm))
+            logits = model.lm_head(model.model.norm(x))
     return torch.stack(tokens, 1)
 
 
@@ -99,9 +90,7 @@ def main():
     p.add_argument("--repeat", type=int, default=2, help="timings of each, alternating")
     args = p.parse_args()
     device = torch.device("cpu")
-    model = build("135M", torch.float32, device)
-    if type(model).__name__ != "LlamaForCausalLM":
-        sys.exit("the sketch is written for the Llama shape")
+    model = build("135M", torch.float32, device)  # the Llama shape the sketch is written for
     bandwidth, flops = device_peaks(device)
     B = args.prompts * args.group
     g = torch.Generator().manual_seed(0)

@@ -207,6 +207,7 @@ def main():
             compile_decoding(model)
         s = Shape(model, dtype)
         for batch in args.batch:
+            t_alone = linears_alone(model, batch, device, not args.compile)  # any response length
             for new in args.new_tokens:
                 g = torch.Generator().manual_seed(0)
                 # groups of 8 rows share a prompt, as a GRPO rollout does
@@ -246,7 +247,6 @@ def main():
                     flops = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8))
                     mfu = flops / t_update / peak
                 # the step halfway through the responses, against its linear layers alone
-                t_alone = linears_alone(model, batch, device, not args.compile)
                 alone = step_bound(s, batch, args.prompt_len + new // 2, bandwidth, peak) / t_alone
                 rows.append((shape, batch, new, sampled / t_roll, bound / t_roll, update_tps, mfu))
                 print(f"| {shape} | {batch} | {new} | {sampled / t_roll:.0f} | "
