@@ -47,18 +47,23 @@ import torch.nn.functional as F
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs, resolve_task
 from common.grader import grader_counts
-from common.models import (Critic, check_model_name, evaluate, left_pad, load_critic,
-                           load_tokenizer, trained_policy)
-from common.sharding import (AdapterOffBody, clip_grad_norm, decoder_layers, full_state_dict,
-                             load_optimizer_state, shard)
+from common.evaluation import evaluate
+from common.models import Critic, check_model_name, load_critic, load_tokenizer, trained_policy
+from common.sampler import left_pad
+from common.hf import decoder_layers
+from common.sharding import (AdapterOffBody, clip_grad_norm, full_state_dict, load_optimizer_state,
+                             shard)
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
                              trim_left_padding)
-from common.utils import (Logger, StepGuard, all_gather_objects, all_reduce_mean, all_reduce_sum,
-                          average_gradients, batched_token_logprobs, broadcast_parameters,
-                          check_common_args, check_rewards, every, explained_variance,
-                          global_metrics, init_distributed, kl_k3, masked_mean, masked_sum,
-                          masked_whiten, mean_of, mismatch_stats, print0, report_end, resume_point,
-                          sample_seed, save_checkpoint, set_seed, step_gae, token_logprobs)
+from common.checkpoints import resume_point, save_checkpoint
+from common.checks import StepGuard, check_common_args, check_rewards
+from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
+                                average_gradients, broadcast_parameters, init_distributed, print0,
+                                sample_seed, set_seed)
+from common.logger import Logger, every, global_metrics, mean_of, report_end
+from common.logprobs import batched_token_logprobs, token_logprobs
+from common.numerics import (explained_variance, kl_k3, masked_mean, masked_sum, masked_whiten,
+                             mismatch_stats, step_gae)
 
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)

@@ -36,15 +36,18 @@ import torch
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
-from common.models import (Generation, check_model_name, decode_responses, encode_prompts,
-                           evaluate, generate, load_tokenizer, reference_policy, trained_policy)
+from common.evaluation import evaluate
+from common.fast_sampler import generate
+from common.models import check_model_name, load_tokenizer, reference_policy, trained_policy
+from common.sampler import Generation, decode_responses, encode_prompts
 from common.sharding import clip_grad_norm, load_optimizer_state
-from common.utils import (Logger, StepGuard, all_reduce_sum, average_gradients,
-                          batched_token_logprobs, check_batch, check_common_args, check_rewards,
-                          every, global_metrics, init_distributed, kl_estimate, kl_k3, masked_mean,
-                          masked_sum, mean_of, minibatches, mismatch_stats, print0, prompt_indices,
-                          report_end, resume_point, sample_seed, save_checkpoint, set_seed,
-                          token_logprobs)
+from common.checkpoints import resume_point, save_checkpoint
+from common.checks import StepGuard, check_batch, check_common_args, check_rewards
+from common.distributed import (all_reduce_sum, average_gradients, init_distributed, minibatches,
+                                print0, prompt_indices, sample_seed, set_seed)
+from common.logger import Logger, every, global_metrics, mean_of, report_end
+from common.logprobs import batched_token_logprobs, token_logprobs
+from common.numerics import kl_estimate, kl_k3, masked_mean, masked_sum, mismatch_stats
 
 
 @dataclass

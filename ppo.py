@@ -40,17 +40,22 @@ import torch
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
-from common.models import (ValueHead, check_model_name, decode_responses, encode_prompts, evaluate,
-                           generate, load_critic, load_tokenizer, reference_policy, trained_policy)
-from common.sharding import (clip_grad_norm, decoder_layers, full_state_dict, load_optimizer_state,
-                             shard)
-from common.utils import (Logger, StepGuard, all_reduce_mean, all_reduce_sum, average_gradients,
-                          batched_token_logprobs, broadcast_parameters, check_batch,
-                          check_common_args, check_rewards, every, explained_variance,
-                          global_metrics, init_distributed, kl_estimate, kl_k3, masked_mean,
-                          masked_sum, masked_whiten, mean_of, minibatches, mismatch_stats, print0,
-                          prompt_indices, report_end, resume_point, sample_seed, save_checkpoint,
-                          set_seed, token_gae, token_logprobs)
+from common.evaluation import evaluate
+from common.fast_sampler import generate
+from common.models import (ValueHead, check_model_name, load_critic, load_tokenizer,
+                           reference_policy, trained_policy)
+from common.sampler import decode_responses, encode_prompts
+from common.hf import decoder_layers
+from common.sharding import clip_grad_norm, full_state_dict, load_optimizer_state, shard
+from common.checkpoints import resume_point, save_checkpoint
+from common.checks import StepGuard, check_batch, check_common_args, check_rewards
+from common.distributed import (all_reduce_mean, all_reduce_sum, average_gradients,
+                                broadcast_parameters, init_distributed, minibatches, print0,
+                                prompt_indices, sample_seed, set_seed)
+from common.logger import Logger, every, global_metrics, mean_of, report_end
+from common.logprobs import batched_token_logprobs, token_logprobs
+from common.numerics import (explained_variance, kl_estimate, kl_k3, masked_mean, masked_sum,
+                             masked_whiten, mismatch_stats, token_gae)
 
 
 @dataclass

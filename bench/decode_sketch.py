@@ -31,9 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
-from common.models import (_onednn_linears, _packed_gqa, generate, key_uniforms,  # noqa: E402
-                           load_tokenizer, row_keys, sample_token)
-from common.utils import KV_CACHE  # noqa: E402
+from common.fast_attention import _packed_gqa
+from common.fast_linears import _onednn_linears
+from common.fast_sampler import generate
+from common.models import load_tokenizer
+from common.sampler import key_uniforms, row_keys, sample_token
+from common.hf import KV_CACHE
 
 
 def sketch_rollout(model, prompts, group, new_tokens, seeds):

@@ -44,9 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
-import common.models  # noqa: E402
-from common.models import compile_decoding, generate, load_tokenizer  # noqa: E402
-from common.utils import token_logprobs  # noqa: E402
+import common.fast_linears  # noqa: E402
+from common.fast_compile import compile_decoding
+from common.fast_sampler import generate
+from common.models import load_tokenizer
+from common.logprobs import token_logprobs
 
 SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
             num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
@@ -85,10 +87,10 @@ def device_peaks(device):
         b = torch.randn(size, size, device=device).to(dtype)
         # the best of 10: on a shared host single timings of this matmul ranged over 82-133 GFLOP/s
         flops[dtype] = 2 * size**3 / timed(lambda: a @ b, device, repeat=10)
-        if device.type == "cpu" and dtype == torch.float32 and common.models._onednn_works():
+        if device.type == "cpu" and dtype == torch.float32 and common.fast_linears._onednn_works():
             # generate's linears run through oneDNN on a CPU: the peak is the better of the two
-            w = common.models._pack(b.T.contiguous())
-            packed = timed(lambda: common.models._packed_linear(a, w), device, repeat=10)
+            w = common.fast_linears._pack(b.T.contiguous())
+            packed = timed(lambda: common.fast_linears._packed_linear(a, w), device, repeat=10)
             flops[dtype] = max(flops[dtype], 2 * size**3 / packed)
     return bandwidth, flops
 
@@ -157,7 +159,7 @@ def linears_alone(model, batch, device, pack):
     dtype = next(model.parameters()).dtype
     inputs = {n: torch.randn(batch, n, device=device, dtype=dtype)
               for n in {m.in_features for m in linears}}
-    with torch.no_grad(), common.models._onednn_linears(model, pack):
+    with torch.no_grad(), common.fast_linears._onednn_linears(model, pack):
         return timed(lambda: [m(inputs[m.in_features]) for m in linears], device, repeat=5)
 
 
@@ -188,7 +190,7 @@ def main():
                    help="decode with a static KV cache and a compiled forward, as --compile does")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    common.models.PACK_LINEARS = not args.torch_linears
+    common.fast_linears.PACK_LINEARS = not args.torch_linears
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bandwidth, flops = device_peaks(device)
     peak = flops[dtype]

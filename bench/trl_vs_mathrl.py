@@ -64,7 +64,7 @@ def trl_prompts(args):
     prompts of its updates 0..steps-1 in its order, as (text, index) pairs; TRL is told not to
     shuffle."""
     from common.env import make_envs
-    from common.utils import prompt_indices
+    from common.distributed import prompt_indices
 
     env, _ = make_envs(mathrl_args(args))
     num_prompts, g = batch_shape(args.algo)
@@ -148,7 +148,8 @@ def trl_ppo_worker(args):
                               AutoTokenizer, DataCollatorWithPadding, TrainerCallback)
     from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
 
-    from common.models import embedded_model_dir, encode_prompts
+    from common.models import embedded_model_dir
+    from common.sampler import encode_prompts
 
     torch.manual_seed(args.seed)
     env, prompts = trl_prompts(args)
@@ -383,7 +384,8 @@ def summarize(rows, peak):
 
 def evaluate_both(out, n):
     from common.env import make_env
-    from common.models import evaluate, load_policy, load_tokenizer
+    from common.evaluation import evaluate
+    from common.models import load_policy, load_tokenizer
 
     env = make_env("arithmetic", "test", difficulty="1-2")
     tok = load_tokenizer("SmolLM2-135M-Instruct")

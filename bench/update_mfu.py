@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roofline import SHAPES, Shape, build, device_peaks, sync, timed, update_flops  # noqa: E402
 
-from common.utils import token_logprobs  # noqa: E402
+from common.logprobs import token_logprobs
 
 
 def main():

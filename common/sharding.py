@@ -1,8 +1,9 @@
 """Past one GPU's memory: LoRA adapters (peft) and FSDP2 sharding (torch's `fully_shard`), shared
-by all five files. Without --fsdp every rank holds the whole model and gradients are averaged once
-per optimizer step (common/utils.py: `average_gradients`, what DDP does); with --fsdp each rank
-holds 1/world of every trained weight, gradient and AdamW state, and gathers the weights a layer at
-a time in the training forward and backward, and all at once for a rollout (`unsharded`).
+by all five files. Without --fsdp every rank holds the whole model and gradients are averaged
+once per optimizer step (common/distributed.py: `average_gradients`, what DDP does); with --fsdp
+each rank holds 1/world of every trained weight, gradient and AdamW state, and gathers the weights
+a layer at a time in the training forward and backward, and all at once for a rollout
+(`unsharded`).
 
 - `add_lora`: adapters on frozen weights; the reference is the same model with them off.
 - `shard`: FSDP2 over each decoder layer, then the root, bf16 compute under --bf16, fp32 reductions.
@@ -15,10 +16,14 @@ import contextlib
 import sys
 
 import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from common.distributed import is_dtensor
+from common.hf import backbone_and_head
 
 
-# torch.distributed.fsdp and DTensor take about 1 s to import, which every run without --fsdp (and
-# every test process) would pay for nothing: nothing is sharded before `shard` has imported them.
+# torch.distributed.fsdp takes about 1 s to import, which every run without --fsdp (and every test
+# process) would pay for nothing: nothing is sharded before `shard` has imported it.
 def is_sharded(model) -> bool:
     """True when FSDP2 has sharded `model` (its root)."""
     if "torch.distributed.fsdp" not in sys.modules:
@@ -26,15 +31,6 @@ def is_sharded(model) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-def is_dtensor(tensor) -> bool:
-    """True for a DTensor (a sharded parameter, gradient or norm)."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -75,15 +71,9 @@ class AdapterOffBody(torch.nn.Module):
 
     @property
     def gradient_checkpointing(self):  # the body's: HF then turns its cache off
-        from common.utils import backbone_and_head
-
         return getattr(backbone_and_head(self.policy)[0], "gradient_checkpointing", False)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **cache):
-        from transformers.modeling_outputs import BaseModelOutput
-
-        from common.utils import backbone_and_head, sharded_hidden_states
-
         with self.policy.disable_adapter():
             if is_sharded(self.policy):  # the whole model runs: no cache in or out
                 assert not cache, "a sharded critic body runs without a KV cache"
@@ -97,16 +87,13 @@ class AdapterOffBody(torch.nn.Module):
 # ------------------------------------------------------------------------------------------------
 # FSDP2
 # ------------------------------------------------------------------------------------------------
-def decoder_layers(model):
-    """The transformer blocks of an HF causal LM or body, also through a peft wrapper."""
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    body = getattr(model, "model", model)  # a causal LM holds its body as .model
-    layers = getattr(body, "layers", None)
-    if layers is None:
-        raise ValueError(f"--fsdp: no decoder layers found in {type(model).__name__} (it shards "
-                         f"model.layers, as Llama, Qwen2 and Mistral name them)")
-    return list(layers)
+def sharded_hidden_states(model, input_ids, attention_mask, position_ids):
+    """The body's last hidden states [B, T, H] of an FSDP2-sharded causal LM. FSDP2 gathers the
+    root's weights (embeddings, final norm, head) in the root's forward only, and keeps them until
+    backward: so the whole model runs, with one logit per row, and its head can be used after."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                output_hidden_states=True, logits_to_keep=1)
+    return out.hidden_states[-1]
 
 
 def shard(model, layers, bf16):

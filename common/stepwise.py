@@ -10,7 +10,7 @@ stay in the algorithm files.
     segment.gen.sequences()  # [obs ; action] of the 4 x 8 transitions; row k * 8 + t: env k, step t
 
 Generation reuses the KV cache of the observation for every token of the action
-(common.models.generate), but not across steps: each step re-encodes the observation as text.
+(common.fast_sampler.generate), but not across steps: each step re-encodes the observation as text.
 Reusing it would need per-row cache surgery, because the envs reset at different times and the env
 normalises whitespace at the step boundary; the prefill it would save costs about one no-grad
 forward over the segment, less than the training forwards.
@@ -22,14 +22,15 @@ import re
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
+from common.distributed import problem_index, sample_seed
 from common.env import TASKS, safe_arith
-from common.models import (TINY_RANDOM, Generation, check_model_name, encode_prompts, eos_token_ids,
-                           PrefixCache, generate, left_pad, load_reference, load_tokenizer,
+from common.fast_prefill import PrefixCache
+from common.fast_sampler import generate
+from common.hf import position_ids_from_mask
+from common.models import (TINY_RANDOM, check_model_name, load_reference, load_tokenizer,
                            tiny_random_model)
-from common.sharding import unsharded
-from common.utils import all_gather_objects, position_ids_from_mask, problem_index, sample_seed
+from common.sampler import Generation, encode_prompts, eos_token_ids, left_pad
 
 # ------------------------------------------------------------------------------------------------
 # Process reward model (Math-Shepherd style)
@@ -446,24 +447,3 @@ def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, s
                     correct.to(device), (~finished).to(device),
                     ["\n".join(ep.steps) for ep in episodes],
                     sum(a.fired for a in actions) / N, sum(a.refused for a in actions) / N)
-
-
-def evaluate_stepwise(policy, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
-                      autocast_dtype=None):
-    """Greedy pass@1 of stepwise episodes, on the same fixed subset as common.models.evaluate, which
-    calls this for a stepwise env; with the calculator if the env's worked examples show it (as
-    reinforce.py --sym_calc sets it); under torchrun each rank plays a strided share."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
-    indices = sorted(chosen.tolist())[rank::world]
-    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast_dtype)
-    device, eos_ids = next(policy.parameters()).device, set(eos_token_ids(policy, tokenizer))
-    correct = []
-    with unsharded(policy):  # FSDP2: ranks may play different numbers of steps
-        for start in range(0, len(indices), batch_size):
-            chunk = indices[start:start + batch_size]
-            episodes = play_episodes(sample, tokenizer, env, chunk, 1, max_new_tokens,
-                                     env.calc_annotations, device, eos_ids)
-            correct += episodes.correct.tolist()
-    correct = [c for part in all_gather_objects(correct) for c in part]
-    return sum(correct) / max(1, len(correct))

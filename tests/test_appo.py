@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 import appo
 from common.args import field_docs, parse_args
 from common.models import ValueHead, load_policy
-from common.utils import StepGuard, token_logprobs
+from common.checks import StepGuard
+from common.logprobs import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",

@@ -61,7 +61,8 @@ def test_baseline_variance_statistics_by_hand():
 
 def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
     from common.models import load_policy
-    from common.utils import masked_sum, token_logprobs
+    from common.logprobs import token_logprobs
+    from common.numerics import masked_sum
     policy = load_policy("tiny-random")
     name, weight = last_layer_param(policy, "mlp.down_proj.weight")
     module = policy.get_submodule(name.rsplit(".", 1)[0])
@@ -127,7 +128,8 @@ def test_decode_sketch_draws_the_tokens_of_generate():
     # the same sampled tokens, its prompt keys read once per group
     from decode_sketch import sketch_rollout
 
-    from common.models import generate, load_tokenizer, tiny_random_model
+    from common.fast_sampler import generate
+    from common.models import load_tokenizer, tiny_random_model
 
     model, tok = tiny_random_model(), load_tokenizer("tiny-random")
     g = torch.Generator().manual_seed(0)

@@ -14,7 +14,8 @@ import pytest
 import eval as ev
 from common.args import field_docs, make_parser, parse_args
 from common.env import make_env
-from common.models import evaluate, load_policy, load_tokenizer, tiny_random_model
+from common.evaluation import evaluate
+from common.models import load_policy, load_tokenizer, tiny_random_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import grpo
 from common.args import field_docs
-from common.utils import token_logprobs
+from common.logprobs import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -264,7 +264,7 @@ def test_truncated_importance_weights_scale_the_surrogate():
 def test_kl_in_the_reward_and_in_the_loss(estimator, kl):
     # one response of 2 tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); beta 0.1
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
-    from common.utils import kl_estimate
+    from common.numerics import kl_estimate
 
     per_token = kl_estimate(logp, ref, estimator)
     torch.testing.assert_close(per_token, torch.tensor([kl]))

@@ -7,11 +7,16 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from common.models import (EMBEDDED_MODEL, PrefixCache, _common_prefix, _hash32, _onednn_works,
-                           check_model_name, compile_decoding, decode_responses, encode_prompts,
-                           generate, inverse_cdf, key_uniforms, left_pad, load_policy,
-                           load_tokenizer, render_prompt, row_keys, row_uniforms, tiny_random_model)
-from common.utils import KV_CACHE, token_logprobs
+from common.fast_compile import compile_decoding
+from common.fast_linears import _onednn_works
+from common.fast_prefill import PrefixCache, _common_prefix
+from common.fast_sampler import generate
+from common.models import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
+                           tiny_random_model)
+from common.sampler import (_hash32, decode_responses, encode_prompts, inverse_cdf, key_uniforms,
+                            left_pad, render_prompt, row_keys, row_uniforms)
+from common.hf import KV_CACHE
+from common.logprobs import token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -387,7 +392,7 @@ def test_embedded_model_loads_and_answers():
 def test_decode_steps_append_keys_and_values_in_place_by_hand():
     from transformers import DynamicCache
 
-    from common.models import _append_in_place
+    from common.fast_kv import _append_in_place
 
     cache = DynamicCache()
     k0, v0 = torch.arange(24.).view(2, 1, 3, 4), -torch.arange(24.).view(2, 1, 3, 4)  # 3 positions
@@ -414,7 +419,7 @@ def test_in_place_appends_draw_the_tokens_of_concatenation(tok, tiny):
     kw = dict(temperature=1.0, seeds=[5, 6, 7, 8], stop_strings=("e",))
     in_place = generate(tiny, tok, p, 20, **kw)
     assert len(set(in_place.response_mask.sum(1).tolist())) > 1
-    with patch("common.models._append_in_place", lambda cache, room: cache):
+    with patch("common.fast_sampler._append_in_place", lambda cache, room: cache):
         concatenated = generate(tiny, tok, p, 20, **kw)
     assert in_place.response_ids.tolist() == concatenated.response_ids.tolist()
     assert in_place.response_mask.tolist() == concatenated.response_mask.tolist()
@@ -422,7 +427,7 @@ def test_in_place_appends_draw_the_tokens_of_concatenation(tok, tiny):
 
 
 def test_decode_attention_reads_each_key_value_head_once_by_hand():
-    from common.models import _decode_attention
+    from common.fast_attention import _decode_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 6, 1, 4, generator=g, dtype=torch.float64)  # 6 query heads
@@ -445,7 +450,7 @@ def test_decode_attention_reads_each_key_value_head_once_by_hand():
 def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
     import contextlib
 
-    import common.models as models
+    import common.fast_attention as fast_attention
 
     assert tiny.config._attn_implementation == "sdpa" and tiny.config.num_key_value_heads == 2
     p = encode_prompts(tok, ["one", "two two", "three three three"])  # left padding: a mask
@@ -456,12 +461,12 @@ def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
         calls[query.shape[2]] += 1
         return decode_attention(module, query, *args, **kwargs)
 
-    decode_attention = models._decode_attention
-    with patch("common.models._decode_attention", counted):
+    decode_attention = fast_attention._decode_attention
+    with patch("common.fast_attention._decode_attention", counted):
         packed = generate(tiny, tok, p, 12, **kw)
     assert tiny.config._attn_implementation == "sdpa"  # restored
     assert calls[1] == 11 * 2 and set(calls) - {1}  # 11 decode steps (2 layers), the prefill
-    with patch("common.models._packed_gqa", lambda model: contextlib.nullcontext()):
+    with patch("common.fast_sampler._packed_gqa", lambda model: contextlib.nullcontext()):
         plain = generate(tiny, tok, p, 12, **kw)
     assert packed.response_ids.tolist() == plain.response_ids.tolist()
     torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-6, rtol=0)
@@ -469,7 +474,7 @@ def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
 
 @pytest.mark.skipif(not _onednn_works(), reason="this torch build has no oneDNN packed linear")
 def test_packed_linears_by_hand_packed_once_and_again_after_an_optimizer_step():
-    from common.models import _onednn_linears
+    from common.fast_linears import _onednn_linears
 
     # W [[1, 2], [3, 4]], b [0.5, -1]: x [1, 1] -> [3.5, 6]; x [2, -1] -> [0.5, 1]
     layer = torch.nn.Linear(2, 2)
@@ -513,7 +518,7 @@ def test_generate_with_packed_linears_draws_what_torch_linear_draws(tok, tiny):
     held = {m: w for m, (_, w) in store.packed.items()}
     generate(tiny, tok, p, 4, prefix_cache=store, **kw)  # the rollout's next call: packs nothing
     assert all(store.packed[m][1] is held[m] for m in linears)
-    with patch("common.models.PACK_LINEARS", False):
+    with patch("common.fast_linears.PACK_LINEARS", False):
         plain = generate(tiny, tok, p, 12, **kw)
     assert packed.response_ids.tolist() == plain.response_ids.tolist()
     torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-5, rtol=0)

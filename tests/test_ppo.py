@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import ppo
 from common import env as envlib
 from common.args import field_docs, parse_args
-from common.utils import explained_variance, masked_whiten
+from common.numerics import explained_variance, masked_whiten
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -353,7 +353,7 @@ def test_resume_continues_exactly(tmp_path):
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_in_the_loss_by_hand(estimator):
     # tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); zero advantage, so the loss is beta * KL alone
-    from common.utils import kl_estimate
+    from common.numerics import kl_estimate
 
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]

@@ -22,7 +22,7 @@ from common.args import field_docs, make_parser, parse_args
 from common.env import TASKS, load_few_shot, make_env
 from common.models import load_tokenizer
 from common.stepwise import calculator, play_episodes, sample_line
-from common.utils import token_logprobs
+from common.logprobs import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -389,7 +389,7 @@ def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypat
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_in_the_return_and_in_the_loss_by_hand(estimator):
     # one action of 2 tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); length-normalised KL = mean
-    from common.utils import kl_estimate
+    from common.numerics import kl_estimate
 
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]

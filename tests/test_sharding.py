@@ -12,9 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.models import encode_prompts, generate, load_policy, load_tokenizer, tiny_random_model
-from common.sharding import AdapterOff, add_lora, decoder_layers, shard
-from common.utils import token_logprobs
+from common.fast_sampler import generate
+from common.models import load_policy, load_tokenizer, tiny_random_model
+from common.sampler import encode_prompts
+from common.hf import decoder_layers
+from common.sharding import AdapterOff, add_lora, shard
+from common.logprobs import token_logprobs
 
 pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ from common.env import make_env
 from common.models import load_policy, load_tokenizer
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, prm_scores,
                              single_token_id, trim_left_padding)
-from common.utils import KV_CACHE, problem_index
+from common.distributed import problem_index
+from common.hf import KV_CACHE
 
 TAG, GOOD, BAD, PAD = 7, 3, 4, 0
 

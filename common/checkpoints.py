@@ -1,0 +1,141 @@
+"""Checkpoints: a folder that AutoModelForCausalLM.from_pretrained (or peft) loads, plus
+trainer_state.pt for --resume; where a run starts. Saves survive a kill at any moment, and no
+checkpoint holds NaN."""
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from common.distributed import all_gather_objects, print0
+from common.models import load_policy
+from common.sharding import full_state_dict, optimizer_state, untied
+
+
+def _non_finite(tensors, prefix=""):
+    """Names of the floating-point tensors holding NaN or inf, in a (nested) dict of tensors."""
+    bad = []
+    for name, t in tensors.items():
+        if isinstance(t, dict):
+            bad += _non_finite(t, f"{prefix}{name}.")
+        elif torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad.append(prefix + name)
+    return bad
+
+
+def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, merge_base=None):
+    """Writes `path/` with the policy (save_pretrained, safetensors; a LoRA policy's adapter), its
+    tokenizer, trainer_state.pt (the step, optimizer states and any extra state, e.g. a critic's
+    weights) and manifest.json (every file's size). optimizers: {name: (module, optimizer)}.
+    merge_base: a LoRA policy's base model, to also write the merged model in `path/merged`.
+
+    Every rank calls it (under --fsdp the weights and optimizer states are gathered); rank 0 writes.
+    A kill at any moment leaves either the previous checkpoint or the new one whole: the files are
+    written into `path.tmp`, which `checkpoints` ignores, and renamed into place only when complete.
+    Weights holding NaN or inf are never written."""
+    path = Path(path)
+    weights = untied(model, full_state_dict(model))
+    optimizer_states = {k: optimizer_state(m, o) for k, (m, o) in (optimizers or {}).items()}
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    bad = _non_finite({**weights, "extra": extra or {}}) if main else None
+    if dist.is_initialized():  # every rank stops, not only the one that looked
+        bad = all_gather_objects(bad)[0]
+    if bad:
+        raise FloatingPointError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
+                                 "NaN or inf. "
+                                 f"The previous checkpoint is intact; --resume continues from it.")
+    if not main:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if merge_base:
+        _save_merged(merge_base, tmp, tokenizer)
+    state = {"step": step, "optimizers": optimizer_states, "extra": extra or {}}
+    torch.save(state, tmp / "trainer_state.pt")
+    sizes = {str(f.relative_to(tmp)): f.stat().st_size
+             for f in sorted(tmp.rglob("*")) if f.is_file()}
+    (tmp / "manifest.json").write_text(json.dumps(sizes, indent=1))
+    # the same step saved again: swap by renames, so that a whole copy exists at every moment
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def _save_merged(base_name, adapter_dir, tokenizer):
+    """--merge_lora: the adapter just written in adapter_dir, merged into a fresh copy of its base
+    model, as a folder that AutoModelForCausalLM.from_pretrained loads."""
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(load_policy(base_name), str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(adapter_dir / "merged", safe_serialization=True)
+    tokenizer.save_pretrained(adapter_dir / "merged")
+
+
+def checkpoints(output_dir):
+    """The checkpoint-N folders of output_dir, newest first; unfinished saves (checkpoint-N.tmp) are
+    not among them."""
+    found = [(int(m.group(1)), p) for p in Path(output_dir).glob("checkpoint-*")
+             if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def load_trainer_state(path):
+    """trainer_state.pt of a checkpoint, after checking that every file its manifest lists is there
+    at its size (a truncated or missing file raises ValueError)."""
+    path = Path(path)
+    if (path / "manifest.json").exists():
+        for name, size in json.loads((path / "manifest.json").read_text()).items():
+            found = (path / name).stat().st_size if (path / name).is_file() else None
+            if found != size:
+                raise ValueError(f"{name} has {'no file' if found is None else f'{found} bytes'}, "
+                                 f"the manifest says {size} bytes")
+    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def resume_point(output_dir, resume, max_steps):
+    """(start_step, checkpoint folder, trainer state): where a run starts, decided before any model
+    loads.
+
+    Without --resume a folder that already holds checkpoints is an error (a later --resume would mix
+    two runs). With --resume: the newest complete checkpoint, falling back past a corrupt one with a
+    message; none at all starts from update 0, said plainly; a checkpoint beyond --max_steps is an
+    error; one at --max_steps means the run is finished, and the process exits."""
+    found = checkpoints(output_dir)
+    if not resume:
+        if found:
+            raise FileExistsError(f"--output_dir {output_dir} already holds {found[0].name} from "
+                                  "an earlier run: "
+                                  "pass --resume to continue it, or another --output_dir for a "
+                                  "new run.")
+        return 0, None, None
+    for path in found:
+        try:
+            state = load_trainer_state(path)
+        # a truncated file, a bad zip, a missing trainer_state.pt: try the one before
+        except Exception as e:
+            print0(f"--resume: {path} is corrupt ({type(e).__name__}: {e}); falling back to the "
+                   "previous checkpoint")
+            continue
+        if state["step"] > max_steps:
+            raise ValueError(f"--resume: {path} is at update {state['step']}, beyond --max_steps "
+                             f"{max_steps}; "
+                             f"pass --max_steps {state['step']} or more (or another --output_dir).")
+        if state["step"] == max_steps:
+            print0(f"--resume: {path} is already at --max_steps {max_steps}: nothing to do "
+                   f"(raise --max_steps to train further)")
+            raise SystemExit(0)
+        print0(f"resuming from {path} at update {state['step']}")
+        return state["step"], path, state
+    print0(f"--resume: no complete checkpoint in {output_dir}; starting from update 0")
+    return 0, None, None

@@ -1,0 +1,146 @@
+"""Run safety: every option error before any model loads, each naming its fix; rewards that are
+not finite numbers; optimizer steps whose loss or gradient is NaN or inf."""
+
+import importlib.util
+import math
+import os
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from common.distributed import collective_device, print0
+
+# Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines
+# them.
+POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval",
+            "num_prompts",
+            "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs", "num_steps",
+            "max_episode_steps", "eval_max_new_tokens")
+NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
+                "num_few_shot")
+
+
+def check_common_args(args):
+    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes,
+    sampling, the output folder, wandb."""
+    defaults = {f.name: f.default for f in fields(args)}
+    for name in POSITIVE + NON_NEGATIVE:
+        value, low = getattr(args, name, None), 1 if name in POSITIVE else 0
+        if value is not None and value < low:
+            raise ValueError(f"--{name} {value}: must be >= {low} (the default is "
+                             f"{defaults[name]}).")
+    if not args.temperature > 0 or not 0 < args.top_p <= 1:
+        raise ValueError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
+                         "need a "
+                         f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
+    check_output_dir(args.output_dir)
+    if args.lora_r and importlib.util.find_spec("peft") is None:
+        raise ImportError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
+                          "fine-tuning)")
+    if args.merge_lora and not args.lora_r:
+        raise ValueError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
+                         "saves whole models already): drop --merge_lora or set --lora_r.")
+    if args.fsdp and "RANK" not in os.environ:
+        raise ValueError("--fsdp shards the models over the processes that torchrun starts: run "
+                         "`torchrun --nproc_per_node N <file>.py --fsdp ...` (N = 1 works too).")
+    if args.compile and args.fsdp:
+        raise ValueError("--compile decodes with a whole, compiled model; under --fsdp the weights "
+                         "are gathered from shards for each rollout: drop one of the two.")
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise ImportError("--track logs to Weights & Biases, which is not installed: pip install "
+                          "wandb, or drop "
+                          "--track (metrics.jsonl and TensorBoard logs are written anyway).")
+
+
+def check_output_dir(path, flag="--output_dir"):
+    """Write a probe file where the output will go (the folder, or its nearest existing parent), so
+    that an unwritable path fails before hours of work rather than at the first save. Nothing is
+    left behind."""
+    path = Path(path).expanduser()
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
+                                 "folder (it is created "
+                                 f"if missing).")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise PermissionError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
+                              "pass a folder "
+                              f"you can write to.") from None
+
+
+def check_rewards(rewards, step, task, describe):
+    """A NaN or inf reward would turn every weight into NaN through the update: stop before it,
+    naming the sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that
+    entry is."""
+    bad = (~torch.isfinite(rewards)).nonzero()
+    if len(bad):
+        where = tuple(bad[0].tolist())
+        raise FloatingPointError(
+            f"reward {rewards[where].item()} for sample "
+            f"{where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
+            f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite "
+            "numbers. The run stops "
+            "before this update, so no checkpoint holds it; fix the reward function (or PRM) that "
+            "produced it.")
+
+
+class StepGuard:
+    """Skips an optimizer step whose loss or gradient norm is NaN or inf, on every rank alike, and
+    stops the run after `patience` skips in a row: one bad batch must not turn every weight into
+    NaN.
+
+        if guard.ok(loss, grad_norm):   # False: the step is skipped (and counted)
+            optimizer.step()
+    """
+
+    def __init__(self, patience=3):
+        self.patience, self.in_a_row, self.skipped = patience, 0, 0
+
+    def ok(self, *values):
+        bad = torch.tensor([0.0 if all(math.isfinite(float(v)) for v in values) else 1.0])
+        # one rank's NaN skips the step everywhere
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            bad = bad.to(collective_device())
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item() == 0:
+            self.in_a_row = 0
+            return True
+        self.in_a_row += 1
+        self.skipped += 1
+        print0("non-finite loss or gradient norm "
+               f"({', '.join(f'{float(v):.4g}' for v in values)}): optimizer step "
+               f"skipped ({self.in_a_row} in a row)")
+        if self.in_a_row >= self.patience:
+            raise FloatingPointError(
+                f"{self.in_a_row} optimizer steps in a row had a NaN or inf loss or gradient norm: "
+                "the run stops "
+                "here. Lower --learning_rate, check the rewards, or try without --bf16; --resume "
+                "continues from "
+                f"the last checkpoint, which holds finite weights.")
+        return False
+
+    def pop(self):
+        """Steps skipped since the last call (the `skipped_steps` metric of one update)."""
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+def check_batch(args, world_size, num_prompts, per_prompt):
+    """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the
+    fix."""
+    if num_prompts % world_size:
+        raise ValueError(f"--num_prompts {num_prompts} must be divisible by the number of "
+                         "processes "
+                         f"({world_size}); try --num_prompts "
+                         f"{world_size * max(1, num_prompts // world_size)}.")
+    local = num_prompts // world_size * per_prompt
+    if local % getattr(args, "num_mini_batches", 1):
+        raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes x "
+                         f"num_generations), which --num_mini_batches {args.num_mini_batches} must "
+                         "divide; "
+                         f"try --num_mini_batches {math.gcd(local, args.num_mini_batches)}.")

@@ -1,0 +1,156 @@
+"""The sampler with its speedups on: what every algorithm file samples with.
+
+(step 1 of the redesign: today's generate, moved)"""
+
+import contextlib
+
+import torch
+
+from common.fast_attention import _packed_gqa
+from common.fast_compile import _COMPILED, STATIC_CACHE_STEP, _static_cache
+from common.fast_kv import _append_in_place
+from common.fast_linears import _onednn_linears
+from common.fast_prefill import PrefixCache, _full_attention, _prefill
+from common.hf import KV_CACHE, position_ids_from_mask
+from common.logprobs import identical_rows
+from common.sampler import (Generation, _long_stop_hit, _single_token_stop_table, eos_token_ids,
+                            key_uniforms, left_pad, row_keys, sample_token)
+from common.sharding import unsharded
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
+             seeds=None, autocast_dtype=None, check_every=None, prefix_cache=None):
+    """Batched KV-cached sampling.
+
+    prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses
+    torch's global RNG). stop_strings: e.g. ("\\n",) to end an action at the step boundary; the
+    token that completes a stop string is kept in the response. Returns a `Generation` on the
+    model's device. check_every: read which rows are done (a host sync) every this many tokens, to
+    stop early and drop finished rows from the batch; default 1 on CPU, where a sync costs nothing,
+    and 8 on a GPU, where it stalls the queue of kernels (finished rows decode a few tokens more,
+    masked out). prefix_cache: a `PrefixCache` that lives for one rollout: prompts read what it
+    holds, and each row's prompt and response are stored in it for the next call (a stepwise
+    episode's next state). None: a prefix that all prompts share is read once, for this call only.
+    False: every prompt is read in full. On a CPU, fp32 linear layers decode through weights packed
+    for oneDNN (`_onednn_linears`), once per call or, with a prefix_cache, once per rollout.
+    """
+    device = next(model.parameters()).device
+    check_every = check_every or (1 if device.type == "cpu" else 8)
+    pad_id = tokenizer.pad_token_id
+    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
+    one_token_stops = [s for s in stop_strings if len(s) == 1]
+    long_stops = [s for s in stop_strings if len(s) > 1]
+    stop_table = None
+    if one_token_stops:
+        stop_table = torch.zeros(len(tokenizer), dtype=torch.bool)
+        for s in one_token_stops:
+            stop_table |= _single_token_stop_table(tokenizer, s)
+        stop_table = stop_table.to(device)
+
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    B = prompt_ids.shape[0]
+    seeds = None if seeds is None else torch.tensor([int(x) % 2**63 for x in seeds], device=device)
+    keys = None if seeds is None else row_keys(seeds)
+    was_training = model.training
+    model.eval()
+    autocast = torch.autocast(device.type,
+                              dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+
+    tokens, logps = [], []
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    alive_mask = []  # per step: was the row still generating when this token was sampled
+    rows = torch.arange(B, device=device)  # the original rows still in the forward batch
+    # FSDP2: the weights gathered once, not once per token
+    # the compiled forward (--compile) traces the layers as they are
+    pack = autocast_dtype is None and model not in _COMPILED
+    with (autocast, unsharded(model), _packed_gqa(model),
+          _onednn_linears(model, pack, prefix_cache.packed if prefix_cache else None)):
+        attn = prompt_mask
+        positions = position_ids_from_mask(prompt_mask)
+        # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
+        # only the distinct prompts run through the model, and their KV cache rows are then copied
+        # out to every row.
+        distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
+        store = None  # prefix_cache=False, or a model whose cache cannot be rearranged
+        if prefix_cache is not False and _full_attention(model):
+            store = PrefixCache() if prefix_cache is None else prefix_cache
+        cache, logits = _prefill(model, [list(prompts[i]) for i in distinct.tolist()],
+                                 prompt_ids[distinct], attn[distinct], positions[distinct], store)
+        next_pos = positions[:, -1:] + 1
+        if len(distinct) < B:
+            cache.batch_select_indices(inverse)
+        logits = logits[inverse]  # [B, V]
+
+        def remember(batch_rows):
+            """Store these rows of the forward batch in prefix_cache: the prompt and the response
+            tokens the model has read (all but the last, which was never fed)."""
+            if store is None or store is not prefix_cache:  # no later call to read it
+                return
+            index = rows[batch_rows]
+            counts = torch.stack(alive_mask, 1)[index].sum(1).tolist()
+            sampled = torch.stack(tokens, 1)[index].tolist()
+            sequences = [list(prompts[r]) + ids[:k - 1]
+                         for r, ids, k in zip(index.tolist(), sampled, counts)]
+            store.keep(cache, batch_rows.tolist(), sequences,
+                       [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
+
+        compiled = _COMPILED.get(model)
+        if compiled is None:
+            cache = _append_in_place(cache, max_new_tokens)
+        else:  # the prompts' keys and values, in a preallocated cache
+            W = prompt_ids.shape[1]
+            length = -(-(W + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+            cache = _static_cache(model, cache, length)
+            # the columns after the current token are hidden by the causal mask
+            attn = torch.cat([attn, attn.new_ones(B, length - W)], dim=1)
+        for t in range(max_new_tokens):
+            uniforms = None if seeds is None else key_uniforms(keys[rows], t)
+            sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
+            token = torch.full((B,), pad_id, dtype=sampled.dtype, device=device)
+            lp = torch.zeros(B, device=device)
+            alive = ~done
+            token[rows], lp[rows] = sampled, lp_rows.float()
+            token = torch.where(alive, token, torch.full_like(token, pad_id))
+            tokens.append(token)
+            logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
+            alive_mask.append(alive)
+            hit = torch.isin(token, eos)
+            if stop_table is not None:
+                hit |= stop_table[token]
+            if long_stops:
+                hit |= _long_stop_hit(tokenizer, tokens, long_stops, alive)
+            finished |= hit & alive
+            done |= hit
+            check = (t + 1) % check_every == 0
+            if t == max_new_tokens - 1 or (check and bool(done.all())):
+                break
+            # Finished rows leave the forward batch (their KV cache rows too): once the model
+            # answers concisely, most of a batch is done long before the slowest row, and a dead row
+            # costs as much as a live one. A row's sample depends only on its own logits and its own
+            # seed.
+            keep = (~done[rows]).nonzero()[:, 0] if check and compiled is None else None
+            if keep is not None and len(keep) < len(rows):
+                remember(done[rows].nonzero()[:, 0])
+                rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
+                cache.batch_select_indices(keep)
+            if compiled is None:
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = (model if compiled is None else compiled)(
+                input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
+                use_cache=True, **{KV_CACHE: cache})
+            cache, next_pos, logits = getattr(out, KV_CACHE), next_pos + 1, out.logits[:, -1]
+        remember(torch.arange(len(rows), device=device))
+    model.train(was_training)
+
+    response_mask = torch.stack(alive_mask, dim=1).long()  # [B, R]
+    # between checks every row may have finished: those last columns hold no token
+    R = max(1, int(response_mask.any(0).nonzero().max()) + 1) if check_every > 1 else len(tokens)
+    return Generation(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        response_ids=torch.stack(tokens[:R], dim=1), response_mask=response_mask[:, :R],
+        logprobs=torch.stack(logps[:R], dim=1), finished=finished, truncated=~finished,
+    )
+

@@ -1,0 +1,185 @@
+"""What a run writes while it goes: a progress bar, metrics.jsonl, eval.jsonl, samples.jsonl,
+TensorBoard when installed and wandb with --track; one update's metrics averaged over ranks; the
+run's last line."""
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from common.distributed import all_reduce_mean, print0
+
+
+def global_metrics(metrics, device=torch.device("cpu")):
+    """One update's metrics averaged over ranks, with "reward/sq" (the mean squared reward) turned
+    into "reward/std": the std of every rank's rewards together."""
+    metrics = all_reduce_mean(metrics, device)
+    if "reward/sq" in metrics:
+        variance = metrics.pop("reward/sq") - metrics["reward/mean"] ** 2
+        metrics["reward/std"] = math.sqrt(max(0.0, variance))
+    return metrics
+
+
+def mean_of(stats):
+    """A list of metric dicts -> each key's mean over the dicts that hold it."""
+    keys = dict.fromkeys(k for s in stats for k in s)
+    return {k: sum(s[k] for s in stats if k in s) / sum(k in s for s in stats) for k in keys}
+
+
+def every(step, interval):
+    """Whether an every-`interval`-updates event (eval, save) falls on update `step`; interval 0:
+    never."""
+    return bool(interval) and step % interval == 0
+
+
+def report_end(first_acc, final_acc, path, adapter=False):
+    """The last line of a run: held-out accuracy before and after, and where the policy went."""
+    accuracy = " -> ".join(f"{a:.3f}" for a in (first_acc, final_acc) if a is not None)
+    loads = ("a LoRA adapter: peft loads it" if adapter
+             else "AutoModelForCausalLM.from_pretrained loads it")
+    print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} "
+           f"({loads})")
+
+
+class Logger:
+    """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update),
+    samples.jsonl, eval.jsonl, TensorBoard when installed, and wandb with track=True. On ranks other
+    than 0 every method is a no-op.
+
+    A fresh run (initial_step 0) starts the three files anew. A resumed run cuts them back to the
+    lines of updates up to initial_step, the checkpoint's update, so that lines written after that
+    checkpoint by the killed run are not doubled (a line cut short by the kill goes too)."""
+
+    def __init__(self, args, initial_step=0, enabled=True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        self.dir = Path(args.output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = asdict(args)
+        (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str))
+        files = [self.dir / f"{name}.jsonl" for name in ("metrics", "eval", "samples")]
+        for path in files:
+            _keep_lines_up_to(path, initial_step if initial_step > 0 else -1)
+        self.metrics_file, self.eval_file, self.samples_file = (open(path, "a") for path in files)
+        self.start = time.time()
+        self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates",
+                        dynamic_ncols=True)
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.dir / "tb"))
+        except ImportError:
+            pass
+        self.wandb = None
+        if args.track:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, name=self.dir.name, config=config)
+        self.warned, self.kl_history = set(), []
+
+    def log(self, step, metrics):
+        """One JSON line per update in metrics.jsonl."""
+        if not self.enabled:
+            return
+        self._write(self.metrics_file, step, metrics)
+        self.bar.update(1)
+        self._show(step, metrics)
+        self._watch(step, metrics)
+
+    def _watch(self, step, metrics):
+        """Say once, in the log, when a run looks like it is diverging: the policy moved far from
+        the one that sampled (approx_kl inf, above 1, or 10 times its usual size), or its entropy
+        collapsed to about 0."""
+        kl, entropy = metrics.get("approx_kl"), metrics.get("entropy")
+        history = self.kl_history
+        usual = sorted(history)[len(history) // 2] if len(history) >= 5 else None
+        far = usual is not None and kl is not None and kl > max(0.05, 10 * usual)
+        if kl is not None and (not math.isfinite(kl) or kl > 1.0 or far):
+            self._warn_once("approx_kl",
+                            f"warning: approx_kl is {kl:.4g} at update {step} (usually "
+                            f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far "
+                            "from the one that "
+                            f"sampled, a sign of divergence; consider a lower --learning_rate.")
+        elif kl is not None:
+            self.kl_history.append(kl)
+        if entropy is not None and entropy < 1e-3:
+            self._warn_once("entropy",
+                            f"warning: the policy's entropy collapsed to {entropy:.2g} at update "
+                            f"{step}: "
+                            "its samples are (nearly) all the same, so they carry little learning "
+                            "signal.")
+
+    def _warn_once(self, kind, text):
+        if kind not in self.warned:
+            self.warned.add(kind)
+            self.bar.write(text)
+
+    def log_eval(self, step, metrics):
+        """Evaluations go to eval.jsonl (step 0 is before any update)."""
+        if not self.enabled:
+            return
+        self._write(self.eval_file, step, metrics)
+        self._show(step, metrics)
+
+    def _write(self, file, step, metrics):
+        file.write(json.dumps({"step": step, "time": round(time.time() - self.start, 2),
+                               **metrics}) + "\n")
+        file.flush()
+        if self.tb:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
+
+    def _show(self, step, metrics):
+        shown = {k: metrics[k] for k in ("reward/mean", "accuracy", "eval/accuracy",
+                                         "kl_ref") if k in metrics}
+        self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items()}, refresh=True)
+
+    def log_samples(self, step, samples, show=1):
+        """samples: list of dicts (prompt, response, reward, ...). All go to samples.jsonl; `show`
+        are printed so that reward hacking is visible while the run goes."""
+        if not self.enabled:
+            return
+        for s in samples:
+            self.samples_file.write(json.dumps({"step": step, **s}) + "\n")
+        self.samples_file.flush()
+        for s in samples[:show]:
+            self.bar.write(f"[step {step}] reward={s.get('reward')}  "
+                           f"{s.get('response', '')[:300]!r}")
+
+    def close(self):
+        if not self.enabled:
+            return
+        self.bar.close()
+        for f in (self.metrics_file, self.eval_file, self.samples_file):
+            f.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def _keep_lines_up_to(path, step):
+    """Rewrite a jsonl log keeping the whole lines whose "step" is <= step (step -1: none)."""
+    if not path.exists():
+        path.touch()
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass  # cut short by a kill
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)  # a kill during the rewrite must not lose the lines

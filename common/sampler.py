@@ -1,0 +1,188 @@
+"""The sampler: prompts to token ids, batched KV-cached sampling with temperature, top-p, a seeded
+draw per row, EOS and stop strings, and the sampler's log-probs.
+
+(step 1 of the redesign: the primitives; the plain loop comes next)"""
+
+from dataclasses import dataclass
+
+import torch
+
+# ------------------------------------------------------------------------------------------------
+# Prompts
+# ------------------------------------------------------------------------------------------------
+def render_prompt(tokenizer, obs):
+    """Env observation -> prompt text. A trailing assistant message is a partial answer to continue
+    (stepwise mode): it is appended verbatim after the generation prompt, because chat templates
+    strip or close a final message, and the step boundary (a newline) must survive exactly."""
+    if isinstance(obs, str):
+        return obs
+    if obs and obs[-1]["role"] == "assistant":
+        head = tokenizer.apply_chat_template(obs[:-1], add_generation_prompt=True, tokenize=False)
+        return head + obs[-1]["content"]
+    return tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompts(tokenizer, observations):
+    """List of env observations -> list of token-id lists (unpadded)."""
+    ids = []
+    for obs in observations:
+        text = render_prompt(tokenizer, obs)
+        # Chat templates already hold their special tokens; plain prompts get the tokenizer's BOS if
+        # it has one.
+        ids.append(tokenizer(text, add_special_tokens=isinstance(obs, str))["input_ids"])
+    return ids
+
+
+def left_pad(sequences, pad_id):
+    """List of id lists -> ids [B, P] and mask [B, P], padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+# ------------------------------------------------------------------------------------------------
+# Generation
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Generation:
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    response_ids: torch.Tensor  # [B, R] right-padded with pad_id
+    response_mask: torch.Tensor  # [B, R] 1 on every sampled token, the EOS/stop token included
+    logprobs: torch.Tensor  # [B, R] the sampler's log-prob of each token (temperature, pre-top-p)
+    finished: torch.Tensor  # [B] bool: ended with EOS or a stop string
+    truncated: torch.Tensor  # [B] bool: hit max_new_tokens first
+
+    def sequences(self):
+        """[prompt ; response] ids and attention mask, [B, P + R]: the input of training
+        forwards."""
+        ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
+        mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return ids, mask
+
+    def rows(self, index):
+        """The rows `index` (a list or tensor of row numbers) as a Generation."""
+        return Generation(*(x[index] for x in vars(self).values()))
+
+    @staticmethod
+    def cat(gens, pad_id):
+        """Several Generations' rows in one: prompts padded again on the left, responses right."""
+        P = max(g.prompt_ids.shape[1] for g in gens)
+        R = max(g.response_ids.shape[1] for g in gens)
+
+        def pad(x, width, left, value=0):
+            extra = width - x.shape[1]
+            return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+        return Generation(
+            torch.cat([pad(g.prompt_ids, P, True, pad_id) for g in gens]),
+            torch.cat([pad(g.prompt_mask, P, True) for g in gens]),
+            torch.cat([pad(g.response_ids, R, False, pad_id) for g in gens]),
+            torch.cat([pad(g.response_mask, R, False) for g in gens]),
+            torch.cat([pad(g.logprobs, R, False) for g in gens]),
+            torch.cat([g.finished for g in gens]), torch.cat([g.truncated for g in gens]))
+
+
+def eos_token_ids(model, tokenizer):
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+_STOP_TABLES = {}
+
+
+def _single_token_stop_table(tokenizer, text):
+    """Bool [V]: tokens whose text contains `text` (e.g. every token holding a newline)."""
+    key = (tokenizer.name_or_path, len(tokenizer), text)
+    if key not in _STOP_TABLES:
+        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        _STOP_TABLES[key] = torch.tensor([text in p for p in pieces], dtype=torch.bool)
+    return _STOP_TABLES[key]
+
+
+def sample_token(logits, temperature, top_p, uniforms=None):
+    """logits [B, V] -> (token [B], its log-prob [B] under softmax(logits / temperature)).
+
+    temperature == 0 is greedy. `uniforms` [B] (from `row_uniforms`) gives each row its own draw in
+    [0, 1), so a row's sample depends only on its own seed and logits, not on which other rows share
+    the batch or the process: 1 process and N ranks draw the same samples for the same global batch.
+    Without them torch's global RNG samples. The returned log-prob ignores top-p truncation, so it
+    matches what `token_logprobs` computes in training forwards."""
+    logits = logits.float()
+    if temperature == 0:
+        token = logits.argmax(-1)
+        return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    if uniforms is None:
+        token = torch.multinomial(probs, 1)[:, 0]
+    else:
+        token = inverse_cdf(probs, uniforms)
+    return token, logp.gather(-1, token[:, None])[:, 0]
+
+
+def inverse_cdf(probs, uniforms):
+    """Row i's token: the first whose cumulative probability exceeds uniforms[i] x the row's mass
+    (probs need not sum to 1: top-p zeroes some). In float64, and with uniforms at most 1 - 2^-32,
+    the threshold stays below the mass, so a token of probability 0 is never drawn."""
+    cdf = probs.double().cumsum(-1)  # [B, V]
+    threshold = uniforms.double() * cdf[:, -1]
+    token = torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0]
+    return token.clamp(max=probs.shape[1] - 1)
+
+
+def _hash32(x):
+    """A 32-bit integer hash (Wellons' lowbias32) of int64 tensors holding values below 2^32. Each
+    32-bit product is formed from 16-bit halves, so no int64 overflows on any device."""
+    for shift, m in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = x ^ (x >> shift)
+        x = (x * (m & 0xFFFF) + (((x * (m >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def row_uniforms(seeds, t):
+    """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t),
+    counter-based like Philox. All rows draw in a few tensor ops, with no per-row generator, and
+    a row's draw depends on its own seed and position only. seeds: int64 [B], >= 0."""
+    return key_uniforms(row_keys(seeds), t)
+
+
+def row_keys(seeds):
+    """Each row's 32-bit key, a hash of its 64-bit seed: the part of `row_uniforms` that does not
+    change from token to token, computed once per rollout."""
+    return _hash32((seeds & 0xFFFFFFFF) ^ _hash32((seeds >> 32) ^ 0x9E3779B9))
+
+
+def key_uniforms(keys, t):
+    """`row_uniforms` from `row_keys`. The token index's hash is one number for every row, so it is
+    hashed in Python: on a GPU each tensor op of a decode step is a kernel launch."""
+    return _hash32(keys ^ _hash32(t ^ 0x632BE5AB)).double() / 2**32
+
+
+
+def _long_stop_hit(tokenizer, tokens, stops, alive):
+    """Multi-character stop strings may span tokens: decode a short tail of each live row."""
+    # a token holds >= 1 character, so this many tokens suffice
+    window = max(len(s) for s in stops) + 2
+    tail = torch.stack(tokens[-window:], dim=1).tolist()
+    hits = [bool(a) and any(s in tokenizer.decode(t) for s in stops) for t,
+            a in zip(tail, alive.tolist())]
+    return torch.tensor(hits, dtype=torch.bool, device=alive.device)
+
+
+def decode_responses(tokenizer, gen):
+    """Response texts, special tokens (EOS) dropped."""
+    return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+            for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
+
