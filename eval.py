@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from common.args import parse_args
 from common.env import TASKS, make_env, read_rows, to_number
 from common.grader import normalize
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.models import check_model_name, load_policy, load_tokenizer
 from common.sampler import decode_responses, encode_prompts
 from common.checks import check_output_dir
@@ -324,7 +324,7 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
         prompts = [p for p in prompts for _ in range(args.num_generations)]
         # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
         seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
-        gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p,
+        gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p,
                        seeds=seeds,
                        autocast_dtype=autocast_dtype)
         texts = decode_responses(tokenizer, gen)

@@ -37,7 +37,7 @@ from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
 from common.evaluation import evaluate
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.models import check_model_name, load_tokenizer, reference_policy, trained_policy
 from common.sampler import Generation, decode_responses, encode_prompts
 from common.sharding import clip_grad_norm, load_optimizer_state
@@ -180,7 +180,7 @@ def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
     G = args.num_generations
     prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
+    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
                    seeds=seeds, autocast_dtype=autocast_dtype)
     texts = decode_responses(tokenizer, gen)
     rewards, correct = [], []

@@ -46,7 +46,7 @@ from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
 from common.env import make_envs
 from common.grader import grader_counts
 from common.evaluation import evaluate
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.models import check_model_name, load_tokenizer, reference_policy, trained_policy
 from common.sampler import decode_responses, encode_prompts, eos_token_ids
 from common.sharding import clip_grad_norm, full_state_dict, load_optimizer_state, unsharded
@@ -197,7 +197,7 @@ def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
                                  args.sym_calc, next(policy.parameters()).device, eos_ids)
     prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
+    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
                    seeds=seeds, autocast_dtype=autocast_dtype)
     texts = decode_responses(tokenizer, gen)
     rewards, correct = [], []

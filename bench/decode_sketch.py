@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
 from common.fast_attention import _packed_gqa
 from common.fast_linears import _onednn_linears
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.models import load_tokenizer
 from common.sampler import key_uniforms, row_keys, sample_token
 from common.hf import KV_CACHE
@@ -105,7 +105,7 @@ def main():
                           bandwidth, flops[torch.float32])
     tok = load_tokenizer("tiny-random")
     runs = {
-        "generate": lambda: generate(model, tok, prompts, args.new_tokens, 1.0, 1.0, seeds=seeds),
+        "generate": lambda: fast_generate(model, tok, prompts, args.new_tokens, 1.0, 1.0, seeds=seeds),
         "sketch": lambda: sketch_rollout(model, prompts, args.group, args.new_tokens, seeds),
     }
     best, out = {}, {}

@@ -29,7 +29,7 @@ prompt of about 150 tokens with the worked example). With matplotlib, --plot wri
 figure of tokens/s against batch size and response length. --compile decodes as `--compile` does
 (`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
 compiles it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
-own linear instead of oneDNN's packed weights (`common.models._onednn_linears`), for a before and
+own linear instead of oneDNN's packed weights (common/fast_linears.py), for a before and
 after; --rollout_only skips the update.
 """
 
@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
-import common.fast_linears  # noqa: E402
 from common.fast_compile import compile_decoding
-from common.fast_sampler import generate
+from common.fast_linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
+from common.fast_sampler import Speedups, fast_generate  # noqa: E402
 from common.models import load_tokenizer
 from common.logprobs import token_logprobs
 
@@ -87,10 +87,10 @@ def device_peaks(device):
         b = torch.randn(size, size, device=device).to(dtype)
         # the best of 10: on a shared host single timings of this matmul ranged over 82-133 GFLOP/s
         flops[dtype] = 2 * size**3 / timed(lambda: a @ b, device, repeat=10)
-        if device.type == "cpu" and dtype == torch.float32 and common.fast_linears._onednn_works():
+        if device.type == "cpu" and dtype == torch.float32 and _onednn_works():
             # generate's linears run through oneDNN on a CPU: the peak is the better of the two
-            w = common.fast_linears._pack(b.T.contiguous())
-            packed = timed(lambda: common.fast_linears._packed_linear(a, w), device, repeat=10)
+            w = _pack(b.T.contiguous())
+            packed = timed(lambda: _packed_linear(a, w), device, repeat=10)
             flops[dtype] = max(flops[dtype], 2 * size**3 / packed)
     return bandwidth, flops
 
@@ -151,7 +151,7 @@ def rollout_bound(s, batch, prompt_len, new_tokens, bandwidth, peak):
 
 def linears_alone(model, batch, device, pack):
     """Seconds of one decode step's linear layers and nothing else, at `batch` rows, each through
-    the op `generate` uses (oneDNN's packed weights on a CPU, unless --torch_linears), in the
+    the op `fast_generate` uses (oneDNN's packed weights on a CPU, unless --torch_linears), in the
     model's order so that the weights come from memory as in a step. A rollout can come no closer
     to the bound than its linear layers do: what is left of a step (attention, norms, the sampler)
     only adds."""
@@ -159,7 +159,7 @@ def linears_alone(model, batch, device, pack):
     dtype = next(model.parameters()).dtype
     inputs = {n: torch.randn(batch, n, device=device, dtype=dtype)
               for n in {m.in_features for m in linears}}
-    with torch.no_grad(), common.fast_linears._onednn_linears(model, pack):
+    with torch.no_grad(), _onednn_linears(model, pack):
         return timed(lambda: [m(inputs[m.in_features]) for m in linears], device, repeat=5)
 
 
@@ -190,7 +190,7 @@ def main():
                    help="decode with a static KV cache and a compiled forward, as --compile does")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    common.fast_linears.PACK_LINEARS = not args.torch_linears
+    speedups = Speedups(packed_linears=not args.torch_linears)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bandwidth, flops = device_peaks(device)
     peak = flops[dtype]
@@ -209,7 +209,8 @@ def main():
             compile_decoding(model)
         s = Shape(model, dtype)
         for batch in args.batch:
-            t_alone = linears_alone(model, batch, device, not args.compile)  # any response length
+            pack = speedups.packed_linears and not args.compile
+            t_alone = linears_alone(model, batch, device, pack)  # any response length
             for new in args.new_tokens:
                 g = torch.Generator().manual_seed(0)
                 # groups of 8 rows share a prompt, as a GRPO rollout does
@@ -219,8 +220,8 @@ def main():
                 out = {}
 
                 def roll():
-                    out["gen"] = generate(model, tok, prompts, new, 1.0, 1.0,
-                                          seeds=list(range(batch)))
+                    out["gen"] = fast_generate(model, tok, prompts, new, 1.0, 1.0,
+                                               seeds=list(range(batch)), speedups=speedups)
 
                 if args.compile:  # the first rollout of a shape compiles it
                     t0 = time.perf_counter()

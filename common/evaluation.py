@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from common.distributed import all_gather_objects
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.sampler import decode_responses, encode_prompts, eos_token_ids
 from common.sharding import unsharded
 from common.stepwise import play_episodes, policy_sampler
@@ -39,7 +39,7 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
     records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
-        gen = generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]),
+        gen = fast_generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]),
                        max_new_tokens,
                        temperature=0.0, autocast_dtype=autocast_dtype)
         for i, text, truncated in zip(chunk, decode_responses(tokenizer, gen),

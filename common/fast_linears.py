@@ -5,9 +5,6 @@ import functools
 
 import torch
 
-PACK_LINEARS = True  # `_onednn_linears`; False runs torch's own (bench/roofline.py compares)
-
-
 def _pack(weight):
     """A Linear's weight [out, in], laid out once for `_packed_linear` (oneDNN's blocked format)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
@@ -35,7 +32,7 @@ def _onednn_linears(model, enabled, store=None):
     is the cost: on a 2-core CPU SmolLM2's head (49,152 x 576) took 56 ms a call at 32 rows, against
     22 ms packed, and a 1536 x 576 projection 0.61 against 0.40 ms. The same function, rounded
     differently (about 1e-6 in the logits). Packing all of SmolLM2-135M takes ~0.25 s."""
-    enabled = enabled and PACK_LINEARS and _onednn_works()
+    enabled = enabled and _onednn_works()
     linears = [m for m in model.modules() if enabled and type(m) is torch.nn.Linear
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
                and type(m.weight) is torch.nn.Parameter]  # not FSDP2's DTensors

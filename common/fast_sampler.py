@@ -1,8 +1,24 @@
-"""The sampler with its speedups on: what every algorithm file samples with.
+"""The sampler with its speedups on: `fast_generate` draws what common.sampler.generate draws (the
+same tokens; log-probs within float rounding), faster. Every algorithm file samples with it.
 
-(step 1 of the redesign: today's generate, moved)"""
+Each speedup lives in its own module and is switched on here, in `Speedups`; a test checks each
+alone against the plain sampler (tests/test_fast_sampler.py):
+- fast_prefill.py: rows with the same prompt (a GRPO group) share one prefill, a prefix every
+  prompt shares (the system prompt and worked example) is read once, and a stepwise episode's next
+  prompt reads only the tokens added since its last call (`PrefixCache`);
+- fast_kv.py: decode steps write their keys and values into buffers with room, not a new copy of
+  the whole cache per token;
+- fast_attention.py: decode attention reads each key/value head once under grouped-query attention;
+- fast_linears.py: on a CPU, fp32 linear layers run through oneDNN with weights packed once per
+  rollout;
+- finished rows leave the forward batch (here): once most rows have answered, the rest decode alone;
+- fast_compile.py (--compile): a static KV cache and a compiled decode step, for the models that
+  `compile_decoding` was called on (common.models.trained_policy does it under --compile).
+Stop strings of one character are read off a table of the tokens that hold them, not decoded.
+"""
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -13,27 +29,40 @@ from common.fast_linears import _onednn_linears
 from common.fast_prefill import PrefixCache, _full_attention, _prefill
 from common.hf import KV_CACHE, position_ids_from_mask
 from common.logprobs import identical_rows
-from common.sampler import (Generation, _long_stop_hit, _single_token_stop_table, eos_token_ids,
-                            key_uniforms, left_pad, row_keys, sample_token)
+from common.sampler import (Generation, eos_token_ids, key_uniforms, left_pad, row_keys,
+                            sample_token, stop_string_hit)
 from common.sharding import unsharded
 
 
-@torch.no_grad()
-def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
-             seeds=None, autocast_dtype=None, check_every=None, prefix_cache=None):
-    """Batched KV-cached sampling.
+@dataclass(frozen=True)
+class Speedups:
+    """Which speedups `fast_generate` uses: all of them unless a caller says otherwise (the tests,
+    bench/roofline.py's before and after)."""
+    shared_prefill: bool = True
+    """fast_prefill.py: prompt tokens another row or an earlier call of the rollout read run once"""
+    in_place_kv: bool = True
+    """fast_kv.py: each decode step appends its keys and values in place"""
+    packed_gqa: bool = True
+    """fast_attention.py: decode attention reads each key/value head once"""
+    packed_linears: bool = True
+    """fast_linears.py: CPU fp32 linear layers through oneDNN, weights packed once per rollout"""
+    drop_finished: bool = True
+    """rows that finished leave the forward batch"""
 
-    prompts: list of token-id lists. seeds: one int per prompt (its own sampling stream; None uses
-    torch's global RNG). stop_strings: e.g. ("\\n",) to end an action at the step boundary; the
-    token that completes a stop string is kept in the response. Returns a `Generation` on the
-    model's device. check_every: read which rows are done (a host sync) every this many tokens, to
-    stop early and drop finished rows from the batch; default 1 on CPU, where a sync costs nothing,
-    and 8 on a GPU, where it stalls the queue of kernels (finished rows decode a few tokens more,
-    masked out). prefix_cache: a `PrefixCache` that lives for one rollout: prompts read what it
-    holds, and each row's prompt and response are stored in it for the next call (a stepwise
-    episode's next state). None: a prefix that all prompts share is read once, for this call only.
-    False: every prompt is read in full. On a CPU, fp32 linear layers decode through weights packed
-    for oneDNN (`_onednn_linears`), once per call or, with a prefix_cache, once per rollout.
+
+@torch.no_grad()
+def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0,
+                  stop_strings=(), seeds=None, autocast_dtype=None, check_every=None,
+                  prefix_cache=None, speedups=Speedups()):
+    """common.sampler.generate's samples, faster; its arguments, and:
+
+    autocast_dtype: torch.bfloat16 under --bf16. check_every: read which rows are done (a host
+    sync) every this many tokens, to stop early and drop finished rows from the batch; default 1 on
+    CPU, where a sync costs nothing, and 8 on a GPU, where it stalls the queue of kernels (finished
+    rows decode a few tokens more, masked out). prefix_cache: a `PrefixCache` that lives for one
+    rollout: prompts read what it holds, and each row's prompt and response are stored in it for
+    the next call (a stepwise episode's next state); it also keeps the rollout's packed linear
+    weights. None: a prefix that all prompts share is read once, for this call only.
     """
     device = next(model.parameters()).device
     check_every = check_every or (1 if device.type == "cpu" else 8)
@@ -65,18 +94,21 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     rows = torch.arange(B, device=device)  # the original rows still in the forward batch
     # FSDP2: the weights gathered once, not once per token
     # the compiled forward (--compile) traces the layers as they are
-    pack = autocast_dtype is None and model not in _COMPILED
-    with (autocast, unsharded(model), _packed_gqa(model),
+    pack = speedups.packed_linears and autocast_dtype is None and model not in _COMPILED
+    with (autocast, unsharded(model),
+          _packed_gqa(model) if speedups.packed_gqa else contextlib.nullcontext(),
           _onednn_linears(model, pack, prefix_cache.packed if prefix_cache else None)):
         attn = prompt_mask
         positions = position_ids_from_mask(prompt_mask)
         # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
         # only the distinct prompts run through the model, and their KV cache rows are then copied
         # out to every row.
-        distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
-        store = None  # prefix_cache=False, or a model whose cache cannot be rearranged
-        if prefix_cache is not False and _full_attention(model):
-            store = PrefixCache() if prefix_cache is None else prefix_cache
+        distinct, inverse = torch.arange(B, device=device), torch.arange(B, device=device)
+        store = None  # a model whose cache cannot be rearranged reads every prompt in full
+        if speedups.shared_prefill:
+            distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
+            if _full_attention(model):
+                store = PrefixCache() if prefix_cache is None else prefix_cache
         cache, logits = _prefill(model, [list(prompts[i]) for i in distinct.tolist()],
                                  prompt_ids[distinct], attn[distinct], positions[distinct], store)
         next_pos = positions[:, -1:] + 1
@@ -98,14 +130,14 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
                        [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
 
         compiled = _COMPILED.get(model)
-        if compiled is None:
-            cache = _append_in_place(cache, max_new_tokens)
-        else:  # the prompts' keys and values, in a preallocated cache
+        if compiled is not None:  # the prompts' keys and values, in a preallocated cache
             W = prompt_ids.shape[1]
             length = -(-(W + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
             cache = _static_cache(model, cache, length)
             # the columns after the current token are hidden by the causal mask
             attn = torch.cat([attn, attn.new_ones(B, length - W)], dim=1)
+        elif speedups.in_place_kv:
+            cache = _append_in_place(cache, max_new_tokens)
         for t in range(max_new_tokens):
             uniforms = None if seeds is None else key_uniforms(keys[rows], t)
             sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
@@ -121,7 +153,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             if stop_table is not None:
                 hit |= stop_table[token]
             if long_stops:
-                hit |= _long_stop_hit(tokenizer, tokens, long_stops, alive)
+                hit |= stop_string_hit(tokenizer, tokens, long_stops, alive)
             finished |= hit & alive
             done |= hit
             check = (t + 1) % check_every == 0
@@ -131,7 +163,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             # answers concisely, most of a batch is done long before the slowest row, and a dead row
             # costs as much as a live one. A row's sample depends only on its own logits and its own
             # seed.
-            keep = (~done[rows]).nonzero()[:, 0] if check and compiled is None else None
+            drop = check and compiled is None and speedups.drop_finished
+            keep = (~done[rows]).nonzero()[:, 0] if drop else None
             if keep is not None and len(keep) < len(rows):
                 remember(done[rows].nonzero()[:, 0])
                 rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
@@ -154,3 +187,14 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
         logprobs=torch.stack(logps[:R], dim=1), finished=finished, truncated=~finished,
     )
 
+
+_STOP_TABLES = {}
+
+
+def _single_token_stop_table(tokenizer, text):
+    """Bool [V]: tokens whose text contains `text` (e.g. every token holding a newline)."""
+    key = (tokenizer.name_or_path, len(tokenizer), text)
+    if key not in _STOP_TABLES:
+        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        _STOP_TABLES[key] = torch.tensor([text in p for p in pieces], dtype=torch.bool)
+    return _STOP_TABLES[key]

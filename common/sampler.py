@@ -1,14 +1,23 @@
-"""The sampler: prompts to token ids, batched KV-cached sampling with temperature, top-p, a seeded
-draw per row, EOS and stop strings, and the sampler's log-probs.
+"""The sampler, to read top to bottom: prompts in, one response per prompt out, each token drawn
+with temperature and top-p from its row's own seeded stream, until EOS, a stop string or
+max_new_tokens; with the sampler's log-probs of the tokens it drew.
 
-(step 1 of the redesign: the primitives; the plain loop comes next)"""
+    prompts = encode_prompts(tokenizer, [env.prompt(i) for i in problems])   # token-id lists
+    gen = generate(model, tokenizer, prompts, max_new_tokens=64, temperature=0.7, seeds=seeds)
+    texts = decode_responses(tokenizer, gen)
+
+The files train with common.fast_sampler.fast_generate: these samples, drawn faster.
+"""
 
 from dataclasses import dataclass
 
 import torch
 
+from common.hf import KV_CACHE, position_ids_from_mask
+
+
 # ------------------------------------------------------------------------------------------------
-# Prompts
+# Prompts in, responses out
 # ------------------------------------------------------------------------------------------------
 def render_prompt(tokenizer, obs):
     """Env observation -> prompt text. A trailing assistant message is a partial answer to continue
@@ -45,9 +54,12 @@ def left_pad(sequences, pad_id):
     return ids, mask
 
 
-# ------------------------------------------------------------------------------------------------
-# Generation
-# ------------------------------------------------------------------------------------------------
+def decode_responses(tokenizer, gen):
+    """Response texts, special tokens (EOS) dropped."""
+    return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+            for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
+
+
 @dataclass
 class Generation:
     prompt_ids: torch.Tensor  # [B, P] left-padded
@@ -87,25 +99,78 @@ class Generation:
             torch.cat([g.finished for g in gens]), torch.cat([g.truncated for g in gens]))
 
 
-def eos_token_ids(model, tokenizer):
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
+# ------------------------------------------------------------------------------------------------
+# The loop
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
+             seeds=None):
+    """Sample one response per prompt, a token at a time, each step reading the keys and values of
+    the tokens before it from a KV cache.
+
+    prompts: token-id lists. temperature 0 is greedy. seeds: one int per prompt, the row's own
+    sampling stream (None: torch's global RNG). stop_strings: e.g. ("\\n",) ends a row at a step
+    boundary; the token that completes a stop string, or the EOS, is kept in the response. Returns a
+    `Generation` on the model's device.
+
+    This is the sampler to read. The algorithm files call common.fast_sampler.fast_generate, which
+    draws the same tokens faster: tests/test_fast_sampler.py checks each of its speedups against
+    this function. A model sharded by FSDP2 must be gathered first (common.sharding.unsharded).
+    """
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id
+    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
+    prompt_ids, prompt_mask = (x.to(device) for x in left_pad(prompts, pad_id))  # [B, P]
+    B = len(prompts)
+    seeds = None if seeds is None else torch.tensor([int(s) % 2**63 for s in seeds], device=device)
+    keys = None if seeds is None else row_keys(seeds)  # [B] hashed once, used at every token
+    was_training = model.training
+    model.eval()
+
+    # Prefill: every prompt in one forward. The KV cache keeps each layer's keys and values, and the
+    # last position's logits give the first response token.
+    positions = position_ids_from_mask(prompt_mask)  # [B, P]
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                use_cache=True, logits_to_keep=1)
+    cache, logits = getattr(out, KV_CACHE), out.logits[:, -1]  # logits [B, V]
+    attention_mask, next_position = prompt_mask, positions[:, -1:] + 1
+
+    tokens, logprobs, alive = [], [], []  # one [B] tensor per step
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # the row has stopped
+    finished = torch.zeros(B, dtype=torch.bool, device=device)  # ... by EOS or a stop string
+    for t in range(max_new_tokens):
+        uniforms = None if keys is None else key_uniforms(keys, t)  # [B] each row's own draw
+        token, logprob = sample_token(logits, temperature, top_p, uniforms)  # [B], [B]
+        # A row that stopped keeps decoding padding, outside its response mask, until all stop.
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        tokens.append(token)
+        logprobs.append(torch.where(done, torch.zeros_like(logprob), logprob))
+        alive.append(~done)
+        hit = torch.isin(token, eos)
+        if stop_strings:
+            hit |= stop_string_hit(tokenizer, tokens, stop_strings, ~done)
+        finished |= hit & ~done
+        done |= hit
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        # Decode: the new token is the only input; it attends to the cache of all before it.
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=attention_mask,
+                    position_ids=next_position, use_cache=True, **{KV_CACHE: cache})
+        cache, logits = getattr(out, KV_CACHE), out.logits[:, -1]
+        next_position = next_position + 1
+    model.train(was_training)
+    return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                      response_ids=torch.stack(tokens, dim=1),
+                      response_mask=torch.stack(alive, dim=1).long(),
+                      logprobs=torch.stack(logprobs, dim=1), finished=finished,
+                      truncated=~finished)
 
 
-_STOP_TABLES = {}
 
-
-def _single_token_stop_table(tokenizer, text):
-    """Bool [V]: tokens whose text contains `text` (e.g. every token holding a newline)."""
-    key = (tokenizer.name_or_path, len(tokenizer), text)
-    if key not in _STOP_TABLES:
-        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        _STOP_TABLES[key] = torch.tensor([text in p for p in pieces], dtype=torch.bool)
-    return _STOP_TABLES[key]
-
-
+# ------------------------------------------------------------------------------------------------
+# One token: temperature, top-p, and a draw from the row's own stream
+# ------------------------------------------------------------------------------------------------
 def sample_token(logits, temperature, top_p, uniforms=None):
     """logits [B, V] -> (token [B], its log-prob [B] under softmax(logits / temperature)).
 
@@ -151,13 +216,6 @@ def _hash32(x):
     return x ^ (x >> 16)
 
 
-def row_uniforms(seeds, t):
-    """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t),
-    counter-based like Philox. All rows draw in a few tensor ops, with no per-row generator, and
-    a row's draw depends on its own seed and position only. seeds: int64 [B], >= 0."""
-    return key_uniforms(row_keys(seeds), t)
-
-
 def row_keys(seeds):
     """Each row's 32-bit key, a hash of its 64-bit seed: the part of `row_uniforms` that does not
     change from token to token, computed once per rollout."""
@@ -170,19 +228,30 @@ def key_uniforms(keys, t):
     return _hash32(keys ^ _hash32(t ^ 0x632BE5AB)).double() / 2**32
 
 
+def row_uniforms(seeds, t):
+    """One uniform in [0, 1) per row for its t-th token: a hash of (the row's seed, t),
+    counter-based like Philox. All rows draw in a few tensor ops, with no per-row generator, and
+    a row's draw depends on its own seed and position only. seeds: int64 [B], >= 0."""
+    return key_uniforms(row_keys(seeds), t)
 
-def _long_stop_hit(tokenizer, tokens, stops, alive):
-    """Multi-character stop strings may span tokens: decode a short tail of each live row."""
+
+# ------------------------------------------------------------------------------------------------
+# Stopping: EOS and stop strings
+# ------------------------------------------------------------------------------------------------
+def eos_token_ids(model, tokenizer):
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def stop_string_hit(tokenizer, tokens, stops, alive):
+    """Whether each live row's newest token completes one of the stop strings `stops`. A stop
+    string may span tokens, so a short tail of each live row is decoded. tokens: the [B] tokens of
+    each step so far; alive [B]. -> [B] bool"""
     # a token holds >= 1 character, so this many tokens suffice
     window = max(len(s) for s in stops) + 2
     tail = torch.stack(tokens[-window:], dim=1).tolist()
     hits = [bool(a) and any(s in tokenizer.decode(t) for s in stops) for t,
             a in zip(tail, alive.tolist())]
     return torch.tensor(hits, dtype=torch.bool, device=alive.device)
-
-
-def decode_responses(tokenizer, gen):
-    """Response texts, special tokens (EOS) dropped."""
-    return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
-            for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
-

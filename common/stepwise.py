@@ -26,7 +26,7 @@ import torch
 from common.distributed import problem_index, sample_seed
 from common.env import TASKS, safe_arith
 from common.fast_prefill import PrefixCache
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.hf import position_ids_from_mask
 from common.models import (TINY_RANDOM, check_model_name, load_reference, load_tokenizer,
                            tiny_random_model)
@@ -201,7 +201,7 @@ class StepwiseEnvs:
         for t in range(T):
             prompts = encode_prompts(tok, self.obs)
             seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
-            gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
+            gen = fast_generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
                            stop_strings=("\n",), seeds=seeds, autocast_dtype=autocast_dtype,
                            prefix_cache=prefix_cache)
             correct, cut = torch.zeros(E), torch.zeros(E)
@@ -367,7 +367,7 @@ def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc, aut
 
     def sample(prompts, max_new_tokens, keys):
         seeds = None if seed_of is None else [seed_of(*key) for key in keys]
-        gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
+        gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
                        stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype,
                        prefix_cache=prefix_cache)
         return [(ids[m].tolist(), lp[m].tolist()) for ids, lp, m in

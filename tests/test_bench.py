@@ -128,14 +128,14 @@ def test_decode_sketch_draws_the_tokens_of_generate():
     # the same sampled tokens, its prompt keys read once per group
     from decode_sketch import sketch_rollout
 
-    from common.fast_sampler import generate
+    from common.fast_sampler import fast_generate
     from common.models import load_tokenizer, tiny_random_model
 
     model, tok = tiny_random_model(), load_tokenizer("tiny-random")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 1000, (12,), generator=g).tolist() for _ in range(2)]
     prompts = [prompts[i // 3] for i in range(6)]  # 2 groups of 3 rows
-    gen = generate(model, tok, prompts, 8, 1.0, 1.0, seeds=list(range(6)))
+    gen = fast_generate(model, tok, prompts, 8, 1.0, 1.0, seeds=list(range(6)))
     sketch = sketch_rollout(model, prompts, 3, 8, list(range(6)))
     mask = gen.response_mask.bool()
     assert mask.sum() > 30  # most rows ran all 8 tokens (an EOS ends a row early in generate)

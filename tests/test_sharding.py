@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.fast_sampler import generate
+from common.fast_sampler import fast_generate
 from common.models import load_policy, load_tokenizer, tiny_random_model
 from common.sampler import encode_prompts
 from common.hf import decoder_layers
@@ -135,7 +135,7 @@ def test_the_adapters_off_reference_is_the_base_model_exactly():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
     prompts = encode_prompts(tok, ["What is 2 + 3?", "What is 17 - 9?"])
-    gen = generate(base, tok, prompts, 6, 1.0, 1.0, seeds=[1, 2])
+    gen = fast_generate(base, tok, prompts, 6, 1.0, 1.0, seeds=[1, 2])
     ids, mask = gen.sequences()
     R = gen.response_ids.shape[1]
     with torch.no_grad():
@@ -168,7 +168,7 @@ def test_a_sharded_rollout_gathers_each_unit_once(one_process_group, monkeypatch
     whole = [p.detach().clone() for p in policy.parameters()]
     shard(policy, decoder_layers(policy), bf16=False)
     prompts = encode_prompts(tok, ["What is 2 + 3?", "What is 17 - 9?"])
-    gen = generate(policy, tok, prompts, 8, 1.0, 1.0, seeds=[1, 2])
+    gen = fast_generate(policy, tok, prompts, 8, 1.0, 1.0, seeds=[1, 2])
     assert gen.response_mask.sum().item() == 16  # 8 decode steps, 9 forwards
     # 3 units (2 decoder layers and the root), each gathered once for the whole rollout
     assert sum(gathers) == 3
