@@ -41,7 +41,7 @@ Launch:
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,9 +74,34 @@ STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96), "
 
 @dataclass
 class Args(TrainArgs):
+    # ---- optimisation
+    learning_rate: float = 2e-5
+    """AdamW learning rate of the policy"""
+    lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
+    """schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
+    warmup_steps: int = 0
+    """updates of linear learning-rate warmup"""
+    warmup_ratio: Optional[float] = None
+    """when given, warmup_steps = this fraction of max_steps"""
+    max_grad_norm: float = 1.0
+    """gradient-norm clip"""
     max_steps: int = 15
+    """policy updates (one rollout batch each)"""
+    num_train_epochs: Optional[float] = None
+    """when given, max_steps covers this many passes over the training problems"""
+    micro_batch_size: int = 8
+    """sequences per forward/backward; gradients accumulate over micro-batches (a GPU wants more:
+    a 1.5B model's update on an H200 ran at 0.25 MFU with 8, 0.35 with 32)"""
+    seed: int = 0
+    """seeds prompt order, sampling and model init: runs are reproducible"""
+    # ---- sampling
     max_new_tokens: Optional[int] = None
     """tokens per step (default by task: arithmetic 32, countdown 64, gsm8k and math 96, OpenR's)"""
+    temperature: float = 0.7
+    """sampling temperature (also applied to the training log-probs)"""
+    top_p: float = 1.0
+    """nucleus sampling mass"""
+    # ---- the algorithm
     num_envs: int = 8
     """episodes played side by side, over all ranks (OpenR: n_rollout_threads)"""
     num_steps: int = 4

@@ -22,6 +22,10 @@ from common.seed_flags import ALIASES, aliases_for, apply_rules
 
 @dataclass
 class TrainArgs:
+    """The options of data, IO and infrastructure that all five files share. What a reader tunes
+    (learning rate, schedule, clipping, updates, micro-batch size, seed, sampling, the algorithm's
+    own coefficients) sits in each file's own Args, where the file shows it."""
+
     # ---- model and data
     model_name_or_path: str = "SmolLM2-135M-Instruct"
     """policy to train: a hub id, a local folder, 'SmolLM2-135M-Instruct' (offline default) or
@@ -51,32 +55,6 @@ class TrainArgs:
     # ---- the run
     output_dir: Optional[str] = None
     """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: runs/<file>)"""
-    seed: int = 0
-    """seeds prompt order, sampling and model init: runs are reproducible"""
-    max_steps: int = 20
-    """policy updates (one rollout batch each)"""
-    num_train_epochs: Optional[float] = None
-    """when given, max_steps covers this many passes over the training problems"""
-    learning_rate: float = 2e-5
-    """AdamW learning rate of the policy"""
-    lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
-    """learning-rate schedule after the warmup (linear, cosine, polynomial: down to 0 at
-    max_steps)"""
-    warmup_steps: int = 0
-    """updates of linear learning-rate warmup"""
-    warmup_ratio: Optional[float] = None
-    """when given, warmup_steps = this fraction of max_steps"""
-    max_grad_norm: float = 1.0
-    """gradient-norm clip"""
-    max_new_tokens: int = 64
-    """response length limit, in tokens"""
-    temperature: float = 0.7
-    """sampling temperature (also applied to the training log-probs)"""
-    top_p: float = 1.0
-    """nucleus sampling mass"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward; gradients accumulate over micro-batches (a GPU wants more: a
-    1.5B model's update on an H200 ran at 0.25 MFU with 8, 0.35 with 32)"""
     # ---- evaluation, logging, checkpoints
     eval_interval: int = 0
     """evaluate every this many updates (0: only at the start and the end)"""

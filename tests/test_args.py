@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.seed_flags import ALIASES
-from common.args import TrainArgs, field_docs, lr_at, parse_args, resolve_schedule
+from common.args import field_docs, lr_at, parse_args, resolve_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]
@@ -147,8 +147,9 @@ def test_llm_rl_collection_is_one_episode_per_problem_without_a_baseline():
      [5e-4, 1e-3] + [(1e-3 - 1e-7) * (1 - p) + 1e-7 for p in (1 / 8, 2 / 8, 4 / 8, 7 / 8)]),
 ])
 def test_schedules_at_a_few_updates(schedule, expected):
-    args = TrainArgs(output_dir="x", learning_rate=1e-3, warmup_steps=2, max_steps=10,
-                     lr_scheduler=schedule)
+    args = importlib.import_module("grpo").Args(output_dir="x", learning_rate=1e-3,
+                                                 warmup_steps=2, max_steps=10,
+                                                 lr_scheduler=schedule)
     got = [lr_at(step, args) for step in (0, 1, 3, 4, 6, 9)]
     assert got == pytest.approx(expected, rel=1e-9)
     # a critic's rate on the same schedule: the schedule of its own peak
@@ -156,7 +157,8 @@ def test_schedules_at_a_few_updates(schedule, expected):
 
 
 def test_epochs_and_warmup_ratio_once_the_data_is_read():
-    args = TrainArgs(output_dir="x", num_train_epochs=1.5, warmup_ratio=0.1)
+    args = importlib.import_module("grpo").Args(output_dir="x", num_train_epochs=1.5,
+                                                 warmup_ratio=0.1)
     resolve_schedule(args, num_problems=100, problems_per_update=8)
     assert (args.max_steps, args.warmup_steps) == (19, 2)  # ceil(150 / 8), ceil(1.9)
 

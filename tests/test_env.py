@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common.args import TrainArgs
+from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 from common.env import (DATA_DIR, TASKS, detect_task, load_few_shot, make_env, make_envs,
                         safe_arith, verify)
 
@@ -336,7 +336,7 @@ def test_a_files_task_is_read_off_its_first_row(row, task):
 def test_a_math_file_given_with_the_default_task_is_read_as_math(tmp_path):
     path = tmp_path / "math500.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in MATH500_ROWS))
-    args = TrainArgs(dataset_path=str(path), num_eval_problems=0)
+    args = Args(dataset_path=str(path), num_eval_problems=0)
     said = []
     train, _ = make_envs(args, say=said.append)
     assert train.task.name == "math" and args.dataset_name == "math" and len(train) == 4
@@ -353,7 +353,7 @@ def test_a_math_file_given_with_the_default_task_is_read_as_math(tmp_path):
 def test_math_subjects_and_levels_filter_both_splits(tmp_path, name, levels, questions):
     path = tmp_path / "math500.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in MATH500_ROWS))
-    args = TrainArgs(dataset_name=name, dataset_path=str(path), eval_dataset_path=str(path),
+    args = Args(dataset_name=name, dataset_path=str(path), eval_dataset_path=str(path),
                      levels=levels)
     train, held_out = make_envs(args, say=lambda _: None)
     assert [ex["question"] for ex in train.examples] == questions
@@ -365,7 +365,7 @@ def test_math_filters_say_what_they_cannot_do(tmp_path):
     path = tmp_path / "openr.jsonl"  # OpenR's rows carry neither subject nor level
     path.write_text(json.dumps({"problem": "What is $1+1$?", "final_answer": "2"}) + "\n")
     said = []
-    args = TrainArgs(dataset_name="prealgebra", dataset_path=str(path), num_eval_problems=0,
+    args = Args(dataset_name="prealgebra", dataset_path=str(path), num_eval_problems=0,
                      levels="1")
     assert len(make_envs(args, say=said.append)[0]) == 1
     assert said == ["--dataset_name prealgebra: these rows have no 'subject' field, so all 1 "
@@ -373,10 +373,10 @@ def test_math_filters_say_what_they_cannot_do(tmp_path):
                     "--levels 1: these rows have no 'level' field, so no level filter applies"]
     with pytest.raises(ValueError, match="--levels and MATH subjects filter the math task, not "
                                          "arithmetic"):
-        make_envs(TrainArgs(levels="1-2", num_eval_problems=0), say=lambda _: None)
+        make_envs(Args(levels="1-2", num_eval_problems=0), say=lambda _: None)
     path.write_text(json.dumps(MATH500_ROWS[1]) + "\n")
     with pytest.raises(ValueError, match="no problem of subject geometry and levels None"):
-        make_envs(TrainArgs(dataset_name="geometry", dataset_path=str(path), num_eval_problems=0),
+        make_envs(Args(dataset_name="geometry", dataset_path=str(path), num_eval_problems=0),
                   say=lambda _: None)
     with pytest.raises(ValueError, match="--dataset_name 'algebre': not a task"):
-        make_envs(TrainArgs(dataset_name="algebre", num_eval_problems=0), say=lambda _: None)
+        make_envs(Args(dataset_name="algebre", num_eval_problems=0), say=lambda _: None)

@@ -34,9 +34,9 @@ def run(cmd, ok=True, **kw):
 
 def run_args(output_dir, **changes):
     """The options of a run, as the Logger reads them."""
-    from common.args import TrainArgs
+    from grpo import Args
 
-    return TrainArgs(output_dir=str(output_dir), max_steps=changes.get("max_steps", 10))
+    return Args(output_dir=str(output_dir), max_steps=changes.get("max_steps", 10))
 
 
 def algo_args(algo, **changes):
