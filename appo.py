@@ -37,7 +37,6 @@ Launch:
 """
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -45,25 +44,20 @@ import torch
 import torch.nn.functional as F
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.checks import check_common_args
+from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
+                                average_gradients, sample_seed)
 from common.env import make_envs, resolve_task
-from common.grader import grader_counts
-from common.evaluation import evaluate
-from common.models import Critic, check_model_name, load_critic, load_tokenizer, trained_policy
+from common.logger import mean_of
+from common.logprobs import batched_token_logprobs, token_logprobs
+from common.models import critic_state, load_tokenizer, make_critic, trained_policy
+from common.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
+                             mismatch_stats, step_gae)
+from common.run import Run
 from common.sampler import left_pad
-from common.hf import decoder_layers
-from common.sharding import (AdapterOffBody, clip_grad_norm, full_state_dict, load_optimizer_state,
-                             shard)
+from common.sharding import clip_grad_norm
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
                              trim_left_padding)
-from common.checkpoints import resume_point, save_checkpoint
-from common.checks import StepGuard, check_common_args, check_rewards
-from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
-                                average_gradients, broadcast_parameters, init_distributed, print0,
-                                sample_seed, set_seed)
-from common.logger import Logger, every, global_metrics, mean_of, report_end
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.numerics import (explained_variance, kl_k3, masked_mean, masked_sum, masked_whiten,
-                             mismatch_stats, step_gae)
 
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
@@ -153,8 +147,9 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every size error before any model loads, each with the fix."""
-    check_common_args(args)
+    """Every option error before any model loads, each with the fix: the shared ones
+    (common/checks.py), then this file's own."""
+    check_common_args(args, world_size)
     if args.num_envs % world_size:
         raise ValueError(f"--num_envs {args.num_envs} must be divisible by the number of processes "
                          f"({world_size}); try --num_envs "
@@ -162,7 +157,6 @@ def check_args(args, world_size):
     if args.num_steps % args.num_mini_batches:
         raise ValueError(f"--num_mini_batches {args.num_mini_batches} must divide --num_steps "
                          f"{args.num_steps}: each minibatch takes as many steps of every episode.")
-    check_model_name(args.model_name_or_path)
     if args.prm_model_name_or_path:  # its tokenizer only: the tag and candidates are single tokens
         prm_tok = load_prm_tokenizer(args.prm_model_name_or_path, args.prm_step_tag)
         for text, what in [(args.prm_step_tag, "step tag"), (args.prm_good_token, "good token"),
@@ -173,7 +167,7 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Advantages
 # ------------------------------------------------------------------------------------------------
-def compute_advantages(rewards, values, action_mask, next_values, dones, gamma, lam):
+def compute_advantages(rewards, values, response_mask, next_values, dones, gamma, lam):
     """Step-level GAE per env over the segment. rewards, values, dones: [E, T]; next_values: [E], V
     of the observation after the segment's last step. A step where the episode ended (dones = 1)
     neither bootstraps from the next observation (a new problem) nor carries the next A back."""
@@ -183,12 +177,12 @@ def compute_advantages(rewards, values, action_mask, next_values, dones, gamma, 
 # ------------------------------------------------------------------------------------------------
 # Loss
 # ------------------------------------------------------------------------------------------------
-def policy_loss(logprobs, old_logprobs, advantages, action_mask, entropy, normaliser, args):
+def policy_loss(logprobs, old_logprobs, advantages, response_mask, entropy, normaliser, args):
     """Clipped surrogate on whole steps. logprobs, old_logprobs, entropy [b, R]; advantages [b]."""
-    mask = action_mask.float()
+    mask = response_mask.float()
     # CRUCIAL: one action is the whole step, so the ratio is that of the step's joint probability.
-    logprobs = masked_sum(logprobs, mask, dim=1)  # [b]
-    old_logprobs = masked_sum(old_logprobs, mask, dim=1)  # [b]
+    logprobs = (logprobs * mask).sum(1)  # [b]
+    old_logprobs = (old_logprobs * mask).sum(1)  # [b]
     ratio = torch.exp(logprobs - old_logprobs)  # [b]
     pg_loss = torch.max(-advantages * ratio,
                         -advantages * ratio.clamp(1 - args.epsilon, 1 + args.epsilon))  # [b]
@@ -198,12 +192,13 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, entropy, normal
         clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
                    | ((ratio > 1 + args.epsilon) & (advantages > 0)))
         stats = {"clipfrac": clipped.float().mean().item(),
-                 "approx_kl": kl_k3(old_logprobs, logprobs).mean().item(),  # old vs new, per step
+                 # how far the policy moved from the one that sampled
+                 "approx_kl": kl_estimate(old_logprobs, logprobs, "k3").mean().item(),
                  "pg_loss": pg_loss.mean().item(), "entropy": entropy.mean().item()}
     return loss, stats
 
 
-def value_loss(values, old_values, returns, action_mask, normaliser, args):
+def value_loss(values, old_values, returns, response_mask, normaliser, args):
     """OpenR's value loss: the larger of the Huber losses of the clipped and unclipped values, one
     per step. values, old_values, returns: [b]."""
     clip, delta = args.cliprange_value, args.huber_delta
@@ -220,15 +215,15 @@ def critic_values(critic, input_ids, attention_mask, R):
     return critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1]  # [b]
 
 
-def loss_normaliser(action_mask):
+def loss_normaliser(response_mask):
     """Transitions in this rank's minibatch (every rank has as many): the losses are step means."""
-    return float(action_mask.shape[0])
+    return float(response_mask.shape[0])
 
 
 # ------------------------------------------------------------------------------------------------
 # Update: one minibatch, the critic first, then the policy (OpenR's order)
 # ------------------------------------------------------------------------------------------------
-def minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batches, seed):
+def env_minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batches, seed):
     """Row indices (k * T + t) of each minibatch. Every env gives T / num_mini_batches of its steps,
     drawn with a permutation seeded by (update, epoch, global env): 1 process and N processes form
     the same global minibatch."""
@@ -239,32 +234,32 @@ def minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batches, s
             for m in range(num_mini_batches)]
 
 
-def update_critic(critic, critic_optimizer, batch, idx, args, autocast, guard):
-    R, normaliser = batch["action_mask"].shape[1], loss_normaliser(batch["action_mask"][idx])
+def update_critic(critic, critic_optimizer, batch, idx, args, run):
+    R, normaliser = batch["response_mask"].shape[1], loss_normaliser(batch["response_mask"][idx])
     critic_optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
     for i in idx.split(args.micro_batch_size):  # a micro-batch
-        with autocast:
+        with run.autocast:
             values = critic_values(critic, batch["input_ids"][i], batch["attention_mask"][i], R)
         loss, s = value_loss(values, batch["values"][i], batch["returns"][i],
-                             batch["action_mask"][i], normaliser, args)
+                             batch["response_mask"][i], normaliser, args)
         loss.backward()
         total_loss += loss.item()
         stats.append(s)
     average_gradients(critic)
     grad_norm = clip_grad_norm(critic, args.max_grad_norm)
-    if guard.ok(total_loss, grad_norm):
+    if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
         critic_optimizer.step()
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
 
 
-def update_policy(policy, optimizer, batch, idx, args, autocast, guard, first=False):
+def update_policy(policy, optimizer, batch, idx, args, run, first=False):
     """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the
     rollout policy and the current one exceeds target_kl on this minibatch, skip the step. The
     first minibatch of an update also compares the sampler's log-probs with the trainer's."""
-    R, normaliser = batch["action_mask"].shape[1], loss_normaliser(batch["action_mask"][idx])
+    R, normaliser = batch["response_mask"].shape[1], loss_normaliser(batch["response_mask"][idx])
     # CRUCIAL: the advantages are standardised per minibatch (OpenR), over every rank's steps
-    advantages = masked_whiten(batch["advantages"][idx], batch["action_mask"][idx][:, 0].float(),
+    advantages = masked_whiten(batch["advantages"][idx], batch["response_mask"][idx][:, 0].float(),
                                eps_on_std=True)
     optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
@@ -272,16 +267,16 @@ def update_policy(policy, optimizer, batch, idx, args, autocast, guard, first=Fa
         sl = slice(j * args.micro_batch_size, (j + 1) * args.micro_batch_size)
         input_ids, attention_mask = trim_left_padding(batch["input_ids"][i],
                                                       batch["attention_mask"][i])
-        with autocast:
+        with run.autocast:
             logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R,
                                                args.temperature)
         loss, s = policy_loss(logprobs, batch["old_logprobs"][i], advantages[sl],
-                              batch["action_mask"][i], entropy, normaliser, args)
+                              batch["response_mask"][i], entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
         if first:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
             s.update(mismatch_stats(logprobs.detach(), batch["sampler_logprobs"][i],
-                                    batch["action_mask"][i].float()))
+                                    batch["response_mask"][i].float()))
         stats.append(s)
     stats = all_reduce_mean(mean_of(stats))
     if args.target_kl and stats["approx_kl"] > args.target_kl:  # the same on every rank
@@ -289,158 +284,108 @@ def update_policy(policy, optimizer, batch, idx, args, autocast, guard, first=Fa
         return {**stats, "early_stop_frac": 1.0}
     average_gradients(policy)
     grad_norm = clip_grad_norm(policy, args.max_grad_norm)
-    if guard.ok(total_loss, grad_norm):
+    if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
         optimizer.step()
     return {**stats, "early_stop_frac": 0.0, "grad_norm": grad_norm}
-
-
-# ------------------------------------------------------------------------------------------------
-# Models: the critic
-# ------------------------------------------------------------------------------------------------
-def make_critic(policy, args, device, state=None):
-    """A value head on a frozen body: the starting policy's (a copy with full fine-tuning; the
-    policy itself with adapters off with LoRA). --critic_train_body trains a copy of the body.
-    state: a checkpoint's trainer state, whose critic weights are loaded."""
-    if args.lora_r and not args.critic_train_body:
-        critic = Critic(AdapterOffBody(policy), policy.config.hidden_size, args.critic_hidden_size,
-                        args.critic_num_layers, freeze_body=True).to(device)
-    else:
-        critic = load_critic(args.model_name_or_path, args.critic_hidden_size,
-                             args.critic_num_layers, freeze_body=not args.critic_train_body,
-                             device=device, gradient_checkpointing=args.gradient_checkpointing,
-                             # a frozen body only runs forwards: bf16 halves it under --bf16
-                             dtype=torch.bfloat16 if args.bf16 and not args.critic_train_body
-                             else torch.float32)
-    if state is not None:
-        critic.load_state_dict(state["extra"]["critic"], strict=False)
-    broadcast_parameters(critic)
-    if args.fsdp and args.critic_train_body:  # a trained body is sharded as the policy is
-        shard(critic, decoder_layers(critic.body), args.bf16)
-    return critic
-
-
-def critic_state(critic):
-    """What a checkpoint keeps of the critic: what learns (the head; the body only if trained)."""
-    return {k: v for k, v in full_state_dict(critic).items()
-            if not (critic.freeze_body and k.startswith("body."))}
 
 
 # ------------------------------------------------------------------------------------------------
 # Main: setup -> models -> update loop -> eval, logging, checkpoint
 # ------------------------------------------------------------------------------------------------
 def main(args):
-    # ---- setup: distributed, seed, env (the env first: a bad task or file fails before any model)
-    dist_info = init_distributed()
-    rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
-    check_args(args, world)
-    set_seed(args.seed)
-    steps, tokens = STEP_LIMITS.get(resolve_task(args, say=print0)[0], (10, 96))
+    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
+    # bad task or data file fails at once; where the run starts
+    run = Run(args, check_args)
+    steps, tokens = STEP_LIMITS.get(resolve_task(args, say=run.print)[0], (10, 96))
     args.max_episode_steps = args.max_episode_steps or steps  # an arithmetic answer is one line
     args.max_new_tokens = args.max_new_tokens or tokens
     stepwise = dict(stepwise=True, step_tag=args.step_tag, max_steps=args.max_episode_steps)
-    env, eval_env = make_envs(args, stepwise, say=print0)
+    env, eval_env = make_envs(args, stepwise, say=run.print)
     resolve_schedule(args, len(env), args.num_envs * args.num_steps / args.max_episode_steps)
-    local_envs, T = args.num_envs // world, args.num_steps
-    autocast_dtype = torch.bfloat16 if args.bf16 else None
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
+    local_envs, T = args.num_envs // run.world, args.num_steps
     reward = "PRM " + args.prm_model_name_or_path if args.prm_model_name_or_path else "the verifier"
-    print0(f"APPO | {world} process(es) on {device} | {args.num_envs} episodes x {T} steps per "
-           f"update ({local_envs * T} per rank) | {args.num_ppo_epochs} epoch(s) x "
-           f"{args.num_mini_batches} minibatches of micro-batches of {args.micro_batch_size} | "
-           f"{len(env)} problems | {args.max_steps} updates | reward: {reward} | episodes of "
-           f"{args.max_episode_steps} steps of {args.max_new_tokens} tokens at most")
-
-    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+    run.print(f"APPO | {run.world} process(es) on {run.device} | {args.num_envs} episodes x {T} "
+              f"steps per update ({local_envs * T} per rank) | {args.num_ppo_epochs} epoch(s) x "
+              f"{args.num_mini_batches} minibatches of micro-batches of {args.micro_batch_size} | "
+              f"{len(env)} problems | {args.max_steps} updates | reward: {reward} | episodes of "
+              f"{args.max_episode_steps} steps of {args.max_new_tokens} tokens at most")
+    start_step, resume_from = run.resume_point()
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    critic = make_critic(policy, args, device, state)  # beyond grpo: the value function
+    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    critic = make_critic(args, policy, run.device, run.state)  # beyond grpo: the value function
     prm = (ProcessRewardModel(args.prm_model_name_or_path, args.prm_step_tag, args.prm_good_token,
-                              args.prm_bad_token, device=device, autocast_dtype=autocast_dtype)
+                              args.prm_bad_token, device=run.device,
+                              autocast_dtype=run.autocast_dtype)
            if args.prm_model_name_or_path else None)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     critic_optimizer = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad],
                                         lr=args.critic_learning_rate, eps=1e-5)
-    envs = StepwiseEnvs(env, tokenizer, local_envs, rank * local_envs, args.num_envs, args.seed,
-                        prm, args.outcome_reward_coef)
-    if state is not None:
-        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
-        load_optimizer_state(critic, critic_optimizer, state["optimizers"]["critic"])
-        envs.load_state_dict(state["extra"]["envs"][rank * local_envs:(rank + 1) * local_envs])
-    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
-    logger = Logger(args, start_step, enabled=dist_info.is_main)
+    envs = StepwiseEnvs(env, tokenizer, local_envs, run.rank * local_envs, args.num_envs,
+                        args.seed, prm, args.outcome_reward_coef)
 
-    def run_eval(step):
-        if eval_env is None:
-            return None
-        acc = evaluate(policy, tokenizer, eval_env, args.num_eval_problems,
-                       args.eval_max_new_tokens, args.eval_batch_size, autocast_dtype)
-        logger.log_eval(step, {"eval/accuracy": acc})
-        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
-        return acc
-
-    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
+    def extra_state():  # the critic, and the running episodes of every rank's envs
         running = [s for part in all_gather_objects(envs.state_dict()) for s in part]
-        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                        {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)},
-                        extra={"critic": critic_state(critic), "envs": running},
-                        merge_base=args.merge_lora and args.model_name_or_path)
+        return {"critic": critic_state(critic), "envs": running}
 
-    first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
+    # TRY NOT TO MODIFY: a resumed run's optimizer states, the logs, the accuracy before training
+    run.start(policy, tokenizer, eval_env,
+              {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)}, extra_state,
+              eval_max_new_tokens=args.eval_max_new_tokens)
+    if run.state is not None:  # the episodes that were running carry on
+        envs.load_state_dict(run.state["extra"]["envs"][run.rank * local_envs:
+                                                        (run.rank + 1) * local_envs])
 
-    # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the time budget
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes go on next update
         segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p,
-                               autocast_dtype)
-        check_rewards(segment.rewards, step + 1, args.dataset_name,
-                      lambda k, t: f"env {rank * local_envs + k}, problem {segment.indices[k][t]}")
+                               run.autocast_dtype)
+        run.check_rewards(segment.rewards, step + 1,
+                          lambda k, t: f"env {run.rank * local_envs + k}, "
+                                       f"problem {segment.indices[k][t]}")
         gen = segment.gen
         input_ids, attention_mask = gen.sequences()  # [N, P + R], row k * T + t = env k, step t
-        action_mask = gen.response_mask  # [N, R]
-        N, R = action_mask.shape
+        response_mask = gen.response_mask  # [N, R]
+        N, R = response_mask.shape
         t_rollout = time.time() - t0
 
         # ---- values and advantages (beyond grpo: a critic and GAE over steps)
         mb = args.micro_batch_size
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), run.autocast:
             values = torch.cat([critic_values(critic, input_ids[i], attention_mask[i], R)
                                 for i in torch.arange(N).split(mb)]).float()  # [N]
             next_obs = left_pad(segment.next_obs, tokenizer.pad_token_id)
-            next_values = critic(*(x.to(device) for x in next_obs))[:, -1].float()  # [E] at the cut
+            next_values = critic(*(x.to(run.device) for x in next_obs))[:, -1].float()  # at the cut
         advantages, returns = compute_advantages(
-            segment.rewards, values.view(local_envs, T), action_mask.view(local_envs, T, R),
+            segment.rewards, values.view(local_envs, T), response_mask.view(local_envs, T, R),
             next_values, segment.dones, args.gamma, args.gae_lambda)  # [E, T]
         advantages, returns = advantages.reshape(N), returns.reshape(N)  # [N]
 
         # ---- log-probs of the behaviour policy: the sampler's, which are exact in fp32
         old_logprobs = gen.logprobs  # [N, R]
         if args.bf16:  # CRUCIAL: bf16 sampling and training forwards round differently
-            with autocast:
+            with run.autocast:
                 old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
         batch = {"input_ids": input_ids, "attention_mask": attention_mask,
-                 "action_mask": action_mask, "old_logprobs": old_logprobs,
+                 "response_mask": response_mask, "old_logprobs": old_logprobs,
                  "advantages": advantages, "returns": returns, "values": values,
                  "sampler_logprobs": gen.logprobs}
 
         # ---- update: num_ppo_epochs passes of num_mini_batches minibatches; the critic steps first
         lr = lr_at(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for group in critic_optimizer.param_groups:
-            group["lr"] = lr_at(step, args, args.critic_learning_rate)
+        optimizer.param_groups[0]["lr"] = lr
+        critic_optimizer.param_groups[0]["lr"] = lr_at(step, args, args.critic_learning_rate)
         policy.train()
         stats = []
         for epoch in range(args.num_ppo_epochs):
-            for idx in minibatches(step, epoch, local_envs, rank * local_envs, T,
+            for idx in env_minibatches(step, epoch, local_envs, run.rank * local_envs, T,
                                    args.num_mini_batches, args.seed):
-                idx = idx.to(device)
-                s = update_critic(critic, critic_optimizer, batch, idx, args, autocast, guard)
-                s.update(update_policy(policy, optimizer, batch, idx, args, autocast, guard,
+                idx = idx.to(run.device)
+                s = update_critic(critic, critic_optimizer, batch, idx, args, run)
+                s.update(update_policy(policy, optimizer, batch, idx, args, run,
                                        first=not stats))
                 stats.append(s)
         # the rollout has no use for gradients: freed here, not at the next update's start
@@ -448,57 +393,38 @@ def main(args):
         critic_optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
-        # ---- logging
-        n_tokens = action_mask.sum().item()
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        n_tokens = response_mask.sum().item()
         rewards = segment.rewards.reshape(N)
-        stepped = [s for s in stats if "grad_norm" in s]
-        mask = action_mask[:, 0].float()  # one value per step
+        mask = response_mask[:, 0].float()  # one value per step
         episodes = segment.episodes  # those that ended in this segment
-        metrics = {
-            "reward/mean": rewards.mean().item(),
-            "reward/sq": (rewards ** 2).mean().item(),
-            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts)
-            / max(1, len(episodes)),
-            "response_len/mean": n_tokens / N,
-            "truncated_frac": gen.truncated.float().mean().item(),
-            "value/mean": masked_mean(values, mask).item(),
-            **{k: v for k, v in mean_of(stats).items() if k != "grad_norm"},
-        }
-        if prm is not None:
-            metrics["prm_reward"] = segment.prm_rewards.mean().item()
-        metrics = global_metrics(metrics, device)  # averaged over ranks; reward/sq -> reward/std
-        metrics["skipped_steps"] = guard.pop()
-        metrics["explained_variance"] = explained_variance(values, returns, mask)
         # the true accuracy and length of the episodes that ended in this segment, over all ranks
         ended = all_reduce_sum(torch.tensor([len(episodes), sum(e["correct"] for e in episodes),
                                              sum(e["steps"] for e in episodes),
                                              sum(e["cut"] for e in episodes)],
-                                            dtype=torch.float64, device=device))
+                                            dtype=torch.float64, device=run.device))
+        metrics = {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std(unbiased=False).item(),
+            "reward/grader_timeouts": run.grader_timeouts() / max(1, len(episodes)),
+            "response_len/mean": n_tokens / N,
+            "truncated_frac": gen.truncated.float().mean().item(),
+            "value/mean": masked_mean(values, mask).item(),
+            "explained_variance": explained_variance(values, returns, mask),
+            "episodes": ended[0].item(), "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
+            "time/rollout_s": t_rollout, "time/update_s": t_update,
+        }
         if ended[0] > 0:  # cut: ended by --max_episode_steps before an answer
             metrics.update({"accuracy": (ended[1] / ended[0]).item(),
                             "episode_steps/mean": (ended[2] / ended[0]).item(),
                             "episode_cut_frac": (ended[3] / ended[0]).item()})
-        metrics.update({"episodes": ended[0].item(), "lr": lr,
-                        "tokens_per_s": n_tokens * world / t_rollout,
-                        "time/rollout_s": t_rollout, "time/update_s": t_update})
-        if stepped:  # grad_norm of the policy steps taken (none if every minibatch stopped early)
-            metrics["grad_norm"] = sum(s["grad_norm"] for s in stepped) / len(stepped)
-        logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == 0:
-            logger.log_samples(step + 1, [{**e, "reward": sum(e["rewards"])} for e in episodes[:4]])
-
-        # ---- eval and checkpoint
-        if step + 1 < args.max_steps and every(step + 1, args.eval_interval):
-            run_eval(step + 1)
-        if step + 1 < args.max_steps and every(step + 1, args.save_interval):
-            save(step + 1)
-
-    final_acc = run_eval(args.max_steps)
-    save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
-               adapter=bool(args.lora_r))
-    logger.close()
-    return first_acc, final_acc
+        if prm is not None:
+            metrics["prm_reward"] = segment.prm_rewards.mean().item()
+        # the policy's grad_norm is the mean over the steps taken (none if all stopped early)
+        samples = [{**e, "reward": sum(e["rewards"])} for e in episodes[:4]]
+        run.log(step + 1, metrics, stats, samples)
+        run.end_update(step + 1)
+    return run.finish()
 
 
 if __name__ == "__main__":

@@ -27,27 +27,23 @@ Launch:
 """
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.checks import check_common_args
+from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+                                sample_seed)
 from common.env import make_envs
-from common.grader import grader_counts
-from common.evaluation import evaluate
 from common.fast_sampler import fast_generate
-from common.models import check_model_name, load_tokenizer, reference_policy, trained_policy
-from common.sampler import Generation, decode_responses, encode_prompts
-from common.sharding import clip_grad_norm, load_optimizer_state
-from common.checkpoints import resume_point, save_checkpoint
-from common.checks import StepGuard, check_batch, check_common_args, check_rewards
-from common.distributed import (all_reduce_sum, average_gradients, init_distributed, minibatches,
-                                print0, prompt_indices, sample_seed, set_seed)
-from common.logger import Logger, every, global_metrics, mean_of, report_end
 from common.logprobs import batched_token_logprobs, token_logprobs
-from common.numerics import kl_estimate, kl_k3, masked_mean, masked_sum, mismatch_stats
+from common.models import load_tokenizer, reference_policy, trained_policy
+from common.numerics import kl_estimate, masked_mean, mismatch_stats
+from common.run import Run
+from common.sampler import Generation, decode_responses, encode_prompts
+from common.sharding import clip_grad_norm
 
 
 @dataclass
@@ -113,12 +109,68 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every size error before any model loads, each with the fix."""
-    check_common_args(args)
+    """Every option error before any model loads, each with the fix: the shared ones
+    (common/checks.py), then this file's own."""
+    check_common_args(args, world_size)
     if args.num_generations < 2:
         raise ValueError("--num_generations must be >= 2: the group baseline needs two samples.")
-    check_batch(args, world_size, args.num_prompts, args.num_generations)
-    check_model_name(args.model_name_or_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Rollout:
+    """G responses to each of this rank's problems; consecutive rows share a problem."""
+    gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
+    texts: list  # [N] the decoded responses
+    scores: torch.Tensor  # [N] the verifier's rewards
+    correct: torch.Tensor  # [N] 1.0 where the answer is right
+    problems: list  # [N / G] the problem of each group
+
+
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+    """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
+    the prompt stream: sample G responses for each and grade them. Each response's seed follows its
+    global sample index, so 1 process and N processes draw the same samples."""
+    G = args.num_generations
+    problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
+    problems = problems[first:first + local_prompts]
+    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
+    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
+    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    texts = decode_responses(tokenizer, gen)
+    graded = [env.score(text, problems[k // G]) for k, text in enumerate(texts)]  # (reward, info)
+    scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
+    correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
+    return Rollout(gen, texts, scores, correct, problems)
+
+
+def dynamic_sampling(policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype,
+                     pad_id):
+    """DAPO: rounds of rollouts until local_prompts groups have rewards that differ; groups of
+    equal rewards fill what max_sampling_rounds leave short. Update `step` owns max_sampling_rounds
+    positions of the prompt stream, so its draws never depend on an earlier update's luck and a
+    resumed run draws the same. -> (this rank's Rollout, the rounds used)"""
+    G, kept, spare = args.num_generations, [], []  # (round's Rollout, group) whose rewards differ
+    for used in range(1, args.max_sampling_rounds + 1):
+        position = step * args.max_sampling_rounds + used - 1
+        batch = rollout(policy, tokenizer, env, position, first, local_prompts, args,
+                        autocast_dtype)
+        differ = batch.scores.view(-1, G).std(dim=1) > 0
+        for g in range(local_prompts):
+            (kept if differ[g] else spare).append((batch, g))
+        if len(kept) >= local_prompts:
+            break
+    groups = (kept + spare)[:local_prompts]
+    rows = [torch.arange(g * G, (g + 1) * G) for _, g in groups]
+    gen = Generation.cat([b.gen.rows(r) for (b, _), r in zip(groups, rows)], pad_id)
+    texts = [b.texts[k] for (b, _), r in zip(groups, rows) for k in r.tolist()]
+    scores, correct = (torch.cat([getattr(b, name)[r] for (b, _), r in zip(groups, rows)])
+                       for name in ("scores", "correct"))
+    return Rollout(gen, texts, scores, correct, [b.problems[g] for b, g in groups]), used
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,10 +178,10 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 def kl_penalised(scores, kl, response_mask, beta):
     """--kl_penalty reward: each response's score minus beta times its summed per-token KL. [N]"""
-    return scores if kl is None else scores - beta * masked_sum(kl, response_mask.float(), dim=1)
+    return scores if kl is None else scores - beta * (kl * response_mask.float()).sum(1)
 
 
-def compute_advantages(rewards, group_size, scale=True):
+def group_advantages(rewards, group_size, scale=True):
     """[N * G] rewards -> [N * G] advantages: each response against the others of its group. Dr.GRPO
     (scale=False) keeps the std out: it up-weights questions whose rewards barely vary."""
     r = rewards.view(-1, group_size)  # [N, G]: consecutive rows form a group
@@ -142,48 +194,48 @@ def compute_advantages(rewards, group_size, scale=True):
 # ------------------------------------------------------------------------------------------------
 # Loss
 # ------------------------------------------------------------------------------------------------
-def loss_normaliser(loss_type, response_mask, max_new_tokens, world_size):
+def loss_normaliser(loss_mask, args, world_size):
     """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
-    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). Rows without tokens
-    (a dropped group) count nowhere."""
-    sequences = (response_mask.sum(1) > 0).sum().clamp(min=1).item()
-    if loss_type == "grpo":
+    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
+    the tokens that count; rows without any (a dropped group) count nowhere."""
+    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()
+    if args.loss_type == "grpo":
         return float(sequences)
-    if loss_type == "bnpo":
-        return response_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
-    if loss_type == "dapo":
+    if args.loss_type == "bnpo":
+        return loss_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
+    if args.loss_type == "dapo":
         # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
         # a token mean over everything every rank generated.
-        return (all_reduce_sum(response_mask.sum().float()) / world_size).clamp(min=1).item()
-    if loss_type == "dr_grpo":
-        return float(sequences * max_new_tokens)
-    raise ValueError(f"unknown loss_type {loss_type!r}")
+        return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
+    if args.loss_type == "dr_grpo":
+        return float(sequences * args.max_new_tokens)
+    raise ValueError(f"unknown loss_type {args.loss_type!r}")
 
 
 def aggregate(per_token, mask, loss_type, normaliser):
     """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
     if loss_type == "grpo":
         # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
-        return (masked_sum(per_token, mask, dim=1) / mask.sum(1).clamp(min=1)).sum() / normaliser
-    return masked_sum(per_token, mask) / normaliser
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / normaliser
+    return (per_token * mask).sum() / normaliser
 
 
-def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
+def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None, sampler_logprobs=None):
-    """Clipped surrogate per token. logprobs, old_logprobs [b, R], advantages [b]; ref_logprobs
-    [b, R] adds the KL term (None: no KL in the loss); sampler_logprobs [b, R] with --tis_cap weighs
-    each token by the trainer's probability over the sampler's, truncated."""
-    mask = response_mask.float()
+    """Clipped surrogate per token. logprobs, old_logprobs [b, R], advantages [b]; loss_mask
+    [b, R] the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in the loss);
+    sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap)."""
+    mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response, a mean
-        log_ratio = (masked_sum(log_ratio, mask, dim=1) / mask.sum(1).clamp(min=1))[:, None]
+    if args.importance_sampling_level == "sequence":  # new in GSPO: one ratio per response
+        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
     ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
     eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
     advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
     pg_loss = torch.max(-advantages * ratio,
                         -advantages * ratio.clamp(1 - args.epsilon, 1 + eps_high))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap and sampler_logprobs is not None:  # the samples came from the sampler
+    if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated
         per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
@@ -193,7 +245,8 @@ def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, a
         clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
                    | ((ratio > 1 + eps_high) & (advantages > 0)))
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
-                 "approx_kl": masked_mean(kl_k3(old_logprobs, logprobs), mask).item(),  # old vs new
+                 # how far the policy moved from the one that sampled (pi_old)
+                 "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
                  "pg_loss": masked_mean(pg_loss, mask).item()}
         if ref_logprobs is not None:
             stats["kl_ref"] = masked_mean(kl, mask).item()
@@ -201,124 +254,52 @@ def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, a
 
 
 # ------------------------------------------------------------------------------------------------
-# Rollout
-# ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
-    """Sample G responses for each of this rank's prompts and grade them."""
-    G = args.num_generations
-    prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
-    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
-                   seeds=seeds, autocast_dtype=autocast_dtype)
-    texts = decode_responses(tokenizer, gen)
-    rewards, correct = [], []
-    for k, text in enumerate(texts):
-        env.reset(indices[k // G])
-        _, reward, _, info = env.step(text)
-        rewards.append(reward)
-        correct.append(float(info["correct"]))
-    device = gen.response_ids.device
-    return gen, texts, torch.tensor(rewards, device=device), torch.tensor(correct, device=device)
-
-
-def sample_groups(policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype):
-    """This rank's groups of an update: one rollout of its local_prompts prompts, or with
-    --dynamic_sampling (DAPO) rounds of them until local_prompts groups have rewards that differ
-    (groups of equal rewards fill what max_sampling_rounds leave short). Each update owns
-    max_sampling_rounds batches of the prompt stream, so the draws never depend on an earlier
-    update's luck and a resumed run draws the same. -> rollout's four values, each group's problem,
-    and the rounds used."""
-    G, rounds = args.num_generations, args.max_sampling_rounds if args.dynamic_sampling else 1
-    kept, spare = [], []  # (round's rollout, problem, group) of groups whose rewards differ / not
-    for used in range(1, rounds + 1):
-        position = step * rounds + used - 1  # without dynamic sampling: the update itself
-        indices = prompt_indices(position, args.num_prompts, len(env), args.seed)
-        indices = indices[first:first + local_prompts]
-        seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
-        out = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)
-        if not args.dynamic_sampling:
-            return (*out, indices, 1)
-        differ = out[2].view(-1, G).std(dim=1) > 0
-        for g, problem in enumerate(indices):
-            (kept if differ[g] else spare).append((out, problem, g))
-        if len(kept) >= local_prompts:
-            break
-    groups = (kept + spare)[:local_prompts]
-    outs, rows = [o for o, _, _ in groups], [torch.arange(g * G, (g + 1) * G) for _, _, g in groups]
-    gen = Generation.cat([o[0].rows(r) for o, r in zip(outs, rows)], tokenizer.pad_token_id)
-    texts = [o[1][k] for o, r in zip(outs, rows) for k in r.tolist()]
-    scores, correct = (torch.cat([o[j][r] for o, r in zip(outs, rows)]) for j in (2, 3))
-    return gen, texts, scores, correct, [problem for _, problem, _ in groups], used
-
-
-# ------------------------------------------------------------------------------------------------
-# Main: setup -> models -> update loop -> eval, logging, checkpoint
+# Main: setup -> models -> update loop (rollout, advantages, update) -> logging, eval, checkpoints
 # ------------------------------------------------------------------------------------------------
 def main(args):
-    # ---- setup: distributed, seed, env (the env first: a bad task or file fails before any model)
-    dist_info = init_distributed()
-    rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
-    check_args(args, world)
-    set_seed(args.seed)
-    env, eval_env = make_envs(args, say=print0)
+    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
+    # bad task or data file fails at once; where the run starts
+    run = Run(args, check_args)
+    env, eval_env = make_envs(args, say=run.print)
     resolve_schedule(args, len(env), args.num_prompts)
-    local_prompts, G = args.num_prompts // world, args.num_generations
+    local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
-    autocast_dtype = torch.bfloat16 if args.bf16 else None
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
-    print0(f"GRPO | {world} process(es) on {device} | {args.num_prompts} prompts x {G} samples per "
-           f"update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} "
-           f"minibatch(es) of micro-batches of {args.micro_batch_size} | {len(env)} problems | "
-           f"{args.max_steps} updates")
-
-    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+    run.print(f"GRPO | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
+              f"samples per update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x "
+              f"{args.num_mini_batches} minibatch(es) of micro-batches of {args.micro_batch_size} "
+              f"| {len(env)} problems | {args.max_steps} updates")
+    start_step, resume_from = run.resume_point()
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    ref_policy = reference_policy(args, policy, device) if args.beta > 0 else None
+    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
-    if state is not None:
-        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
-    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
-    logger = Logger(args, start_step, enabled=dist_info.is_main)
+    # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
 
-    def run_eval(step):
-        if eval_env is None:
-            return None
-        acc = evaluate(policy, tokenizer, eval_env, args.num_eval_problems, args.max_new_tokens,
-                       args.eval_batch_size, autocast_dtype)
-        logger.log_eval(step, {"eval/accuracy": acc})
-        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
-        return acc
-
-    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
-        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                        {"policy": (policy, optimizer)},
-                        merge_base=args.merge_lora and args.model_name_or_path)
-
-    first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
-
-    # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the time budget
-        # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global
-        # sample index, so 1 process and N processes draw the same samples for the same update.
-        first = rank * local_prompts
-        gen, texts, scores, correct, indices, rounds = sample_groups(  # grpo: DAPO's resampling
-            policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype)
-        check_rewards(scores, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
+        # ---- rollout: G responses to each of this rank's problems of the update, graded
+        first = run.rank * local_prompts  # this rank's share of the update's problems
+        if not args.dynamic_sampling:
+            batch, rounds = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+                                    run.autocast_dtype), 1
+        else:  # new in DAPO: more prompts until num_prompts groups have rewards that differ
+            batch, rounds = dynamic_sampling(policy, tokenizer, env, step, first, local_prompts,
+                                             args, run.autocast_dtype, tokenizer.pad_token_id)
+        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
+        gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
-        response_mask = gen.response_mask  # [N, R]
+        response_mask = gen.response_mask  # [N, R] every sampled token
         mask = response_mask.float()
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy and of the reference, before any update
         mb, old_logprobs, ref_logprobs, kl = args.micro_batch_size, None, None, None
-        with autocast:
+        with run.autocast:
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:  # else: the detached policy
                 old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
             if ref_policy is not None:
@@ -329,83 +310,67 @@ def main(args):
 
         # ---- advantages: each response's reward against its group's
         rewards = kl_penalised(scores, kl, response_mask, args.beta)  # [N]
-        advantages = compute_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
+        advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
+        loss_mask = response_mask  # [N, R] the tokens that count in the loss
         if args.drop_zero_std_groups:
-            response_mask = response_mask * (~zero_std)[:, None]
+            loss_mask = response_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
         lr = lr_at(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        optimizer.param_groups[0]["lr"] = lr
         policy.train()
         stats, grad_norms = [], []
-        epochs = [sample_seed(args.seed, step, e * world + rank)  # the seed of each epoch's shuffle
-                  for e in range(args.num_ppo_epochs)]
-        for rows in minibatches(N, args.num_mini_batches, epochs, device):  # an optimizer step each
-            norm = loss_normaliser(args.loss_type, response_mask[rows], args.max_new_tokens, world)
+        shuffle_seeds = [sample_seed(args.seed, step, e * run.world + run.rank)  # one per epoch
+                         for e in range(args.num_ppo_epochs)]
+        for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
+            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for i in rows.split(mb):  # a micro-batch
-                with autocast:
-                    logprobs, entropy = token_logprobs(policy, input_ids[i], attention_mask[i], R,
-                                                       args.temperature)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[i]
-                ref = None if ref_logprobs is None else ref_logprobs[i]
-                loss, s = policy_loss(logprobs, old, advantages[i], response_mask[i], norm, args,
-                                      ref, gen.logprobs[i])
+            for rows in batch_rows.split(mb):  # a micro-batch
+                with run.autocast:
+                    logprobs, entropy = token_logprobs(policy, input_ids[rows],
+                                                       attention_mask[rows], R, args.temperature)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                ref = None if ref_logprobs is None else ref_logprobs[rows]
+                loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
+                                      ref, gen.logprobs[rows])
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, **mismatch_stats(old, gen.logprobs[i], mask[i]),
-                              "entropy": masked_mean(entropy.detach(), mask[i]).item()})
-            average_gradients(policy)
+                stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
+                              "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
+            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
             grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
-            if guard.ok(total_loss, grad_norms[-1]):
+            if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
-        # ---- logging
-        n_tokens = gen.response_mask.sum().item()
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        n_tokens = response_mask.sum().item()
         metrics = {
             "reward/mean": scores.mean().item(),
-            "reward/sq": (scores ** 2).mean().item(),
-            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / N,
-            "accuracy": correct.mean().item(),
+            "reward/std": scores.std(unbiased=False).item(),
+            "reward/grader_timeouts": run.grader_timeouts() / N,
+            "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
             "sampling/rounds": rounds,
-            "sampling/samples": rounds * N * world,  # over all ranks
+            "sampling/samples": rounds * N * run.world,  # over all ranks
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            **mean_of(stats),
+            "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
+            "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        metrics = global_metrics(metrics, device)  # averaged over ranks; reward/sq -> reward/std
-        metrics["skipped_steps"] = guard.pop()
-        metrics.update({"lr": lr, "tokens_per_s": n_tokens * world / t_rollout,
-                        "time/rollout_s": t_rollout, "time/update_s": t_update})
-        logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == 0:
-            logger.log_samples(step + 1, [
-                {**env.sample_fields(indices[k // G]), "response": texts[k],
-                 "reward": scores[k].item(), "advantage": advantages[k].item()}
-                for k in range(0, N, max(1, N // 8))])
-
-        # ---- eval and checkpoint
-        if step + 1 < args.max_steps and every(step + 1, args.eval_interval):
-            run_eval(step + 1)
-        if step + 1 < args.max_steps and every(step + 1, args.save_interval):
-            save(step + 1)
-
-    final_acc = run_eval(args.max_steps)
-    save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
-               adapter=bool(args.lora_r))
-    logger.close()
-    return first_acc, final_acc
+        samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
+                    "reward": scores[k].item(), "advantage": advantages[k].item()}
+                   for k in range(0, N, max(1, N // 8))]
+        run.log(step + 1, metrics, stats, samples)
+        run.end_update(step + 1)
+    return run.finish()
 
 
 if __name__ == "__main__":

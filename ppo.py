@@ -31,31 +31,25 @@ Launch:
 """
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.checks import check_common_args
+from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+                                sample_seed)
 from common.env import make_envs
-from common.grader import grader_counts
-from common.evaluation import evaluate
 from common.fast_sampler import fast_generate
-from common.models import (ValueHead, check_model_name, load_critic, load_tokenizer,
-                           reference_policy, trained_policy)
-from common.sampler import decode_responses, encode_prompts
-from common.hf import decoder_layers
-from common.sharding import clip_grad_norm, full_state_dict, load_optimizer_state, shard
-from common.checkpoints import resume_point, save_checkpoint
-from common.checks import StepGuard, check_batch, check_common_args, check_rewards
-from common.distributed import (all_reduce_mean, all_reduce_sum, average_gradients,
-                                broadcast_parameters, init_distributed, minibatches, print0,
-                                prompt_indices, sample_seed, set_seed)
-from common.logger import Logger, every, global_metrics, mean_of, report_end
 from common.logprobs import batched_token_logprobs, token_logprobs
-from common.numerics import (explained_variance, kl_estimate, kl_k3, masked_mean, masked_sum,
-                             masked_whiten, mismatch_stats, token_gae)
+from common.models import (critic_state, load_tokenizer, make_critic, reference_policy,
+                           trained_policy)
+from common.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
+                             mismatch_stats, token_gae)
+from common.run import Run
+from common.sampler import Generation, decode_responses, encode_prompts
+from common.sharding import clip_grad_norm
 
 
 @dataclass
@@ -137,12 +131,43 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every size error before any model loads, each with the fix."""
-    check_common_args(args)
-    check_batch(args, world_size, args.num_prompts, args.num_generations)
+    """Every option error before any model loads, each with the fix: the shared ones
+    (common/checks.py), then this file's own."""
+    check_common_args(args, world_size)
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma and --gae_lambda must lie in [0, 1].")
-    check_model_name(args.model_name_or_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Rollout:
+    """G responses to each of this rank's problems; consecutive rows share a problem."""
+    gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
+    texts: list  # [N] the decoded responses
+    scores: torch.Tensor  # [N] the verifier's rewards
+    correct: torch.Tensor  # [N] 1.0 where the answer is right
+    problems: list  # [N / G] the problem of each group
+
+
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+    """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
+    the prompt stream: sample G responses for each and grade them. Each response's seed follows its
+    global sample index, so 1 process and N processes draw the same samples."""
+    G = args.num_generations
+    problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
+    problems = problems[first:first + local_prompts]
+    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
+    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
+    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    texts = decode_responses(tokenizer, gen)
+    graded = [env.score(text, problems[k // G]) for k, text in enumerate(texts)]  # (reward, info)
+    scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
+    correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
+    return Rollout(gen, texts, scores, correct, problems)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -176,37 +201,38 @@ def compute_advantages(rewards, values, response_mask, args):
 # ------------------------------------------------------------------------------------------------
 # Loss
 # ------------------------------------------------------------------------------------------------
-def loss_normaliser(loss_type, response_mask, world_size):
+def loss_normaliser(loss_mask, args, world_size):
     """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
-    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient)."""
-    if loss_type == "token":
+    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
+    the tokens that count."""
+    if args.loss_type == "token":
         # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
         # a token mean over every rank's minibatch, so N processes match one.
-        return (all_reduce_sum(response_mask.sum().float()) / world_size).clamp(min=1).item()
-    if loss_type == "sequence":
-        return float(response_mask.shape[0])
-    raise ValueError(f"unknown loss_type {loss_type!r}")
+        return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
+    if args.loss_type == "sequence":
+        return float(loss_mask.shape[0])
+    raise ValueError(f"unknown loss_type {args.loss_type!r}")
 
 
 def aggregate(per_token, mask, loss_type, normaliser):
     """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
     if loss_type == "sequence":
         # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
-        return (masked_sum(per_token, mask, dim=1) / mask.sum(1).clamp(min=1)).sum() / normaliser
-    return masked_sum(per_token, mask) / normaliser
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / normaliser
+    return (per_token * mask).sum() / normaliser
 
 
-def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
+def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None, sampler_logprobs=None):
-    """Clipped surrogate per token. logprobs, old_logprobs, advantages [b, R]; ref_logprobs
-    [b, R] adds the KL term (None: no KL in the loss); sampler_logprobs [b, R] with --tis_cap weighs
-    each token by the trainer's probability over the sampler's, truncated."""
-    mask = response_mask.float()
+    """Clipped surrogate per token. logprobs, old_logprobs, advantages [b, R]; loss_mask [b, R]
+    the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in the loss);
+    sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap)."""
+    mask = loss_mask.float()
     ratio = torch.exp(logprobs - old_logprobs)  # [b, R]
     pg_loss = torch.max(-advantages * ratio,
                         -advantages * ratio.clamp(1 - args.epsilon, 1 + args.epsilon))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap and sampler_logprobs is not None:  # the samples came from the sampler
+    if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated
         per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
@@ -216,7 +242,8 @@ def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, a
         clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
                    | ((ratio > 1 + args.epsilon) & (advantages > 0)))
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
-                 "approx_kl": masked_mean(kl_k3(old_logprobs, logprobs), mask).item(),  # old vs new
+                 # how far the policy moved from the one that sampled (pi_old)
+                 "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
                  "pg_loss": masked_mean(pg_loss, mask).item()}
         if ref_logprobs is not None:
             stats["kl_ref"] = masked_mean(kl, mask).item()
@@ -241,145 +268,82 @@ def value_loss(values, old_values, returns, response_mask, normaliser, args):
 # ------------------------------------------------------------------------------------------------
 # Forwards (PPO: the log-probs and the values of every response token)
 # ------------------------------------------------------------------------------------------------
-def forward(policy, critic, value_head, input_ids, attention_mask, R, temperature):
-    """-> logprobs [b, R], entropy [b, R], values [b, R] (V(s_t) of the prefix before token t). Pass
-    either a separate `critic` or the `value_head` that reads the policy's own hidden states."""
-    if value_head is not None:
+def forward(policy, critic, input_ids, attention_mask, R, args):
+    """-> logprobs [b, R], entropy [b, R], values [b, R] (V(s_t) of the prefix before token t). The
+    critic is a separate transformer, or (--critic_type shared) a value head on the policy's own
+    hidden states."""
+    if args.critic_type == "shared":
         logprobs, entropy, hidden = token_logprobs(policy, input_ids, attention_mask, R,
-                                                   temperature, return_hidden=True)  # [b, T, H]
-        values = value_head(hidden[:, -R - 1:-1])  # [b, R]
+                                                   args.temperature, return_hidden=True)
+        values = critic(hidden[:, -R - 1:-1])  # [b, R]
     else:
-        logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, temperature)
+        logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, args.temperature)
         # CRUCIAL: the same one-token shift as the log-probs: V(s_t) sits at the position before t.
         values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]  # [b, R]
     return logprobs, entropy, values
 
 
 @torch.no_grad()
-def rollout_forward(policy, critic, value_head, gen, temperature, batch_size):
+def rollout_forward(policy, critic, gen, args):
     """pi_old's log-probs and V_old of the whole rollout batch, before any update: [N, R] each."""
     input_ids, attention_mask = gen.sequences()
-    R = gen.response_mask.shape[1]
-    outs = [forward(policy, critic, value_head, input_ids[i:i + batch_size],
-                    attention_mask[i:i + batch_size], R, temperature)
-            for i in range(0, input_ids.shape[0], batch_size)]
+    R, mb = gen.response_mask.shape[1], args.micro_batch_size
+    outs = [forward(policy, critic, input_ids[i:i + mb], attention_mask[i:i + mb], R, args)
+            for i in range(0, input_ids.shape[0], mb)]
     return torch.cat([o[0] for o in outs]), torch.cat([o[2] for o in outs]).float()
 
 
 # ------------------------------------------------------------------------------------------------
-# Rollout
-# ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
-    """Sample G responses for each of this rank's prompts and grade them."""
-    G = args.num_generations
-    prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
-    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
-                   seeds=seeds, autocast_dtype=autocast_dtype)
-    texts = decode_responses(tokenizer, gen)
-    rewards, correct = [], []
-    for k, text in enumerate(texts):
-        env.reset(indices[k // G])
-        _, reward, _, info = env.step(text)
-        rewards.append(reward)
-        correct.append(float(info["correct"]))
-    device = gen.response_ids.device
-    return gen, texts, torch.tensor(rewards, device=device), torch.tensor(correct, device=device)
-
-
-# ------------------------------------------------------------------------------------------------
-# Main: setup -> models -> update loop -> eval, logging, checkpoint
+# Main: setup -> models -> update loop (rollout, advantages, update) -> logging, eval, checkpoints
 # ------------------------------------------------------------------------------------------------
 def main(args):
-    # ---- setup: distributed, seed, env (the env first: a bad task or file fails before any model)
-    dist_info = init_distributed()
-    rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
-    check_args(args, world)
-    set_seed(args.seed)
-    env, eval_env = make_envs(args, say=print0)
+    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
+    # bad task or data file fails at once; where the run starts
+    run = Run(args, check_args)
+    env, eval_env = make_envs(args, say=run.print)
     resolve_schedule(args, len(env), args.num_prompts)
-    local_prompts, G = args.num_prompts // world, args.num_generations
+    local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
-    autocast_dtype = torch.bfloat16 if args.bf16 else None
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
-    print0(f"PPO | {world} process(es) on {device} | {args.num_prompts} prompts x {G} samples per "
-           f"update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} "
-           f"minibatch(es) of micro-batches of {args.micro_batch_size} | {len(env)} problems | "
-           f"{args.max_steps} updates")
-
-    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+    run.print(f"PPO | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
+              f"samples per update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x "
+              f"{args.num_mini_batches} minibatch(es) of micro-batches of {args.micro_batch_size} "
+              f"| {len(env)} problems | {args.max_steps} updates")
+    start_step, resume_from = run.resume_point()
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # PPO: the critic, a second transformer that starts as a copy of the policy, or a value head on
-    # the policy's own hidden states; `critic_module` is whichever holds the critic's parameters.
-    critic = value_head = None
-    if args.critic_type == "separate":
-        critic = critic_module = load_critic(args.model_name_or_path, args.critic_hidden_size,
-                                             args.critic_num_layers, device=device,
-                                             gradient_checkpointing=args.gradient_checkpointing)
-    else:
-        value_head = critic_module = ValueHead(policy.config.hidden_size, args.critic_hidden_size,
-                                               args.critic_num_layers).to(device)
-    if state is not None:
-        critic_module.load_state_dict(state["extra"]["critic"])
-    broadcast_parameters(critic_module)  # gradients are averaged over ranks too (below)
-    if args.fsdp and critic is not None:  # the second transformer is sharded as the policy is
-        shard(critic, decoder_layers(critic.body), args.bf16)
-    ref_policy = reference_policy(args, policy, device) if args.beta > 0 else None
+    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    # new in PPO: the critic, a second transformer that starts as a copy of the policy, or a value
+    # head on the policy's own hidden states
+    critic = make_critic(args, policy, run.device, run.state)
+    ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
-    critic_optimizer = torch.optim.AdamW(critic_module.parameters(), lr=args.critic_learning_rate,
+    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate,
                                          weight_decay=0.0)
-    if state is not None:
-        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
-        load_optimizer_state(critic_module, critic_optimizer, state["optimizers"]["critic"])
-    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
-    logger = Logger(args, start_step, enabled=dist_info.is_main)
+    # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    run.start(policy, tokenizer, eval_env,
+              {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)},
+              extra_state=lambda: {"critic": critic_state(critic)})
 
-    def run_eval(step):
-        if eval_env is None:
-            return None
-        acc = evaluate(policy, tokenizer, eval_env, args.num_eval_problems, args.max_new_tokens,
-                       args.eval_batch_size, autocast_dtype)
-        logger.log_eval(step, {"eval/accuracy": acc})
-        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
-        return acc
-
-    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
-        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                        {"policy": (policy, optimizer),
-                         "critic": (critic_module, critic_optimizer)},
-                        extra={"critic": full_state_dict(critic_module)},
-                        merge_base=args.merge_lora and args.model_name_or_path)
-
-    first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
-
-    # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the time budget
-        # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global
-        # sample index, so 1 process and N processes draw the same samples for the same update.
-        first = rank * local_prompts
-        indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
-        indices = indices[first:first + local_prompts]
-        seeds = [sample_seed(args.seed, step, first * G + k) for k in range(N)]
-        gen, texts, scores, correct = rollout(policy, tokenizer, env, indices, seeds, args,
-                                              autocast_dtype)
-        check_rewards(scores, step + 1, args.dataset_name, lambda k: f"problem {indices[k // G]}")
+        # ---- rollout: G responses to each of this rank's problems of the update, graded
+        first = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+                        run.autocast_dtype)
+        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
+        gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
-        response_mask = gen.response_mask  # [N, R]
+        response_mask = gen.response_mask  # [N, R] every sampled token
         mask = response_mask.float()
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy, its values, and the reference, before any update
         mb, ref_logprobs, kl = args.micro_batch_size, None, None
-        with autocast:
-            old_logprobs, values = rollout_forward(policy, critic, value_head, gen,
-                                                   args.temperature, mb)  # [N, R] each
+        with run.autocast:
+            old_logprobs, values = rollout_forward(policy, critic, gen, args)  # [N, R] each
             if ref_policy is not None:
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
@@ -392,98 +356,81 @@ def main(args):
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
         lr = lr_at(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for group in critic_optimizer.param_groups:
-            group["lr"] = lr_at(step, args, args.critic_learning_rate)
+        optimizer.param_groups[0]["lr"] = lr
+        critic_optimizer.param_groups[0]["lr"] = lr_at(step, args, args.critic_learning_rate)
         policy.train()
-        critic_module.train()
+        critic.train()
         stats, grad_norms, critic_grad_norms = [], [], []
-        epochs = [sample_seed(args.seed, step, e * world + rank)  # the seed of each epoch's shuffle
-                  for e in range(args.num_ppo_epochs)]
-        for rows in minibatches(N, args.num_mini_batches, epochs, device):  # an optimizer step each
-            norm = loss_normaliser(args.loss_type, response_mask[rows], world)
+        shuffle_seeds = [sample_seed(args.seed, step, e * run.world + run.rank)  # one per epoch
+                         for e in range(args.num_ppo_epochs)]
+        for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
+            norm = loss_normaliser(response_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             total_loss, first_stat = 0.0, len(stats)
-            for i in rows.split(mb):  # a micro-batch
-                with autocast:
-                    logprobs, entropy, new_values = forward(policy, critic, value_head,
-                                                            input_ids[i], attention_mask[i], R,
-                                                            args.temperature)
-                ref = None if ref_logprobs is None else ref_logprobs[i]
-                pg, s = policy_loss(logprobs, old_logprobs[i], advantages[i], response_mask[i],
-                                    norm, args, ref, gen.logprobs[i])
-                vf, vs = value_loss(new_values.float(), values[i], returns[i], response_mask[i],
-                                    norm, args)
+            for rows in batch_rows.split(mb):  # a micro-batch
+                with run.autocast:
+                    logprobs, entropy, new_values = forward(policy, critic, input_ids[rows],
+                                                            attention_mask[rows], R, args)
+                ref = None if ref_logprobs is None else ref_logprobs[rows]
+                pg, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows],
+                                    response_mask[rows], norm, args, ref, gen.logprobs[rows])
+                vf, vs = value_loss(new_values.float(), values[rows], returns[rows],
+                                    response_mask[rows], norm, args)
                 loss = pg + args.vf_coef * vf
                 if args.entropy_coef:
-                    bonus = aggregate(entropy, mask[i], args.loss_type, norm)
+                    bonus = aggregate(entropy, mask[rows], args.loss_type, norm)
                     loss = loss - args.entropy_coef * bonus
                 loss.backward()
                 total_loss += loss.item()
                 stats.append({**s, **vs,
-                              **mismatch_stats(old_logprobs[i], gen.logprobs[i], mask[i]),
-                              "entropy": masked_mean(entropy.detach(), mask[i]).item()})
-            average_gradients(policy)
-            average_gradients(critic_module)
+                              **mismatch_stats(old_logprobs[rows], gen.logprobs[rows], mask[rows]),
+                              "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
+            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
+            average_gradients(critic)
             grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
-            critic_grad_norms.append(clip_grad_norm(critic_module, args.max_grad_norm))
-            if guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
+            critic_grad_norms.append(clip_grad_norm(critic, args.max_grad_norm))
+            if run.guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
                 optimizer.step()
                 critic_optimizer.step()
-            kl_now = [s["approx_kl"] for s in stats[first_stat:]]  # this minibatch's, on all ranks
-            kl_now = all_reduce_mean({"kl": sum(kl_now) / len(kl_now)})["kl"]
+            # CleanRL's early stop: this minibatch's approx_kl, over every rank
+            kl_now = [s["approx_kl"] for s in stats[first_stat:]]
+            kl_now = all_reduce_sum(torch.tensor(sum(kl_now) / len(kl_now), dtype=torch.float64,
+                                                 device=run.device)).item() / run.world
             if args.target_kl and kl_now > args.target_kl:
-                break  # CleanRL's early stop: the policy moved far from the one that sampled
+                break  # the policy moved far from the one that sampled
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
-        # ---- logging
-        n_tokens = gen.response_mask.sum().item()
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        n_tokens = response_mask.sum().item()
         metrics = {
             "reward/mean": scores.mean().item(),
-            "reward/sq": (scores ** 2).mean().item(),
-            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / N,
-            "accuracy": correct.mean().item(),
+            "reward/std": scores.std(unbiased=False).item(),
+            "reward/grader_timeouts": run.grader_timeouts() / N,
+            "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "critic_grad_norm": sum(critic_grad_norms) / len(critic_grad_norms),
             "value/mean": masked_mean(values, mask).item(),
             "return/mean": masked_mean(returns, mask).item(),
-            **mean_of(stats),
+            # how much of the returns' variance the critic explained (over every rank's tokens)
+            "explained_variance": explained_variance(values, returns, mask),
+            "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
+            "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        metrics = global_metrics(metrics, device)  # averaged over ranks; reward/sq -> reward/std
-        metrics["skipped_steps"] = guard.pop()
-        # PPO: how much of the returns' variance the critic explained, with the values A used
-        metrics["explained_variance"] = explained_variance(values, returns, mask)
-        metrics.update({"lr": lr, "tokens_per_s": n_tokens * world / t_rollout,
-                        "time/rollout_s": t_rollout, "time/update_s": t_update})
-        logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == 0:
-            logger.log_samples(step + 1, [
-                {**env.sample_fields(indices[k // G]), "response": texts[k],
-                 "reward": scores[k].item(), "advantage": advantages[k, 0].item(),
-                 "value": values[k, 0].item(), "return": returns[k, 0].item()}
-                for k in range(0, N, max(1, N // 8))])
-
-        # ---- eval and checkpoint
-        if step + 1 < args.max_steps and every(step + 1, args.eval_interval):
-            run_eval(step + 1)
-        if step + 1 < args.max_steps and every(step + 1, args.save_interval):
-            save(step + 1)
-
-    final_acc = run_eval(args.max_steps)
-    save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
-               adapter=bool(args.lora_r))
-    logger.close()
-    return first_acc, final_acc
+        samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
+                    "reward": scores[k].item(), "advantage": advantages[k, 0].item(),
+                    "value": values[k, 0].item(), "return": returns[k, 0].item()}
+                   for k in range(0, N, max(1, N // 8))]
+        run.log(step + 1, metrics, stats, samples)
+        run.end_update(step + 1)
+    return run.finish()
 
 
 if __name__ == "__main__":

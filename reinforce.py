@@ -36,29 +36,24 @@ Launch:
 """
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 
 from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.checks import check_common_args
+from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+                                sample_seed)
 from common.env import make_envs
-from common.grader import grader_counts
-from common.evaluation import evaluate
 from common.fast_sampler import fast_generate
-from common.models import check_model_name, load_tokenizer, reference_policy, trained_policy
-from common.sampler import decode_responses, encode_prompts, eos_token_ids
-from common.sharding import clip_grad_norm, full_state_dict, load_optimizer_state, unsharded
-from common.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
-from common.checkpoints import resume_point, save_checkpoint
-from common.checks import StepGuard, check_batch, check_common_args, check_rewards
-from common.distributed import (all_reduce_sum, average_gradients, init_distributed, minibatches,
-                                print0, prompt_indices, sample_seed, set_seed)
-from common.logger import Logger, every, global_metrics, mean_of, report_end
 from common.logprobs import batched_token_logprobs, token_logprobs
-from common.numerics import (discounted_returns, kl_estimate, kl_k3, masked_mean, masked_sum,
-                             mismatch_stats)
+from common.models import load_tokenizer, reference_policy, trained_policy
+from common.numerics import discounted_returns, kl_estimate, masked_mean, mismatch_stats
+from common.run import Run
+from common.sampler import decode_responses, encode_prompts, eos_token_ids
+from common.sharding import clip_grad_norm, full_state_dict, unsharded
+from common.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
 
 
 @dataclass
@@ -120,11 +115,11 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every size error before any model loads, each with the fix."""
-    check_common_args(args)
+    """Every option error before any model loads, each with the fix: the shared ones
+    (common/checks.py), then this file's own."""
+    check_common_args(args, world_size)
     if args.baseline == "rloo" and args.num_generations < 2:
         raise ValueError("--baseline rloo needs --num_generations >= 2: the others' mean.")
-    check_batch(args, world_size, args.num_prompts, args.num_generations)
     if args.ref_model_sync_steps and args.beta == 0:
         raise ValueError("--ref_model_sync_steps refreshes the KL reference, but --beta is 0 (no "
                          "reference); set --beta > 0 or drop --ref_model_sync_steps.")
@@ -135,7 +130,37 @@ def check_args(args, world_size):
         raise ValueError("--sym_calc works line by line: add --stepwise.")
     if not 0 <= args.gamma <= 1:
         raise ValueError("--gamma must be in [0, 1].")
-    check_model_name(args.model_name_or_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout
+# ------------------------------------------------------------------------------------------------
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+    """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
+    the prompt stream: sample k responses for each and grade them, as N one-step episodes; with
+    --stepwise, N episodes of lines (each line's seed made from its episode's). Each response's
+    seed follows its global sample index, so 1 process and N processes draw the same samples."""
+    G = args.num_generations
+    problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
+    problems = problems[first:first + local_prompts]
+    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    if args.stepwise:  # new in LLM_RL's policy: one line per step, with a calculator
+        sample = policy_sampler(policy, tokenizer, args.temperature, args.top_p,
+                                lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
+                                autocast_dtype)
+        eos_ids = set(eos_token_ids(policy, tokenizer))
+        with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
+            return play_episodes(sample, tokenizer, env, problems, G, args.max_new_tokens,
+                                 args.sym_calc, next(policy.parameters()).device, eos_ids)
+    prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
+    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
+    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    texts = decode_responses(tokenizer, gen)
+    graded = [env.score(text, problems[k // G]) for k, text in enumerate(texts)]  # (reward, info)
+    scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
+    correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
+    return Episodes.single_turn(gen, texts, scores, correct, problems)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,7 +169,7 @@ def check_args(args, world_size):
 def sequence_logprobs(logprobs, mask, length_normalize):
     """[b, R] token log-probs -> [b] log pi(action): their sum or, as the seed does, their mean.
     Also turns per-token KL estimates into the action's KL, the same way."""
-    total = masked_sum(logprobs, mask, dim=1)  # [b]
+    total = (logprobs * mask).sum(1)  # [b]
     return total / mask.sum(1).clamp(min=1) if length_normalize else total
 
 
@@ -174,21 +199,22 @@ def compute_baselines(episode_returns, group_size, baseline):
 # ------------------------------------------------------------------------------------------------
 # Loss
 # ------------------------------------------------------------------------------------------------
-def loss_normaliser(response_mask, world_size):
+def loss_normaliser(loss_mask, args, world_size):
     """The denominator of the whole batch: its actions over all ranks, per rank (stepwise, ranks
-    hold different numbers of lines), fixed before micro-batching so that 1 x 8 and 8 x 1 agree."""
-    actions = torch.tensor(float(response_mask.shape[0]), device=response_mask.device)
+    hold different numbers of lines), fixed before micro-batching so that 1 x 8 and 8 x 1 agree.
+    loss_mask [n, R]: one row per action."""
+    actions = torch.tensor(float(loss_mask.shape[0]), device=loss_mask.device)
     return (all_reduce_sum(actions) / world_size).item()
 
 
-def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, args,
+def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None, sampler_logprobs=None):
     """-A log pi(action), summed over this micro-batch and divided by `normaliser`. logprobs [b, R],
-    advantages [b]; ref_logprobs [b, R] adds the KL term (None: no KL in the loss); sampler_logprobs
-    [b, R] with --tis_cap weighs each token by the trainer's probability over the sampler's."""
-    mask = response_mask.float()  # 0 on padding and on calculator tokens
+    advantages [b]; loss_mask [b, R] the tokens that count; ref_logprobs [b, R] adds the KL term
+    (None: no KL in the loss); sampler_logprobs [b, R]: what the sampler gave each token."""
+    mask = loss_mask.float()  # 0 on padding and on calculator tokens
     weighted = logprobs
-    if args.tis_cap and sampler_logprobs is not None:  # the samples came from the sampler
+    if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated
         tis = torch.exp(logprobs.detach() - sampler_logprobs).clamp(max=args.tis_cap)  # [b, R]
         weighted = logprobs * tis
     seq_logprobs = sequence_logprobs(weighted, mask, args.length_normalize)  # [b]
@@ -201,7 +227,7 @@ def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, a
         per_action = per_action + args.beta * sequence_logprobs(kl, mask, args.length_normalize)
     loss = per_action.sum() / normaliser
     with torch.no_grad():  # old: the sampler, the policy being trained (0 up to numerics)
-        stats = {"approx_kl": masked_mean(kl_k3(old_logprobs, logprobs), mask).item(),
+        stats = {"approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
                  "pg_loss": pg_loss.mean().item()}
         if ref_logprobs is not None:
             stats["kl_ref"] = masked_mean(kl, mask).item()
@@ -209,114 +235,57 @@ def policy_loss(logprobs, old_logprobs, advantages, response_mask, normaliser, a
 
 
 # ------------------------------------------------------------------------------------------------
-# Rollout
-# ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
-    """Sample k responses for each of this rank's prompts and grade them: N one-step episodes, or
-    with --stepwise N episodes of lines (each line's seed made from its episode's)."""
-    G = args.num_generations
-    if args.stepwise:
-        sample = policy_sampler(policy, tokenizer, args.temperature, args.top_p,
-                                lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
-                                autocast_dtype)
-        eos_ids = set(eos_token_ids(policy, tokenizer))
-        with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
-            return play_episodes(sample, tokenizer, env, indices, G, args.max_new_tokens,
-                                 args.sym_calc, next(policy.parameters()).device, eos_ids)
-    prompts = encode_prompts(tokenizer, [env.reset(i) for i in indices])
-    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature, args.top_p,
-                   seeds=seeds, autocast_dtype=autocast_dtype)
-    texts = decode_responses(tokenizer, gen)
-    rewards, correct = [], []
-    for k, text in enumerate(texts):
-        env.reset(indices[k // G])
-        _, reward, _, info = env.step(text)
-        rewards.append(reward)
-        correct.append(float(info["correct"]))
-    device = gen.response_ids.device
-    return Episodes.single_turn(gen, texts, torch.tensor(rewards, device=device),
-                                torch.tensor(correct, device=device))
-
-
-# ------------------------------------------------------------------------------------------------
-# Main: setup -> models -> update loop -> eval, logging, checkpoint
+# Main: setup -> models -> update loop (rollout, advantages, update) -> logging, eval, checkpoints
 # ------------------------------------------------------------------------------------------------
 def main(args):
-    # ---- setup: distributed, seed, env (the env first: a bad task or file fails before any model)
-    dist_info = init_distributed()
-    rank, world, device = dist_info.rank, dist_info.world_size, dist_info.device
-    check_args(args, world)
-    set_seed(args.seed)
+    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
+    # bad task or data file fails at once; where the run starts
+    run = Run(args, check_args)
     stepwise = dict(stepwise=True, max_steps=args.max_episode_steps, calc_annotations=args.sym_calc,
                     system_prompt=args.system_prompt or stepwise_system_prompt(args.dataset_name,
                                                                                args.sym_calc))
-    env, eval_env = make_envs(args, stepwise if args.stepwise else None, True, say=print0)
+    env, eval_env = make_envs(args, stepwise if args.stepwise else None, True, say=run.print)
     resolve_schedule(args, len(env), args.num_prompts)
-    local_prompts, G = args.num_prompts // world, args.num_generations
+    local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
-    autocast_dtype = torch.bfloat16 if args.bf16 else None
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
-    print0(f"REINFORCE | {world} process(es) on {device} | {args.num_prompts} prompts x {G} "
-           f"samples per update ({N} per rank) | micro-batches of {args.micro_batch_size} | "
-           f"{len(env)} problems | {args.max_steps} updates | {args.baseline} baseline"
-           + (" | stepwise" + (", a calculator" if args.sym_calc else "") if args.stepwise else ""))
-
-    start_step, resume_from, state = resume_point(args.output_dir, args.resume, args.max_steps)
+    run.print(f"REINFORCE | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x "
+              f"{G} samples per update ({N} per rank) | micro-batches of {args.micro_batch_size} | "
+              f"{len(env)} problems | {args.max_steps} updates | {args.baseline} baseline"
+              + (" | stepwise" + (", a calculator" if args.sym_calc else "") if args.stepwise
+                 else ""))
+    start_step, resume_from = run.resume_point()
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    policy = trained_policy(args, resume_from, device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    ref_policy = reference_policy(args, policy, device) if args.beta > 0 else None
+    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
-    if state is not None:
-        load_optimizer_state(policy, optimizer, state["optimizers"]["policy"])
-        if ref_policy is not None and "ref_policy" in state["extra"]:  # a refreshed reference
-            ref_policy.load_state_dict(state["extra"]["ref_policy"])
-    guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
-    logger = Logger(args, start_step, enabled=dist_info.is_main)
+    # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
+              # a refreshed reference (--ref_model_sync_steps) is saved with the policy
+              extra_state=lambda: ({"ref_policy": ref_policy.state_dict()}
+                                   if args.ref_model_sync_steps else None))
+    if run.state is not None and "ref_policy" in run.state["extra"] and ref_policy is not None:
+        ref_policy.load_state_dict(run.state["extra"]["ref_policy"])
 
-    def run_eval(step):
-        if eval_env is None:
-            return None
-        acc = evaluate(policy, tokenizer, eval_env, args.num_eval_problems, args.max_new_tokens,
-                       args.eval_batch_size, autocast_dtype)
-        logger.log_eval(step, {"eval/accuracy": acc})
-        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
-        return acc
-
-    def save(step):  # on every rank: under --fsdp the weights and optimizer states are gathered
-        ref = {"ref_policy": ref_policy.state_dict()} if args.ref_model_sync_steps else None
-        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", policy, tokenizer, step,
-                        {"policy": (policy, optimizer)}, extra=ref,  # reinforce: a refreshed ref
-                        merge_base=args.merge_lora and args.model_name_or_path)
-
-    first_acc = run_eval(0) if args.eval_on_start and start_step == 0 else None
-
-    # ---- update loop
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        timeouts = grader_counts()["timeouts"]  # symbolic grades cut short by the time budget
-        # ---- rollout: this rank's contiguous share of the global prompts; seeds follow the global
-        # sample index, so 1 process and N processes draw the same samples for the same update.
-        first = rank * local_prompts
-        indices = prompt_indices(step, args.num_prompts, len(env), args.seed)
-        indices = indices[first:first + local_prompts]
-        seeds = [sample_seed(args.seed, step, first * G + k) for k in range(N)]
-        ep = rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype)  # N episodes
-        check_rewards(ep.rewards, step + 1, args.dataset_name,
-                      lambda k, t: f"problem {indices[k // G]}")
-        gen = ep.gen  # one row per action: a response, or a line
+        # ---- rollout: k responses (or episodes) to each of this rank's problems, graded
+        first = run.rank * local_prompts  # this rank's share of the update's problems
+        ep = rollout(policy, tokenizer, env, step, first, local_prompts, args, run.autocast_dtype)
+        run.check_rewards(ep.rewards, step + 1, lambda k, t: f"problem {ep.problems[k // G]}")
+        gen, scores = ep.gen, ep.rewards.sum(1)  # one row of gen per action: a response, or a line
         input_ids, attention_mask = gen.sequences()  # [n, P + R]
-        response_mask = ep.loss_mask  # [n, R], without calculator tokens
-        mask = response_mask.float()
+        response_mask = gen.response_mask  # [n, R] every token of the actions
+        loss_mask = ep.loss_mask  # [n, R] the policy's own tokens: no calculator tokens
+        mask = loss_mask.float()
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy (the sampler's) and of the reference
         mb, old_logprobs, ref_logprobs, kl = args.micro_batch_size, gen.logprobs, None, None
-        with autocast:
+        with run.autocast:
             if ref_policy is not None:
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
@@ -334,79 +303,62 @@ def main(args):
 
         # ---- update: one optimizer step on the whole batch (REINFORCE is on-policy), micro-batched
         lr = lr_at(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        optimizer.param_groups[0]["lr"] = lr
         policy.train()
         stats, grad_norms = [], []
-        for rows in minibatches(n, 1, [0], device):  # one minibatch: every action
-            norm = loss_normaliser(response_mask[rows], world)
+        for batch_rows in minibatches(n, 1, [0], run.device):  # one minibatch: every action
+            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for i in rows.split(mb):  # a micro-batch
-                with autocast:
-                    logprobs, entropy = token_logprobs(policy, input_ids[i], attention_mask[i], R,
-                                                       args.temperature)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[i]
-                ref = None if ref_logprobs is None else ref_logprobs[i]
-                loss, s = policy_loss(logprobs, old, advantages[i], response_mask[i], norm, args,
-                                      ref, gen.logprobs[i])
+            for rows in batch_rows.split(mb):  # a micro-batch
+                with run.autocast:
+                    logprobs, entropy = token_logprobs(policy, input_ids[rows],
+                                                       attention_mask[rows], R, args.temperature)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                ref = None if ref_logprobs is None else ref_logprobs[rows]
+                loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
+                                      ref, gen.logprobs[rows])
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[i], mask[i]),
-                              "entropy": masked_mean(entropy.detach(), mask[i]).item()})
-            average_gradients(policy)
+                stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[rows],
+                                                    mask[rows]),
+                              "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
+            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
             grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
-            if guard.ok(total_loss, grad_norms[-1]):
+            if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
                 optimizer.step()
-        if ref_policy is not None and every(step + 1, args.ref_model_sync_steps):
-            # the seed's reference refresh
+        sync = args.ref_model_sync_steps
+        if ref_policy is not None and sync and (step + 1) % sync == 0:  # the seed's refresh
             ref_policy.load_state_dict(full_state_dict(policy, all_ranks=True))
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
-        # ---- logging
-        n_tokens = gen.response_mask.sum().item()
-        scores = ep.rewards.sum(1)  # [N]
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        n_tokens = response_mask.sum().item()
         metrics = {
             "reward/mean": scores.mean().item(),
-            "reward/sq": (scores ** 2).mean().item(),
-            "reward/grader_timeouts": (grader_counts()["timeouts"] - timeouts) / N,
+            "reward/std": scores.std(unbiased=False).item(),
+            "reward/grader_timeouts": run.grader_timeouts() / N,
             "accuracy": ep.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": ep.truncated.float().mean().item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "return/mean": returns[:, 0].mean().item(),
-            **mean_of(stats),
+            "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
+            "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
         if args.stepwise:
             metrics.update({"episode_steps/mean": n / N, "calc/fired": ep.calc_fired,
                             "calc/refused": ep.calc_refused})
-        metrics = global_metrics(metrics, device)  # averaged over ranks; reward/sq -> reward/std
-        metrics["skipped_steps"] = guard.pop()
-        metrics.update({"lr": lr, "tokens_per_s": n_tokens * world / t_rollout,
-                        "time/rollout_s": t_rollout, "time/update_s": t_update})
-        logger.log(step + 1, metrics)
-        if (step + 1) % args.log_interval == 0 or step == 0:
-            logger.log_samples(step + 1, [
-                {**env.sample_fields(indices[k // G]), "response": ep.texts[k],
-                 "reward": scores[k].item(), "advantage": (returns[k, 0] - baselines[k]).item()}
-                for k in range(0, N, max(1, N // 8))])
-
-        # ---- eval and checkpoint
-        if step + 1 < args.max_steps and every(step + 1, args.eval_interval):
-            run_eval(step + 1)
-        if step + 1 < args.max_steps and every(step + 1, args.save_interval):
-            save(step + 1)
-
-    final_acc = run_eval(args.max_steps)
-    save(args.max_steps)
-    report_end(first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
-               adapter=bool(args.lora_r))
-    logger.close()
-    return first_acc, final_acc
+        samples = [{**env.sample_fields(ep.problems[k // G]), "response": ep.texts[k],
+                    "reward": scores[k].item(), "advantage": (returns[k, 0] - baselines[k]).item()}
+                   for k in range(0, N, max(1, N // 8))]
+        run.log(step + 1, metrics, stats, samples)
+        run.end_update(step + 1)
+    return run.finish()
 
 
 if __name__ == "__main__":

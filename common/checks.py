@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from common.distributed import collective_device, print0
+from common.models import check_model_name
 
 # Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines
 # them.
@@ -23,9 +24,10 @@ NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_s
                 "num_few_shot")
 
 
-def check_common_args(args):
-    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes,
-    sampling, the output folder, wandb."""
+def check_common_args(args, world_size=1):
+    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes
+    (and, in the files that sample num_generations responses to num_prompts prompts, how they split
+    over ranks and minibatches), sampling, the output folder, the model's path, wandb."""
     defaults = {f.name: f.default for f in fields(args)}
     for name in POSITIVE + NON_NEGATIVE:
         value, low = getattr(args, name, None), 1 if name in POSITIVE else 0
@@ -36,6 +38,8 @@ def check_common_args(args):
         raise ValueError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
                          "need a "
                          f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
+    if hasattr(args, "num_prompts"):
+        check_batch(args, world_size, args.num_prompts, args.num_generations)
     check_output_dir(args.output_dir)
     if args.lora_r and importlib.util.find_spec("peft") is None:
         raise ImportError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
@@ -53,6 +57,7 @@ def check_common_args(args):
         raise ImportError("--track logs to Weights & Biases, which is not installed: pip install "
                           "wandb, or drop "
                           "--track (metrics.jsonl and TensorBoard logs are written anyway).")
+    check_model_name(args.model_name_or_path)
 
 
 def check_output_dir(path, flag="--output_dir"):

@@ -29,7 +29,8 @@ from common.distributed import broadcast_parameters
 from common.fast_compile import compile_decoding
 from common.hf import decoder_layers, position_ids_from_mask
 from common.logprobs import shared_prompt_forward
-from common.sharding import AdapterOff, add_lora, is_sharded, shard
+from common.sharding import (AdapterOff, AdapterOffBody, add_lora, full_state_dict, is_sharded,
+                             shard)
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"
@@ -356,3 +357,49 @@ def load_critic(name, width=1024, depth=0, freeze_body=False, device="cpu",
     critic = Critic(lm.base_model, lm.config.hidden_size, width, depth, freeze_body)
     critic.head.to(device=device, dtype=torch.float32)
     return critic
+
+
+def make_critic(args, policy, device, state=None):
+    """The critic of the PPO family, with a resumed run's weights (state: its trainer state), the
+    same on every rank, a trained transformer body sharded under --fsdp as the policy is:
+    - ppo.py --critic_type shared: a ValueHead on the policy's own hidden states;
+    - ppo.py --critic_type separate: a second transformer, a copy of the starting policy, and a
+      head, all trained (oat, TRL);
+    - appo.py, tppo.py: a head on a frozen body, the starting policy's (with --lora_r the policy
+      itself with its adapters off, OpenR's); --critic_train_body trains a copy of the body."""
+    shard_body = False
+    if getattr(args, "critic_type", None) == "shared":
+        critic = ValueHead(policy.config.hidden_size, args.critic_hidden_size,
+                           args.critic_num_layers).to(device)
+    elif getattr(args, "critic_type", None) == "separate":
+        critic = load_critic(args.model_name_or_path, args.critic_hidden_size,
+                             args.critic_num_layers, device=device,
+                             gradient_checkpointing=args.gradient_checkpointing)
+        shard_body = True
+    elif args.lora_r and not args.critic_train_body:
+        critic = Critic(AdapterOffBody(policy), policy.config.hidden_size, args.critic_hidden_size,
+                        args.critic_num_layers, freeze_body=True).to(device)
+    else:
+        critic = load_critic(args.model_name_or_path, args.critic_hidden_size,
+                             args.critic_num_layers, freeze_body=not args.critic_train_body,
+                             device=device, gradient_checkpointing=args.gradient_checkpointing,
+                             # a frozen body only runs forwards: bf16 halves it under --bf16
+                             dtype=torch.bfloat16 if args.bf16 and not args.critic_train_body
+                             else torch.float32)
+        shard_body = args.critic_train_body
+    if state is not None:  # a frozen body is not in the checkpoint (`critic_state`)
+        critic.load_state_dict(state["extra"]["critic"], strict=not frozen_body(critic))
+    broadcast_parameters(critic)  # gradients are averaged over ranks too
+    if args.fsdp and shard_body:
+        shard(critic, decoder_layers(critic.body), args.bf16)
+    return critic
+
+
+def frozen_body(critic):
+    return getattr(critic, "freeze_body", False)
+
+
+def critic_state(critic):
+    """What a checkpoint keeps of a critic: what learns (a frozen body is the starting policy's)."""
+    return {k: v for k, v in full_state_dict(critic).items()
+            if not (frozen_body(critic) and k.startswith("body."))}

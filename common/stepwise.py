@@ -386,14 +386,15 @@ class Episodes:
     correct: torch.Tensor  # [N]
     truncated: torch.Tensor  # [N] out of tokens (single-turn) or of lines (stepwise) unanswered
     texts: list  # [N] the whole response
+    problems: list  # [N / k] the problem of each group of k episodes
     calc_fired: float = 0.0  # calculator values written, per episode
     calc_refused: float = 0.0  # <<...>> spans that were not arithmetic, per episode
 
     @classmethod
-    def single_turn(cls, gen, texts, rewards, correct):
+    def single_turn(cls, gen, texts, rewards, correct, problems):
         """One-step episodes from a rollout of whole responses."""
         return cls(gen, gen.response_mask, rewards[:, None], torch.ones_like(rewards[:, None]),
-                   correct, gen.truncated, texts)
+                   correct, gen.truncated, texts, problems)
 
 
 def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, sym_calc, device,
@@ -445,5 +446,5 @@ def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, s
     gen = Generation(*(x.to(device) for x in vars(gen).values()))
     return Episodes(gen, loss_mask.to(device), rewards.to(device), step_mask.to(device),
                     correct.to(device), (~finished).to(device),
-                    ["\n".join(ep.steps) for ep in episodes],
+                    ["\n".join(ep.steps) for ep in episodes], list(indices),
                     sum(a.fired for a in actions) / N, sum(a.refused for a in actions) / N)

@@ -42,8 +42,9 @@ def test_reward(action, count=True):
 
 class TestRewardEnv(envlib.MathEnv):
     def step(self, action):
-        obs, _, done, info = super().step(action)
-        return obs, test_reward(action), done, info
+        # single-turn, step() grades the response with score() below
+        obs, reward, done, info = super().step(action)
+        return obs, test_reward(action) if self.stepwise else reward, done, info
 
     def score(self, response, index):
         reward, info = super().score(response, index)
@@ -51,7 +52,7 @@ class TestRewardEnv(envlib.MathEnv):
             # an episode that the policy closes with EOS is graded here, after step() rewarded its
             # last step (and counted it): the same reward, not the verifier's
             return test_reward(response.split("\n")[-1], count=False), info
-        return reward, info
+        return test_reward(response), info
 
 
 MAKE_ENV = envlib.make_env

@@ -17,6 +17,8 @@ import appo
 from common.args import field_docs, parse_args
 from common.models import ValueHead, load_policy
 from common.checks import StepGuard
+from contextlib import nullcontext
+from types import SimpleNamespace
 from common.logprobs import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,10 +131,10 @@ def _tiny_batch(policy, shift):
     torch.manual_seed(0)
     ids = torch.randint(3, 1000, (4, 10))
     attn = torch.ones_like(ids)
-    action_mask = torch.ones(4, 4, dtype=torch.long)
+    response_mask = torch.ones(4, 4, dtype=torch.long)
     with torch.no_grad():
         lp, _ = token_logprobs(policy, ids, attn, 4, temperature=0.7)
-    return {"input_ids": ids, "attention_mask": attn, "action_mask": action_mask,
+    return {"input_ids": ids, "attention_mask": attn, "response_mask": response_mask,
             "old_logprobs": lp - shift,
             "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}
 
@@ -145,7 +147,7 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     args = replace(appo.Args(), micro_batch_size=2, target_kl=0.02)
     stats = appo.update_policy(policy, optimizer, _tiny_batch(policy, shift), torch.arange(4), args,
-                               torch.autocast("cpu", enabled=False), StepGuard())
+                               SimpleNamespace(autocast=nullcontext(), guard=StepGuard()))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["early_stop_frac"] == float(skipped)
     assert stats["approx_kl"] == pytest.approx(0.0 if not skipped else float(torch.exp(torch.tensor(0.4)) - 1.4), abs=1e-5)
@@ -154,7 +156,7 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
 
 # ---- minibatches and arguments ---------------------------------------------------------------------------------
 def test_minibatches_take_the_same_steps_from_every_env_on_any_number_of_ranks():
-    one = appo.minibatches(step=3, epoch=0, num_envs=4, first_env=0, num_steps=4,
+    one = appo.env_minibatches(step=3, epoch=0, num_envs=4, first_env=0, num_steps=4,
                            num_mini_batches=2, seed=0)
     assert sorted(torch.cat(one).tolist()) == list(range(16))  # every transition once per epoch
     for mb in one:
@@ -162,7 +164,7 @@ def test_minibatches_take_the_same_steps_from_every_env_on_any_number_of_ranks()
         assert sorted(i // 4 for i in mb.tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]
     # rank 1 of 2 owns envs 2, 3: its minibatches are the same (env, step) pairs as in the
     # one-process run
-    two = appo.minibatches(step=3, epoch=0, num_envs=2, first_env=2, num_steps=4,
+    two = appo.env_minibatches(step=3, epoch=0, num_envs=2, first_env=2, num_steps=4,
                            num_mini_batches=2, seed=0)
     for a, b in zip(one, two):
         assert [i for i in a.tolist() if i >= 8] == [i + 8 for i in b.tolist()]

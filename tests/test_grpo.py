@@ -49,7 +49,7 @@ def test_loss_at_ratio_one_is_minus_mean_advantage(loss_type):
     # 0.
     logprobs, mask, adv = _batch([4, 4, 4, 4])
     args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
-    norm = grpo.loss_normaliser(loss_type, mask, args.max_new_tokens, world_size=1)
+    norm = grpo.loss_normaliser(mask, args, world_size=1)
     loss, stats = grpo.policy_loss(logprobs, logprobs.detach(), adv, mask, norm, args, None)
     assert loss.item() == pytest.approx(-adv.mean().item())  # -(1 - 0.5 + 2 - 1.5) / 4 = -0.25
     assert stats["clipfrac"] == 0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
@@ -66,7 +66,7 @@ def test_loss_at_ratio_one_is_minus_mean_advantage(loss_type):
 def test_loss_aggregation_with_uneven_lengths(loss_type, expected):
     logprobs, mask, adv = _batch([1, 2, 3, 4])
     args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
-    norm = grpo.loss_normaliser(loss_type, mask, 4, world_size=1)
+    norm = grpo.loss_normaliser(mask, args, world_size=1)
     loss, _ = grpo.policy_loss(logprobs, logprobs.detach(), adv, mask, norm, args, None)
     assert loss.item() == pytest.approx(expected)
 
@@ -110,7 +110,7 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(loss_type):
     attn[:, -R:] = response_mask.long()
     adv = torch.linspace(-1, 1, 8)
     args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=R)
-    norm = grpo.loss_normaliser(loss_type, response_mask, R, world_size=1)
+    norm = grpo.loss_normaliser(response_mask, args, world_size=1)
     grads, losses = [], []
     for mb in (8, 1):
         policy.zero_grad()
@@ -134,9 +134,9 @@ def test_group_advantages_by_hand_and_dr_grpo_without_std():
     # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 2: all equal -> exactly
     # 0
     a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
-    torch.testing.assert_close(grpo.compute_advantages(rewards, 4),
+    torch.testing.assert_close(grpo.group_advantages(rewards, 4),
                                torch.tensor([a, -a, a, -a, 0, 0, 0, 0.0]))
-    torch.testing.assert_close(grpo.compute_advantages(rewards, 4, scale=False),
+    torch.testing.assert_close(grpo.group_advantages(rewards, 4, scale=False),
                                torch.tensor([0.5, -0.5, 0.5, -0.5, 0, 0, 0, 0.0]))
 
 
@@ -147,7 +147,8 @@ def test_dropped_groups_leave_the_normaliser(loss_type, expected):
     # zeroed. Kept: 2 sequences, 5 tokens; dr_grpo: 2 sequences x 4 max tokens.
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float)
     mask[2:] = 0
-    assert grpo.loss_normaliser(loss_type, mask, 4, world_size=1) == expected
+    args = replace(grpo.Args(), loss_type=loss_type, max_new_tokens=4)
+    assert grpo.loss_normaliser(mask, args, world_size=1) == expected
 
 
 # ---- argument checks ----------------------------------------------------------------------------------------
@@ -279,15 +280,20 @@ def test_kl_in_the_reward_and_in_the_loss(estimator, kl):
 
 def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
     # problems with an even index give the group rewards 0, 1, 0, 1; odd ones 0, 0, 0, 0
-    def rollout(policy, tokenizer, env, indices, seeds, args, autocast_dtype):
+    def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+        indices = grpo.prompt_indices(position, args.num_prompts, len(env), args.seed)
+        indices = indices[first:first + local_prompts]
         scores = torch.tensor([float(k % 2 and i % 2 == 0) for i in indices for k in range(4)])
         gen = grpo.Generation(*(torch.zeros(len(scores), 1) for _ in range(7)))
-        return gen, [f"p{i}" for i in indices for _ in range(4)], scores, scores.clone()
+        return grpo.Rollout(gen, [f"p{i}" for i in indices for _ in range(4)], scores,
+                            scores.clone(), indices)
     monkeypatch.setattr(grpo, "rollout", rollout)
     env = list(range(40))  # only len(env) is read
     tok = type("Tok", (), {"pad_token_id": 0})()
     args = replace(grpo.Args(), num_prompts=4, num_generations=4, dynamic_sampling=True, max_sampling_rounds=3)
-    gen, texts, scores, correct, problems, rounds = grpo.sample_groups(None, tok, env, 5, 0, 4, args, None)
+    batch, rounds = grpo.dynamic_sampling(None, tok, env, 5, 0, 4, args, None, 0)
+    gen, texts, scores, correct, problems = (batch.gen, batch.texts, batch.scores, batch.correct,
+                                             batch.problems)
     drawn = [grpo.prompt_indices(5 * 3 + r, 4, 40, args.seed) for r in range(rounds)]
     expected = [i for round_ in drawn for i in round_ if i % 2 == 0][:4]
     assert problems == expected and len(problems) == 4 and rounds == len(drawn)
@@ -295,6 +301,7 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
     assert texts == [f"p{i}" for i in problems for _ in range(4)] and gen.response_ids.shape == (16, 1)
     # with too few rounds the batch is filled with equal-reward groups, in the order drawn
     args = replace(args, max_sampling_rounds=1)
-    *_, problems, rounds = grpo.sample_groups(None, tok, env, 5, 0, 4, args, None)
+    batch, rounds = grpo.dynamic_sampling(None, tok, env, 5, 0, 4, args, None, 0)
+    problems = batch.problems
     first = grpo.prompt_indices(5, 4, 40, args.seed)
     assert rounds == 1 and problems == [i for i in first if i % 2 == 0] + [i for i in first if i % 2]

@@ -174,7 +174,7 @@ def test_loss_aggregation_with_uneven_lengths(aggregation, expected):
     mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
     adv = torch.tensor([[2.0, 9, 9], [1, 1, 4]])
     lp = torch.full((2, 3), -1.0)
-    norm = ppo.loss_normaliser(aggregation, mask, world_size=1)
+    norm = ppo.loss_normaliser(mask, args, world_size=1)
     loss, _ = ppo.policy_loss(lp, lp, adv, mask, norm, args)
     assert loss.item() == pytest.approx(expected)
 
@@ -196,7 +196,7 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
     attn[:, -R:] = mask.long()
     adv, ret = torch.randn(8, R), torch.randn(8, R)
     args = replace(ppo.Args(), loss_type=aggregation)
-    norm = ppo.loss_normaliser(aggregation, mask, world_size=1)
+    norm = ppo.loss_normaliser(mask, args, world_size=1)
     grads, losses = [], []
     for mb in (8, 1):
         policy.zero_grad()
@@ -204,7 +204,8 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
         total = 0.0
         for i in range(0, 8, mb):
             sl = slice(i, i + mb)
-            lp, _, v = ppo.forward(policy, critic, None, ids[sl], attn[sl], R, 1.0)
+            lp, _, v = ppo.forward(policy, critic, ids[sl], attn[sl], R,
+                                   replace(args, temperature=1.0))
             # old log-probs and values perturbed so that both clipping paths are exercised
             pg, _ = ppo.policy_loss(lp, lp.detach() - 0.3, adv[sl], mask[sl], norm, args)
             vf, _ = ppo.value_loss(v, v.detach() + 0.3, ret[sl], mask[sl], norm, args)

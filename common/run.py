@@ -1,0 +1,138 @@
+"""TRY NOT TO MODIFY: the plumbing that every algorithm file shares and a student may skip. None of
+it changes what an update computes:
+
+- processes: torchrun's ranks (or one process), each option checked before any model loads, the
+  seed;
+- the resume point, and a resumed run's optimizer states;
+- the logs (metrics averaged over ranks, samples, held-out accuracy), the NaN guard on each
+  optimizer step, checkpoints, and the run's last line.
+
+    run = Run(args, check_args)                     # ranks, checks, seed
+    start_step, resume_from = run.resume_point()
+    ...                                             # the models, the optimizers
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
+    for step in range(start_step, args.max_steps):
+        ...                                         # rollout, advantages, update
+        run.log(step + 1, metrics, stats, samples)
+        run.end_update(step + 1)                    # evaluation and checkpoints at their intervals
+    return run.finish()
+"""
+
+import contextlib
+
+import torch
+
+from common.checkpoints import resume_point, save_checkpoint
+from common.checks import StepGuard, check_rewards
+from common.distributed import init_distributed, print0, set_seed
+from common.evaluation import evaluate
+from common.grader import grader_counts
+from common.logger import Logger, global_metrics, mean_of, report_end
+from common.sharding import load_optimizer_state
+
+
+class Run:
+    def __init__(self, args, check_args):
+        """Join torchrun's processes (or be the only one), check every option before any model
+        loads (check_args(args, world_size): the file's own, which calls the shared ones of
+        common/checks.py), and seed."""
+        info = init_distributed()
+        self.args, self.rank, self.world, self.device = args, info.rank, info.world_size, info.device
+        self.is_main = info.is_main
+        check_args(args, self.world)
+        set_seed(args.seed)
+        # --bf16: forwards run under autocast; weights and optimizer states stay fp32
+        self.autocast_dtype = torch.bfloat16 if args.bf16 else None
+        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if args.bf16
+                         else contextlib.nullcontext())
+        self.print = print0
+        self.start_step, self.state = 0, None
+
+    def resume_point(self):
+        """(first update, checkpoint folder or None): where this run starts; the checkpoint's
+        trainer state (optimizers and any extra state) is kept in self.state."""
+        self.start_step, resume_from, self.state = resume_point(
+            self.args.output_dir, self.args.resume, self.args.max_steps)
+        return self.start_step, resume_from
+
+    def start(self, policy, tokenizer, eval_env, optimizers, extra_state=None,
+              eval_max_new_tokens=None):
+        """Once the models are built: a resumed run's optimizer states, the logs, the NaN guard,
+        and the held-out accuracy before the first update.
+
+        optimizers: {name: (module, optimizer)}, saved and restored under that name.
+        extra_state(): what else each checkpoint keeps (a critic's weights...), called on every
+        rank at each save. eval_max_new_tokens: the evaluation's token limit (default
+        args.max_new_tokens)."""
+        args = self.args
+        self.policy, self.tokenizer, self.eval_env = policy, tokenizer, eval_env
+        self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
+        self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
+        if self.state is not None:
+            for name, (module, optimizer) in optimizers.items():
+                load_optimizer_state(module, optimizer, self.state["optimizers"][name])
+        self.guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
+        self.logger = Logger(args, self.start_step, enabled=self.is_main)
+        self.first_acc = self.evaluate(0) if args.eval_on_start and self.start_step == 0 else None
+        self._timeouts = grader_counts()["timeouts"]
+
+    def check_rewards(self, rewards, step, describe):
+        """Stop before an update whose rewards hold NaN or inf, naming the sample
+        (describe(k) or describe(k, t) says which problem row k is)."""
+        check_rewards(rewards, step, self.args.dataset_name, describe)
+
+    def grader_timeouts(self):
+        """Symbolic grades cut short by the time budget since the last call (or evaluation)."""
+        now = grader_counts()["timeouts"]
+        count, self._timeouts = now - self._timeouts, now
+        return count
+
+    def log(self, step, metrics, stats=(), samples=()):
+        """One update's line of metrics.jsonl: `metrics` (this rank's numbers) and the mean of the
+        micro-batches' `stats`, averaged over ranks, with the steps the guard skipped. Every
+        --log_interval updates (and after the first) `samples` go to samples.jsonl."""
+        metrics = global_metrics({**metrics, **mean_of(stats)}, self.device)
+        metrics["skipped_steps"] = self.guard.pop()
+        self.logger.log(step, metrics)
+        if step % self.args.log_interval == 0 or step == 1:
+            self.logger.log_samples(step, list(samples))
+
+    def evaluate(self, step):
+        """Greedy held-out accuracy of the policy (None without a held-out env), logged."""
+        if self.eval_env is None:
+            return None
+        args = self.args
+        acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
+                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast_dtype)
+        self.logger.log_eval(step, {"eval/accuracy": acc})
+        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
+        self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's
+        return acc
+
+    def save(self, step):
+        """checkpoint-{step}: on every rank (under --fsdp the weights and optimizer states are
+        gathered), written by rank 0."""
+        args = self.args
+        save_checkpoint(f"{args.output_dir}/checkpoint-{step}", self.policy, self.tokenizer, step,
+                        self.optimizers, extra=self.extra_state(),
+                        merge_base=args.merge_lora and args.model_name_or_path)
+
+    def end_update(self, step):
+        """After update `step`: the held-out accuracy and a checkpoint, at their intervals (the
+        last update's come from `finish`)."""
+        args = self.args
+        if step < args.max_steps and args.eval_interval and step % args.eval_interval == 0:
+            self.evaluate(step)
+        if step < args.max_steps and args.save_interval and step % args.save_interval == 0:
+            self.save(step)
+
+    def finish(self):
+        """The held-out accuracy after the last update, the last checkpoint, and the run's last
+        line. -> (accuracy before, accuracy after), None where not measured."""
+        args = self.args
+        final_acc = self.evaluate(args.max_steps)
+        self.save(args.max_steps)
+        report_end(self.first_acc, final_acc, f"{args.output_dir}/checkpoint-{args.max_steps}",
+                   adapter=bool(args.lora_r))
+        self.logger.close()
+        return self.first_acc, final_acc
