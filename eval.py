@@ -324,9 +324,8 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
         prompts = [p for p in prompts for _ in range(args.num_generations)]
         # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
         seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
-        gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, args.temperature, args.top_p,
-                       seeds=seeds,
-                       autocast_dtype=autocast_dtype)
+        gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, args.temperature,
+                            args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
         texts = decode_responses(tokenizer, gen)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
         truncated = gen.truncated.tolist()  # [B]

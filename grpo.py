@@ -148,8 +148,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     return Rollout(gen, texts, scores, correct, problems)
 
 
-def dynamic_sampling(policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype,
-                     pad_id):
+def dynamic_rollout(policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype,
+                    pad_id):
     """DAPO: rounds of rollouts until local_prompts groups have rewards that differ; groups of
     equal rewards fill what max_sampling_rounds leave short. Update `step` owns max_sampling_rounds
     positions of the prompt stream, so its draws never depend on an earlier update's luck and a
@@ -287,8 +287,8 @@ def main(args):
             batch, rounds = rollout(policy, tokenizer, env, step, first, local_prompts, args,
                                     run.autocast_dtype), 1
         else:  # new in DAPO: more prompts until num_prompts groups have rewards that differ
-            batch, rounds = dynamic_sampling(policy, tokenizer, env, step, first, local_prompts,
-                                             args, run.autocast_dtype, tokenizer.pad_token_id)
+            batch, rounds = dynamic_rollout(policy, tokenizer, env, step, first, local_prompts,
+                                            args, run.autocast_dtype, tokenizer.pad_token_id)
         run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -300,12 +300,14 @@ def main(args):
         # ---- log-probs of the behaviour policy and of the reference, before any update
         mb, old_logprobs, ref_logprobs, kl = args.micro_batch_size, None, None, None
         with run.autocast:
-            if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:  # else: the detached policy
+            # one pass of one minibatch: pi_old is the policy itself, detached in the loss
+            if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
                 old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
             if ref_policy is not None:
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
-            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # the sampler's
+            # under the sampler's log-probs: a number, not a function of the weights
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
             ref_logprobs = None
 
         # ---- advantages: each response's reward against its group's
@@ -327,7 +329,7 @@ def main(args):
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for rows in batch_rows.split(mb):  # a micro-batch
+            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
                                                        attention_mask[rows], R, args.temperature)

@@ -368,7 +368,7 @@ def main(args):
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             total_loss, first_stat = 0.0, len(stats)
-            for rows in batch_rows.split(mb):  # a micro-batch
+            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy, new_values = forward(policy, critic, input_ids[rows],
                                                             attention_mask[rows], R, args)

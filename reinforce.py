@@ -289,7 +289,7 @@ def main(args):
             if ref_policy is not None:
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
-            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # the sampler's
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [n, R]
             ref_logprobs = None
 
         # ---- advantages: each action's KL-regularised return against its episode's baseline
@@ -310,7 +310,7 @@ def main(args):
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for rows in batch_rows.split(mb):  # a micro-batch
+            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
                                                        attention_mask[rows], R, args.temperature)

@@ -258,15 +258,17 @@ def env_minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batche
             for m in range(num_mini_batches)]
 
 
-def update_critic(critic, critic_optimizer, batch, idx, args, run):
-    R, normaliser = batch["response_mask"].shape[1], loss_normaliser(batch["response_mask"][idx])
+def update_critic(critic, critic_optimizer, batch, batch_rows, args, run):
+    R = batch["response_mask"].shape[1]
+    normaliser = loss_normaliser(batch["response_mask"][batch_rows])
     critic_optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for i in idx.split(args.micro_batch_size):  # a micro-batch
+    for rows in batch_rows.split(args.micro_batch_size):  # gradients accumulate over micro-batches
         with run.autocast:
-            values = critic_values(critic, batch["input_ids"][i], batch["attention_mask"][i], R)
-        loss, s = value_loss(values, batch["values"][i], batch["returns"][i],
-                             batch["response_mask"][i], normaliser, args)
+            values = critic_values(critic, batch["input_ids"][rows], batch["attention_mask"][rows],
+                                   R)
+        loss, s = value_loss(values, batch["values"][rows], batch["returns"][rows],
+                             batch["response_mask"][rows], normaliser, args)
         loss.backward()
         total_loss += loss.item()
         stats.append(s)
@@ -277,32 +279,33 @@ def update_critic(critic, critic_optimizer, batch, idx, args, run):
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
 
 
-def update_policy(policy, optimizer, batch, idx, args, run, first=False):
+def update_policy(policy, optimizer, batch, batch_rows, args, run, first=False):
     """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the
     rollout policy and the current one exceeds target_kl on this minibatch, skip the step. The
     first minibatch of an update also compares the sampler's log-probs with the trainer's."""
-    R, normaliser = batch["response_mask"].shape[1], loss_normaliser(batch["response_mask"][idx])
+    R = batch["response_mask"].shape[1]
+    normaliser = loss_normaliser(batch["response_mask"][batch_rows])
     # CRUCIAL: the advantages are standardised per minibatch (OpenR), over every rank's tokens
-    advantages = masked_whiten(batch["advantages"][idx], batch["response_mask"][idx].float(),
-                               eps_on_std=True)
+    step_mask = batch["response_mask"][batch_rows].float()  # one advantage per token
+    advantages = masked_whiten(batch["advantages"][batch_rows], step_mask, eps_on_std=True)
     optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for j, i in enumerate(idx.split(args.micro_batch_size)):  # a micro-batch
-        sl = slice(j * args.micro_batch_size, (j + 1) * args.micro_batch_size)
-        input_ids, attention_mask = trim_left_padding(batch["input_ids"][i],
-                                                      batch["attention_mask"][i])
+    for k, rows in enumerate(batch_rows.split(args.micro_batch_size)):  # micro-batches
+        in_batch = slice(k * args.micro_batch_size, (k + 1) * args.micro_batch_size)
+        input_ids, attention_mask = trim_left_padding(batch["input_ids"][rows],
+                                                      batch["attention_mask"][rows])
         with run.autocast:
             logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R,
                                                args.temperature)
-        loss, s = policy_loss(logprobs, batch["old_logprobs"][i], advantages[sl],
-                              batch["response_mask"][i], entropy, normaliser, args)
+        loss, s = policy_loss(logprobs, batch["old_logprobs"][rows], advantages[in_batch],
+                              batch["response_mask"][rows], entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
         if first:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
-            s.update(mismatch_stats(logprobs.detach(), batch["sampler_logprobs"][i],
-                                    batch["response_mask"][i].float()))
+            s.update(mismatch_stats(logprobs.detach(), batch["sampler_logprobs"][rows],
+                                    batch["response_mask"][rows].float()))
         stats.append(s)
-    stats = all_reduce_mean(mean_of(stats))
+    stats = all_reduce_mean(mean_of(stats), run.device)
     if args.target_kl and stats["approx_kl"] > args.target_kl:  # the same on every rank
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "early_stop_frac": 1.0}
@@ -357,7 +360,7 @@ def main(args):
     # TRY NOT TO MODIFY: a resumed run's optimizer states, the logs, the accuracy before training
     run.start(policy, tokenizer, eval_env,
               {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)}, extra_state,
-              eval_max_new_tokens=args.eval_max_new_tokens)
+              args.eval_max_new_tokens)
     if run.state is not None:  # the episodes that were running carry on
         envs.load_state_dict(run.state["extra"]["envs"][run.rank * local_envs:
                                                         (run.rank + 1) * local_envs])
@@ -379,8 +382,8 @@ def main(args):
         # ---- values and advantages (beyond grpo: a critic and GAE over tokens, the BAD backup)
         mb = args.micro_batch_size
         with torch.no_grad(), run.autocast:
-            values = torch.cat([critic_values(critic, input_ids[i], attention_mask[i], R)
-                                for i in torch.arange(N).split(mb)]).float() * response_mask
+            values = torch.cat([critic_values(critic, input_ids[rows], attention_mask[rows], R)
+                                for rows in torch.arange(N).split(mb)]).float() * response_mask
             next_obs = left_pad(segment.next_obs, tokenizer.pad_token_id)
             next_values = critic(*(x.to(run.device) for x in next_obs))[:, -1].float()  # at the cut
         advantages, returns = compute_advantages(
@@ -405,11 +408,11 @@ def main(args):
         policy.train()
         stats = []
         for epoch in range(args.num_ppo_epochs):
-            for idx in env_minibatches(step, epoch, local_envs, run.rank * local_envs, T,
+            for batch_rows in env_minibatches(step, epoch, local_envs, run.rank * local_envs, T,
                                    args.num_mini_batches, args.seed):
-                idx = idx.to(run.device)
-                s = update_critic(critic, critic_optimizer, batch, idx, args, run)
-                s.update(update_policy(policy, optimizer, batch, idx, args, run,
+                batch_rows = batch_rows.to(run.device)
+                s = update_critic(critic, critic_optimizer, batch, batch_rows, args, run)
+                s.update(update_policy(policy, optimizer, batch, batch_rows, args, run,
                                        first=not stats))
                 stats.append(s)
         # the rollout has no use for gradients: freed here, not at the next update's start

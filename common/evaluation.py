@@ -39,13 +39,12 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
     records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
-        gen = fast_generate(model, tokenizer, encode_prompts(tokenizer, [env.reset(i) for i in chunk]),
-                       max_new_tokens,
-                       temperature=0.0, autocast_dtype=autocast_dtype)
+        prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
+        gen = fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
+                            autocast_dtype=autocast_dtype)
         for i, text, truncated in zip(chunk, decode_responses(tokenizer, gen),
                                       gen.truncated.tolist()):
-            env.reset(i)
-            _, reward, _, info = env.step(text)
+            reward, info = env.score(text, i)
             records.append({"index": i, "response": text, "reward": reward,
                             "correct": bool(info["correct"]),
                             "pred": info.get("pred"), "answer": env.examples[i]["answer"],

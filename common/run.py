@@ -37,8 +37,8 @@ class Run:
         loads (check_args(args, world_size): the file's own, which calls the shared ones of
         common/checks.py), and seed."""
         info = init_distributed()
-        self.args, self.rank, self.world, self.device = args, info.rank, info.world_size, info.device
-        self.is_main = info.is_main
+        self.args, self.rank, self.world = args, info.rank, info.world_size
+        self.device, self.is_main = info.device, info.is_main
         check_args(args, self.world)
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32

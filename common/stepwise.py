@@ -202,8 +202,8 @@ class StepwiseEnvs:
             prompts = encode_prompts(tok, self.obs)
             seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
             gen = fast_generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
-                           stop_strings=("\n",), seeds=seeds, autocast_dtype=autocast_dtype,
-                           prefix_cache=prefix_cache)
+                                stop_strings=("\n",), seeds=seeds, autocast_dtype=autocast_dtype,
+                                prefix_cache=prefix_cache)
             correct, cut = torch.zeros(E), torch.zeros(E)
             for k, env in enumerate(self.envs):
                 keep = gen.response_mask[k].bool()
@@ -368,8 +368,8 @@ def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc, aut
     def sample(prompts, max_new_tokens, keys):
         seeds = None if seed_of is None else [seed_of(*key) for key in keys]
         gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
-                       stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype,
-                       prefix_cache=prefix_cache)
+                            stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype,
+                            prefix_cache=prefix_cache)
         return [(ids[m].tolist(), lp[m].tolist()) for ids, lp, m in
                 zip(gen.response_ids.cpu(), gen.logprobs.cpu(), gen.response_mask.cpu().bool())]
     return sample

@@ -235,7 +235,7 @@ def logged_keys(algo):
     # the dict keys of samples, batches and checkpoints are not metrics
     return keys - {"question", "answer", "response", "reward", "advantage", "value", "return",
                    "policy", "critic",
-                   "envs", "ref_policy", "input_ids", "attention_mask", "action_mask",
+                   "envs", "ref_policy", "input_ids", "attention_mask", "response_mask",
                    "old_logprobs", "advantages",
                    "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs",
                    "reward/sq"}  # reward/sq becomes reward/std in global_metrics

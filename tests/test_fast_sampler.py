@@ -92,7 +92,7 @@ def test_under_bf16_autocast_the_sampler_casts_each_weight_once_per_rollout(tok,
     p = encode_prompts(tok, ["one", "two two"])
     with CountWeightCasts():
         gen = fast_generate(tiny, tok, p, 10, temperature=1.0, seeds=[1, 2],
-                       autocast_dtype=torch.bfloat16)
+                            autocast_dtype=torch.bfloat16)
     assert gen.response_mask.sum().item() == 20  # 10 decode steps for each row
     assert len(linear) == 15 and casts == collections.Counter({name: 1 for name in linear.values()})
 
@@ -107,7 +107,7 @@ def test_identical_prompts_share_one_prefill(tiny, tok):
                                           with_kwargs=True)
     try:
         shared = fast_generate(tiny, tok, [p[0], p[0], p[1]], 5, temperature=1.0,
-                          seeds=[1, 2, 3]).response_ids
+                               seeds=[1, 2, 3]).response_ids
     finally:
         hook.remove()
     assert shapes[0][0] == 2 and all(s == (3, 1) for s in shapes[1:])
@@ -156,7 +156,7 @@ def test_a_prefix_shared_by_all_prompts_is_read_once(tiny, tok):
         shapes.clear()
         # no prefix of 16 tokens or more shared by all: every prompt is read in full
         fast_generate(tiny, tok, prompts + [torch.randint(10, 400, (12,)).tolist()], 2,
-                 **{**kw, "seeds": [1, 2, 3, 4, 5]})
+                      **{**kw, "seeds": [1, 2, 3, 4, 5]})
         assert shapes[0] == (5, 29)
     finally:
         hook.remove()

@@ -291,7 +291,7 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
     env = list(range(40))  # only len(env) is read
     tok = type("Tok", (), {"pad_token_id": 0})()
     args = replace(grpo.Args(), num_prompts=4, num_generations=4, dynamic_sampling=True, max_sampling_rounds=3)
-    batch, rounds = grpo.dynamic_sampling(None, tok, env, 5, 0, 4, args, None, 0)
+    batch, rounds = grpo.dynamic_rollout(None, tok, env, 5, 0, 4, args, None, 0)
     gen, texts, scores, correct, problems = (batch.gen, batch.texts, batch.scores, batch.correct,
                                              batch.problems)
     drawn = [grpo.prompt_indices(5 * 3 + r, 4, 40, args.seed) for r in range(rounds)]
@@ -301,7 +301,7 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
     assert texts == [f"p{i}" for i in problems for _ in range(4)] and gen.response_ids.shape == (16, 1)
     # with too few rounds the batch is filled with equal-reward groups, in the order drawn
     args = replace(args, max_sampling_rounds=1)
-    batch, rounds = grpo.dynamic_sampling(None, tok, env, 5, 0, 4, args, None, 0)
+    batch, rounds = grpo.dynamic_rollout(None, tok, env, 5, 0, 4, args, None, 0)
     problems = batch.problems
     first = grpo.prompt_indices(5, 4, 40, args.seed)
     assert rounds == 1 and problems == [i for i in first if i % 2 == 0] + [i for i in first if i % 2]

@@ -257,13 +257,15 @@ def test_nan_losses_in_a_row_stop_the_run_without_a_nan_checkpoint(tmp_path, mon
 
 def test_grader_timeouts_are_logged_as_a_fraction_of_the_graded_responses(tmp_path, monkeypatch):
     import grpo
+    from common import grader
 
-    calls = [0]
+    rollout = grpo.rollout
 
-    def counts():  # the grader's counters, as if 2 of every rollout's 8 grades ran out of time
-        calls[0] += 1
-        return {"grades": 0, "timeouts": 2 * (calls[0] // 2), "failures": 0}
-    monkeypatch.setattr(grpo, "grader_counts", counts)
+    def timing_out(*args, **kwargs):  # as if 2 of every rollout's 8 grades ran out of time
+        grader._count("timeouts")
+        grader._count("timeouts")
+        return rollout(*args, **kwargs)
+    monkeypatch.setattr(grpo, "rollout", timing_out)
     grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=8,
                       num_eval_problems=2,
                       num_prompts=2, num_generations=4, max_steps=2, output_dir=str(tmp_path)))
