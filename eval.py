@@ -47,13 +47,13 @@ import torch
 from tqdm.auto import tqdm
 
 from common.args import parse_args
-from common.env import TASKS, make_env, read_rows, to_number
-from common.grader import normalize
-from common.fast_sampler import fast_generate
-from common.models import check_model_name, load_policy, load_tokenizer
-from common.sampler import decode_responses, encode_prompts
 from common.checks import check_output_dir
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
+from common.env import TASKS, make_env, read_rows, to_number
+from common.fast_sampler import fast_generate
+from common.grader import normalize
+from common.models import check_model_name, load_policy, load_tokenizer
+from common.sampler import decode_responses, encode_prompts
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.

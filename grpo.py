@@ -197,8 +197,8 @@ def group_advantages(rewards, group_size, scale=True):
 def loss_normaliser(loss_mask, args, world_size):
     """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
     losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
-    the tokens that count; rows without any (a dropped group) count nowhere."""
-    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()
+    the tokens that count."""
+    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()  # a dropped group's count nowhere
     if args.loss_type == "grpo":
         return float(sequences)
     if args.loss_type == "bnpo":
@@ -222,9 +222,10 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None, sampler_logprobs=None):
-    """Clipped surrogate per token. logprobs, old_logprobs [b, R], advantages [b]; loss_mask
-    [b, R] the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in the loss);
-    sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap)."""
+    """Clipped surrogate per token.
+    loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
+    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
+    logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
     if args.importance_sampling_level == "sequence":  # new in GSPO: one ratio per response

@@ -224,9 +224,10 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None, sampler_logprobs=None):
-    """Clipped surrogate per token. logprobs, old_logprobs, advantages [b, R]; loss_mask [b, R]
-    the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in the loss);
-    sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap)."""
+    """Clipped surrogate per token.
+    loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
+    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
+    logprobs, old_logprobs: [b, R]; advantages: [b, R], one per token."""
     mask = loss_mask.float()
     ratio = torch.exp(logprobs - old_logprobs)  # [b, R]
     pg_loss = torch.max(-advantages * ratio,
@@ -341,7 +342,7 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy, its values, and the reference, before any update
-        mb, ref_logprobs, kl = args.micro_batch_size, None, None
+        mb, old_logprobs, ref_logprobs, kl = args.micro_batch_size, None, None, None
         with run.autocast:
             old_logprobs, values = rollout_forward(policy, critic, gen, args)  # [N, R] each
             if ref_policy is not None:

@@ -137,9 +137,9 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
-    the prompt stream: sample k responses for each and grade them, as N one-step episodes; with
-    --stepwise, N episodes of lines (each line's seed made from its episode's). Each response's
-    seed follows its global sample index, so 1 process and N processes draw the same samples."""
+    the prompt stream: sample G responses for each and grade them. Each response's seed follows its
+    global sample index, so 1 process and N processes draw the same samples. -> N one-step
+    episodes; with --stepwise, N episodes of lines (each line's seed made from its episode's)."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
     problems = problems[first:first + local_prompts]
@@ -209,9 +209,10 @@ def loss_normaliser(loss_mask, args, world_size):
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None, sampler_logprobs=None):
-    """-A log pi(action), summed over this micro-batch and divided by `normaliser`. logprobs [b, R],
-    advantages [b]; loss_mask [b, R] the tokens that count; ref_logprobs [b, R] adds the KL term
-    (None: no KL in the loss); sampler_logprobs [b, R]: what the sampler gave each token."""
+    """-A log pi(action), over `normaliser`.
+    loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
+    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
+    logprobs, old_logprobs: [b, R]; advantages: [b], one per action."""
     mask = loss_mask.float()  # 0 on padding and on calculator tokens
     weighted = logprobs
     if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated

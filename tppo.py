@@ -22,7 +22,7 @@ Simplified or changed versus OpenR:
   correctness on the final step, and without a PRM the reward is the verifier alone;
 - an episode also ends when the policy emits EOS (OpenR only ends on "answer" or after 10 steps);
 - no entropy bonus by default (OpenR: 0.01): it cost accuracy on the default CPU run (docs/tppo.md);
-- evaluation is greedy single-turn generation of the whole answer (common.models.evaluate), on the
+- evaluation is greedy single-turn generation of the whole answer (common/evaluation.py), on the
   same held-out problems as every other file.
 
 Launch:
@@ -60,7 +60,6 @@ from common.sampler import left_pad
 from common.sharding import clip_grad_norm
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
                              trim_left_padding)
-
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
 STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96), "math": (10, 96)}

@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
-from common.fast_attention import _packed_gqa
-from common.fast_linears import _onednn_linears
-from common.fast_sampler import fast_generate
-from common.models import load_tokenizer
-from common.sampler import key_uniforms, row_keys, sample_token
-from common.hf import KV_CACHE
+from common.fast_attention import _packed_gqa  # noqa: E402
+from common.fast_linears import _onednn_linears  # noqa: E402
+from common.fast_sampler import fast_generate  # noqa: E402
+from common.hf import KV_CACHE  # noqa: E402
+from common.models import load_tokenizer  # noqa: E402
+from common.sampler import key_uniforms, row_keys, sample_token  # noqa: E402
 
 
 def sketch_rollout(model, prompts, group, new_tokens, seeds):

@@ -11,7 +11,7 @@ and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of 
 and oneDNN's packed linear, which `generate` decodes with there). Then, on random-weight models
 built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
 
-- rollout: `common.models.generate` at each batch size and response length (prompts of --prompt_len
+- rollout: `common.fast_sampler.fast_generate` at each batch size and response length (prompts of --prompt_len
   tokens, sampling at temperature 1, every row its own seed). Its bound is the sum, over the prefill
   and every decode step, of the larger of the time to read the weights and the KV cache at the
   measured bandwidth and the time to do the step's FLOPs at the measured matmul peak; `of bound` is
@@ -19,7 +19,7 @@ built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
   fraction for a decode step halfway through the responses whose only cost would be its linear
   layers, each run as `generate` runs it: the most any decoding with those matmul kernels can
   reach, since attention, norms and the sampler only add.
-- update: a forward and backward pass of `common.utils.token_logprobs` over the same sequences, in
+- update: a forward and backward pass of `common.logprobs.token_logprobs` over the same sequences, in
   micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
   a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
   the measured matmul peak.
@@ -44,11 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
-from common.fast_compile import compile_decoding
+from common.fast_compile import compile_decoding  # noqa: E402
 from common.fast_linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
 from common.fast_sampler import Speedups, fast_generate  # noqa: E402
-from common.models import load_tokenizer
-from common.logprobs import token_logprobs
+from common.logprobs import token_logprobs  # noqa: E402
+from common.models import load_tokenizer  # noqa: E402
 
 SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
             num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)

@@ -1,6 +1,6 @@
 """The per-token cost of drawing one seeded sample per row, two ways, in the same run:
 
-- per-row generators (what `common.models.generate` did before): a torch.Generator per row and one
+- per-row generators (what the sampler did before): a torch.Generator per row and one
   `torch.multinomial` call per row, a Python loop of B calls at every token;
 - vectorized (what it does now): `row_uniforms` hashes (seed, token index) into one uniform per row,
   and `inverse_cdf` draws every row at once.
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.sampler import row_uniforms, sample_token
+from common.sampler import row_uniforms, sample_token  # noqa: E402
 
 
 def per_row_generators(logits, temperature, generators):

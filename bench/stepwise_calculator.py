@@ -30,9 +30,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.env import make_env  # noqa: E402
-from common.models import load_policy, load_tokenizer
-from common.sampler import eos_token_ids
-from common.stepwise import play_episodes, policy_sampler, stepwise_system_prompt
+from common.models import load_policy, load_tokenizer  # noqa: E402
+from common.sampler import eos_token_ids  # noqa: E402
+from common.stepwise import play_episodes, policy_sampler, stepwise_system_prompt  # noqa: E402
 
 SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> spans)
     "no calculator": (False, False),

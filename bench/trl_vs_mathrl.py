@@ -63,8 +63,8 @@ def trl_prompts(args):
     """The mathrl file's env, from its options (the same system prompt and worked example), and the
     prompts of its updates 0..steps-1 in its order, as (text, index) pairs; TRL is told not to
     shuffle."""
-    from common.env import make_envs
     from common.distributed import prompt_indices
+    from common.env import make_envs
 
     env, _ = make_envs(mathrl_args(args))
     num_prompts, g = batch_shape(args.algo)
@@ -105,10 +105,12 @@ def trl_worker(args):
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
     )
     if args.algo == "grpo":
-        from trl import GRPOConfig as Config, GRPOTrainer as Trainer
+        from trl import GRPOConfig as Config
+        from trl import GRPOTrainer as Trainer
         config = Config(**shared, beta=0.0, loss_type="grpo", scale_rewards="group")
     else:  # rloo: k1 KL summed per response, in the reward; summed log-probs; raw advantages
-        from trl import RLOOConfig as Config, RLOOTrainer as Trainer
+        from trl import RLOOConfig as Config
+        from trl import RLOOTrainer as Trainer
         config = Config(**shared, beta=0.05, normalize_advantages=False)
 
     class Baton(TrainerCallback):

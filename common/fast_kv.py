@@ -2,6 +2,7 @@
 
 import functools
 
+
 def _append_in_place(cache, room):
     """Let each full-attention layer of a DynamicCache take a decode step's keys and values into
     buffers with `room` more positions, instead of concatenating a new copy of the whole cache every

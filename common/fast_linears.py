@@ -5,6 +5,7 @@ import functools
 
 import torch
 
+
 def _pack(weight):
     """A Linear's weight [out, in], laid out once for `_packed_linear` (oneDNN's blocked format)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)

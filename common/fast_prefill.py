@@ -7,6 +7,7 @@ from transformers import DynamicCache
 from common.hf import KV_CACHE
 from common.logprobs import MIN_SHARED_PREFIX
 
+
 def _common_prefix(a, b):
     """Length of the longest common prefix of two id lists (a binary search of C-speed slice
     compares: a Python loop over tokens would cost more than the forward it saves)."""

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-
 ALL = ("grpo", "ppo", "reinforce", "appo", "tppo")
 STEPWISE = ("appo", "tppo")
 OPENR, OAT, LLM_RL = "OpenR's", "oat's", "LLM_RL's"

@@ -175,8 +175,7 @@ def optimizer_state(model, optimizer):
     """The optimizer's state as optimizer.state_dict() gives it for a whole model."""
     if not is_sharded(model):
         return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     return get_optimizer_state_dict(model, optimizer,
                                     options=StateDictOptions(full_state_dict=True,
@@ -188,8 +187,7 @@ def load_optimizer_state(model, optimizer, state):
     if not is_sharded(model):
         optimizer.load_state_dict(state)
         return
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
                              options=StateDictOptions(full_state_dict=True))

@@ -32,6 +32,7 @@ from common.models import (TINY_RANDOM, check_model_name, load_reference, load_t
                            tiny_random_model)
 from common.sampler import Generation, encode_prompts, eos_token_ids, left_pad
 
+
 # ------------------------------------------------------------------------------------------------
 # Process reward model (Math-Shepherd style)
 # ------------------------------------------------------------------------------------------------

@@ -19,9 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.args import parse_args  # noqa: E402
-
 from common import env as envlib  # noqa: E402
+from common.args import parse_args  # noqa: E402
 
 GRADED = [0]  # responses graded so far in this process (module level: stepwise files copy the env)
 

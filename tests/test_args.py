@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.seed_flags import ALIASES
 from common.args import field_docs, lr_at, parse_args, resolve_schedule
+from common.seed_flags import ALIASES
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]

@@ -60,8 +60,8 @@ def test_baseline_variance_statistics_by_hand():
 
 
 def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
-    from common.models import load_policy
     from common.logprobs import token_logprobs
+    from common.models import load_policy
     from common.numerics import masked_sum
     policy = load_policy("tiny-random")
     name, weight = last_layer_param(policy, "mlp.down_proj.weight")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 from common.env import (DATA_DIR, TASKS, detect_task, load_few_shot, make_env, make_envs,
                         safe_arith, verify)
+from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 
 JANET = {
     "question": "Janet's ducks lay 16 eggs per day. She eats 3 and bakes with 4. She sells the "

@@ -292,8 +292,7 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
     tok = type("Tok", (), {"pad_token_id": 0})()
     args = replace(grpo.Args(), num_prompts=4, num_generations=4, dynamic_sampling=True, max_sampling_rounds=3)
     batch, rounds = grpo.dynamic_rollout(None, tok, env, 5, 0, 4, args, None, 0)
-    gen, texts, scores, correct, problems = (batch.gen, batch.texts, batch.scores, batch.correct,
-                                             batch.problems)
+    gen, texts, scores, problems = batch.gen, batch.texts, batch.scores, batch.problems
     drawn = [grpo.prompt_indices(5 * 3 + r, 4, 40, args.seed) for r in range(rounds)]
     expected = [i for round_ in drawn for i in round_ if i % 2 == 0][:4]
     assert problems == expected and len(problems) == 4 and rounds == len(drawn)

@@ -20,9 +20,9 @@ import reinforce
 from common import env as envlib
 from common.args import field_docs, make_parser, parse_args
 from common.env import TASKS, load_few_shot, make_env
+from common.logprobs import token_logprobs
 from common.models import load_tokenizer
 from common.stepwise import calculator, play_episodes, sample_line
-from common.logprobs import token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",

@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.models import load_tokenizer, tiny_random_model
 from common.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
 from common.logger import Logger
+from common.models import load_tokenizer, tiny_random_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from common.fast_sampler import fast_generate
+from common.hf import decoder_layers
+from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer, tiny_random_model
 from common.sampler import encode_prompts
-from common.hf import decoder_layers
 from common.sharding import AdapterOff, add_lora, shard
-from common.logprobs import token_logprobs
 
 pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[1]

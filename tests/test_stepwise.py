@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from common.distributed import problem_index
 from common.env import make_env
+from common.hf import KV_CACHE
 from common.models import load_policy, load_tokenizer
 from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, prm_scores,
                              single_token_id, trim_left_padding)
-from common.distributed import problem_index
-from common.hf import KV_CACHE
 
 TAG, GOOD, BAD, PAD = 7, 3, 4, 0
 

@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,12 +18,10 @@ from safetensors.torch import load_file
 
 import tppo
 from common.args import field_docs, parse_args
-from common.numerics import masked_whiten
-from common.models import load_policy
 from common.checks import StepGuard
-from contextlib import nullcontext
-from types import SimpleNamespace
 from common.logprobs import token_logprobs
+from common.models import load_policy
+from common.numerics import masked_whiten
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",
