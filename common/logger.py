@@ -1,6 +1,5 @@
 """What a run writes while it goes: a progress bar, metrics.jsonl, eval.jsonl, samples.jsonl,
-TensorBoard when installed and wandb with --track; one update's metrics averaged over ranks; the
-run's last line."""
+TensorBoard when installed and wandb with --track; the run's last line."""
 
 import json
 import math
@@ -9,19 +8,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from common.distributed import all_reduce_mean, print0
-
-
-def global_metrics(metrics, device=torch.device("cpu")):
-    """One update's metrics averaged over ranks, with "reward/sq" (the mean squared reward) turned
-    into "reward/std": the std of every rank's rewards together."""
-    metrics = all_reduce_mean(metrics, device)
-    if "reward/sq" in metrics:
-        variance = metrics.pop("reward/sq") - metrics["reward/mean"] ** 2
-        metrics["reward/std"] = math.sqrt(max(0.0, variance))
-    return metrics
+from common.distributed import print0
 
 
 def mean_of(stats):

@@ -24,10 +24,10 @@ import torch
 
 from common.checkpoints import resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
-from common.distributed import init_distributed, print0, set_seed
+from common.distributed import all_reduce_mean, init_distributed, print0, set_seed
 from common.evaluation import evaluate
 from common.grader import grader_counts
-from common.logger import Logger, global_metrics, mean_of, report_end
+from common.logger import Logger, mean_of, report_end
 from common.sharding import load_optimizer_state
 
 
@@ -91,7 +91,7 @@ class Run:
         """One update's line of metrics.jsonl: `metrics` (this rank's numbers) and the mean of the
         micro-batches' `stats`, averaged over ranks, with the steps the guard skipped. Every
         --log_interval updates (and after the first) `samples` go to samples.jsonl."""
-        metrics = global_metrics({**metrics, **mean_of(stats)}, self.device)
+        metrics = all_reduce_mean({**metrics, **mean_of(stats)}, self.device)
         metrics["skipped_steps"] = self.guard.pop()
         self.logger.log(step, metrics)
         if step % self.args.log_interval == 0 or step == 1:

@@ -237,8 +237,7 @@ def logged_keys(algo):
                    "policy", "critic",
                    "envs", "ref_policy", "input_ids", "attention_mask", "response_mask",
                    "old_logprobs", "advantages",
-                   "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs",
-                   "reward/sq"}  # reward/sq becomes reward/std in global_metrics
+                   "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs"}
 
 
 @pytest.mark.parametrize("algo", ALGOS)
