@@ -294,7 +294,7 @@ def main(args):
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R] every sampled token
-        mask = response_mask.float()
+        mask = response_mask.float()  # the same, for the statistics
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 

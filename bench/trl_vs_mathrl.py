@@ -274,8 +274,10 @@ def mathrl_args(args):
 
 
 def mathrl_worker(args):
+    from common.logger import Logger
+
     module = importlib.import_module(MATHRL_FILE[args.algo])
-    real_rollout, real_log = module.rollout, module.Logger.log
+    real_rollout, real_log = module.rollout, Logger.log
     clock = {}
 
     def rollout(*a, **kw):
@@ -288,7 +290,7 @@ def mathrl_worker(args):
                reward=metrics["reward/mean"],
                response_len=metrics["response_len/mean"], update_s=metrics["time/update_s"])
 
-    module.rollout, module.Logger.log = rollout, log
+    module.rollout, Logger.log = rollout, log
     report(side="mathrl", ready=True)
     module.main(mathrl_args(args))
     report(side="mathrl", done=True,

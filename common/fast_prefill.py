@@ -21,7 +21,7 @@ def _common_prefix(a, b):
 class PrefixCache:
     """Keys and values of token sequences the model has read, kept to be read again: a stepwise
     episode's next prompt is its last prompt plus the line just sampled, and a batch's prompts share
-    their system prompt and worked examples. `generate` reads what it can from here, and prefills
+    their system prompt and worked examples. `fast_generate` reads what it can from here, and prefills
     the rest.
 
     Valid only while the weights stay the same: make a new one for every rollout. Each entry is
@@ -107,7 +107,7 @@ def _prefill(model, prompts, prompt_ids, prompt_mask, positions, prefix_cache):
                     x[row, :, W - n:] = h[layer][kv][:, :n - M]
             pair.append(x)
         cache.update(*pair, layer)
-    # each row will store its own longer sequence (see `generate`)
+    # each row will store its own longer sequence (see `fast_generate`)
     prefix_cache.drop([i for m, i in matches if m > 0])
     out = model(input_ids=prompt_ids[:, W - M:], attention_mask=prompt_mask,
                 position_ids=positions[:, W - M:], use_cache=True, logits_to_keep=1,

@@ -252,7 +252,7 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
     model.to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # training forwards never need a KV cache; generate() asks for one itself
+    # training forwards never need a KV cache; the samplers ask for one themselves
     model.config.use_cache = False
     return model
 

@@ -9,11 +9,9 @@ stay in the algorithm files.
     segment = envs.collect(policy, update=0, num_steps=8, max_new_tokens=48, temperature=0.7)
     segment.gen.sequences()  # [obs ; action] of the 4 x 8 transitions; row k * 8 + t: env k, step t
 
-Generation reuses the KV cache of the observation for every token of the action
-(common.fast_sampler.generate), but not across steps: each step re-encodes the observation as text.
-Reusing it would need per-row cache surgery, because the envs reset at different times and the env
-normalises whitespace at the step boundary; the prefill it would save costs about one no-grad
-forward over the segment, less than the training forwards.
+Each step's prompt is the episode so far, re-encoded as text; sampling it
+(common.fast_sampler.fast_generate) with one PrefixCache for the whole rollout reads only the tokens
+added since the episode's last step.
 """
 
 import copy
