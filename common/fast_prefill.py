@@ -21,8 +21,8 @@ def _common_prefix(a, b):
 class PrefixCache:
     """Keys and values of token sequences the model has read, kept to be read again: a stepwise
     episode's next prompt is its last prompt plus the line just sampled, and a batch's prompts share
-    their system prompt and worked examples. `fast_generate` reads what it can from here, and prefills
-    the rest.
+    their system prompt and worked examples. `fast_generate` reads what it can from here, and
+    prefills the rest.
 
     Valid only while the weights stay the same: make a new one for every rollout. Each entry is
     (ids, [(keys, values) per layer, each [heads, len(ids), head_dim]]). It also keeps the rollout's
