@@ -13,9 +13,10 @@ def compile_decoding(model, backend="inductor"):
     """Make `fast_generate` decode `model` with a static KV cache and a compiled forward (the
     gpt-fast approach, optional: --compile). Every decode step then has the same shapes, so
     torch.compile traces it once per batch size and cache length, and on a GPU its kernels replay
-    as one CUDA graph rather than one launch each. Finished rows stay in the batch, masked: dropping them would
-    change the shapes. The first rollouts pay for the compiling. The weights are inputs of the
-    compiled graph, not constants in it, so optimizer steps reach it. backend: torch.compile's."""
+    as one CUDA graph rather than one launch each. Finished rows stay in the batch, masked:
+    dropping them would change the shapes. The first rollouts pay for the compiling. The weights
+    are inputs of the compiled graph, not constants in it, so optimizer steps reach it. backend:
+    torch.compile's."""
     cuda = next(model.parameters()).device.type == "cuda"
     _COMPILED[model] = torch.compile(model, dynamic=False, backend=backend,
                                      mode="reduce-overhead" if cuda and backend == "inductor"
