@@ -147,7 +147,8 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     args = replace(appo.Args(), micro_batch_size=2, target_kl=0.02)
     stats = appo.update_policy(policy, optimizer, _tiny_batch(policy, shift), torch.arange(4), args,
-                               SimpleNamespace(autocast=nullcontext(), guard=StepGuard()))
+                               SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
+                                               device=torch.device("cpu")))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["early_stop_frac"] == float(skipped)
     assert stats["approx_kl"] == pytest.approx(0.0 if not skipped else float(torch.exp(torch.tensor(0.4)) - 1.4), abs=1e-5)

@@ -1,6 +1,7 @@
 """common/fast_sampler.py and the speedups of common/fast_*.py: each alone, and all together,
 draw the tokens of the plain sampler (common/sampler.py) with log-probs within float rounding; and
-each does what it says (reads a prompt once, appends in place, packs weights once, ...)."""
+each does what it says (reads a prompt once, appends in place, packs weights once, ...). Stop strings
+and EOS, for both samplers: tests/test_sampler.py."""
 
 import collections
 import warnings
@@ -19,7 +20,7 @@ from common.fast_sampler import Speedups, fast_generate
 from common.hf import KV_CACHE
 from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer
-from common.sampler import decode_responses, encode_prompts, generate
+from common.sampler import encode_prompts, generate
 
 
 @pytest.fixture(scope="module")
@@ -249,56 +250,6 @@ def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
     assert names[:n_generate] == [[], [], [KV_CACHE], [KV_CACHE], [KV_CACHE], [KV_CACHE]]
     # the training forward: the group's shared prompt once, then the responses on its cache
     assert names[n_generate:] == [[], [KV_CACHE]]
-
-
-def test_stop_strings_and_eos_end_rows_independently(tok):
-    # A model that always predicts the same fixed token sequence, so the stopping logic is checked
-    # exactly: row 0 says "a", "\n", ... ; row 1 says "b", EOS.
-    newline = tok("\n", add_special_tokens=False)["input_ids"][-1]
-    a, b = tok("a", add_special_tokens=False)["input_ids"][0], tok("b",
-                                                                   add_special_tokens=False)["input_ids"][0]
-    script = {0: [a, newline, a, a], 1: [b, tok.eos_token_id, b, b]}
-
-    class Cache:  # the step count and which original rows are still in the batch
-        def __init__(self, rows):
-            self.t, self.rows = 0, rows
-
-        def batch_select_indices(self, keep):
-            self.rows = [self.rows[i] for i in keep.tolist()]
-
-    batch_sizes = []
-
-    class Scripted(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.zeros(1))
-            self.config = type("C", (), {})()
-
-        def forward(self, input_ids, attention_mask, position_ids, use_cache=True, **kw):
-            past = kw.get(KV_CACHE)
-            cache = Cache([0, 1]) if past is None else past
-            if past is not None:
-                cache.t += 1
-            assert input_ids.shape[0] == attention_mask.shape[0] == len(cache.rows)
-            batch_sizes.append(len(cache.rows))
-            logits = torch.full((len(cache.rows), 1, len(tok)), -1e4)
-            for i, row in enumerate(cache.rows):
-                logits[i, 0, script[row][cache.t]] = 0.0
-            return type("O", (), {"logits": logits, KV_CACHE: cache})()
-
-    gen = fast_generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
-    # all rows done after 2 tokens: no wasted columns
-    assert gen.response_mask.tolist() == [[1, 1], [1, 1]]
-    assert gen.finished.tolist() == [True, True]
-    assert decode_responses(tok, gen) == ["a\n", "b"]  # the EOS token is dropped from the text
-    gen = fast_generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
-    assert gen.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
-    assert gen.truncated.tolist() == [True, False]
-    # row 1 ended with EOS at step 2 and left the forward batch
-    assert batch_sizes[-4:] == [2, 2, 1, 1]
-    # spans tokens
-    gen = fast_generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))
-    assert gen.response_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
 
 
 def test_decode_steps_append_keys_and_values_in_place_by_hand():

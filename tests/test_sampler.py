@@ -113,7 +113,10 @@ def test_row_uniforms_by_hand_and_from_keys():
         assert key_uniforms(row_keys(torch.tensor(seeds)), t).tolist() == expected
 
 
-def test_stop_strings_and_eos_end_rows_independently(tok):
+# the plain sampler keeps a row that ended (EOS at step 2) in the batch, decoding padding;
+# fast_generate drops it from the forward batch
+@pytest.mark.parametrize("sampler,sizes", [(generate, [2, 2, 2, 2]), (fast_generate, [2, 2, 1, 1])])
+def test_stop_strings_and_eos_end_rows_independently(tok, sampler, sizes):
     # A model that always predicts the same fixed token sequence, so the stopping logic is checked
     # exactly: row 0 says "a", "\n", ... ; row 1 says "b", EOS.
     newline = tok("\n", add_special_tokens=False)["input_ids"][-1]
@@ -148,16 +151,15 @@ def test_stop_strings_and_eos_end_rows_independently(tok):
                 logits[i, 0, script[row][cache.t]] = 0.0
             return type("O", (), {"logits": logits, KV_CACHE: cache})()
 
-    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
+    gen = sampler(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("\n",))
     # all rows done after 2 tokens: no wasted columns
     assert gen.response_mask.tolist() == [[1, 1], [1, 1]]
     assert gen.finished.tolist() == [True, True]
     assert decode_responses(tok, gen) == ["a\n", "b"]  # the EOS token is dropped from the text
-    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
+    gen = sampler(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
     assert gen.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert gen.truncated.tolist() == [True, False]
-    # the plain sampler keeps a row that ended (EOS at step 2) in the batch, decoding padding
-    assert batch_sizes[-4:] == [2, 2, 2, 2]
+    assert batch_sizes[-4:] == sizes
     # spans tokens
-    gen = generate(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))
+    gen = sampler(Scripted(), tok, [[1], [1, 2]], 4, temperature=0, stop_strings=("a\na",))
     assert gen.response_mask.tolist() == [[1, 1, 1], [1, 1, 0]]

@@ -158,7 +158,8 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     args = replace(tppo.Args(), micro_batch_size=2, target_kl=0.02)
     stats = tppo.update_policy(policy, optimizer, batch, torch.arange(4), args,
-                               SimpleNamespace(autocast=nullcontext(), guard=StepGuard()))
+                               SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
+                                               device=torch.device("cpu")))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["approx_kl"] == pytest.approx(float(torch.exp(torch.tensor(shift)) - 1 - shift),
                                                abs=1e-5)
