@@ -387,18 +387,18 @@ def make_critic(args, policy, device, state=None):
                              else torch.float32)
         shard_body = args.critic_train_body
     if state is not None:  # a frozen body is not in the checkpoint (`critic_state`)
-        critic.load_state_dict(state["extra"]["critic"], strict=not frozen_body(critic))
+        critic.load_state_dict(state["extra"]["critic"], strict=not _frozen_body(critic))
     broadcast_parameters(critic)  # gradients are averaged over ranks too
     if args.fsdp and shard_body:
         shard(critic, decoder_layers(critic.body), args.bf16)
     return critic
 
 
-def frozen_body(critic):
+def _frozen_body(critic):
     return getattr(critic, "freeze_body", False)
 
 
 def critic_state(critic):
     """What a checkpoint keeps of a critic: what learns (a frozen body is the starting policy's)."""
     return {k: v for k, v in full_state_dict(critic).items()
-            if not (frozen_body(critic) and k.startswith("body."))}
+            if not (_frozen_body(critic) and k.startswith("body."))}
