@@ -141,3 +141,15 @@ def test_decode_sketch_draws_the_tokens_of_generate():
     assert mask.sum() > 30  # most rows ran all 8 tokens (an EOS ends a row early in generate)
     assert torch.equal(sketch[:, :mask.shape[1]][mask], gen.response_ids[mask])
     assert len(set(map(tuple, sketch.tolist()))) == 6  # rows of one prompt drew different tokens
+
+
+def test_every_planted_bug_still_has_its_line_and_its_test():
+    # bench/planted_bugs.py plants each bug by replacing one exact line: the line must still be in
+    # the file once, and the test aimed at it must exist, or the bench would quietly test nothing
+    from planted_bugs import BUGS, ROOT
+
+    assert len(BUGS) == 9
+    for name, (path, right, wrong, test) in BUGS.items():
+        assert (ROOT / path).read_text().count(right) == 1, name
+        test_file, test_name = test.split("::")
+        assert f"def {test_name}(" in (ROOT / test_file).read_text(), name

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import grpo
+from common import env as envlib
 from common.args import field_docs
 from common.logprobs import token_logprobs
 
@@ -218,6 +219,9 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     m1 = [json.loads(x) for x in (tmp_path / "one/metrics.jsonl").read_text().splitlines()]
     m2 = [json.loads(x) for x in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
     assert m1[0]["reward/mean"] == pytest.approx(m2[0]["reward/mean"])
+    # Adam's step hides the gradient's scale; its norm does not: the ranks' gradients are averaged,
+    # not summed (a sum would double it)
+    assert m2[0]["grad_norm"] == pytest.approx(m1[0]["grad_norm"], rel=1e-3)
 
 
 def test_resume_continues_exactly(tmp_path):
@@ -304,3 +308,60 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
     problems = batch.problems
     first = grpo.prompt_indices(5, 4, 40, args.seed)
     assert rounds == 1 and problems == [i for i in first if i % 2 == 0] + [i for i in first if i % 2]
+
+
+# ---- the update loop's wiring ------------------------------------------------------------------------------
+def _test_reward_make_env():
+    import run_with_test_reward  # tests/ is on sys.path under pytest
+
+    return run_with_test_reward.make_env
+
+
+def _spy(monkeypatch, module, name, record):
+    """Wrap module.name so that record(result, *args) sees each call's arguments and result."""
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        record(out, *args, **kwargs)
+        return out
+    monkeypatch.setattr(module, name, spy)
+
+
+def test_each_group_of_the_update_is_scored_against_its_own_mean(tmp_path, monkeypatch):
+    # 2 prompts x 4 samples (num_prompts != num_generations) with scripted scores: the advantages
+    # the loss gets are each group's z-scores, by hand.
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    advantages = []
+
+    def script(batch, *args, **kwargs):
+        batch.scores = scores.clone()
+    _spy(monkeypatch, grpo, "rollout", script)
+    _spy(monkeypatch, grpo, "policy_loss", lambda out, lp, old, adv, *a: advantages.append(adv))
+    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=4,
+                      num_eval_problems=0, num_prompts=2, num_generations=4, micro_batch_size=8,
+                      max_steps=1, output_dir=str(tmp_path)))
+    # each group: mean 1/4 (3/4), unbiased std sqrt(3/16 * 4/3) = 1/2
+    a, b = 0.75 / (0.5 + 1e-4), 0.25 / (0.5 + 1e-4)
+    torch.testing.assert_close(advantages[0], torch.tensor([a, -b, -b, -b, b, b, -a, b]))
+
+
+def test_the_kl_in_the_reward_is_the_samplers_to_the_references_once_the_policy_moved(
+        tmp_path, monkeypatch):
+    # --kl_penalty reward: update 2 samples from a policy that update 1 moved, so the estimate is
+    # not 0, and k3 is not symmetric: the logged kl_ref is KL(sampler || reference), by hand.
+    monkeypatch.setattr(envlib, "make_env", _test_reward_make_env())
+    rollouts, refs = [], []
+    _spy(monkeypatch, grpo, "rollout", lambda batch, *a, **kw: rollouts.append(batch))
+    _spy(monkeypatch, grpo, "batched_token_logprobs", lambda lp, *a, **kw: refs.append(lp))
+    grpo.main(replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=6,
+                      num_eval_problems=0, num_prompts=2, num_generations=4, max_steps=2,
+                      learning_rate=1e-2, temperature=1.0, beta=0.1, kl_penalty="reward",
+                      output_dir=str(tmp_path)))
+    gen, ref = rollouts[1].gen, refs[1]
+    mask = gen.response_mask.float()
+    log_ratio = ref - gen.logprobs  # log pi_ref / pi on the sampled tokens
+    expected = ((torch.exp(log_ratio) - 1 - log_ratio) * mask).sum() / mask.sum()
+    logged = [json.loads(x)["kl_ref"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0] == pytest.approx(0.0, abs=1e-6) and expected > 1e-3
+    assert logged[1] == pytest.approx(expected.item(), rel=1e-4)

@@ -73,6 +73,22 @@ def test_gae_terminal_reward_gamma_lambda_one():
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
 
 
+def test_value_targets_are_the_returns_before_the_advantages_are_whitened():
+    # The same rows as above with whitening on (the default): the advantages come out whitened
+    # (mean 0 over the real tokens), the critic's targets stay the returns in reward units (all 1).
+    args = replace(ppo.Args(), gamma=1.0, gae_lambda=1.0)
+    assert args.whiten_advantages
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    rewards = torch.tensor([[0.0, 0, 0, 0, 1], [0, 0, 1, 0, 0]])
+    values = torch.tensor([[0.2, 0.4, 0.5, 0.6, 0.8], [0.5, 0.5, 0.5, 9.0, 9.0]])
+    adv, ret = ppo.compute_advantages(rewards, values, mask, args)
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
+    # unwhitened 0.8 0.6 0.5 0.4 0.2 0.5 0.5 0.5: mean 0.5, squares summing to 0.2, unbiased
+    # variance 0.2 / 7
+    expected = (torch.tensor([0.8, 0.6, 0.5, 0.4, 0.2, 0.5, 0.5, 0.5]) - 0.5) / (0.2 / 7 + 1e-8) ** 0.5
+    torch.testing.assert_close(adv[mask.bool()], expected)
+
+
 def test_gae_terminal_reward_gamma_09_lambda_08():
     # gamma * lambda = 0.72, V = 0.2 0.4 0.5 0.6 0.8, reward 1 on the last token, V after it = 0:
     #   d4 = 1 - 0.8 = 0.2                A4 = 0.2
@@ -241,6 +257,59 @@ def test_ratio_is_one_on_the_first_minibatch_of_the_first_epoch(tmp_path, monkey
     assert len(calls) == 4
     assert calls[0] < 1e-5  # |log rho| = 0 up to float noise: rho = 1
     assert min(calls[1:]) > 1e-3  # every later minibatch follows an update: rho != 1
+
+
+def test_each_optimizer_step_takes_its_own_minibatchs_gradient_alone(tmp_path, monkeypatch):
+    # With a zero learning rate nothing moves, so the rollout's gradient over one minibatch equals the
+    # mean of its gradients over two halves (the sequence mean: each half divides by its own rows):
+    # which holds only if each optimizer step starts from zeroed gradients.
+    from transformers import PreTrainedModel
+
+    grads = []
+    real = ppo.clip_grad_norm
+
+    def spy(model, max_norm):
+        if isinstance(model, PreTrainedModel):  # the policy's, not the critic's
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        return real(model, max_norm)
+
+    monkeypatch.setattr(ppo, "clip_grad_norm", spy)
+    monkeypatch.setattr(envlib, "make_env", _test_reward_module().make_env)
+    argv = [*TINY, "--micro_batch_size", "4", "--max_steps", "1", "--learning_rate", "0",
+            "--critic_learning_rate", "0", "--loss_type", "sequence", "--max_grad_norm", "1e9",
+            "--num_eval_problems", "0"]
+    ppo.main(parse_args(ppo.Args, [*argv, "--num_mini_batches", "2", "--output_dir",
+                                   str(tmp_path / "two")]))
+    ppo.main(parse_args(ppo.Args, [*argv, "--num_mini_batches", "1", "--output_dir",
+                                   str(tmp_path / "one")]))
+    halves, whole = grads[:2], grads[2]
+    assert len(grads) == 3 and (halves[0] - halves[1]).norm() > 1e-3 * whole.norm()
+    torch.testing.assert_close((halves[0] + halves[1]) / 2, whole, atol=1e-6, rtol=1e-4)
+
+
+def test_values_are_read_at_the_position_before_each_token():
+    # CRUCIAL: V(s_t) of response token t is the critic's output at the position before it. A critic
+    # that outputs each position's index must give T - R - 1 ... T - 2 for the R response tokens;
+    # the shared head must read the policy's hidden states there.
+    from common.logprobs import token_logprobs
+    from common.models import load_policy
+
+    policy = load_policy("tiny-random")
+    ids = torch.randint(3, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
+    attn, R = torch.ones_like(ids), 3
+
+    class Positions(torch.nn.Module):
+        def forward(self, input_ids, attention_mask, prompt_len):
+            return torch.arange(input_ids.shape[1], dtype=torch.float).expand(len(input_ids), -1)
+
+    args = replace(ppo.Args(), critic_type="separate", temperature=1.0)
+    _, _, values = ppo.forward(policy, Positions(), ids, attn, R, args)
+    torch.testing.assert_close(values, torch.tensor([[5.0, 6, 7], [5, 6, 7]]))
+    head = lambda hidden: hidden.sum(-1)  # noqa: E731 (a value head that shows what it read)
+    _, _, values = ppo.forward(policy, head, ids, attn, R, replace(args, critic_type="shared"))
+    with torch.no_grad():
+        hidden = token_logprobs(policy, ids, attn, R, return_hidden=True)[2]  # [2, 9, H]
+    torch.testing.assert_close(values, hidden[:, 5:8].sum(-1))
 
 
 # ---- argument checks ----------------------------------------------------------------------------------------

@@ -410,3 +410,64 @@ def test_truncated_importance_weights_scale_each_tokens_log_prob():
     assert loss.item() == pytest.approx(-(1.5 * -1.0 + math.exp(-1.0) * -2.0))
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.5, -math.exp(-1.0)]]))
+
+
+# ---- the update loop's wiring ------------------------------------------------------------------------------
+def _spy(monkeypatch, name, record):
+    """Wrap reinforce.<name> so that record(result, *args) sees each call's arguments and result."""
+    real = getattr(reinforce, name)
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        record(out, *args, **kwargs)
+        return out
+    monkeypatch.setattr(reinforce, name, spy)
+
+
+def test_an_update_gives_the_calculators_tokens_no_gradient(tmp_path, monkeypatch):
+    # A scripted policy: episode 0 calls the calculator and answers right, episode 1 answers wrong,
+    # so the update has a gradient. The calculator's value ("42") is context, not the policy's
+    # choice: the loss's gradient on its log-probs is exactly 0, on the policy's own tokens not.
+    tok = load_tokenizer("tiny-random")
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"question": "What is 12 + 30?", "answer": "42", "level": 1}) + "\n")
+    script = {(0, 0, 0): "12 + 30 = <<12+30>>", (0, 0, 1): " so 42.\n",
+              (0, 1, 0): "The answer is 42.\n", (1, 0, 0): "The answer is 41.\n"}
+    monkeypatch.setattr(reinforce, "policy_sampler", lambda *a, **kw: _scripted(tok, script))
+    episodes, logprobs = [], []
+    _spy(monkeypatch, "rollout", lambda ep, *a, **kw: episodes.append(ep))
+
+    def keep(out, *a, **kw):  # the training forward's log-probs, to read their gradient
+        if out[0].requires_grad:
+            out[0].retain_grad()
+            logprobs.append(out[0])
+    _spy(monkeypatch, "token_logprobs", keep)
+    reinforce.main(parse_args(reinforce.Args, [
+        "--model_name_or_path", "tiny-random", "--dataset_path", str(data), "--stepwise",
+        "--sym_calc", "--max_episode_steps", "2", "--max_new_tokens", "32", "--num_prompts", "1",
+        "--num_generations", "2", "--num_eval_problems", "0", "--max_steps", "1",
+        "--output_dir", str(tmp_path / "run")]))
+    ep = episodes[0]
+    grad = torch.cat([lp.grad for lp in logprobs])  # [n, R], the actions in the order of gen
+    calculator_tokens = ep.gen.response_mask.bool() & ~ep.loss_mask.bool()
+    assert ep.correct.tolist() == [1.0, 0.0] and calculator_tokens.sum() >= 1
+    assert (grad[calculator_tokens] == 0).all()
+    assert (grad[ep.loss_mask.bool()] != 0).all()
+
+
+def test_the_kl_enters_the_return_times_beta(tmp_path, monkeypatch):
+    # --kl_penalty reward, beta 0.5: update 2 samples from a policy that update 1 moved, so the KL is
+    # not 0. The logged return/mean is mean(score - beta * KL), the KL the sampler's k1 to the
+    # reference, a token mean per response (--length_normalize), by hand.
+    episodes, refs = [], []
+    _spy(monkeypatch, "rollout", lambda ep, *a, **kw: episodes.append(ep))
+    _spy(monkeypatch, "batched_token_logprobs", lambda lp, *a, **kw: refs.append(lp))
+    run_in_process([*TINY, "--max_steps", "2", "--learning_rate", "1e-2", "--temperature", "1.0",
+                    "--beta", "0.5", "--num_eval_problems", "0", "--output_dir", str(tmp_path)],
+                   monkeypatch)
+    ep, ref = episodes[1], refs[1]
+    mask = ep.loss_mask.float()
+    kl = ((ep.gen.logprobs - ref) * mask).sum(1) / mask.sum(1)  # [N]
+    assert kl.abs().max() > 1e-3
+    expected = (ep.rewards.sum(1) - 0.5 * kl).mean()
+    assert metrics(tmp_path)[1]["return/mean"] == pytest.approx(expected.item(), rel=1e-4)

@@ -1,0 +1,110 @@
+"""Does the suite catch the bugs that slip past unit tests of the helpers? Each bug below is a realistic
+one-line mistake in the way an update loop wires its helpers together (issue 40). For each, this copies the
+tree to a temporary folder, plants the bug there, and runs the test aimed at it: the test must fail with the bug
+and pass without it.
+
+    python bench/planted_bugs.py                 # every bug, about 3 minutes on 2 cores
+    python bench/planted_bugs.py --bugs kl_swapped grads_summed
+
+The working tree is never changed.
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name: (file, the correct line(s), the bug, the test aimed at it)
+BUGS = {
+    "calculator_tokens_in_the_loss": (
+        "reinforce.py",
+        "        loss_mask = ep.loss_mask  # [n, R] the policy's own tokens: no calculator tokens\n",
+        "        loss_mask = gen.response_mask\n",
+        "tests/test_reinforce.py::test_an_update_gives_the_calculators_tokens_no_gradient"),
+    "group_of_the_wrong_size": (
+        "grpo.py",
+        "advantages = group_advantages(rewards, G,",
+        "advantages = group_advantages(rewards, args.num_prompts,",
+        "tests/test_grpo.py::test_each_group_of_the_update_is_scored_against_its_own_mean"),
+    "gradients_not_zeroed_between_minibatches": (
+        "ppo.py",
+        "            optimizer.zero_grad(set_to_none=True)\n"
+        "            critic_optimizer.zero_grad(set_to_none=True)\n            total_loss",
+        "            critic_optimizer.zero_grad(set_to_none=True)\n            total_loss",
+        "tests/test_ppo.py::test_each_optimizer_step_takes_its_own_minibatchs_gradient_alone"),
+    "value_targets_after_whitening": (
+        "ppo.py",
+        "        advantages = masked_whiten(advantages, mask)\n    return advantages, returns",
+        "        advantages = masked_whiten(advantages, mask)\n"
+        "        returns = (advantages + values) * mask\n    return advantages, returns",
+        "tests/test_ppo.py::test_value_targets_are_the_returns_before_the_advantages_are_whitened"),
+    "kl_swapped": (
+        "grpo.py",
+        "kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)",
+        "kl = kl_estimate(ref_logprobs, gen.logprobs, args.kl_estimator)",
+        "tests/test_grpo.py::"
+        "test_the_kl_in_the_reward_is_the_samplers_to_the_references_once_the_policy_moved"),
+    "kl_weight_dropped": (
+        "reinforce.py",
+        "kl_steps, ep.step_mask, args.gamma, args.beta)",
+        "kl_steps, ep.step_mask, args.gamma, 1.0)",
+        "tests/test_reinforce.py::test_the_kl_enters_the_return_times_beta"),
+    "critic_off_by_one": (
+        "ppo.py",
+        "values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]",
+        "values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R:]",
+        "tests/test_ppo.py::test_values_are_read_at_the_position_before_each_token"),
+    "shared_head_off_by_one": (
+        "ppo.py",
+        "values = critic(hidden[:, -R - 1:-1])",
+        "values = critic(hidden[:, -R:])",
+        "tests/test_ppo.py::test_values_are_read_at_the_position_before_each_token"),
+    "grads_summed": (
+        "common/distributed.py",
+        "        g.div_(world)\n",
+        "        pass\n",
+        "tests/test_grpo.py::test_torchrun_two_processes_match_one_process"),
+}
+
+
+def copy_tree(dest):
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
+        ".git", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out"))
+
+
+def passes(tree, test):
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                         cwd=tree, capture_output=True, text=True)
+    return out.returncode == 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bugs", nargs="+", default=list(BUGS), choices=list(BUGS))
+    args = parser.parse_args()
+    missed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.bugs:
+            path, right, wrong, test = BUGS[name]
+            tree = Path(tmp) / name
+            copy_tree(tree)
+            source = (tree / path).read_text()
+            if source.count(right) != 1:
+                sys.exit(f"{name}: {path} no longer holds the line to plant the bug in: update BUGS")
+            clean = passes(tree, test)
+            (tree / path).write_text(source.replace(right, wrong))
+            caught = not passes(tree, test)
+            verdict = "caught" if clean and caught else "NOT caught" if clean else "FAILS CLEAN"
+            missed += [] if clean and caught else [name]
+            print(f"{name:42s} {verdict:12s} {test}", flush=True)
+            shutil.rmtree(tree)
+    print("every bug caught" if not missed else f"{len(missed)} not caught: {', '.join(missed)}")
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()
