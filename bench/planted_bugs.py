@@ -1,7 +1,7 @@
-"""Does the suite catch the bugs that slip past unit tests of the helpers? Each bug below is a realistic
-one-line mistake in the way an update loop wires its helpers together (issue 40). For each, this copies the
-tree to a temporary folder, plants the bug there, and runs the test aimed at it: the test must fail with the bug
-and pass without it.
+"""Does the suite catch the bugs that slip past unit tests of the helpers? Each bug below is a
+realistic one-line mistake in the way an update loop wires its helpers together (issue 40). For
+each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
+it: the test must fail with the bug and pass without it.
 
     python bench/planted_bugs.py                 # every bug, about 3 minutes on 2 cores
     python bench/planted_bugs.py --bugs kl_swapped grads_summed
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUGS = {
     "calculator_tokens_in_the_loss": (
         "reinforce.py",
-        "        loss_mask = ep.loss_mask  # [n, R] the policy's own tokens: no calculator tokens\n",
-        "        loss_mask = gen.response_mask\n",
+        "        loss_mask = ep.loss_mask  #",
+        "        loss_mask = gen.response_mask  #",
         "tests/test_reinforce.py::test_an_update_gives_the_calculators_tokens_no_gradient"),
     "group_of_the_wrong_size": (
         "grpo.py",
@@ -94,15 +94,18 @@ def main():
             copy_tree(tree)
             source = (tree / path).read_text()
             if source.count(right) != 1:
-                sys.exit(f"{name}: {path} no longer holds the line to plant the bug in: update BUGS")
+                sys.exit(f"{name}: {path} no longer holds the line to plant the bug in: "
+                         "update BUGS")
             clean = passes(tree, test)
             (tree / path).write_text(source.replace(right, wrong))
             caught = not passes(tree, test)
-            verdict = "caught" if clean and caught else "NOT caught" if clean else "FAILS CLEAN"
+            verdict = ("caught" if clean and caught else "NOT caught" if clean
+                       else "FAILS CLEAN")
             missed += [] if clean and caught else [name]
             print(f"{name:42s} {verdict:12s} {test}", flush=True)
             shutil.rmtree(tree)
-    print("every bug caught" if not missed else f"{len(missed)} not caught: {', '.join(missed)}")
+    print("every bug caught" if not missed else
+          f"{len(missed)} not caught: {', '.join(missed)}")
     sys.exit(1 if missed else 0)
 
 
