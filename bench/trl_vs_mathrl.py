@@ -30,6 +30,7 @@ functions to wait for the baton and to report each step.
 import argparse
 import importlib
 import json
+import math
 import os
 import resource
 import statistics
@@ -43,9 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MICRO = 8
-MATHRL_FILE = {"grpo": "grpo", "rloo": "reinforce", "ppo": "ppo"}
+MATHRL_FILE = {"grpo": "grpo", "rloo": "reinforce", "ppo": "ppo", "online_dpo": "online_dpo"}
 TRL_TRAINER = {"grpo": "trl.GRPOTrainer", "rloo": "trl.RLOOTrainer",
-               "ppo": "trl.experimental.ppo.PPOTrainer"}
+               "ppo": "trl.experimental.ppo.PPOTrainer",
+               "online_dpo": "trl.experimental.online_dpo.OnlineDPOTrainer"}
 
 
 def wait_for_baton():
@@ -74,7 +76,7 @@ def trl_prompts(args):
 
 
 def trl_worker(args):
-    """TRL 1.16's GRPOTrainer or RLOOTrainer: both take reward functions and the same options."""
+    """TRL 1.16's GRPOTrainer, RLOOTrainer or OnlineDPOTrainer: all take reward functions."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -104,7 +106,20 @@ def trl_worker(args):
         use_cpu=True,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
     )
-    if args.algo == "grpo":
+    if args.algo == "online_dpo":  # its own options: prompts per step, two answers each
+        from torch.utils.data import SequentialSampler
+        from trl.experimental.online_dpo import OnlineDPOConfig as Config
+        from trl.experimental.online_dpo import OnlineDPOTrainer
+
+        class Trainer(OnlineDPOTrainer):  # online_dpo.py's prompt order, not a shuffle
+            def _get_train_sampler(self, *a, **kw):
+                return SequentialSampler(self.train_dataset)
+        for name in ("max_completion_length", "num_generations", "epsilon", "num_iterations",
+                     "shuffle_dataset"):
+            shared.pop(name)
+        shared["gradient_accumulation_steps"] = num_prompts // MICRO  # MICRO prompts a micro-step
+        config = Config(**shared, max_new_tokens=64, beta=0.1, loss_type="sigmoid")
+    elif args.algo == "grpo":
         from trl import GRPOConfig as Config
         from trl import GRPOTrainer as Trainer
         config = Config(**shared, beta=0.0, loss_type="grpo", scale_rewards="group")
@@ -121,10 +136,10 @@ def trl_worker(args):
             self.seconds = time.time() - self.t0
 
         def on_log(self, _args, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
-                report(side="trl", step=state.global_step, seconds=self.seconds,
-                       reward=logs["reward"],
-                       response_len=logs.get("completions/mean_length"))
+            reward = (logs or {}).get("reward", (logs or {}).get("objective/scores"))
+            if reward is not None:  # OnlineDPOTrainer logs its mean score as objective/scores
+                report(side="trl", step=state.global_step, seconds=self.seconds, reward=reward,
+                       response_len=logs.get("completions/mean_length", math.nan))
 
     trainer = Trainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
                       processing_class=tokenizer, callbacks=[Baton()])
@@ -248,8 +263,8 @@ def trl_ppo_worker(args):
 
 def batch_shape(algo):
     """(prompts, samples per prompt) of one update: 32 completions on every pair (PPO samples each
-    prompt once, as TRL's PPOTrainer does)."""
-    return (32, 1) if algo == "ppo" else (4, 8)
+    prompt once, as TRL's PPOTrainer does; online DPO twice)."""
+    return {"ppo": (32, 1), "online_dpo": (16, 2)}.get(algo, (4, 8))
 
 
 def mathrl_args(args):
@@ -263,6 +278,9 @@ def mathrl_args(args):
     if args.algo == "rloo":  # TRL's RLOO: KL in the reward (k1, summed), log-probs summed
         shared.update(baseline="rloo", beta=0.05, kl_estimator="k1", kl_penalty="reward",
                       length_normalize=False)
+    if args.algo == "online_dpo":  # TRL's rule for ties (the first answer is chosen), beta 0.1,
+        # micro-batches of 8 pairs as TRL's 8 prompts per device and step
+        shared.update(beta=0.1, loss_type="sigmoid", ties="first", missing_eos_penalty=None)
     if args.algo == "ppo":  # TRL's PPOTrainer: one optimizer (one learning rate), a linear value
         # head on a copy of the policy, k1 KL in the reward, GAE lambda 0.95, whitened advantages
         shared.update(critic_learning_rate=2e-5, critic_type="separate", critic_num_layers=0,

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-ALL = ("grpo", "ppo", "reinforce", "appo", "tppo")
+ALL = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo")
+OAT_FILES = ("ppo", "grpo", "online_dpo")  # oat runs PPO, GRPO and online DPO
+SINGLE_TURN = ("grpo", "ppo", "reinforce", "online_dpo")  # the files that sample whole responses
 STEPWISE = ("appo", "tppo")
 OPENR, OAT, LLM_RL = "OpenR's", "oat's", "LLM_RL's"
 TRL_GRPO, TRL_PPO, TRL_RLOO = "TRL GRPOConfig's", "TRL PPOConfig's", "TRL RLOOConfig's"
+TRL_ODPO = "TRL OnlineDPOConfig's"
 TRL = "TRL's"
 
 
@@ -73,23 +76,23 @@ ALIASES = [
     _infra("use_wandb", OPENR, "--track logs to wandb (OpenR's flag is unused there)", STEPWISE,
            switch=True),
     # oat (oat/args.py, oat/algorithms/ppo.py)
-    Alias("pretrain", OAT, ("ppo", "grpo"), to="model_name_or_path"),
-    Alias("num_samples", OAT, ("ppo", "grpo"), to="num_generations"),
-    Alias("generate_max_length", OAT, ("ppo", "grpo"), to="max_new_tokens"),
-    Alias("input_key", OAT, ("ppo", "grpo"), to="question_key"),
-    Alias("output_key", OAT, ("ppo", "grpo"), to="answer_key"),
-    Alias("max_eval", OAT, ("ppo", "grpo"), to="num_eval_problems"),
-    Alias("eval_steps", OAT + " / " + TRL, ("ppo", "grpo", "reinforce"), to="eval_interval"),
-    Alias("max_norm", OAT, ("ppo", "grpo"), to="max_grad_norm"),
-    Alias("save_path", OAT + " / " + LLM_RL, ("ppo", "grpo", "reinforce"), to="output_dir"),
-    Alias("save_steps", OAT + " / " + TRL, ("ppo", "grpo", "reinforce"), to="save_interval"),
+    Alias("pretrain", OAT, OAT_FILES, to="model_name_or_path"),
+    Alias("num_samples", OAT, OAT_FILES, to="num_generations"),
+    Alias("generate_max_length", OAT, OAT_FILES, to="max_new_tokens"),
+    Alias("input_key", OAT, OAT_FILES, to="question_key"),
+    Alias("output_key", OAT, OAT_FILES, to="answer_key"),
+    Alias("max_eval", OAT, OAT_FILES, to="num_eval_problems"),
+    Alias("eval_steps", OAT + " / " + TRL, (*OAT_FILES, "reinforce"), to="eval_interval"),
+    Alias("max_norm", OAT, OAT_FILES, to="max_grad_norm"),
+    Alias("save_path", OAT + " / " + LLM_RL, (*OAT_FILES, "reinforce"), to="output_dir"),
+    Alias("save_steps", OAT + " / " + TRL, (*OAT_FILES, "reinforce"), to="save_interval"),
     Alias("lam", OAT + " / " + TRL_PPO, ("ppo",), to="gae_lambda"),
     Alias("cliprange", OAT + " / " + TRL_PPO, ("ppo",), to="epsilon"),
-    Alias("num_prompt_epoch", OAT, ("ppo", "grpo"), to="num_train_epochs"),
-    Alias("lr_warmup_ratio", OAT, ("ppo", "grpo"), to="warmup_ratio"),
-    Alias("prompt_data", OAT, ("ppo", "grpo")),  # -> dataset_path, and eval data (rule below)
-    Alias("eval_data", OAT, ("ppo", "grpo"), to="eval_dataset_path"),
-    Alias("oracle", OAT, ("ppo", "grpo")),  # -> dataset_name (rule below)
+    Alias("num_prompt_epoch", OAT, OAT_FILES, to="num_train_epochs"),
+    Alias("lr_warmup_ratio", OAT, OAT_FILES, to="warmup_ratio"),
+    Alias("prompt_data", OAT, OAT_FILES),  # -> dataset_path, and eval data (rule below)
+    Alias("eval_data", OAT, OAT_FILES, to="eval_dataset_path"),
+    Alias("oracle", OAT, OAT_FILES),  # -> dataset_name (rule below)
     # grpo.py has no critic (rule below); ppo.py has its own flag
     Alias("critic_type", OAT, ("grpo",)),
     # KL in the reward (rule below, with oat's --beta)
@@ -99,33 +102,33 @@ ALIASES = [
     Alias("apply_chat_template", OAT, ("ppo", "grpo"), switch=True),
     Alias("rollout_batch_size", OAT, ("ppo", "grpo")),  # batch rule
     Alias("train_batch_size", OAT, ("ppo", "grpo")),  # batch rule
-    Alias("train_batch_size_per_device", OAT, ("ppo", "grpo"), to="micro_batch_size"),
+    Alias("train_batch_size_per_device", OAT, OAT_FILES, to="micro_batch_size"),
     _infra("rollout_batch_size_per_device", OAT, "per-rank sizes follow from --num_prompts and the "
-           "number of processes", ("ppo", "grpo")),
+           "number of processes", OAT_FILES),
     _infra("pi_buffer_maxlen_per_device", OAT, "each update uses exactly the rollout it sampled",
-           ("ppo", "grpo")),
-    _infra("oracle_type", OAT, "rewards come from the task's verifier", ("ppo", "grpo")),
-    _infra("gpus", OAT, ACCELERATE, ("ppo", "grpo")),
-    _infra("vllm_gpu_ratio", OAT, NO_VLLM, ("ppo", "grpo")),
+           OAT_FILES),
+    _infra("oracle_type", OAT, "rewards come from the task's verifier", OAT_FILES),
+    _infra("gpus", OAT, ACCELERATE, OAT_FILES),
+    _infra("vllm_gpu_ratio", OAT, NO_VLLM, OAT_FILES),
     _infra("collocate", OAT, "one process samples and learns: nothing to collocate",
-           ("ppo", "grpo"),
+           OAT_FILES,
            switch=True),
-    _infra("vllm_sleep", OAT, NO_VLLM, ("ppo", "grpo"), switch=True),
+    _infra("vllm_sleep", OAT, NO_VLLM, OAT_FILES, switch=True),
     _infra("ref_offload", OAT, "the reference stays on the device; --beta 0 loads none",
-           ("ppo", "grpo"), switch=True),
-    _infra("zero_stage", OAT, ACCELERATE, ("ppo", "grpo")),
-    _infra("flash_attn", OAT, "attention is the model's default implementation", ("ppo", "grpo"),
+           OAT_FILES, switch=True),
+    _infra("zero_stage", OAT, ACCELERATE, OAT_FILES),
+    _infra("flash_attn", OAT, "attention is the model's default implementation", OAT_FILES,
            switch=True),
-    _infra("adam_offload", OAT, "the optimizer state stays on the device", ("ppo", "grpo"),
+    _infra("adam_offload", OAT, "the optimizer state stays on the device", OAT_FILES,
            switch=True),
-    _infra("prompt_max_length", OAT, "prompts are never cut", ("ppo", "grpo")),
+    _infra("prompt_max_length", OAT, "prompts are never cut", OAT_FILES),
     _infra("eval_temperature", OAT,
            "held-out evaluation is greedy pass@1 (eval.py --temperature for "
-           "sampled pass@k)", ("ppo", "grpo")),
+           "sampled pass@k)", OAT_FILES),
     _infra("eval_n", OAT, "held-out evaluation is greedy pass@1 (eval.py --n for pass@k)",
-           ("ppo", "grpo")),
-    _infra("use_wb", OAT, "--track logs to wandb", ("ppo", "grpo"), switch=True),
-    _infra("wb_run_name", OAT, "the wandb run is named after --output_dir", ("ppo", "grpo")),
+           OAT_FILES),
+    _infra("use_wb", OAT, "--track logs to wandb", OAT_FILES, switch=True),
+    _infra("wb_run_name", OAT, "the wandb run is named after --output_dir", OAT_FILES),
     # navidmdn/LLM_RL (examples/reinforce_stable_on_gsm8k_training.py)
     Alias("n_few_shot_examples", LLM_RL, ("reinforce",), to="num_few_shot"),
     Alias("num_iterations", LLM_RL, ("reinforce",), to="max_steps"),
@@ -169,35 +172,44 @@ ALIASES = [
           convert=lambda v: str(-float(v))),
     Alias("lr_scheduler_type", TRL, ALL, to="lr_scheduler"),
     Alias("sft_model_path", TRL_PPO, ("ppo",)),  # the policy TRL's PPO trains (rule below)
-    Alias("per_device_train_batch_size", TRL, ("grpo", "ppo", "reinforce")),  # batch rule
-    Alias("gradient_accumulation_steps", TRL, ("grpo", "ppo")),  # batch rule
+    Alias("per_device_train_batch_size", TRL, SINGLE_TURN),  # batch rule
+    Alias("gradient_accumulation_steps", TRL, ("grpo", "ppo", "online_dpo")),  # batch rule
     Alias("total_episodes", TRL_PPO, ("ppo", "grpo", "reinforce")),  # -> max_steps (batch rule)
-    Alias("report_to", TRL, ("grpo", "ppo", "reinforce"), many=True),  # -> --track (rule below)
-    Alias("reward_funcs", TRL, ("grpo", "reinforce"), many=True),  # rule below
+    Alias("report_to", TRL, SINGLE_TURN, many=True),  # -> --track (rule below)
+    Alias("reward_funcs", TRL, ("grpo", "reinforce", "online_dpo"), many=True),  # rule below
     Alias("scale_rewards", TRL_GRPO, ("grpo",)),  # rule below
+    # TRL OnlineDPOConfig and oat's online DPO (oat/args.py: --dap-algo, --reward-oracle)
+    Alias("dap_algo", OAT, ("online_dpo",)),  # -> loss_type (rule below)
+    _infra("reward_oracle", OAT, "the judge is the task's verifier", ("online_dpo",)),
+    _infra("sync_params_every", OAT, "one process samples and learns: the sampler is the policy",
+           ("online_dpo",)),
+    _infra("judge", TRL_ODPO, "the judge is the task's verifier", ("online_dpo",)),
+    _infra("max_length", TRL_ODPO, "prompts and responses are never cut", ("online_dpo",)),
+    _infra("disable_dropout", TRL_ODPO, "dropout is the model's own (0 in Llama and Qwen configs)",
+           ("online_dpo",), switch=True),
     _infra("reward_model_path", TRL_PPO, "rewards come from the task's verifier: no reward model",
-           ("ppo", "grpo", "reinforce")),
-    _infra("use_vllm", TRL, NO_VLLM, ("grpo", "reinforce"), switch=True),
-    _infra("vllm_mode", TRL, NO_VLLM, ("grpo", "reinforce")),
-    _infra("vllm_gpu_memory_utilization", TRL, NO_VLLM, ("grpo", "reinforce")),
+           (*OAT_FILES, "reinforce")),
+    _infra("use_vllm", TRL, NO_VLLM, ("grpo", "reinforce", "online_dpo"), switch=True),
+    _infra("vllm_mode", TRL, NO_VLLM, ("grpo", "reinforce", "online_dpo")),
+    _infra("vllm_gpu_memory_utilization", TRL, NO_VLLM, ("grpo", "reinforce", "online_dpo")),
     _infra("log_completions", TRL,
            "decoded samples go to samples.jsonl every --log_interval updates",
-           ("grpo", "reinforce"), switch=True),
+           ("grpo", "reinforce", "online_dpo"), switch=True),
     _infra("logging_steps", TRL, "metrics.jsonl gets a line every update",
-           ("grpo", "ppo", "reinforce")),
+           SINGLE_TURN),
     _infra("push_to_hub", TRL, "checkpoints are save_pretrained folders; upload one with "
-           "`huggingface-cli upload`", ("grpo", "ppo", "reinforce"), switch=True),
+           "`huggingface-cli upload`", SINGLE_TURN, switch=True),
     _infra("dataset_train_split", TRL,
            "the task's train split (a --dataset_path file is the split)",
-           ("grpo", "ppo", "reinforce")),
+           SINGLE_TURN),
     _infra("dataset_test_split", TRL, "the task's test split, or --eval_dataset_path",
-           ("grpo", "ppo", "reinforce")),
+           SINGLE_TURN),
     _infra("local_rollout_forward_batch_size", TRL_PPO,
            "no-grad forwards use --micro_batch_size rows",
            ("ppo",)),
     _infra("stop_token", TRL_PPO, "responses end at the tokenizer's EOS", ("ppo",)),
     _infra("max_prompt_length", TRL, "prompts are never cut", ("grpo", "ppo", "reinforce")),
-    _infra("deepspeed", TRL, ACCELERATE, ("grpo", "ppo", "reinforce")),
+    _infra("deepspeed", TRL, ACCELERATE, SINGLE_TURN),
     # eval.py's own earlier names
     Alias("num_samples", "eval.py's earlier", ("eval",), to="num_generations"),
     Alias("num_problems", "eval.py's earlier", ("eval",), to="num_eval_problems"),
@@ -364,6 +376,8 @@ def apply_rules(algo, args, seed, given, say, world_size):
             if "num_mini_batches" not in given:
                 put("num_mini_batches", 1, f"{TRL_PPO} default --num_mini_batches")
             prompts = per_device * accumulation * args.num_mini_batches * world_size
+        elif algo == "online_dpo":  # TRL's OnlineDPO: per_device prompts a step, two answers each
+            prompts = per_device * accumulation * world_size
         else:
             completions = per_device * world_size * generation
             if completions % args.num_generations or generation % accumulation:
@@ -390,6 +404,13 @@ def apply_rules(algo, args, seed, given, say, world_size):
             put("max_steps", max(1, int(seed["total_episodes"]) // per_update),
                 f"--total_episodes {seed['total_episodes']} ({TRL} responses in all) / "
                 f"{per_update} per update")
+    if "dap_algo" in seed:  # oat's direct alignment algorithm
+        kind = seed["dap_algo"].upper()
+        losses = {"DPO": "sigmoid", "IPO": "ipo"}
+        if kind not in losses:
+            raise ValueError(f"--dap_algo {seed['dap_algo']}: online_dpo.py has DPO and IPO "
+                             "(--loss_type sigmoid|ipo); oat's SLiC and SimPO are not here.")
+        put("loss_type", losses[kind], f"--dap_algo {kind} ({OAT} direct alignment algorithm)")
     if "report_to" in seed:
         put("track", "wandb" in seed["report_to"], f"--report_to {seed['report_to']} ({TRL})")
     if "reward_funcs" in seed:

@@ -14,7 +14,7 @@ import pytest
 from common.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]
+ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo"]
 LIBRARY = [*(f"{a}.py" for a in ALGOS), "eval.py", *(str(p.relative_to(ROOT)) for p in (ROOT / "common").glob("*.py"))]
 
 
@@ -37,7 +37,7 @@ def command_lines():
             text = text[:text.index('"""', 3)].replace("\\\\\n", "\\\n")
         text = re.sub(r"\\\n\s*", " ", text)
         for line in text.splitlines():
-            m = re.search(r"(?:python|torchrun[^#]*?)\s+(grpo|ppo|reinforce|appo|tppo|eval)\.py((?:\s+[^#`|]*)?)", line)
+            m = re.search(r"(?:python|torchrun[^#]*?)\s+(grpo|ppo|reinforce|appo|tppo|online_dpo|eval)\.py((?:\s+[^#`|]*)?)", line)
             if not m or "..." in m.group(2) or "$" in m.group(2):
                 continue
             found.append((path.name, m.group(1), shlex.split(m.group(2))))
@@ -72,7 +72,8 @@ def test_the_diff_counts_the_docs_quote_are_current():
         for a, b, n in re.findall(r"`diff (\w+)\.py (\w+)\.py`(?::| is) (\d+)", page.read_text()):
             assert int(n) == changed_lines(a, b), f"docs/{page.name} quotes {n} lines for diff {a}.py {b}.py"
             quoted += 1
-    row = re.search(r"\| `diff grpo.py X.py` lines \| (\d+) \| — \| (\d+) \| (\d+) \| (\d+) \|",
+    row = re.search(r"\| `diff grpo.py X.py` lines \| (\d+) \| — \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|",
                     (ROOT / "docs/README.md").read_text())
-    assert [int(n) for n in row.groups()] == [changed_lines("grpo", x) for x in ("reinforce", "ppo", "appo", "tppo")]
+    assert [int(n) for n in row.groups()] == [changed_lines("grpo", x)
+                                              for x in ("reinforce", "ppo", "appo", "tppo", "online_dpo")]
     assert quoted >= 5

@@ -21,7 +21,7 @@ from common.logger import Logger
 from common.models import load_tokenizer, tiny_random_model
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo"]
+ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo"]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
         "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
 

@@ -1,0 +1,184 @@
+"""online_dpo.py: the DPO and IPO losses and their statistics against hand-computed values, pairs from
+the verifier's scores, pairs of weight 0 that keep ranks in step, and end-to-end runs on the tiny model
+(single process, torchrun with 2 CPU processes, resume)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+import online_dpo
+from common.args import field_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
+        "--num_prompts", "4", "--micro_batch_size", "2"]
+
+
+def run(cmd, **kw):
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def params(path):
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def metrics(path):
+    return [json.loads(x) for x in (Path(path) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---- the loss ---------------------------------------------------------------------------------
+def _two_pairs():
+    """Rows chosen, rejected, chosen, rejected; a response's log pi is the sum over its mask:
+    pair 0: log pi(w) = -2 (ref -3), log pi(l) = -4 (ref -3.5): h = 1 - (-0.5) = 1.5;
+    pair 1: log pi(w) = -1 (ref -1), log pi(l) = -2 (ref -2.5): h = 0 - 0.5 = -0.5."""
+    logprobs = torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -2.0, -9.0], [-1.0, 0.0, 0.0],
+                             [-0.5, -1.5, 0.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.5, 0.0], [-3.5, 0.0, 0.0], [-1.0, 0.0, 0.0], [-2.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0]])  # -9: padding, not counted
+    return logprobs, ref, mask
+
+
+@pytest.mark.parametrize("loss_type,expected", [
+    ("sigmoid", (math.log(1 + math.exp(-0.15)) + math.log(1 + math.exp(0.05))) / 2),
+    ("ipo", ((1.5 - 5) ** 2 + (-0.5 - 5) ** 2) / 2),  # (h - 1 / (2 beta))^2, beta 0.1
+])
+def test_the_loss_of_two_pairs_by_hand(loss_type, expected):
+    logprobs, ref, mask = _two_pairs()
+    args = replace(online_dpo.Args(), beta=0.1, loss_type=loss_type)
+    loss, stats = online_dpo.dpo_loss(logprobs, ref, mask, torch.ones(2), 2.0, args)
+    assert loss.item() == pytest.approx(expected)
+    # implicit rewards beta log(pi / pi_ref): chosen 0.1 and 0, rejected -0.05 and 0.05
+    assert stats["rewards/chosen"] == pytest.approx(0.05)
+    assert stats["rewards/rejected"] == pytest.approx(0.0)
+    assert stats["rewards/margins"] == pytest.approx(0.05)
+    assert stats["rewards/accuracies"] == 0.5  # pair 0's chosen response has the higher reward
+    assert stats["logps/chosen"] == pytest.approx(-1.5) and stats["logps/rejected"] == -3.0
+    if loss_type == "sigmoid":  # d/d log pi(w token) = -beta sigmoid(-beta h) / 2 pairs
+        loss.backward()
+        torch.testing.assert_close(logprobs.grad[0], torch.full((3,), -0.1 / 2 * torch.sigmoid(
+            torch.tensor(-0.15)).item()) * mask[0])
+
+
+def test_pairs_of_weight_0_change_neither_the_loss_nor_the_statistics():
+    logprobs, ref, mask = _two_pairs()
+    args = replace(online_dpo.Args(), beta=0.1)
+    loss, stats = online_dpo.dpo_loss(logprobs, ref, mask, torch.ones(2), 2.0, args)
+    padded = [torch.cat([x, x[:2]]) for x in (logprobs, ref, mask)]  # pair 0 again, weight 0
+    loss2, stats2 = online_dpo.dpo_loss(*padded, torch.tensor([1.0, 1.0, 0.0]), 2.0, args)
+    assert loss2.item() == pytest.approx(loss.item()) and stats2 == pytest.approx(stats)
+    # a micro-batch of weight-0 pairs only: no statistics, a loss of 0
+    loss3, stats3 = online_dpo.dpo_loss(*[x[:2] for x in padded], torch.zeros(1), 2.0, args)
+    assert loss3.item() == 0.0 and stats3 == {}
+
+
+def test_sigmoid_loss_is_torch_log_sigmoid_of_beta_times_the_margin():
+    h = torch.tensor([-3.0, 0.0, 2.0])
+    logprobs = torch.stack([h, torch.zeros(3)], 1).reshape(6, 1)  # chosen h, rejected 0
+    args = replace(online_dpo.Args(), beta=0.5)
+    loss, _ = online_dpo.dpo_loss(logprobs, torch.zeros(6, 1), torch.ones(6, 1), torch.ones(3),
+                                  3.0, args)
+    assert loss.item() == pytest.approx(-F.logsigmoid(0.5 * h).mean().item())
+
+
+# ---- pairs ------------------------------------------------------------------------------------
+def test_pairs_come_from_responses_whose_scores_differ():
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # 4 prompts x 2 responses
+    chosen, rejected = online_dpo.preference_pairs(scores, 2)
+    assert chosen.tolist() == [0, 5] and rejected.tolist() == [1, 4]  # ties give no pair
+    chosen, rejected = online_dpo.preference_pairs(scores, 2, ties="first")  # TRL's rule
+    assert chosen.tolist() == [0, 2, 5, 6] and rejected.tolist() == [1, 3, 4, 7]
+    # 4 responses: the best against the worst, the first of equals
+    chosen, rejected = online_dpo.preference_pairs(torch.tensor([0.5, 1.0, 1.0, 0.0]), 4)
+    assert chosen.tolist() == [1] and rejected.tolist() == [3]
+
+
+def test_a_rank_with_fewer_pairs_adds_pairs_of_weight_0(monkeypatch):
+    # this rank has 1 pair, another 3: it runs 3, the 2 added made of rows 0 and 1, weight 0
+    monkeypatch.setattr(online_dpo, "all_gather_objects", lambda n: [n, 3])
+    rows, weights = online_dpo.rows_in_step(torch.tensor([5]), torch.tensor([4]))
+    assert rows.tolist() == [5, 4, 0, 1, 0, 1] and weights.tolist() == [1.0, 0.0, 0.0]
+    monkeypatch.setattr(online_dpo, "all_gather_objects", lambda n: [n])
+    rows, weights = online_dpo.rows_in_step(torch.tensor([0, 5]), torch.tensor([1, 4]))
+    assert rows.tolist() == [0, 1, 5, 4] and weights.tolist() == [1.0, 1.0]
+
+
+# ---- arguments --------------------------------------------------------------------------------
+def test_bad_arguments_fail_before_any_model_loads():
+    with pytest.raises(ValueError, match="num_generations must be >= 2"):
+        online_dpo.check_args(replace(online_dpo.Args(), num_generations=1), world_size=1)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        online_dpo.check_args(replace(online_dpo.Args(), beta=0.0), world_size=1)
+    with pytest.raises(ValueError, match="divisible by the number of processes"):
+        online_dpo.check_args(replace(online_dpo.Args(), num_prompts=3), world_size=2)
+    online_dpo.check_args(online_dpo.Args(), world_size=1)
+
+
+def test_help_documents_every_field():
+    out = run([sys.executable, "online_dpo.py", "--help"]).stdout
+    docs = field_docs(online_dpo.Args)
+    for f in fields(online_dpo.Args):
+        assert f"--{f.name}" in out, f.name
+        assert docs.get(f.name), f"{f.name} has no docstring"
+
+
+# ---- end to end -------------------------------------------------------------------------------
+def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
+    common = ["tests/run_with_test_reward.py", "online_dpo", *TINY, "--max_steps", "2",
+              "--output_dir", str(tmp_path)]
+    run([sys.executable, *common])
+    lines = metrics(tmp_path)
+    assert [x["step"] for x in lines] == [1, 2]
+    for key in ("reward/mean", "reward/std", "accuracy", "pairs/frac", "rewards/chosen",
+                "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                "logps/rejected", "entropy", "kl_ref", "grad_norm", "lr", "tokens_per_s"):
+        assert key in lines[0], key
+    # update 1: the policy is the reference, so every implicit reward is 0
+    assert lines[0]["rewards/margins"] == 0.0 and abs(lines[0]["kl_ref"]) < 1e-6
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    assert model.config.num_hidden_layers == 2
+
+
+def test_torchrun_two_processes_match_one_process(tmp_path):
+    # Ties give no pair, so the two ranks hold different numbers of pairs (the one with fewer adds
+    # pairs of weight 0); the loss is a mean over every rank's pairs: the weights after two updates
+    # and the gradient's norm agree with one process's.
+    common = ["tests/run_with_test_reward.py", "online_dpo", *TINY, "--max_steps", "2",
+              "--learning_rate", "1e-3", "--temperature", "1.0", "--no_eval_on_start"]
+    run([sys.executable, *common, "--output_dir", str(tmp_path / "one")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29533", *common, "--output_dir", str(tmp_path / "two")], env=env)
+    one, two = params(tmp_path / "one/checkpoint-2"), params(tmp_path / "two/checkpoint-2")
+    from common.models import tiny_random_model
+
+    start = tiny_random_model().state_dict()
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
+    m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [m["pairs/frac"] for m in m1] == pytest.approx([m["pairs/frac"] for m in m2])
+    assert [m["grad_norm"] for m in m2] == pytest.approx([m["grad_norm"] for m in m1], rel=1e-3)
+
+
+def test_resume_continues_exactly(tmp_path):
+    common = ["tests/run_with_test_reward.py", "online_dpo", *TINY, "--learning_rate", "1e-3",
+              "--no_eval_on_start", "--num_eval_problems", "0"]
+    run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "straight")])
+    run([sys.executable, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "split")])
+    run([sys.executable, *common, "--max_steps", "3", "--output_dir", str(tmp_path / "split"),
+         "--resume"])
+    a, b = params(tmp_path / "straight/checkpoint-3"), params(tmp_path / "split/checkpoint-3")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [x["step"] for x in metrics(tmp_path / "split")] == [1, 2, 3]
