@@ -47,6 +47,10 @@ RUNS = {
                                          "--stepwise", "--sym_calc", "--max_episode_steps", "3"]),
     "appo": ("appo", ["--num_envs", "2", "--num_steps", "4"]),
     "tppo": ("tppo", ["--num_envs", "2", "--num_steps", "4"]),
+    "online_dpo": ("online_dpo", ["--num_prompts", "4", "--micro_batch_size", "3"]),
+    "online_dpo_ipo_ties": ("online_dpo", ["--num_prompts", "4", "--num_generations", "3",
+                                           "--loss_type", "ipo", "--ties", "first",
+                                           "--missing_eos_penalty", "0.5"]),
 }
 
 
