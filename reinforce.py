@@ -46,6 +46,7 @@ from common.checks import check_common_args
 from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
 from common.env import make_envs
+from common.logger import every
 from common.fast_sampler import fast_generate
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
@@ -328,8 +329,8 @@ def main(args):
             grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
             if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
                 optimizer.step()
-        sync = args.ref_model_sync_steps
-        if ref_policy is not None and sync and (step + 1) % sync == 0:  # the seed's refresh
+        # the seed's refresh of the reference
+        if ref_policy is not None and every(step + 1, args.ref_model_sync_steps):
             ref_policy.load_state_dict(full_state_dict(policy, all_ranks=True))
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)

@@ -27,7 +27,7 @@ from common.checks import StepGuard, check_rewards
 from common.distributed import all_reduce_mean, init_distributed, print0, set_seed
 from common.evaluation import evaluate
 from common.grader import grader_counts
-from common.logger import Logger, mean_of, report_end
+from common.logger import Logger, every, mean_of, report_end
 from common.sharding import load_optimizer_state
 
 
@@ -121,9 +121,9 @@ class Run:
         """After update `step`: the held-out accuracy and a checkpoint, at their intervals (the
         last update's come from `finish`)."""
         args = self.args
-        if step < args.max_steps and args.eval_interval and step % args.eval_interval == 0:
+        if step < args.max_steps and every(step, args.eval_interval):
             self.evaluate(step)
-        if step < args.max_steps and args.save_interval and step % args.save_interval == 0:
+        if step < args.max_steps and every(step, args.save_interval):
             self.save(step)
 
     def finish(self):

@@ -224,11 +224,6 @@ def aliases_for(algo):
 # ------------------------------------------------------------------------------------------------
 # Rules that read several seed flags at once (batch sizes) or need the parsed options
 # ------------------------------------------------------------------------------------------------
-def _num(text):
-    value = float(text)
-    return int(value) if value == int(value) else value
-
-
 def apply_rules(algo, args, seed, given, say, world_size):
     """Translate the seed flags in `seed` ({name: value text}) that need more than a rename.
     `given`: the options on the command line; an explicit option wins over a value computed from
