@@ -1,0 +1,299 @@
+"""Everything a short GPU lease should measure, as one script with a time budget per stage.
+
+    python bench/device_check.py --out DIR                         # a GPU: the real sizes
+    python bench/device_check.py --out DIR --tiny                  # a CPU: tiny sizes, ~2 min
+    python bench/device_check.py --out DIR --stages env roofline --budget_s 200
+
+docs/gpu.md has the two calls that carry the embedded model to a lent GPU and run this.
+
+A GPU is lent to this project only sometimes, for 15 minutes in all, so a device check cannot be
+written on the spot: this script is, and a test runs it with --tiny on a CPU so that it still works
+when a GPU comes. The stages, in the order they run (each one a process of its own, stopped at its
+time cap or at the end of --budget_s, whichever is first; a stage that fails or runs out of time
+does not stop the next):
+
+- env: the device, its memory, the versions of torch and transformers;
+- model: the embedded SmolLM2-135M converted once from its GGUF (see bench/carry.py);
+- grpo, grpo_compile: `python grpo.py --bf16` for 20 updates, eager and --compile, held-out
+  accuracy at updates 0, 10 and 20;
+- grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
+- ppo, reinforce, appo, tppo, online_dpo: 5 updates each in bf16;
+- roofline, update_mfu: bench/roofline.py and bench/update_mfu.py at the Qwen2.5-1.5B shape on random
+  weights (no model file needed).
+
+For each training stage: seconds per update for the rollout and the update (the first update apart,
+since it holds compiling and warm-up, then the median of the rest), sampled tokens per second, the
+held-out accuracies, peak GPU memory (torch's allocator; peak RSS on a CPU), whether every logged
+number is finite, and whether the last checkpoint loads with from_pretrained and holds finite
+weights. Written to DIR/device_check.json after every stage (so a lease cut short still returns the
+stages done), all the logs to DIR/logs.txt, and a table printed at the end.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import runpy
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ["ppo", "reinforce", "appo", "tppo", "online_dpo"]
+STAGES = ["env", "model", "grpo", "grpo_compile", "grpo_big", *FILES, "roofline", "update_mfu"]
+
+
+def stage_plan(name, tiny, work):
+    """(command, time cap in seconds) of a stage; the command is None for the in-process ones."""
+    py = [sys.executable]
+    if name in ("env", "model"):
+        return None, 120
+    if name in ("roofline", "update_mfu"):
+        if name == "roofline":
+            sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
+                      "16"] if tiny else
+                     ["--shapes", "1.5B", "--batch", "64", "256", "--new_tokens", "512",
+                      "--compile"])
+        else:
+            sizes = (["--shape", "tiny", "--micro_batch_size", "8", "--prompt_len", "16",
+                      "--response_len", "16"] if tiny else
+                     ["--shape", "1.5B", "--micro_batch_size", "8", "16", "32"])
+        return py + [str(ROOT / "bench" / f"{name}.py"), *sizes, "--bf16"], 200
+    file = name.split("_")[0] if name.startswith("grpo") else name
+    run = ["--bf16", "--output_dir", str(work / name)]
+    if tiny:
+        run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "8"]
+    if name.startswith("grpo"):
+        steps, interval = (2, 1) if tiny else ((3, 3) if name == "grpo_big" else (20, 10))
+        run += ["--max_steps", str(steps), "--eval_interval", str(interval)]
+        if name == "grpo_compile":
+            run += ["--compile"]
+        if name == "grpo_big":
+            run += (["--num_prompts", "4", "--num_generations", "4", "--max_new_tokens", "16"]
+                    if tiny else
+                    ["--num_prompts", "64", "--num_generations", "8", "--max_new_tokens", "256"])
+        # caps from the H100 run of 2026-11-27 (92, 140 and ~25 s an update), with some room
+        cap = {"grpo": 120, "grpo_compile": 170, "grpo_big": 110}[name]
+    else:
+        # these five show that each file trains and saves in bf16 on the device: no learning
+        # curve, so no evaluation before the first update and a small one after the last
+        run += ["--max_steps", "2" if tiny else "5", "--no_eval_on_start"]
+        if not tiny:
+            run += ["--num_eval_problems", "64"]
+        cap = 60
+    child = [str(ROOT / "bench" / "device_check.py"), "--child", str(work / f"{name}.child.json"),
+             "--", str(ROOT / f"{file}.py")]
+    return py + child + run, cap
+
+
+# ----------------------------------------------------------------------------------------------
+# in the child process: run an algorithm file as `python X.py ...` would, then read its peak
+# memory and load its last checkpoint
+
+
+def peak_memory_gib():
+    import torch
+
+    if torch.cuda.is_available():
+        return {"peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def load_last_checkpoint(output_dir):
+    """{checkpoint, loads, finite} for the newest checkpoint-N in output_dir."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not found:
+        return {"checkpoint": None, "loads": False}
+    model = AutoModelForCausalLM.from_pretrained(str(found[-1]))
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return {"checkpoint": found[-1].name, "loads": True, "finite": finite}
+
+
+def child(out_json, argv):
+    sys.argv = argv
+    sys.path.insert(0, str(ROOT))
+    result = {}
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:  # an algorithm file's own error exit: keep it, and stop here
+        if e.code not in (None, 0):
+            result["exit"] = str(e.code)
+    result.update(peak_memory_gib())
+    if "exit" not in result:
+        output_dir = argv[argv.index("--output_dir") + 1]
+        result.update(load_last_checkpoint(output_dir))
+    Path(out_json).write_text(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------------------------
+# in the parent: each stage's figures
+
+
+def env_stage(tiny):
+    import platform
+
+    import torch
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, memory_gib=props.total_memory / 2**30,
+                    multiprocessors=props.multi_processor_count)
+    else:
+        info.update(device=f"CPU, {os.cpu_count()} cores")
+    return info
+
+
+def model_stage(tiny):
+    """The embedded model, converted here once, so that the first training stage is not charged
+    for it."""
+    from common.models import embedded_model_dir, embedded_tokenizer_dir
+
+    folder = embedded_tokenizer_dir() if tiny else embedded_model_dir()
+    return {"folder": str(folder), "files": sorted(p.name for p in folder.iterdir())}
+
+
+def finite(x):
+    return not isinstance(x, float) or math.isfinite(x)
+
+
+def read_run(folder, child_json):
+    """The figures of a training stage from its metrics.jsonl, eval.jsonl and the child's JSON."""
+    figures = {}
+    metrics_file, eval_file = Path(folder) / "metrics.jsonl", Path(folder) / "eval.jsonl"
+    rows = ([json.loads(line) for line in metrics_file.read_text().splitlines()]
+            if metrics_file.exists() else [])
+    if rows:
+        figures["updates"] = len(rows)
+        first, rest = rows[0], rows[1:] or rows[:1]
+        for key in ("time/rollout_s", "time/update_s", "tokens_per_s"):
+            if key in first:
+                figures[f"first {key}"] = first[key]
+                figures[f"median {key}"] = statistics.median(r[key] for r in rest)
+        figures["nonfinite"] = sorted({k for r in rows for k, v in r.items() if not finite(v)})
+        figures["last"] = {k: v for k, v in rows[-1].items()
+                           if "loss" in k or k in ("reward/mean", "accuracy", "grad_norm")}
+    if eval_file.exists():
+        figures["eval"] = {json.loads(line)["step"]: json.loads(line)["eval/accuracy"]
+                           for line in eval_file.read_text().splitlines()}
+    if Path(child_json).exists():
+        figures.update(json.loads(Path(child_json).read_text()))
+    return figures
+
+
+def run_process(cmd, timeout, why, log):
+    """Run cmd in its own process group, its output appended to `log` (tqdm's carriage-return
+    redraws kept to their last state); stop the whole group at `timeout`. -> (status, lines)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        status = f"stopped at {why} ({timeout:.0f} s)"
+    text = out.decode(errors="replace")
+    lines = [line.split("\r")[-1] for line in text.splitlines()]
+    log.write("\n".join(lines) + "\n")
+    return status, lines
+
+
+def summary(results):
+    head = ("| stage | status | s | eval accuracy | rollout s | update s | tokens/s | peak GiB "
+            "| checkpoint |")
+    table = [head, "|" + "---|" * 9]
+    for name, r in results.items():
+        f = r.get("figures", {})
+        acc = " / ".join(f"{v:.3f}" for v in f.get("eval", {}).values()) or "-"
+        mem = f.get("peak_allocated_gib", f.get("peak_rss_gib"))
+        ckpt = ("loads" + ("" if f.get("finite") else ", NOT finite")) if f.get("loads") else "-"
+
+        def num(key, fmt):
+            return format(f[key], fmt) if key in f else "-"
+
+        table.append(f"| {name} | {r['status']} | {r['seconds']:.0f} | {acc} | "
+                     f"{num('median time/rollout_s', '.2f')} | {num('median time/update_s', '.2f')} "
+                     f"| {num('median tokens_per_s', '.0f')} | "
+                     f"{'-' if mem is None else format(mem, '.2f')} | {ckpt} |")
+    return "\n".join(table)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for device_check.json and logs.txt")
+    p.add_argument("--work", default=None,
+                   help="folder for the runs' output folders, emptied stage by stage (default: "
+                        "/tmp/device_check; --out keeps only the two files that come back)")
+    p.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES)
+    p.add_argument("--budget_s", type=float, default=575,
+                   help="stop starting stages after this many seconds; a running one is cut at "
+                        "the budget's end")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny sizes and the tiny-random model: a CPU check that the script runs")
+    args = p.parse_args()
+    start = time.perf_counter()
+    out = Path(args.out)
+    work = Path(args.work or "/tmp/device_check")
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    results = {}
+    with open(out / "logs.txt", "a") as log:
+        for name in args.stages:
+            left = args.budget_s - (time.perf_counter() - start)
+            cmd, cap = stage_plan(name, args.tiny, work)
+            t0 = time.perf_counter()
+            log.write(f"\n===== {name}: {' '.join(cmd) if cmd else 'in process'}\n")
+            log.flush()
+            if left < 15:
+                results[name] = {"status": "skipped: the budget is spent"}
+            elif cmd is None:
+                try:
+                    figures = (env_stage if name == "env" else model_stage)(args.tiny)
+                    results[name] = {"status": "ok", "figures": figures}
+                except Exception as e:  # noqa: BLE001 -- the next stages still run
+                    results[name] = {"status": f"failed: {type(e).__name__}: {e}"}
+            else:
+                shutil.rmtree(work / name, ignore_errors=True)
+                (work / f"{name}.child.json").unlink(missing_ok=True)
+                why = "its cap" if cap <= left else "the budget's end"
+                status, lines = run_process(cmd, min(cap, left), why, log)
+                results[name] = {"status": status, "command": " ".join(cmd[1:])}
+                if name in ("roofline", "update_mfu"):
+                    results[name]["figures"] = {"table": [
+                        line for line in lines if line.startswith(("|", "(the first"))
+                        or "GB/s" in line or "peak" in line]}
+                else:
+                    results[name]["figures"] = read_run(work / name,
+                                                        work / f"{name}.child.json")
+            results[name]["seconds"] = time.perf_counter() - t0
+            log.flush()
+            (out / "device_check.json").write_text(json.dumps(results, indent=1))
+            print(f"[{time.perf_counter() - start:4.0f} s] {name}: {results[name]['status']}",
+                  flush=True)
+    if "figures" in results.get("env", {}):
+        print(", ".join(f"{k} {v}" for k, v in results["env"]["figures"].items()))
+    print(summary(results))
+    for name in ("roofline", "update_mfu"):
+        for line in results.get(name, {}).get("figures", {}).get("table", []):
+            print(line)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[4:])
+    else:
+        main()

@@ -1,0 +1,106 @@
+"""The GPU check that cannot be run here without a GPU still runs here with tiny sizes
+(bench/device_check.py --tiny), and the embedded model survives being carried in pieces
+(bench/carry.py): the rebuilt file's sha256 is the original's, and a stale or missing piece is
+refused."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from carry import join, split  # noqa: E402
+
+
+def digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_split_then_join_rebuilds_the_file_byte_for_byte(tmp_path, parts):
+    original = tmp_path / "model.gguf"
+    original.write_bytes(os.urandom(3 * 2**20 + 7))  # not a multiple of the parts
+    pieces = split(original, parts, tmp_path / "carry")
+    sizes = [p.stat().st_size for p in pieces]
+    # equal pieces but the last, which is shorter by what the division leaves
+    assert sizes[:-1] == [-(-(3 * 2**20 + 7) // parts)] * (parts - 1)
+    assert sum(sizes) == original.stat().st_size
+    assert [p.parent.name for p in pieces] == list("abc"[:parts])
+    folders = [tmp_path / "carry" / c for c in "abc"[:parts]]
+    rebuilt = join(folders[::-1], tmp_path / "out" / "model.gguf")  # any folder order
+    assert digest(rebuilt) == digest(original)
+
+
+def test_join_refuses_a_changed_or_missing_piece(tmp_path):
+    original = tmp_path / "model.gguf"
+    original.write_bytes(os.urandom(2**20))
+    a, b = split(original, 2, tmp_path / "carry")
+    with pytest.raises(SystemExit, match="pieces \\[1\\] found; expected 1..2"):
+        join([a.parent], tmp_path / "x.gguf")  # the second call's piece never came
+    b.write_bytes(b.read_bytes()[:-1])  # truncated
+    with pytest.raises(SystemExit, match="does not match its sha256"):
+        join([a.parent, b.parent], tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "x.gguf.tmp").exists()
+
+
+def test_the_embedded_gguf_survives_the_carry(tmp_path):
+    from common.models import EMBEDDED_GGUF, cache_dir
+
+    gguf = cache_dir() / "gguf" / EMBEDDED_GGUF
+    if not gguf.exists():
+        pytest.skip("the embedded model's GGUF is not in the cache")
+    pieces = split(gguf, 2, tmp_path)
+    assert all(p.stat().st_size < 60 * 2**20 for p in pieces)  # each fits one call's 64 MiB
+    rebuilt = join([tmp_path / "a", tmp_path / "b"], tmp_path / "whole" / EMBEDDED_GGUF)
+    assert digest(rebuilt) == digest(gguf)
+
+
+def device_check(tmp_path, *argv):
+    out = subprocess.run([sys.executable, "bench/device_check.py", "--tiny", "--out",
+                          str(tmp_path / "out"), "--work", str(tmp_path / "work"), *argv],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads((tmp_path / "out" / "device_check.json").read_text()), out.stdout
+
+
+def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
+    results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "online_dpo", "roofline")
+    assert [r["status"] for r in results.values()] == ["ok"] * 4
+    grpo = results["grpo"]["figures"]
+    metrics = [json.loads(line) for line in
+               (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    # the figures are the run's own: 2 updates, the first apart and the median of the rest
+    assert grpo["updates"] == 2
+    assert grpo["first time/rollout_s"] == metrics[0]["time/rollout_s"]
+    assert grpo["median time/update_s"] == metrics[1]["time/update_s"]
+    assert list(grpo["eval"]) == ["0", "1", "2"]  # --eval_interval 1 over 2 updates
+    assert grpo["nonfinite"] == [] and grpo["peak_rss_gib"] > 0
+    assert grpo["checkpoint"] == "checkpoint-2" and grpo["loads"] and grpo["finite"]
+    # online_dpo: no evaluation before its first update, one after its last
+    assert list(results["online_dpo"]["figures"]["eval"]) == ["2"]
+    assert any(line.startswith("| tiny | 8 | 8 |") for line in
+               results["roofline"]["figures"]["table"])
+    assert "| grpo | ok |" in stdout
+    logs = (tmp_path / "out" / "logs.txt").read_text()
+    assert logs.count("=====") == 4 and "\r" not in logs
+
+
+def test_a_spent_budget_skips_the_stages_left(tmp_path):
+    results, _ = device_check(tmp_path, "--stages", "env", "grpo", "--budget_s", "10")
+    assert results["env"]["status"] == "skipped: the budget is spent"
+    assert results["grpo"]["status"] == "skipped: the budget is spent"
+
+
+@pytest.mark.slow
+def test_every_stage_of_the_device_check_runs_on_a_cpu(tmp_path):
+    results, _ = device_check(tmp_path)
+    assert all(r["status"] == "ok" for r in results.values()), results
+    for name in ("grpo", "grpo_compile", "grpo_big", "ppo", "reinforce", "appo", "tppo",
+                 "online_dpo"):
+        figures = results[name]["figures"]
+        assert figures["loads"] and figures["finite"] and figures["nonfinite"] == [], name
