@@ -48,6 +48,7 @@ from common.checks import check_common_args
 from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
                                 average_gradients, sample_seed)
 from common.env import make_envs, resolve_task
+from common.errors import UsageError
 from common.logger import mean_of
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import critic_state, load_tokenizer, make_critic, trained_policy
@@ -75,7 +76,7 @@ class Args(TrainArgs):
     warmup_ratio: Optional[float] = None
     """when given, warmup_steps = this fraction of max_steps"""
     max_grad_norm: float = 1.0
-    """gradient-norm clip"""
+    """gradient-norm clip (0: none)"""
     max_steps: int = 15
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
@@ -150,11 +151,11 @@ def check_args(args, world_size):
     (common/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.num_envs % world_size:
-        raise ValueError(f"--num_envs {args.num_envs} must be divisible by the number of processes "
+        raise UsageError(f"--num_envs {args.num_envs} must be divisible by the number of processes "
                          f"({world_size}); try --num_envs "
                          f"{world_size * max(1, args.num_envs // world_size)}.")
     if args.num_steps % args.num_mini_batches:
-        raise ValueError(f"--num_mini_batches {args.num_mini_batches} must divide --num_steps "
+        raise UsageError(f"--num_mini_batches {args.num_mini_batches} must divide --num_steps "
                          f"{args.num_steps}: each minibatch takes as many steps of every episode.")
     if args.prm_model_name_or_path:  # its tokenizer only: the tag and candidates are single tokens
         prm_tok = load_prm_tokenizer(args.prm_model_name_or_path, args.prm_step_tag)

@@ -50,6 +50,7 @@ from common.args import parse_args
 from common.checks import check_output_dir
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
 from common.env import TASKS, make_env, read_rows, to_number
+from common.errors import PathError, UsageError
 from common.fast_sampler import fast_generate
 from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
@@ -110,36 +111,36 @@ class Args:
 def check_args(args):
     """Every argument error before any data or model loads, each with the fix."""
     if args.dataset_name not in TASKS:
-        raise ValueError(f"--dataset_name must be one of {', '.join(TASKS)}, got "
+        raise UsageError(f"--dataset_name must be one of {', '.join(TASKS)}, got "
                          f"{args.dataset_name!r}")
     if args.split not in ("train", "test"):
-        raise ValueError(f"--split must be 'train' or 'test', got {args.split!r}")
+        raise UsageError(f"--split must be 'train' or 'test', got {args.split!r}")
     if args.num_generations < 1:
-        raise ValueError("--n must be >= 1.")
+        raise UsageError("--n must be >= 1.")
     if args.num_generations > 1 and args.temperature == 0:
-        raise ValueError(f"--n {args.num_generations} with --temperature 0 gives "
+        raise UsageError(f"--n {args.num_generations} with --temperature 0 gives "
                          f"{args.num_generations} copies of the greedy answer; "
                          f"sample with e.g. --temperature 0.6, or use --n 1.")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise ValueError("--temperature must be >= 0 and --top_p in (0, 1].")
+        raise UsageError("--temperature must be >= 0 and --top_p in (0, 1].")
     if args.num_eval_problems is not None and args.num_eval_problems < 1:
-        raise ValueError("--num_eval_problems must be >= 1 (leave it out for all problems).")
+        raise UsageError("--num_eval_problems must be >= 1 (leave it out for all problems).")
     if args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
-        raise ValueError("--batch_size and --max_new_tokens must be >= 1.")
+        raise UsageError("--batch_size and --max_new_tokens must be >= 1.")
     if args.responses is None:
         bad = [k for k in args.k if not 1 <= k <= args.num_generations]
         if bad:
-            raise ValueError(f"--k {bad}: every k must be between 1 and --n "
+            raise UsageError(f"--k {bad}: every k must be between 1 and --n "
                              f"({args.num_generations}); raise --n to estimate pass@{max(bad)}.")
         check_model_name(args.model_name_or_path)
     elif not Path(args.responses).is_file():
-        raise FileNotFoundError(f"--responses {args.responses}: no such file. Pass a jsonl written "
+        raise PathError(f"--responses {args.responses}: no such file. Pass a jsonl written "
                                 "by eval.py, or "
                                 f"rows with 'response' and 'answer' fields.")
     # checked now: generations must not be lost at the end
     output = Path(args.output or default_output(args))
     if output.is_dir():
-        raise IsADirectoryError(f"--output {output} is a folder: pass the path of the .jsonl file "
+        raise PathError(f"--output {output} is a folder: pass the path of the .jsonl file "
                                 "to write.")
     check_output_dir(output.parent, "--output")
 
@@ -241,7 +242,7 @@ def saved_responses(row, task, response_field, where):
             name = "solution"  # a MATH reference row
     if name is None or name not in row:
         wanted = repr(name) if name else "'response' or 'responses'"
-        raise ValueError(
+        raise UsageError(
             f"{where} has no {wanted} field (fields found: {sorted(row)}). Regrading needs the "
             "completions in "
             "'response' (a string) or 'responses' (a list), or --response_field NAME for another "
@@ -255,11 +256,11 @@ def saved_responses(row, task, response_field, where):
         elif isinstance(item, str):
             out.append({"response": item})
         else:
-            raise ValueError(f"{where}: field {name!r} must hold a string, a list of strings, or a "
+            raise UsageError(f"{where}: field {name!r} must hold a string, a list of strings, or a "
                              "list of "
                              f"{{'response': ...}} objects; got {type(item).__name__}")
     if not out:
-        raise ValueError(f"{where}: field {name!r} is an empty list")
+        raise UsageError(f"{where}: field {name!r} is an empty list")
     return name, out
 
 
@@ -368,7 +369,7 @@ def main(args):
         n_min = min(len(r["responses"]) for r in records)
         bad = [k for k in args.k if not 1 <= k <= n_min]
         if bad:
-            raise ValueError(f"--k {bad}: a row of {args.responses} has only {n_min} response(s); "
+            raise UsageError(f"--k {bad}: a row of {args.responses} has only {n_min} response(s); "
                              f"use k <= {n_min}.")
         ks = sorted(set(args.k or [1, n_min]))
         max_new_tokens = None

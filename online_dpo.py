@@ -43,6 +43,7 @@ from common.checks import check_common_args
 from common.distributed import (all_gather_objects, all_reduce_sum, average_gradients, minibatches,
                                 prompt_indices, sample_seed)
 from common.env import make_envs
+from common.errors import UsageError
 from common.fast_sampler import fast_generate
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
@@ -64,7 +65,7 @@ class Args(TrainArgs):
     warmup_ratio: Optional[float] = None
     """when given, warmup_steps = this fraction of max_steps"""
     max_grad_norm: float = 1.0
-    """gradient-norm clip"""
+    """gradient-norm clip (0: none)"""
     max_steps: int = 20
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
@@ -101,9 +102,9 @@ def check_args(args, world_size):
     (common/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.num_generations < 2:
-        raise ValueError("--num_generations must be >= 2: a pair needs two responses.")
+        raise UsageError("--num_generations must be >= 2: a pair needs two responses.")
     if not args.beta > 0:
-        raise ValueError(f"--beta {args.beta}: DPO's implicit reward is beta log(pi / pi_ref), so "
+        raise UsageError(f"--beta {args.beta}: DPO's implicit reward is beta log(pi / pi_ref), so "
                          "beta must be > 0 (TRL: 0.1).")
 
 

@@ -41,6 +41,7 @@ from common.checks import check_common_args
 from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
 from common.env import make_envs
+from common.errors import UsageError
 from common.fast_sampler import fast_generate
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import (critic_state, load_tokenizer, make_critic, reference_policy,
@@ -64,7 +65,7 @@ class Args(TrainArgs):
     warmup_ratio: Optional[float] = None
     """when given, warmup_steps = this fraction of max_steps"""
     max_grad_norm: float = 1.0
-    """gradient-norm clip"""
+    """gradient-norm clip (0: none)"""
     max_steps: int = 20
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
@@ -135,7 +136,7 @@ def check_args(args, world_size):
     (common/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        raise ValueError("--gamma and --gae_lambda must lie in [0, 1].")
+        raise UsageError("--gamma and --gae_lambda must lie in [0, 1].")
 
 
 # ------------------------------------------------------------------------------------------------

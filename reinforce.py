@@ -46,6 +46,7 @@ from common.checks import check_common_args
 from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
 from common.env import make_envs
+from common.errors import UsageError
 from common.logger import every
 from common.fast_sampler import fast_generate
 from common.logprobs import batched_token_logprobs, token_logprobs
@@ -69,7 +70,7 @@ class Args(TrainArgs):
     warmup_ratio: Optional[float] = None
     """when given, warmup_steps = this fraction of max_steps"""
     max_grad_norm: float = 1.0
-    """gradient-norm clip"""
+    """gradient-norm clip (0: none)"""
     max_steps: int = 20
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
@@ -120,17 +121,17 @@ def check_args(args, world_size):
     (common/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.baseline == "rloo" and args.num_generations < 2:
-        raise ValueError("--baseline rloo needs --num_generations >= 2: the others' mean.")
+        raise UsageError("--baseline rloo needs --num_generations >= 2: the others' mean.")
     if args.ref_model_sync_steps and args.beta == 0:
-        raise ValueError("--ref_model_sync_steps refreshes the KL reference, but --beta is 0 (no "
+        raise UsageError("--ref_model_sync_steps refreshes the KL reference, but --beta is 0 (no "
                          "reference); set --beta > 0 or drop --ref_model_sync_steps.")
     if args.ref_model_sync_steps and args.lora_r:
-        raise ValueError("--ref_model_sync_steps copies the policy into the reference, but with "
+        raise UsageError("--ref_model_sync_steps copies the policy into the reference, but with "
                          "--lora_r the reference is the frozen base (the adapters off): drop one.")
     if args.sym_calc and not args.stepwise:
-        raise ValueError("--sym_calc works line by line: add --stepwise.")
+        raise UsageError("--sym_calc works line by line: add --stepwise.")
     if not 0 <= args.gamma <= 1:
-        raise ValueError("--gamma must be in [0, 1].")
+        raise UsageError("--gamma must be in [0, 1].")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
+from common.errors import report_user_errors
 from common.seed_flags import ALIASES, aliases_for, apply_rules
 
 
@@ -138,6 +139,7 @@ def parse_args(args_class, argv=None):
     """Command line -> an args_class instance. The seeds' flag names are translated, each with one
     line."""
     algo = Path(inspect.getfile(args_class)).stem
+    report_user_errors()  # from here on a user error prints as one line, without a traceback
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser(args_class)
     options = parser._option_string_actions

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from common.distributed import all_gather_objects, print0
+from common.errors import NonFiniteError, PathError, UsageError
 from common.models import load_policy
 from common.sharding import full_state_dict, optimizer_state, untied
 
@@ -45,7 +46,7 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
     if dist.is_initialized():  # every rank stops, not only the one that looked
         bad = all_gather_objects(bad)[0]
     if bad:
-        raise FloatingPointError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
+        raise NonFiniteError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
                                  "NaN or inf. "
                                  f"The previous checkpoint is intact; --resume continues from it.")
     if not main:
@@ -114,7 +115,7 @@ def resume_point(output_dir, resume, max_steps):
     found = checkpoints(output_dir)
     if not resume:
         if found:
-            raise FileExistsError(f"--output_dir {output_dir} already holds {found[0].name} from "
+            raise PathError(f"--output_dir {output_dir} already holds {found[0].name} from "
                                   "an earlier run: "
                                   "pass --resume to continue it, or another --output_dir for a "
                                   "new run.")
@@ -128,7 +129,7 @@ def resume_point(output_dir, resume, max_steps):
                    "previous checkpoint")
             continue
         if state["step"] > max_steps:
-            raise ValueError(f"--resume: {path} is at update {state['step']}, beyond --max_steps "
+            raise UsageError(f"--resume: {path} is at update {state['step']}, beyond --max_steps "
                              f"{max_steps}; "
                              f"pass --max_steps {state['step']} or more (or another --output_dir).")
         if state["step"] == max_steps:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from common.distributed import collective_device, print0
+from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models import check_model_name
 
 # Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines
@@ -22,6 +23,32 @@ POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size"
             "max_episode_steps", "eval_max_new_tokens")
 NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
                 "num_few_shot")
+# The range of each real-valued option, in whichever file defines it: (low, high, brackets), "("
+# leaving the end out and "[" keeping it in. NaN lies outside every range. A value outside them
+# does not fail later: a negative --max_grad_norm reverses every update while the logged norm
+# looks normal, a negative --epsilon clips every token.
+RANGES = {
+    "learning_rate": (0, math.inf, "()"), "critic_learning_rate": (0, math.inf, "()"),
+    "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
+    "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
+    "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
+    "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
+    "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
+    "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
+    "target_kl": (0, math.inf, "[)"), "huber_delta": (0, math.inf, "()"),
+}
+
+
+def in_range(value, low, high, brackets):
+    above = value >= low if brackets[0] == "[" else value > low
+    below = value <= high if brackets[1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def range_text(low, high, brackets):
+    if high == math.inf:
+        return f"{'>=' if brackets[0] == '[' else '>'} {low}"
+    return f"in {brackets[0]}{low}, {high}{brackets[1]}"
 
 
 def check_common_args(args, world_size=1):
@@ -32,29 +59,36 @@ def check_common_args(args, world_size=1):
     for name in POSITIVE + NON_NEGATIVE:
         value, low = getattr(args, name, None), 1 if name in POSITIVE else 0
         if value is not None and value < low:
-            raise ValueError(f"--{name} {value}: must be >= {low} (the default is "
+            raise UsageError(f"--{name} {value}: must be >= {low} (the default is "
                              f"{defaults[name]}).")
+    for name, (low, high, brackets) in RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not in_range(value, low, high, brackets):
+            default = ("it is unset by default" if defaults[name] is None
+                       else f"the default is {defaults[name]}")
+            raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} "
+                             f"({default}).")
     if not args.temperature > 0 or not 0 < args.top_p <= 1:
-        raise ValueError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
+        raise UsageError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
                          "need a "
                          f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
     if hasattr(args, "num_prompts"):
         check_batch(args, world_size, args.num_prompts, args.num_generations)
     check_output_dir(args.output_dir)
     if args.lora_r and importlib.util.find_spec("peft") is None:
-        raise ImportError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
+        raise PackageError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
                           "fine-tuning)")
     if args.merge_lora and not args.lora_r:
-        raise ValueError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
+        raise UsageError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
                          "saves whole models already): drop --merge_lora or set --lora_r.")
     if args.fsdp and "RANK" not in os.environ:
-        raise ValueError("--fsdp shards the models over the processes that torchrun starts: run "
+        raise UsageError("--fsdp shards the models over the processes that torchrun starts: run "
                          "`torchrun --nproc_per_node N <file>.py --fsdp ...` (N = 1 works too).")
     if args.compile and args.fsdp:
-        raise ValueError("--compile decodes with a whole, compiled model; under --fsdp the weights "
+        raise UsageError("--compile decodes with a whole, compiled model; under --fsdp the weights "
                          "are gathered from shards for each rollout: drop one of the two.")
     if args.track and importlib.util.find_spec("wandb") is None:
-        raise ImportError("--track logs to Weights & Biases, which is not installed: pip install "
+        raise PackageError("--track logs to Weights & Biases, which is not installed: pip install "
                           "wandb, or drop "
                           "--track (metrics.jsonl and TensorBoard logs are written anyway).")
     check_model_name(args.model_name_or_path)
@@ -67,13 +101,13 @@ def check_output_dir(path, flag="--output_dir"):
     path = Path(path).expanduser()
     existing = next(p for p in [path, *path.parents] if p.exists())
     if not existing.is_dir():
-        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
+        raise PathError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
                                  "folder (it is created "
                                  f"if missing).")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
-        raise PermissionError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
+        raise PathError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
                               "pass a folder "
                               f"you can write to.") from None
 
@@ -85,7 +119,7 @@ def check_rewards(rewards, step, task, describe):
     bad = (~torch.isfinite(rewards)).nonzero()
     if len(bad):
         where = tuple(bad[0].tolist())
-        raise FloatingPointError(
+        raise NonFiniteError(
             f"reward {rewards[where].item()} for sample "
             f"{where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
             f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite "
@@ -121,7 +155,7 @@ class StepGuard:
                f"({', '.join(f'{float(v):.4g}' for v in values)}): optimizer step "
                f"skipped ({self.in_a_row} in a row)")
         if self.in_a_row >= self.patience:
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"{self.in_a_row} optimizer steps in a row had a NaN or inf loss or gradient norm: "
                 "the run stops "
                 "here. Lower --learning_rate, check the rewards, or try without --bf16; --resume "
@@ -139,13 +173,13 @@ def check_batch(args, world_size, num_prompts, per_prompt):
     """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the
     fix."""
     if num_prompts % world_size:
-        raise ValueError(f"--num_prompts {num_prompts} must be divisible by the number of "
+        raise UsageError(f"--num_prompts {num_prompts} must be divisible by the number of "
                          "processes "
                          f"({world_size}); try --num_prompts "
                          f"{world_size * max(1, num_prompts // world_size)}.")
     local = num_prompts // world_size * per_prompt
     if local % getattr(args, "num_mini_batches", 1):
-        raise ValueError(f"each rank gets {local} sequences per update (num_prompts / processes x "
+        raise UsageError(f"each rank gets {local} sequences per update (num_prompts / processes x "
                          f"num_generations), which --num_mini_batches {args.num_mini_batches} must "
                          "divide; "
                          f"try --num_mini_batches {math.gcd(local, args.num_mini_batches)}.")

@@ -21,6 +21,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+from common.errors import PathError, UsageError
 from common.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -266,7 +267,7 @@ def _field(row: dict, names: tuple, task: str, where: str):
     for name in names:
         if row.get(name) is not None:
             return row[name]
-    raise ValueError(
+    raise UsageError(
         f"{where} has no {' / '.join(repr(n) for n in names)} field (fields found: {sorted(row)}). "
         f"The {task} task accepts rows with {TASKS[task].fields}; see data/README.md."
     )
@@ -386,7 +387,7 @@ class Arithmetic(_Generated):
         except ValueError:
             levels = []
         if not levels or any(lv not in range(1, 6) for lv in levels):
-            raise ValueError("difficulty must be 1, 2, 3, 4, 5, a range such as '1-2', a list "
+            raise UsageError("difficulty must be 1, 2, 3, 4, 5, a range such as '1-2', a list "
                              "such as '1,3', "
                              f"or 'mixed', got {difficulty!r}")
         return levels
@@ -443,7 +444,7 @@ class Arithmetic(_Generated):
     def from_row(cls, row, where):
         answer = str(_field(row, ("answer",), cls.name, where)).strip()
         if to_number(answer) is None:
-            raise ValueError(f"{where}: the answer {answer!r} is not a number")
+            raise UsageError(f"{where}: the answer {answer!r} is not a number")
         return {**row, "question": _field(row, ("question",), cls.name, where), "answer": answer}
 
 
@@ -557,7 +558,7 @@ class GSM8K(Task):
             answer = said.group(1)
         answer = ascii_lookalikes(answer).strip().replace(",", "")
         if to_number(answer) is None:
-            raise ValueError(f"{where}: no number after '####' in {text[-80:]!r}")
+            raise UsageError(f"{where}: no number after '####' in {text[-80:]!r}")
         solution = text if "####" in text else row.get("solution", "")
         return {"question": question, "answer": answer, "solution": solution}
 
@@ -584,7 +585,7 @@ class MATH(Task):
             answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name,
                                        where))
             if answer is None:
-                raise ValueError(f"{where}: the solution has no \\boxed{{}} answer; add an "
+                raise UsageError(f"{where}: the solution has no \\boxed{{}} answer; add an "
                                  "'answer' field")
         return {
             "question": question, "answer": str(answer), "solution": row.get("solution", ""),
@@ -644,7 +645,7 @@ def load_hub_rows(name, config, split) -> list[dict]:
 
         return list(load_dataset(name, config, split=split))
     except Exception as e:
-        raise RuntimeError(
+        raise PathError(
             f"could not load {name} (split {split!r}) from the Hugging Face hub "
             f"({type(e).__name__}: {e}). If "
             "you are offline, pass a local .jsonl/.json/.parquet file (--dataset_path for "
@@ -663,7 +664,7 @@ def _renamed(row: dict, keys) -> dict:
         if key is None:
             continue
         if key not in row:
-            raise ValueError(f"--{name}_key {key!r}: the rows have no such field (fields: "
+            raise UsageError(f"--{name}_key {key!r}: the rows have no such field (fields: "
                              f"{sorted(row)})")
         row[name] = row.pop(key)
         if name == "answer":
@@ -677,7 +678,7 @@ def read_rows(path, task: str) -> list[dict]:
     if not path.is_file():
         hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
         alt = f", or leave path out to load {' / '.join(hub)} from the hub" if hub else ""
-        raise FileNotFoundError(
+        raise PathError(
             f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
             f"path=... (--dataset_path on the command line){alt}."
         )
@@ -690,7 +691,7 @@ def read_rows(path, task: str) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
+                    raise UsageError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
                                      f"{e.colno}): "
                                      f"{line[:80]!r}. Each line of a .jsonl file is one JSON "
                                      "object.") from None
@@ -698,7 +699,7 @@ def read_rows(path, task: str) -> list[dict]:
         try:
             rows = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column "
+            raise UsageError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column "
                              f"{e.colno}).") from None
         rows = rows.get("data", rows) if isinstance(rows, dict) else rows
     elif path.suffix == ".parquet":
@@ -706,10 +707,10 @@ def read_rows(path, task: str) -> list[dict]:
 
         rows = pyarrow.parquet.read_table(path).to_pylist()
     else:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
+        raise UsageError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
                          ".parquet")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
-        raise ValueError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
+        raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
     return rows
 
 
@@ -726,7 +727,7 @@ CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
 
 def _task(name: str) -> type[Task]:
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(TASKS)} (add one "
+        raise UsageError(f"unknown task {name!r}; registered tasks: {', '.join(TASKS)} (add one "
                          "with @register in common/env.py)")
     return TASKS[name]
 
@@ -768,7 +769,7 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     unknown = sorted(set(options) - set(ENV_OPTIONS) - set(cls.options))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for task {task!r}; accepted: "
+        raise UsageError(f"unknown option(s) {unknown} for task {task!r}; accepted: "
                          f"{sorted({**ENV_OPTIONS, **cls.options})}")
     env_options = {k: options.get(k, default) for k, default in ENV_OPTIONS.items()}
     task_options = {k: options.get(k, default) for k, default in cls.options.items()}
@@ -816,7 +817,7 @@ def resolve_task(args, say=print):
             say(f"--dataset_name {path}: no held-out file given, so evaluation reads this file too "
                 f"(--eval_dataset_path for a held-out one)")
     elif task not in TASKS:
-        raise ValueError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH "
+        raise UsageError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH "
                          f"subject ({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
     if path is not None and Path(path).is_file() and task in (None, "arithmetic"):
         found = detect_task(read_rows(path, "arithmetic"))
@@ -858,7 +859,7 @@ def _filter_math(env, subject, levels, say):
     as the hub's 'type' or MATH-500's 'subject' ("Counting & Probability"); levels as 3 or
     "Level 3"."""
     if env.task.name != "math":
-        raise ValueError(f"--levels and MATH subjects filter the math task, not {env.task.name}.")
+        raise UsageError(f"--levels and MATH subjects filter the math task, not {env.task.name}.")
     examples = env.examples
     if subject is not None:
         if not any(ex.get("subject") for ex in examples):
@@ -873,7 +874,7 @@ def _filter_math(env, subject, levels, say):
         else:
             examples = [ex for ex in examples if _level_number(ex.get("level")) in wanted]
     if not examples:
-        raise ValueError(f"no problem of subject {subject} and levels {levels} in this data")
+        raise UsageError(f"no problem of subject {subject} and levels {levels} in this data")
     env.examples = examples
 
 
@@ -1006,6 +1007,6 @@ def load_few_shot(task: type[Task], k: int) -> list[dict]:
     path = DATA_DIR / f"few_shot_{task.name}.jsonl"
     rows = read_rows(path, task.name) if path.is_file() else []
     if k > len(rows):
-        raise ValueError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot "
+        raise UsageError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot "
                          f"<= {len(rows)}")
     return [task.from_row(row, f"{path}: row {i}") for i, row in enumerate(rows[:k])]

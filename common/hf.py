@@ -4,6 +4,8 @@ decoder layers sit (also through a peft wrapper)."""
 
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from common.errors import UsageError
+
 # Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its
 # outputs: the old `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old
 # one (and would silently ignore an unknown `cache=`), so the name is read off the installed
@@ -30,6 +32,6 @@ def decoder_layers(model):
     body = getattr(model, "model", model)  # a causal LM holds its body as .model
     layers = getattr(body, "layers", None)
     if layers is None:
-        raise ValueError(f"--fsdp: no decoder layers found in {type(model).__name__} (it shards "
+        raise UsageError(f"--fsdp: no decoder layers found in {type(model).__name__} (it shards "
                          f"model.layers, as Llama, Qwen2 and Mistral name them)")
     return list(layers)

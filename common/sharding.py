@@ -13,6 +13,7 @@ a layer at a time in the training forward and backward, and all at once for a ro
 """
 
 import contextlib
+import math
 import sys
 
 import torch
@@ -143,9 +144,10 @@ def unsharded(model):
 
 def clip_grad_norm(model, max_norm) -> float:
     """clip_grad_norm_ over the trained parameters; the total norm as a float, also when the
-    gradients are sharded (DTensors: the norm is then over every rank's shard)."""
+    gradients are sharded (DTensors: the norm is then over every rank's shard). max_norm 0: the
+    norm is measured and nothing is clipped (transformers' Trainer reads 0 the same way)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
     return (norm.full_tensor() if is_dtensor(norm) else norm).item()
 
 

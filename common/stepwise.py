@@ -23,6 +23,7 @@ import torch
 
 from common.distributed import problem_index, sample_seed
 from common.env import TASKS, safe_arith
+from common.errors import UsageError
 from common.fast_prefill import PrefixCache
 from common.fast_sampler import fast_generate
 from common.hf import position_ids_from_mask
@@ -39,7 +40,7 @@ def single_token_id(tokenizer, text, what):
     fix."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
-        raise ValueError(
+        raise UsageError(
             f"the PRM {what} {text!r} is {len(ids)} tokens for the PRM's tokenizer ({ids}); the "
             "PRM reads one "
             "logit at one position, so it must be a single token. Pass the tokens your PRM was "
@@ -73,7 +74,7 @@ def prm_scores(model, input_ids, tag_id, good_id, bad_id, pad_id, autocast_dtype
     ids, mask = ids.to(device), mask.to(device)  # [B, T]
     is_tag = (ids == tag_id) & mask.bool()
     if not bool(is_tag.any(1).all()):
-        raise ValueError("a PRM input holds no step tag: every step must end with the tag token")
+        raise UsageError("a PRM input holds no step tag: every step must end with the tag token")
     cols = torch.arange(ids.shape[1], device=device)
     # CRUCIAL: the newest tag is the last tag position, which is not always the last token of the
     # row.
@@ -120,7 +121,7 @@ class ProcessRewardModel:
         """Scores in (0, 1) of the newest step of each (question, steps so far)."""
         rows = [self.tokenizer(self.text(q, s))["input_ids"] for q, s in zip(questions, steps)]
         if any(row[-1] != self.tag_id for row in rows):
-            raise ValueError(
+            raise UsageError(
                 f"the PRM's tokenizer does not end {self.text(questions[0], steps[0])[-40:]!r} "
                 "with the step tag's "
                 f"token {self.tag_id}: it merges the tag with the text before it. Pass "

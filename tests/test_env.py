@@ -8,6 +8,7 @@ import pytest
 
 from common.env import (DATA_DIR, TASKS, detect_task, load_few_shot, make_env, make_envs,
                         safe_arith, verify)
+from common.errors import PathError
 from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 
 JANET = {
@@ -244,7 +245,7 @@ def test_errors(tmp_path):
         make_env("gsm9k")
     with pytest.raises(ValueError, match="registered tasks"):
         verify("gsm9k", "1", "1")
-    with pytest.raises(FileNotFoundError,
+    with pytest.raises(PathError,
                        match=r"nope\.jsonl.*path=.*--dataset_path.*openai/gsm8k"):
         make_env("gsm8k", path=tmp_path / "nope.jsonl")
     (tmp_path / "bad.jsonl").write_text(json.dumps({"q": "1+1?", "a": "2"}))

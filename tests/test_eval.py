@@ -15,6 +15,7 @@ import eval as ev
 from common.args import field_docs, make_parser, parse_args
 from common.env import make_env
 from common.evaluation import evaluate
+from common.errors import UserError
 from common.models import load_policy, load_tokenizer, tiny_random_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def test_problem_metrics_and_summary_by_hand():
     (dict(responses="/no/such/file.jsonl"), "--responses /no/such/file.jsonl: no such file"),
 ])
 def test_bad_arguments_fail_with_the_fix(change, message):
-    with pytest.raises((ValueError, FileNotFoundError), match=message):
+    with pytest.raises(UserError, match=message):
         ev.check_args(replace(ev.Args(), **change))
 
 

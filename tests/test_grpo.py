@@ -17,6 +17,7 @@ import grpo
 from common import env as envlib
 from common.args import field_docs
 from common.logprobs import token_logprobs
+from common.errors import PathError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -160,7 +161,7 @@ def test_bad_sizes_fail_before_any_model_loads():
     grpo.check_args(replace(grpo.Args(), micro_batch_size=5), world_size=1)
     with pytest.raises(ValueError, match="num_generations must be >= 2"):
         grpo.check_args(replace(grpo.Args(), num_generations=1), world_size=1)
-    with pytest.raises(FileNotFoundError, match="no such folder"):
+    with pytest.raises(PathError, match="no such folder"):
         grpo.check_args(replace(grpo.Args(), model_name_or_path="./no/such/model"), world_size=1)
 
 

@@ -7,6 +7,7 @@ from common.fast_sampler import fast_generate
 from common.models import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
                            tiny_random_model)
 from common.sampler import decode_responses, encode_prompts
+from common.errors import PathError
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def test_tiny_random_is_deterministic_and_small(tok):
 
 
 def test_missing_model_path_gives_one_clear_error():
-    with pytest.raises(FileNotFoundError, match="no such folder"):
+    with pytest.raises(PathError, match="no such folder"):
         check_model_name("./runs/does-not-exist")
     check_model_name(EMBEDDED_MODEL)
     # a hub id is not checked here (no network needed)

@@ -18,6 +18,7 @@ import ppo
 from common import env as envlib
 from common.args import field_docs, parse_args
 from common.numerics import explained_variance, masked_whiten
+from common.errors import PathError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -322,7 +323,7 @@ def test_bad_sizes_fail_before_any_model_loads():
     ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)
     with pytest.raises(ValueError, match="--gamma and --gae_lambda"):
         ppo.check_args(replace(ppo.Args(), gae_lambda=1.5), world_size=1)
-    with pytest.raises(FileNotFoundError, match="no such folder"):
+    with pytest.raises(PathError, match="no such folder"):
         ppo.check_args(replace(ppo.Args(), model_name_or_path="./no/such/model"), world_size=1)
 
 

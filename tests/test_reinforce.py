@@ -23,6 +23,7 @@ from common.env import TASKS, load_few_shot, make_env
 from common.logprobs import token_logprobs
 from common.models import load_tokenizer
 from common.stepwise import calculator, play_episodes, sample_line
+from common.errors import PathError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -290,7 +291,7 @@ def test_bad_arguments_fail_before_any_model_loads():
                              world_size=1)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         reinforce.check_args(replace(reinforce.Args(), num_prompts=3), world_size=2)
-    with pytest.raises(FileNotFoundError, match="no such folder"):
+    with pytest.raises(PathError, match="no such folder"):
         reinforce.check_args(replace(reinforce.Args(), model_name_or_path="./no/such/model"),
                              world_size=1)
 

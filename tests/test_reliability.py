@@ -19,6 +19,7 @@ from common.checkpoints import checkpoints, load_trainer_state, resume_point, sa
 from common.checks import StepGuard, check_rewards
 from common.logger import Logger
 from common.models import load_tokenizer, tiny_random_model
+from common.errors import PathError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo"]
@@ -60,16 +61,75 @@ def test_sizes_below_one_name_the_flag_and_its_default(algo, size, tmp_path):
         module.check_args(replace(args, **{size: 0}), world_size=1)
 
 
+# (option, a bad value, what the message says); each fails in every file that has the option
+BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5, "must be > 0"),
+               ("learning_rate", math.nan, "must be > 0"), ("learning_rate", math.inf, "must be > 0"),
+               ("critic_learning_rate", 0.0, "must be > 0"), ("warmup_ratio", 1.5, r"must be in \[0, 1\]"),
+               ("warmup_ratio", -0.1, r"must be in \[0, 1\]"), ("num_train_epochs", 0.0, "must be > 0"),
+               ("epsilon", -0.2, "must be > 0"), ("epsilon_high", 0.0, "must be > 0"),
+               ("beta", -0.1, "must be >= 0"), ("tis_cap", -2.0, "must be >= 0"),
+               ("cliprange_value", 0.0, "must be > 0"), ("vf_coef", -1.0, "must be >= 0"),
+               ("gamma", 1.01, r"must be in \[0, 1\]"), ("gae_lambda", -0.5, r"must be in \[0, 1\]"),
+               ("entropy_coef", -0.01, "must be >= 0"), ("target_kl", math.nan, "must be >= 0"),
+               ("huber_delta", 0.0, "must be > 0")]
+
+
+@pytest.mark.parametrize("algo,name,bad,says", [
+    (a, n, b, s) for a in ALGOS for n, b, s in BAD_NUMBERS
+    # online_dpo's beta must be > 0, a check of its own (tests/test_online_dpo.py)
+    if hasattr(importlib.import_module(a).Args, n) and (a, n) != ("online_dpo", "beta")])
+def test_numbers_outside_their_range_name_the_flag_and_the_range(algo, name, bad, says, tmp_path):
+    module, args = algo_args(algo, output_dir=str(tmp_path))
+    with pytest.raises(UsageError, match=rf"--{name} {bad}: {says} \(") as e:
+        module.check_args(replace(args, **{name: bad}), world_size=1)
+    assert isinstance(e.value, ValueError)  # what `except ValueError` expects
+    for good in {"max_grad_norm": [0.0, math.inf], "warmup_ratio": [0.0, 1.0],
+                 "beta": [0.0], "gamma": [0.0, 1.0]}.get(name, []):  # the ends that are allowed
+        module.check_args(replace(args, **{name: good}), world_size=1)
+
+
+def test_max_grad_norm_0_measures_the_norm_and_clips_nothing():
+    from common.sharding import clip_grad_norm
+
+    layer = torch.nn.Linear(2, 1, bias=False)
+    layer.weight.grad = torch.tensor([[3.0, 4.0]])
+    assert clip_grad_norm(layer, 0.0) == pytest.approx(5.0)
+    assert layer.weight.grad.tolist() == [[3.0, 4.0]]  # 0 used to scale every gradient to 0
+    assert clip_grad_norm(layer, 1.0) == pytest.approx(5.0)
+    assert layer.weight.grad.tolist() == [[pytest.approx(0.6), pytest.approx(0.8)]]
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--max_grad_norm", "-1"], "error: --max_grad_norm -1.0: must be >= 0 (the default is 1.0)."),
+    (["--output_dir", "/proc/x"], "error: --output_dir /proc/x can't be written"),
+    (["--model_name_or_path", "/no/such/model"], "error: --model_name_or_path '/no/such/model': no such folder"),
+])
+def test_a_user_error_is_one_line_without_a_traceback(flags, says):
+    out = run([sys.executable, "grpo.py", "--model_name_or_path", "tiny-random", *flags], ok=False)
+    assert out.stderr.startswith(says) and out.stderr.count("\n") == 1, out.stderr
+    assert out.stdout == ""
+
+
+def test_a_bug_keeps_its_traceback(tmp_path):
+    # a TypeError raised inside the file is not the user's doing: the traceback stays
+    script = tmp_path / "bug.py"
+    script.write_text("import sys; sys.path.insert(0, %r)\n"
+                      "from common.args import parse_args\nfrom grpo import Args\n"
+                      "parse_args(Args, [])\nlen(3)\n" % str(ROOT))
+    out = run([sys.executable, str(script)], ok=False)
+    assert "Traceback" in out.stderr and "TypeError" in out.stderr
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_output_dir_that_is_a_file_or_unwritable_fails_at_once(algo, tmp_path):
     module, args = algo_args(algo)
     (tmp_path / "a_file").write_text("")
-    with pytest.raises(NotADirectoryError, match="a_file is a file, not a folder"):
+    with pytest.raises(PathError, match="a_file is a file, not a folder"):
         module.check_args(replace(args, output_dir=str(tmp_path / "a_file")), world_size=1)
-    with pytest.raises(NotADirectoryError, match="a_file is a file"):
+    with pytest.raises(PathError, match="a_file is a file"):
         module.check_args(replace(args, output_dir=str(tmp_path / "a_file" / "run")), world_size=1)
     # /proc takes no new files, even from root
-    with pytest.raises(PermissionError, match="can't be written"):
+    with pytest.raises(PathError, match="can't be written"):
         module.check_args(replace(args, output_dir="/proc/mathrl-run"), world_size=1)
     assert not (Path("/proc") / "mathrl-run").exists()
 
@@ -78,9 +138,9 @@ def test_eval_output_that_cannot_be_written_fails_before_generating(tmp_path):
     import eval as evaluation
 
     args = replace(evaluation.Args(), model_name_or_path="tiny-random")
-    with pytest.raises(PermissionError, match="--output /proc/x can't be written"):
+    with pytest.raises(PathError, match="--output /proc/x can't be written"):
         evaluation.check_args(replace(args, output="/proc/x/out.jsonl"))
-    with pytest.raises(IsADirectoryError, match="is a folder"):
+    with pytest.raises(PathError, match="is a folder"):
         evaluation.check_args(replace(args, output=str(tmp_path)))
 
 
@@ -286,7 +346,8 @@ def test_a_nan_reward_at_update_1_stops_the_run_before_the_update(algo, tmp_path
                "--save_interval", "1",
                "--output_dir", str(tmp_path)], ok=False,
                env={**os.environ, "TEST_REWARD": f"nan_at:{nan_at}"})
-    assert "FloatingPointError: reward nan for sample 0" in out.stderr
+    # a user's reward gone wrong: one line, no traceback
+    assert "error: reward nan for sample 0" in out.stderr and "Traceback" not in out.stderr
     # update 1 is the 2nd
     assert "of task 'arithmetic' in update 2: rewards must be finite numbers" in out.stderr
     assert [p.name for p in checkpoints(tmp_path)] == ["checkpoint-1"]
@@ -335,7 +396,7 @@ def test_resume_point_decisions(tmp_path, tok, capsys):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path / f"checkpoint-{step}", tiny_random_model(), tok, step)
     # a fresh run would mix with the earlier one's checkpoints under a later --resume
-    with pytest.raises(FileExistsError,
+    with pytest.raises(PathError,
                        match="already holds checkpoint-3 from an earlier run: pass --resume"):
         resume_point(tmp_path, False, 5)
     # --max_steps below the checkpoint: an error, where it used to overwrite checkpoint-3 with later
