@@ -80,8 +80,8 @@ def max_weight_diff(a, b):
     trainer_state's extra."""
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     diff = max((wa[k] - wb[k]).abs().max().item() for k in wa)
-    ea = torch.load(a / "trainer_state.pt", weights_only=False)["extra"]
-    eb = torch.load(b / "trainer_state.pt", weights_only=False)["extra"]
+    ea = torch.load(a / "trainer_state.pt", weights_only=True)["extra"]
+    eb = torch.load(b / "trainer_state.pt", weights_only=True)["extra"]
     for name, state in ea.items():
         if isinstance(state, dict):
             diff = max([diff] + [(v - eb[name][k]).abs().max().item() for k,

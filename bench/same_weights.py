@@ -65,7 +65,7 @@ def weights_hash(folder):
     for f in sorted(Path(folder).glob("*.safetensors")):
         tensors.update({f"{f.name}:{k}": v for k, v in load_file(str(f)).items()})
     extra = torch.load(Path(folder) / "trainer_state.pt", map_location="cpu",
-                       weights_only=False)["extra"]
+                       weights_only=True)["extra"]
 
     def walk(prefix, x):
         if isinstance(x, dict):

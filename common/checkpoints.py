@@ -4,6 +4,7 @@ checkpoint holds NaN."""
 
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from common.distributed import all_gather_objects, print0
-from common.errors import NonFiniteError, PathError, UsageError
+from common.errors import NonFiniteError, PathError, UsageError, UserError
 from common.models import load_policy
 from common.sharding import full_state_dict, optimizer_state, untied
 
@@ -93,7 +94,11 @@ def checkpoints(output_dir):
 
 def load_trainer_state(path):
     """trainer_state.pt of a checkpoint, after checking that every file its manifest lists is there
-    at its size (a truncated or missing file raises ValueError)."""
+    at its size (a truncated or missing file raises ValueError).
+
+    A checkpoint is data, not code: the file is read with weights_only=True, which rebuilds tensors,
+    numbers, strings and containers and nothing else. A shared run folder whose trainer_state.pt
+    names any other Python object (which a plain pickle would call while loading) is refused."""
     path = Path(path)
     if (path / "manifest.json").exists():
         for name, size in json.loads((path / "manifest.json").read_text()).items():
@@ -101,7 +106,15 @@ def load_trainer_state(path):
             if found != size:
                 raise ValueError(f"{name} has {'no file' if found is None else f'{found} bytes'}, "
                                  f"the manifest says {size} bytes")
-    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        found = f"it names {named.group(1)}" if named else "an object torch will not rebuild"
+        raise PathError(f"--resume: {path / 'trainer_state.pt'} holds more than tensors and "
+                        f"numbers ({found}); loading it could run code, so it is refused. Resume "
+                        "only from checkpoints written by mathrl, or start a new --output_dir."
+                        ) from None
 
 
 def resume_point(output_dir, resume, max_steps):
@@ -123,6 +136,8 @@ def resume_point(output_dir, resume, max_steps):
     for path in found:
         try:
             state = load_trainer_state(path)
+        except UserError:  # a file that would run code is not corrupt: stop, and say so
+            raise
         # a truncated file, a bad zip, a missing trainer_state.pt: try the one before
         except Exception as e:
             print0(f"--resume: {path} is corrupt ({type(e).__name__}: {e}); falling back to the "

@@ -466,3 +466,41 @@ def test_killed_at_random_moments_and_resumed_ends_like_an_uninterrupted_run(alg
     assert summary["logs_match"] == {"metrics.jsonl": True, "eval.jsonl": True,
                                      "samples.jsonl": True}
 
+
+
+class Payload:
+    """What a poisoned trainer_state.pt carries: unpickling it calls os.system."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_poisoned_trainer_state_is_refused_and_runs_nothing(tmp_path, tok):
+    save_checkpoint(tmp_path / "checkpoint-1", tiny_random_model(), tok, 1)
+    state = tmp_path / "checkpoint-1" / "trainer_state.pt"
+    marker = tmp_path / "payload-ran"
+    torch.save({"step": 1, "optimizers": {}, "extra": {"x": Payload(marker)}}, state)
+    manifest = json.loads((tmp_path / "checkpoint-1" / "manifest.json").read_text())
+    manifest["trainer_state.pt"] = state.stat().st_size  # as a careful attacker would
+    (tmp_path / "checkpoint-1" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PathError, match=r"holds more than tensors and numbers \(it names "
+                                        r"(posix|os)\.system\).*refused"):
+        resume_point(tmp_path, True, 5)
+    assert not marker.exists()  # the payload never ran
+    # the same file through a plain pickle load would have run it: the test's payload is real
+    torch.load(state, weights_only=False)
+    assert marker.exists()
+
+
+def test_every_file_resumes_from_a_state_that_holds_only_tensors_and_numbers(tmp_path, tok):
+    # what the files save (optimizer states, a critic, running episodes) loads with
+    # weights_only=True
+    save_checkpoint(tmp_path / "checkpoint-2", tiny_random_model(), tok, 2,
+                    extra={"envs": [{"episode": 3, "index": 7, "steps": ["1 + 2 = 3"],
+                                     "step_rewards": [0.5]}], "critic": {"w": torch.ones(2)}})
+    start, path, state = resume_point(tmp_path, True, 5)
+    assert start == 2 and path.name == "checkpoint-2"
+    assert state["extra"]["envs"][0]["steps"] == ["1 + 2 = 3"]
