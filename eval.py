@@ -102,6 +102,8 @@ class Args:
     """sequences per generate call (problems x n samples)"""
     output: Optional[str] = None
     """the per-problem jsonl to write, and <output>.summary.json (default: runs/eval/...)"""
+    overwrite: bool = False
+    """replace an existing --output (without it, an earlier evaluation's file is never lost)"""
     responses: Optional[str] = None
     """regrade the completions saved in this jsonl/json/parquet file (no model is loaded)"""
     response_field: Optional[str] = None
@@ -135,13 +137,16 @@ def check_args(args):
         check_model_name(args.model_name_or_path)
     elif not Path(args.responses).is_file():
         raise PathError(f"--responses {args.responses}: no such file. Pass a jsonl written "
-                                "by eval.py, or "
-                                f"rows with 'response' and 'answer' fields.")
+                        "by eval.py, or "
+                        f"rows with 'response' and 'answer' fields.")
     # checked now: generations must not be lost at the end
     output = Path(args.output or default_output(args))
     if output.is_dir():
         raise PathError(f"--output {output} is a folder: pass the path of the .jsonl file "
-                                "to write.")
+                        "to write.")
+    if output.exists() and not args.overwrite:
+        raise PathError(f"--output {output} exists (an earlier evaluation): pass --overwrite to "
+                        "replace it, or another --output.")
     check_output_dir(output.parent, "--output")
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from common.distributed import all_gather_objects, print0
 from common.errors import NonFiniteError, PathError, UsageError, UserError
+from common.logger import LOG_FILES
 from common.models import load_policy
 from common.sharding import full_state_dict, optimizer_state, untied
 
@@ -48,8 +49,8 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
         bad = all_gather_objects(bad)[0]
     if bad:
         raise NonFiniteError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
-                                 "NaN or inf. "
-                                 f"The previous checkpoint is intact; --resume continues from it.")
+                             "NaN or inf. "
+                             f"The previous checkpoint is intact; --resume continues from it.")
     if not main:
         return
     tmp = path.with_name(path.name + ".tmp")
@@ -121,17 +122,25 @@ def resume_point(output_dir, resume, max_steps):
     """(start_step, checkpoint folder, trainer state): where a run starts, decided before any model
     loads.
 
-    Without --resume a folder that already holds checkpoints is an error (a later --resume would mix
-    two runs). With --resume: the newest complete checkpoint, falling back past a corrupt one with a
-    message; none at all starts from update 0, said plainly; a checkpoint beyond --max_steps is an
-    error; one at --max_steps means the run is finished, and the process exits."""
+    Without --resume a folder that already holds checkpoints, or the logs of a run killed before
+    its first checkpoint, is an error (a later --resume would mix two runs; the logs would be
+    lost). With --resume: the newest complete checkpoint, falling back past a corrupt one with a
+    message; none at all starts from update 0, said plainly (the logger keeps the earlier lines
+    aside); a checkpoint beyond --max_steps is an error; one at --max_steps means the run is
+    finished, and the process exits."""
     found = checkpoints(output_dir)
     if not resume:
         if found:
-            raise PathError(f"--output_dir {output_dir} already holds {found[0].name} from "
-                                  "an earlier run: "
-                                  "pass --resume to continue it, or another --output_dir for a "
-                                  "new run.")
+            raise PathError(f"--output_dir {output_dir} already holds {found[0].name} from an "
+                            "earlier run: pass --resume to continue it, or another --output_dir "
+                            "for a new run.")
+        logs = [name for name in LOG_FILES
+                if (Path(output_dir) / name).exists() and (Path(output_dir) / name).stat().st_size]
+        if logs:
+            raise PathError(f"--output_dir {output_dir} holds the logs of an earlier run "
+                            f"({', '.join(logs)}) but no checkpoint: pass another --output_dir for "
+                            "a new run, or --resume to start again from update 0 with those logs "
+                            "kept aside.")
         return 0, None, None
     for path in found:
         try:

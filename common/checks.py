@@ -77,7 +77,7 @@ def check_common_args(args, world_size=1):
     check_output_dir(args.output_dir)
     if args.lora_r and importlib.util.find_spec("peft") is None:
         raise PackageError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
-                          "fine-tuning)")
+                           "fine-tuning)")
     if args.merge_lora and not args.lora_r:
         raise UsageError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
                          "saves whole models already): drop --merge_lora or set --lora_r.")
@@ -89,8 +89,8 @@ def check_common_args(args, world_size=1):
                          "are gathered from shards for each rollout: drop one of the two.")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise PackageError("--track logs to Weights & Biases, which is not installed: pip install "
-                          "wandb, or drop "
-                          "--track (metrics.jsonl and TensorBoard logs are written anyway).")
+                           "wandb, or drop "
+                           "--track (metrics.jsonl and TensorBoard logs are written anyway).")
     check_model_name(args.model_name_or_path)
 
 
@@ -102,14 +102,14 @@ def check_output_dir(path, flag="--output_dir"):
     existing = next(p for p in [path, *path.parents] if p.exists())
     if not existing.is_dir():
         raise PathError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
-                                 "folder (it is created "
-                                 f"if missing).")
+                        "folder (it is created "
+                        f"if missing).")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
         raise PathError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
-                              "pass a folder "
-                              f"you can write to.") from None
+                        "pass a folder "
+                        f"you can write to.") from None
 
 
 def check_rewards(rewards, step, task, describe):

@@ -11,6 +11,9 @@ from pathlib import Path
 from common.distributed import print0
 
 
+LOG_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")  # in the run's output_dir
+
+
 def mean_of(stats):
     """A list of metric dicts -> each key's mean over the dicts that hold it."""
     keys = dict.fromkeys(k for s in stats for k in s)
@@ -37,9 +40,11 @@ class Logger:
     samples.jsonl, eval.jsonl, TensorBoard when installed, and wandb with track=True. On ranks other
     than 0 every method is a no-op.
 
-    A fresh run (initial_step 0) starts the three files anew. A resumed run cuts them back to the
-    lines of updates up to initial_step, the checkpoint's update, so that lines written after that
-    checkpoint by the killed run are not doubled (a line cut short by the kill goes too)."""
+    A run from update 0 starts the three files anew; lines an earlier run left there (a run killed
+    before its first checkpoint, continued with --resume) are kept as metrics.1.jsonl and so on. A
+    resumed run cuts them back to the lines of updates up to initial_step, the checkpoint's update,
+    so that lines written after that checkpoint by the killed run are not doubled (a line cut short
+    by the kill goes too)."""
 
     def __init__(self, args, initial_step=0, enabled=True):
         self.enabled = enabled
@@ -51,9 +56,12 @@ class Logger:
         self.dir.mkdir(parents=True, exist_ok=True)
         config = asdict(args)
         (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str))
-        files = [self.dir / f"{name}.jsonl" for name in ("metrics", "eval", "samples")]
+        files = [self.dir / name for name in LOG_FILES]
         for path in files:
-            _keep_lines_up_to(path, initial_step if initial_step > 0 else -1)
+            if initial_step > 0:
+                _keep_lines_up_to(path, initial_step)
+            else:  # a run from update 0 never writes over the lines of an earlier one
+                _set_aside(path)
         self.metrics_file, self.eval_file, self.samples_file = (open(path, "a") for path in files)
         self.start = time.time()
         self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates",
@@ -155,8 +163,19 @@ class Logger:
             self.wandb.finish()
 
 
+def _set_aside(path):
+    """Rename a non-empty log to the first free name.k.jsonl, and start an empty one."""
+    if path.exists() and path.stat().st_size:
+        k = 1
+        while (aside := path.with_name(f"{path.stem}.{k}{path.suffix}")).exists():
+            k += 1
+        os.replace(path, aside)
+        print0(f"{path.name}: the earlier run's lines are kept in {aside.name}")
+    path.touch()
+
+
 def _keep_lines_up_to(path, step):
-    """Rewrite a jsonl log keeping the whole lines whose "step" is <= step (step -1: none)."""
+    """Rewrite a jsonl log keeping the whole lines whose "step" is <= step."""
     if not path.exists():
         path.touch()
         return

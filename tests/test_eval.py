@@ -159,6 +159,20 @@ def test_regrade_a_hand_made_file(tmp_path):
     assert json.loads(out.with_name("regraded.summary.json").read_text())["accuracy"] == pytest.approx(5 / 9)
 
 
+def test_an_existing_results_file_is_kept_unless_overwrite_is_given(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"answer": "18", "response": "The answer is 18."}) + "\n")
+    out = tmp_path / "regraded.jsonl"
+    out.write_text("an earlier evaluation\n")
+    args = replace(ev.Args(), dataset_name="gsm8k", responses=str(path), output=str(out))
+    with pytest.raises(UserError, match=f"--output {out} exists \\(an earlier evaluation\\): "
+                                        "pass --overwrite to replace it, or another --output"):
+        ev.main(args)
+    assert out.read_text() == "an earlier evaluation\n"
+    assert ev.main(replace(args, overwrite=True))["accuracy"] == 1.0
+    assert read_jsonl(out)[0]["answer"] == "18"
+
+
 def test_regrade_reads_its_own_output_and_grades_again(tmp_path):
     # eval.py's own format: the saved grades are ignored and recomputed, lengths are kept
     rows = [{"index": 3, "question": "What is 2 + 2?", "answer": "4", "responses": [

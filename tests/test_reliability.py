@@ -434,8 +434,32 @@ def test_a_resumed_logger_cuts_the_logs_back_to_the_checkpoint(tmp_path):
     logger.close()
     assert [json.loads(x)["x"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 30]
     assert [json.loads(x)["step"] for x in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 2]
-    Logger(run_args(tmp_path), initial_step=0).close()  # a fresh run starts the logs anew
+    before = (tmp_path / "metrics.jsonl").read_text()
+    Logger(run_args(tmp_path), initial_step=0).close()  # a run from update 0 starts the logs anew
     assert (tmp_path / "metrics.jsonl").read_text() == "" and (tmp_path / "eval.jsonl").read_text() == ""
+    assert (tmp_path / "metrics.1.jsonl").read_text() == before  # and keeps the earlier lines aside
+
+
+def test_a_rerun_into_logs_without_a_checkpoint_refuses_or_keeps_every_line(tmp_path, capsys):
+    # a run killed before its first checkpoint (the default --save_interval 0 saves at the end)
+    lines = "".join(json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3))
+    (tmp_path / "metrics.jsonl").write_text(lines)
+    (tmp_path / "eval.jsonl").write_text('{"step": 0, "eval/accuracy": 0.3}\n')
+    with pytest.raises(PathError, match="holds the logs of an earlier run \\(metrics.jsonl, "
+                                        "eval.jsonl\\) but no checkpoint: pass another "
+                                        "--output_dir for a new run, or --resume"):
+        resume_point(tmp_path, False, 5)
+    assert (tmp_path / "metrics.jsonl").read_text() == lines  # refused before touching anything
+    # --resume: from update 0, and the old lines move aside, once per restart
+    for restart in (1, 2):
+        assert resume_point(tmp_path, True, 5) == (0, None, None)
+        logger = Logger(run_args(tmp_path), initial_step=0)
+        logger.log(1, {"x": 10 * restart})
+        logger.close()
+    assert (tmp_path / "metrics.1.jsonl").read_text() == lines
+    assert json.loads((tmp_path / "metrics.2.jsonl").read_text())["x"] == 10
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["x"] == 20
+    assert "metrics.jsonl: the earlier run's lines are kept in metrics.1.jsonl" in capsys.readouterr().out
 
 
 def test_divergence_is_said_once(tmp_path, capsys):
