@@ -97,7 +97,7 @@ _NUMBER_WORDS = frozenset("""
     zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
     sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
     hundred hundreds thousand thousands million millions billion billions trillion dozen dozens half
-    halves quarter quarters third thirds twice double triple times k bn mn
+    halves quarter quarters third thirds twice double triple times k bn mn squared cubed
 """.split())
 _UNIT_TAIL = re.compile(r"[A-Za-z%'\-/,()*\s]*")  # what may follow the value: words and %, no digit
 
@@ -202,6 +202,27 @@ def answer_value(span: str) -> Fraction | None:
     return values[0]
 
 
+# Words that make "the answer is" a hypothesis rather than a conclusion when they come earlier in
+# its clause: "Let me check whether the answer is 18", "if the answer is 18, then ...".
+_TENTATIVE = frozenset("""
+    if whether suppose supposing assume assuming unless maybe perhaps check checking verify
+    verifying test testing
+""".split())
+
+
+def tentative(response: str, marker_start: int) -> bool:
+    """Is the "answer is" marker at marker_start a hypothesis, a check or a question? Its clause
+    (from the last , ; : or sentence end before it) holds a word of _TENTATIVE, or its sentence
+    ends in '?'. Grading policy (data/README.md): such a marker is no final answer."""
+    before = response[:marker_start]
+    cut = max([before.rfind(c) for c in ",;:\n"] + [m.end() for m in re.finditer(
+        r"[.!?](?=\s)", before)] + [0])
+    words = re.findall(r"[a-z]+", before[cut:].lower())
+    rest = response[marker_start:]
+    end = _SENTENCE_END.search(rest)
+    return bool(_TENTATIVE.intersection(words)) or (end is not None and rest[end.start()] == "?")
+
+
 def _final_span(response: str) -> tuple[str | None, bool]:
     """(the final answer's text, whether an answer marker was found), markers in this order: the
     content of the last \\boxed{}, the rest of the line after the last ####, the rest of the
@@ -212,6 +233,8 @@ def _final_span(response: str) -> tuple[str | None, bool]:
     if "####" in response:
         return response.rsplit("####", 1)[1].split("\n", 1)[0], True
     if matches := list(_ANSWER_IS.finditer(response)):
+        if tentative(response, matches[-1].start()):  # the last one decides: no answer
+            return None, True
         return _sentence(response[matches[-1].end() :]), True
     return None, False
 
@@ -530,7 +553,8 @@ class Countdown(_Generated):
         value = safe_arith(expr)
         if used != sorted(gold["numbers"]) or value is None:
             return 0.1, expr, True
-        return (1.0 if abs(value - gold["target"]) < Fraction(1, 10**5) else 0.1), expr, True
+        # exactly: with a tolerance, 100001/1000 would pass for 100 (safe_arith is exact)
+        return (1.0 if value == Fraction(gold["target"]) else 0.1), expr, True
 
 
 @register
@@ -604,6 +628,8 @@ class MATH(Task):
             pred = last_boxed(response)
             return pred, pred is not None
         if not (matches := list(_ANSWER_IS.finditer(response))):
+            return None, False
+        if tentative(response, matches[-1].start()):  # "check whether the answer is ..."
             return None, False
         rest = re.sub(r"^[\s:*]+", "", response[matches[-1].end() :].split("\n", 1)[0])
         pred = None

@@ -126,10 +126,35 @@ def has_hedge(text: str) -> bool:
 
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed. None if absent
-    or empty."""
+    or empty. A box inside another box is read only as `\\boxed{\\boxed{X}}` (X); in
+    `\\boxed{3 \\boxed{5}}` the last box is the outer one, which is no answer."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
+    content, outer = _box_content(text, start), _open_box_around(text, start)
+    if outer is None or content is None:
+        return content
+    whole = _box_content(text, outer)
+    alone = r"\\(?:boxed|fbox)\s*\{\s*" + re.escape(content) + r"\s*\}"
+    return content if whole is not None and re.fullmatch(alone, whole) else None
+
+
+def _open_box_around(text: str, start: int) -> int | None:
+    """Where the outermost box still open at `start` begins, or None."""
+    boxes, depth = [], 0  # (the brace depth it opened at, where it starts), innermost last
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{|[{}]", text[:start]):
+        if m.group() == "}":
+            depth -= 1
+            if boxes and boxes[-1][0] == depth:
+                boxes.pop()
+        else:
+            if m.group() != "{":
+                boxes.append((depth, m.start()))
+            depth += 1
+    return boxes[0][1] if boxes else None
+
+
+def _box_content(text: str, start: int) -> str | None:
     i = start + (6 if text.startswith("\\boxed", start) else 5)
     if text.startswith(" ", i):  # `\boxed 5` (no braces), used by some MATH solutions
         content = re.match(r" ([^$\s]*)", text[i:]).group(1)
@@ -155,11 +180,24 @@ _UNITS = (
 )
 
 
+# Words that change a value: never dropped as a unit ("5 thousand" is not 5, "3 squared" not 3)
+VALUE_WORDS = frozenset("""
+    zero one two three four five six seven eight nine ten eleven twelve hundred hundreds thousand
+    thousands million millions billion billions trillion dozen dozens half halves quarter
+    quarters third thirds twice double triple times squared cubed factorial plus minus
+""".split())
+
+
 def _unit(m: re.Match) -> str:
-    """A \\text{} after the answer: a unit is dropped; a number or a hedge ("or 19",
-    "approximately") is kept."""
+    """A \\text{} after the answer: a unit is dropped; a number, a hedge ("or 19",
+    "approximately"), a word that changes the value ("thousand", "squared"), or words with more
+    answer after them (`1\text{ to }2` must not become 12) are kept, which leaves the answer
+    unreadable rather than wrong."""
     words = m.group(1)
-    return " " + words if re.search(r"[0-9]", words) or has_hedge(words) else ""
+    more = re.match(r"\s*[0-9A-Za-z\\(\[{]", m.string[m.end():])
+    changes_value = VALUE_WORDS.intersection(re.findall(r"[a-z]+", words.lower()))
+    keep = re.search(r"[0-9]", words) or has_hedge(words) or changes_value or more
+    return f" {words} " if keep else ""
 
 
 def _thousands(s: str) -> str:
@@ -199,11 +237,31 @@ def normalize(s: str) -> str:
     m = re.fullmatch(r"\(([A-Za-z])\)", s)  # multiple choice: (B) -> B
     if m:
         s = m.group(1).upper()
-    m = re.fullmatch(r"(-?)([0-9]+)\\frac\{?([0-9]+)\}?\{?([0-9]+)\}?", s)
-    if m:  # a mixed number: 1\frac{4}{5} is 1 + 4/5, not 1 * 4/5
-        sign, whole, num, den = m.groups()
-        s = f"{sign}\\frac{{{int(whole) * int(den) + int(num)}}}{{{den}}}"
+    # a mixed number, alone or in a tuple or after `x =`: 1\frac{4}{5} is 1 + 4/5, not 1 * 4/5
+    s = _MIXED.sub(_mixed, s)
+    s = _REPEATING.sub(_repeating, s)
     return s
+
+
+# a whole number right before a numeric \frac, at the start of the answer or of an element
+_MIXED = re.compile(r"(?:^|(?<=[(\[{,=;]))(-?)([0-9]+)\\frac(?:\{([0-9]+)\}|([0-9]))"
+                    r"(?:\{([0-9]+)\}|([0-9]))(?![0-9])")
+# 0.(3) and 0.1\overline{6}: repeating decimals, as exact fractions
+_REPEATING = re.compile(r"(?<![0-9.])(-?)([0-9]*)\.([0-9]*)(?:\(([0-9]+)\)|\\overline\{([0-9]+)\})")
+
+
+def _mixed(m: re.Match) -> str:
+    sign, whole = m.group(1), int(m.group(2))
+    num, den = int(m.group(3) or m.group(4)), int(m.group(5) or m.group(6))
+    return f"{sign}\\frac{{{whole * den + num}}}{{{den}}}"
+
+
+def _repeating(m: re.Match) -> str:
+    sign, whole, fixed = m.group(1), m.group(2) or "0", m.group(3)
+    period = m.group(4) or m.group(5)
+    value = (Fraction(int(whole)) + Fraction(int(fixed or "0"), 10 ** len(fixed))
+             + Fraction(int(period), (10 ** len(period) - 1) * 10 ** len(fixed)))
+    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,7 +311,8 @@ def _expand_pm(items: list[str]) -> list[str]:
 def _split(s: str) -> tuple:
     """(kind, parts): kind is matrix, union, set (unordered), tuple (ordered, with its brackets), eq
     or scalar."""
-    m = re.fullmatch(r"\\begin\{([pbvB]?matrix)\}(.*)\\end\{\1\}", s)
+    # a vmatrix is a determinant, a number: it is no matrix, and is not evaluated here
+    m = re.fullmatch(r"\\begin\{([pbB]?matrix)\}(.*)\\end\{\1\}", s)
     if m:
         rows = [r.split("&") for r in m.group(2).strip(";").split(";")]
         return "matrix", rows

@@ -181,6 +181,75 @@ def test_answer_value_and_number_text():
     assert ascii_lookalikes("−５ ١٨ 18² x\u00a0y") == "-5 18 18^{2} x y"
 
 
+# Grading policy: "the answer is" inside a check, a condition or a question is a hypothesis, not a
+# final answer; only the last marker counts, so a response whose last one is tentative has none
+TENTATIVE_CASES = [
+    ("gsm8k", "Let me check whether the answer is 18... so she has 17.", "18", 0.0),
+    ("gsm8k", "Let me check whether the answer is 18 \u2026 so she has 17.", "18", 0.0),
+    ("gsm8k", "If the answer is 18, then 18 - 1 = 17 apples remain.", "18", 0.0),
+    ("gsm8k", "Suppose the answer is 18. Then she would have 17.", "18", 0.0),
+    ("gsm8k", "Is the answer 18? Maybe the answer is 18? Adding again gives 17.", "18", 0.0),
+    ("gsm8k", "5 + 13 = 18. To verify the answer is 18, count again: 17.", "18", 0.0),
+    ("arithmetic", "Let me verify the answer is 18 first. 5 + 13 = 17.", "18", 0.0),
+    ("math", "We check whether the answer is $\\frac{1}{2}$... no, it is $\\frac13$.",
+     "\\frac{1}{2}", 0.0),
+    ("math", "Assuming the answer is $x = 2$, the check gives $3 \\ne 4$.", "2", 0.0),
+    # conclusions stay conclusions, a condition in an earlier clause or sentence included
+    ("gsm8k", "If she buys 13 more, the answer is 18.", "18", 1.0),
+    ("gsm8k", "Let me check: 5 + 13 = 18. The answer is 18.", "18", 1.0),
+    ("gsm8k", "Let me check whether the answer is 18. Yes: 5 + 13 = 18, so the answer is 18.",
+     "18", 1.0),
+    ("arithmetic", "If we add 5 and 13 we get 18.\nThe answer is 18.", "18", 1.0),
+    ("math", "Checking: $2x=1$ gives $x=\\frac12$, so the answer is $\\frac12$.",
+     "\\frac{1}{2}", 1.0),
+]
+
+
+# Words and text that change a value never vanish as if they were units, and deleted text never
+# fuses two numbers; mixed numbers are sums wherever they stand; rare misreads (issue 39)
+VALUE_CASES = [
+    ("math", "The answer is $5\\text{ thousand}$.", "5", 0.0),
+    ("math", "\\boxed{5\\text{ thousand}}", "5", 0.0),
+    ("math", "\\boxed{3\\text{ squared}}", "3", 0.0),
+    ("gsm8k", "The answer is 3 squared.", "3", 0.0),
+    ("gsm8k", "The answer is 3 cubed.", "3", 0.0),
+    ("math", "\\boxed{1\\text{ to }2}", "12", 0.0),
+    ("math", "\\boxed{5\\text{ dollars and }50\\text{ cents}}", "550", 0.0),
+    ("math", "\\boxed{(1\\frac12, 2)}", "(\\frac12, 2)", 0.0),
+    ("math", "\\boxed{(1\\frac12, 2)}", "(\\frac32, 2)", 1.0),
+    ("math", "\\boxed{x = 1\\frac12}", "\\frac12", 0.0),
+    ("math", "\\boxed{x = 1\\frac12}", "\\frac32", 1.0),
+    ("math", "\\boxed{6\\frac{1}{4}}", "\\frac{25}{4}", 1.0),
+    ("math", "\\boxed{2\\frac{\\sqrt3}{2}}", "\\sqrt3", 1.0),  # not a mixed number: a product
+    ("math", "\\boxed{\\begin{vmatrix}1&2\\\\3&4\\end{vmatrix}}",
+     "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", 0.0),  # a determinant is no matrix
+    ("math", "\\boxed{0.(3)}", "0", 0.0),
+    ("math", "\\boxed{0.(3)}", "\\frac13", 1.0),
+    ("math", "\\boxed{0.1\\overline{6}}", "\\frac16", 1.0),
+    ("math", "\\boxed{3 \\boxed{5}}", "5", 0.0),  # the last box is the outer one
+    ("math", "\\boxed{3 \\boxed{5}}", "3", 0.0),
+    ("math", "\\boxed{\\boxed{5}}", "5", 1.0),
+    # units still go
+    ("math", "\\boxed{5\\text{ cm}^2}", "5", 1.0),
+    ("math", "\\boxed{10\\text{ inches}}", "10", 1.0),
+    # countdown compares exactly: 100 + 1/1000000 missed the target, within the old 1e-5
+    ("countdown", "<answer>100 + 1 / 1000000</answer>",
+     json.dumps({"target": 100, "numbers": [100, 1, 1000000]}), 0.1),
+    ("countdown", "<answer>(100 - 1/1000) + 1/1000</answer>",
+     json.dumps({"target": 100, "numbers": [100, 1, 1000, 1, 1000]}), 1.0),
+]
+
+
+@pytest.mark.parametrize("task,response,gold,expected", VALUE_CASES)
+def test_words_and_text_that_change_a_value_never_vanish(task, response, gold, expected):
+    assert verify(task, response, gold) == expected
+
+
+@pytest.mark.parametrize("task,response,gold,expected", TENTATIVE_CASES)
+def test_a_hypothesis_or_check_is_no_final_answer(task, response, gold, expected):
+    assert verify(task, response, gold) == expected
+
+
 @pytest.mark.parametrize("response,gold,expected", [
     ("47 + 38 = 85.\nThe answer is 85.", "85", 1.0),
     ("The answer is 85", "58", 0.0),
