@@ -18,8 +18,8 @@ does not stop the next):
   accuracy at updates 0, 10 and 20;
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
 - ppo, reinforce, appo, tppo, online_dpo: 5 updates each in bf16;
-- roofline, update_mfu: bench/roofline.py and bench/update_mfu.py at the Qwen2.5-1.5B shape on random
-  weights (no model file needed).
+- roofline, update_mfu: bench/roofline.py and bench/update_mfu.py at the Qwen2.5-1.5B shape on
+  random weights (no model file needed).
 
 For each training stage: seconds per update for the rollout and the update (the first update apart,
 since it holds compiling and warm-up, then the median of the rest), sampled tokens per second, the
@@ -225,7 +225,8 @@ def summary(results):
             return format(f[key], fmt) if key in f else "-"
 
         table.append(f"| {name} | {r['status']} | {r['seconds']:.0f} | {acc} | "
-                     f"{num('median time/rollout_s', '.2f')} | {num('median time/update_s', '.2f')} "
+                     f"{num('median time/rollout_s', '.2f')} | "
+                     f"{num('median time/update_s', '.2f')} "
                      f"| {num('median tokens_per_s', '.0f')} | "
                      f"{'-' if mem is None else format(mem, '.2f')} | {ckpt} |")
     return "\n".join(table)

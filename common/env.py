@@ -22,7 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from common.errors import PathError, UsageError
-from common.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
+from common.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal, unicode_math
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
@@ -143,8 +143,13 @@ def _to_python_arith(s: str) -> str:
     s = s.replace("\\$", "").replace("$", "").replace("\\%",
                                                       "%").replace("{,}", ",").replace("**", " ")
     s = re.sub(r"\\(?:left|right)(?![a-zA-Z])|\\[!,;:]", "", s)
+    # a mixed number: 2\frac{1}{2} and 2 1/2 are 2 + 1/2
+    s = re.sub(r"(?<![0-9.])([0-9]+)\s*\\[dtc]?frac\s*\{([0-9]+)\}\s*\{([0-9]+)\}",
+               r"(\1+\2/\3)", s)
+    s = re.sub(r"(?<![0-9./])([0-9]+)\s+([0-9]+)/([0-9]+)(?![0-9./])",
+               lambda m: f"({m[1]}+{m[2]}/{m[3]})" if int(m[2]) < int(m[3]) else m[0], s)
     for _ in range(10):  # \frac{a}{b}, innermost first
-        s, n = re.subn(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"((\1)/(\2))", s)
+        s, n = re.subn(r"\\[dtc]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"((\1)/(\2))", s)
         if not n:
             break
     s = re.sub(r"\\[dt]?frac\s*([0-9])\s*([0-9])", r"((\1)/(\2))", s)
@@ -185,8 +190,14 @@ def answer_value(span: str) -> Fraction | None:
     ("3, 4").
     """
     s = span.strip()
-    for _ in range(5):  # leading ': = $ **' and trailing punctuation, in any order
-        s = re.sub(r"^(?:[:=$*\s]|\\\(|\\\[|\\\$)+|(?:[.,;:!?$*\s]|\\\)|\\\])+$", "", s)
+    for _ in range(5):  # leading ': = $ € £ **' and trailing punctuation, in any order
+        s = re.sub(r"^(?:[:=$€£¥₹*\s]|\\\(|\\\[|\\\$)+|(?:[.,;:!?$€°*\s]|\\\)|\\\])+$", "", s)
+        # "the answer is therefore 18"
+        s = re.sub(r"^(?:therefore|thus|so|then|simply|just|clearly|indeed)\b[\s,:]*", "", s,
+                   flags=re.IGNORECASE)
+    # 30°, 18 m^2 (18 m² reads so): a degree sign and a squared unit go with the units
+    s = re.sub(r"\b(m|cm|mm|km|ft|in|yd|mi|units?|meters?|feet|inches)\^\{?[23]\}?", r"\1", s)
+    s = s.replace("°", " ")
     approximate = re.search(r"[~≈±]|\\(?:approx|sim|pm)(?![a-zA-Z])", s)
     if not s or len(s) > _MAX_ARITH_LEN or has_hedge(s) or approximate:
         return None
@@ -259,7 +270,7 @@ def extract_number(response: str) -> tuple[str | None, bool]:
     training and in evaluation alike (a response that only repeats the question must not score). The
     last number in the text is still returned as pred, for diagnostics.
     """
-    response = ascii_lookalikes(response)
+    response = unicode_math(ascii_lookalikes(response))
     span, marked = _final_span(response)
     if not marked:
         numbers = _NUMBER.findall(response)[-1:]
@@ -643,7 +654,8 @@ class MATH(Task):
                 break
         if pred is None:
             pred = _sentence(rest)
-            if has_hedge(re.sub(r"\\text\s*\{[^{}]*\}", " ", pred)):
+            yes_or_no = re.fullmatch(r"\W*(?:yes|no)\W*", pred, re.IGNORECASE)  # "no" is no hedge
+            if not yes_or_no and has_hedge(re.sub(r"\\text\s*\{[^{}]*\}", " ", pred)):
                 return None, False
         pred = pred.strip(" *").rstrip(".").strip()
         return (pred, True) if pred else (None, False)

@@ -109,6 +109,22 @@ HEDGE_WORDS = frozenset("""
 """.split())
 
 
+_VULGAR = {"½": (1, 2), "⅓": (1, 3), "⅔": (2, 3), "¼": (1, 4), "¾": (3, 4), "⅕": (1, 5),
+           "⅖": (2, 5), "⅗": (3, 5), "⅘": (4, 5), "⅙": (1, 6), "⅚": (5, 6), "⅛": (1, 8),
+           "⅜": (3, 8), "⅝": (5, 8), "⅞": (7, 8)}
+_SYMBOLS = {"π": "\\pi ", "∞": "\\infty ", "≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq "}
+
+
+def unicode_math(text: str) -> str:
+    """Unicode math as LaTeX: ½ -> \\frac{1}{2} (2½ is then the mixed number 5/2), √2 ->
+    \\sqrt{2}, π, ∞, ≥, ≤, ≠ -> \\pi, \\infty, \\geq, \\leq, \\neq."""
+    if text.isascii():
+        return text
+    text = "".join(f"\\frac{{{_VULGAR[c][0]}}}{{{_VULGAR[c][1]}}}" if c in _VULGAR
+                   else _SYMBOLS.get(c, c) for c in text)
+    return re.sub(r"√\s*([0-9]+|[A-Za-z]|\([^()]*\)|\{[^{}]*\})", r"\\sqrt{\1}", text)
+
+
 def has_hedge(text: str) -> bool:
     """Does the text hold a hedge word ("or", "about", "not", "isn't", ...) or an
     approximately-equal sign? LaTeX command names are not words (`\\approx` counts as a sign,
@@ -207,16 +223,27 @@ def _thousands(s: str) -> str:
 
 def normalize(s: str) -> str:
     """Rewrite a LaTeX answer into a canonical string (equal answers -> usually equal strings)."""
-    s = ascii_lookalikes(s).strip().replace("\n", " ")
+    s = unicode_math(ascii_lookalikes(s)).strip().replace("\n", " ")
     # matrix row separator, before `\ ` below eats one of the backslashes
     s = s.replace("\\\\", ";")
     s = re.sub(r"\\(?:left|right)(?:\.|(?![a-zA-Z]))", "", s)
     s = s.replace("{,}", ",")  # 1{,}000
+    # one symbol for each relation: \ge, \geq, >= and ≥ are \geq
+    for pattern, symbol in ((r"\\geq?(?![a-zA-Z])|>=", r"\\geq "),
+                            (r"\\leq?(?![a-zA-Z])|<=", r"\\leq "),
+                            (r"\\neq?(?![a-zA-Z])|!=", r"\\neq "), (r"\\lt(?![a-zA-Z])", "<"),
+                            (r"\\gt(?![a-zA-Z])", ">")):
+        s = re.sub(pattern, symbol, s)
+    # [\begin{array}{cc} ... \end{array}] is a matrix; Euler's \mathrm{e} and \mathrm{i} are e, i
+    s = re.sub(r"[\[(]?\s*\\begin\{array\}\{[^{}]*\}(.*?)\\end\{array\}\s*[\])]?",
+               r"\\begin{pmatrix}\1\\end{pmatrix}", s)
+    s = re.sub(r"\\mathrm\s*\{([ei])\}", r"\1", s)
     s = re.sub(r"\\(?:mbox|textbf|textrm|mathrm|mathbf|textnormal)(?![a-zA-Z])", r"\\text", s)
     # `3 \text{ or } 4` and `3 \quad 4` are the list 3, 4 (deleting them would make 34)
     s = re.sub(r"\\text\s*\{\s*(?:or|and)\s*\}|\\q?quad(?![a-zA-Z])", ",", s)
+    s = re.sub(r",(\s*,)+", ",", s)  # `3, 5, \text{ and } 7` is 3, 5, 7
     s = re.sub(r"\\[!,;:> ]|~", " ", s)
-    s = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", s)
+    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
     s = re.sub(r"\\displaystyle(?![a-zA-Z])", "", s)
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°", "", s)
@@ -240,7 +267,18 @@ def normalize(s: str) -> str:
     # a mixed number, alone or in a tuple or after `x =`: 1\frac{4}{5} is 1 + 4/5, not 1 * 4/5
     s = _MIXED.sub(_mixed, s)
     s = _REPEATING.sub(_repeating, s)
-    return s
+    # (x,y)=(1,2) and f(x)=2x+1 name their value: (1,2) and 2x+1
+    s = re.sub(r"^\([a-z](?:,[a-z])+\)=(?=[(\[])|^[a-zA-Z]\([a-z]\)=(?=.)", "", s)
+    return _variable_first(s)
+
+
+def _variable_first(s: str) -> str:
+    """5 \\geq x -> x \\leq 5: an inequality between a number and one variable, variable first."""
+    m = re.fullmatch(r"(.+?)(\\geq |\\leq |\\geq|\\leq|<|>)([a-zA-Z])", s)
+    if not m or re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", m.group(1))):
+        return s
+    flip = {"\\geq": "\\leq", "\\leq": "\\geq", "<": ">", ">": "<"}[m.group(2).strip()]
+    return f"{m.group(3)}{flip}{m.group(1)}"
 
 
 # a whole number right before a numeric \frac, at the start of the answer or of an element

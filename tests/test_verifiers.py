@@ -240,6 +240,56 @@ VALUE_CASES = [
 ]
 
 
+# Right answers in common formats (issue 39), each beside a wrong twin that must still score 0
+RIGHT_FORMATS = [
+    ("gsm8k", "The answer is therefore 18.", "18", 1.0),
+    ("gsm8k", "The answer is therefore not 18.", "18", 0.0),
+    ("gsm8k", "The answer is 30\u00b0.", "30", 1.0),
+    ("gsm8k", "The answer is 18 m\u00b2.", "18", 1.0),
+    ("gsm8k", "The answer is \u20ac18.", "18", 1.0),
+    ("gsm8k", "The answer is \u00a318.", "18", 1.0),
+    ("gsm8k", "The answer is 2 1/2.", "2.5", 1.0),
+    ("gsm8k", "The answer is 2 1/2.", "10.5", 0.0),  # never 21/2
+    ("gsm8k", "The answer is 2\u00bd.", "2.5", 1.0),
+    ("gsm8k", "The answer is 2\u00bd.", "10.5", 0.0),
+    ("gsm8k", "The answer is \u00bd.", "0.5", 1.0),
+    ("gsm8k", "The answer is 5 4/3.", "5", 0.0),  # not a mixed number: two values
+    ("math", "The answer is \u221a2.", "\\sqrt{2}", 1.0),
+    ("math", "\\boxed{2\u03c0}", "2\\pi", 1.0),
+    ("math", "\\boxed{\u221e}", "\\infty", 1.0),
+    ("math", "\\boxed{x \\ge 5}", "x \\geq 5", 1.0),
+    ("math", "\\boxed{x >= 5}", "x \\geq 5", 1.0),
+    ("math", "\\boxed{x \\ge 5}", "x > 5", 0.0),
+    ("math", "\\boxed{x <= 5}", "x \\leq 5", 1.0),
+    ("math", "\\boxed{x \\lt 5}", "x < 5", 1.0),
+    ("math", "\\boxed{x \\neq 5}", "x \\ne 5", 1.0),
+    ("math", "\\boxed{5 \\geq x}", "x \\le 5", 1.0),  # the same inequality, sides flipped
+    ("math", "\\boxed{5 \\geq x}", "x \\geq 5", 0.0),
+    ("math", "\\boxed{3, 5, \\text{ and } 7}", "3, 5, 7", 1.0),  # a MATH-500 form
+    ("math", "\\boxed{(3,2)}", "(p,q)=(3,2)", 1.0),
+    ("math", "\\boxed{(x, y) = (1, 2)}", "(1, 2)", 1.0),
+    ("math", "\\boxed{(x, y) = (1, 2)}", "(2, 1)", 0.0),
+    ("math", "\\boxed{f(x) = 2x+1}", "2x+1", 1.0),
+    ("math", "\\boxed{f(x) = 2x+1}", "2x+2", 0.0),
+    ("math", "\\boxed{\\cfrac{1}{2}}", "\\frac12", 1.0),
+    ("math", "\\boxed{\\left[\\begin{array}{cc}1&2\\\\3&4\\end{array}\\right]}",
+     "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", 1.0),
+    ("math", "\\boxed{\\frac{1}{\\mathrm{e}}}", "\\frac{1}{e}", 1.0),
+    ("math", "The answer is No.", "\\text{No}", 1.0),
+    ("math", "The answer is No.", "\\text{Yes}", 0.0),
+    ("math", "The answer is no, it is 5.", "5", 0.0),
+    # percent: the sign is a unit, dropped: 50\\% is 50, never 0.5, in either direction
+    ("math", "\\boxed{50\\%}", "50", 1.0),
+    ("math", "\\boxed{50\\%}", "0.5", 0.0),
+    ("math", "\\boxed{0.5}", "50\\%", 0.0),
+]
+
+
+@pytest.mark.parametrize("task,response,gold,expected", RIGHT_FORMATS)
+def test_right_answers_in_common_formats_and_their_wrong_twins(task, response, gold, expected):
+    assert verify(task, response, gold) == expected
+
+
 @pytest.mark.parametrize("task,response,gold,expected", VALUE_CASES)
 def test_words_and_text_that_change_a_value_never_vanish(task, response, gold, expected):
     assert verify(task, response, gold) == expected
