@@ -284,7 +284,7 @@ def regrade(args):
     rows = read_rows(args.responses, args.dataset_name)[: args.num_eval_problems]
     records, fields_used = [], set()
     for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
-        where = f"{args.responses}: row {i}"
+        where = f"{args.responses}: row {i + 1}"
         name, saved = saved_responses(row, args.dataset_name, args.response_field, where)
         fields_used.add(name)
         gold = gold_answer(args.dataset_name, row, where)

@@ -328,14 +328,14 @@ class Task:
             name, config, hub_split = str(path), None, split
         elif path is not None:
             rows = [_renamed(row, keys) for row in read_rows(path, cls.name)]
-            return [cls.from_row(row, f"{path}: row {i}") for i, row in enumerate(rows)]
+            return [cls.from_row(row, f"{path}: row {i + 1}") for i, row in enumerate(rows)]
         else:
             name, config, hub_split = cls.hub[split]
         rows = [_renamed(row, keys) for row in load_hub_rows(name, config, hub_split)]
         examples, errors = [], []
         for i, row in enumerate(rows):
             try:
-                examples.append(cls.from_row(row, f"{name} row {i}"))
+                examples.append(cls.from_row(row, f"{name} row {i + 1}"))
             # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
             except ValueError as e:
                 errors.append(e)
@@ -1047,4 +1047,4 @@ def load_few_shot(task: type[Task], k: int) -> list[dict]:
     if k > len(rows):
         raise UsageError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot "
                          f"<= {len(rows)}")
-    return [task.from_row(row, f"{path}: row {i}") for i, row in enumerate(rows[:k])]
+    return [task.from_row(row, f"{path}: row {i + 1}") for i, row in enumerate(rows[:k])]

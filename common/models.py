@@ -148,27 +148,25 @@ def embedded_model_dir():
     return out
 
 
-def check_model_name(name):
-    """Cheap validation before any heavy work: a path-looking name must exist and hold a model."""
+def check_model_name(name, flag="--model_name_or_path"):
+    """Cheap validation before any heavy work: a path-looking name must exist and hold a model.
+    flag: the option that named it, for the message (the PRM's is --prm_model_name_or_path)."""
     if name in (EMBEDDED_MODEL, TINY_RANDOM):
         return
     looks_local = name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1
     if looks_local:
         path = Path(name).expanduser()
+        examples = ("a hub id such as peiyi9979/math-shepherd-mistral-7b-prm, or 'tiny-random' (a "
+                    "test PRM)" if flag == "--prm_model_name_or_path" else
+                    f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or {EMBEDDED_MODEL!r} (the "
+                    "offline default)")
         if not path.is_dir():
-            raise PathError(
-                f"--model_name_or_path {name!r}: no such folder. Pass a folder written by "
-                "save_pretrained "
-                "(with config.json), a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or "
-                f"{EMBEDDED_MODEL!r} "
-                f"(the offline default)."
-            )
+            raise PathError(f"{flag} {name!r}: no such folder. Pass a folder written by "
+                            f"save_pretrained (with config.json), {examples}.")
         if not (path / "config.json").exists():
-            raise PathError(
-                f"--model_name_or_path {name!r} has no config.json. Point it at a checkpoint "
-                "folder "
-                f"(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run folder itself."
-            )
+            raise PathError(f"{flag} {name!r} has no config.json. Point it at a checkpoint folder "
+                            "(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run "
+                            "folder itself.")
 
 
 def _resolve(name):

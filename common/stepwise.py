@@ -54,7 +54,7 @@ def single_token_id(tokenizer, text, what):
 def load_prm_tokenizer(name, step_tag):
     """The PRM's tokenizer. For "tiny-random" the step tag is added as a new token when the embedded
     tokenizer splits it (it splits 'ки'), as Math-Shepherd's tokenizer has it as one token."""
-    check_model_name(name)
+    check_model_name(name, "--prm_model_name_or_path")
     tokenizer = load_tokenizer(name)
     if name == TINY_RANDOM and len(tokenizer.encode(step_tag, add_special_tokens=False)) != 1:
         tokenizer.add_tokens([step_tag])

@@ -250,7 +250,7 @@ def test_errors(tmp_path):
         make_env("gsm8k", path=tmp_path / "nope.jsonl")
     (tmp_path / "bad.jsonl").write_text(json.dumps({"q": "1+1?", "a": "2"}))
     with pytest.raises(ValueError,
-                       match=r"row 0 has no 'question' / 'problem' field \(fields found: \['a', "
+                       match=r"row 1 has no 'question' / 'problem' field \(fields found: \['a', "
                              r"'q'\]\)\. The gsm8k task accepts"):
         make_env("gsm8k", path=tmp_path / "bad.jsonl")
     (tmp_path / "bad_math.jsonl").write_text(json.dumps({"problem": "p", "level": 1}))

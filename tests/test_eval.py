@@ -210,7 +210,7 @@ def test_regrade_without_a_response_field_names_the_fix(tmp_path):
                    output=str(tmp_path / "o.jsonl"))
     # a bare gold number is no reference solution: grading it against itself would say nothing
     with pytest.raises(ValueError,
-                       match="row 0 has no 'response' or 'responses' field .* --response_field"):
+                       match="row 1 has no 'response' or 'responses' field .* --response_field"):
         ev.main(args)
     with pytest.raises(ValueError, match="has no 'text' field"):
         ev.main(replace(args, response_field="text"))

@@ -528,3 +528,21 @@ def test_every_file_resumes_from_a_state_that_holds_only_tensors_and_numbers(tmp
     start, path, state = resume_point(tmp_path, True, 5)
     assert start == 2 and path.name == "checkpoint-2"
     assert state["extra"]["envs"][0]["steps"] == ["1 + 2 = 3"]
+
+
+def test_a_missing_prm_names_its_own_flag_and_prm_examples():
+    from common.stepwise import load_prm_tokenizer
+
+    with pytest.raises(PathError, match="^--prm_model_name_or_path '/no/prm': no such folder.*"
+                                        "math-shepherd"):
+        load_prm_tokenizer("/no/prm", "ки")
+
+
+def test_data_errors_count_rows_from_1_as_lines_are(tmp_path):
+    from common.env import make_env
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n"
+                    + json.dumps({"q": "2+2?"}) + "\n")
+    with pytest.raises(UsageError, match="bad.jsonl: row 2 has no"):  # the 2nd row, on line 2
+        make_env("gsm8k", path=path)
