@@ -41,7 +41,6 @@ from common.checks import check_common_args
 from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
 from common.env import make_envs
-from common.errors import UsageError
 from common.fast_sampler import fast_generate
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import (critic_state, load_tokenizer, make_critic, reference_policy,
@@ -135,8 +134,6 @@ def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
     (common/checks.py), then this file's own."""
     check_common_args(args, world_size)
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        raise UsageError("--gamma and --gae_lambda must lie in [0, 1].")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -130,8 +130,6 @@ def check_args(args, world_size):
                          "--lora_r the reference is the frozen base (the adapters off): drop one.")
     if args.sym_calc and not args.stepwise:
         raise UsageError("--sym_calc works line by line: add --stepwise.")
-    if not 0 <= args.gamma <= 1:
-        raise UsageError("--gamma must be in [0, 1].")
 
 
 # ------------------------------------------------------------------------------------------------

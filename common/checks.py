@@ -28,7 +28,8 @@ NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_s
 # does not fail later: a negative --max_grad_norm reverses every update while the logged norm
 # looks normal, a negative --epsilon clips every token.
 RANGES = {
-    "learning_rate": (0, math.inf, "()"), "critic_learning_rate": (0, math.inf, "()"),
+    # a learning rate of 0 is allowed: the tests use it to read gradients without moving weights
+    "learning_rate": (0, math.inf, "[)"), "critic_learning_rate": (0, math.inf, "[)"),
     "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
     "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
     "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),

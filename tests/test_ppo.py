@@ -321,7 +321,7 @@ def test_bad_sizes_fail_before_any_model_loads():
         ppo.check_args(replace(ppo.Args(), num_mini_batches=3), world_size=1)
     # micro-batches of up to 5: fine
     ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)
-    with pytest.raises(ValueError, match="--gamma and --gae_lambda"):
+    with pytest.raises(ValueError, match=r"--gae_lambda 1.5: must be in \[0, 1\]"):
         ppo.check_args(replace(ppo.Args(), gae_lambda=1.5), world_size=1)
     with pytest.raises(PathError, match="no such folder"):
         ppo.check_args(replace(ppo.Args(), model_name_or_path="./no/such/model"), world_size=1)

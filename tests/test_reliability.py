@@ -62,9 +62,9 @@ def test_sizes_below_one_name_the_flag_and_its_default(algo, size, tmp_path):
 
 
 # (option, a bad value, what the message says); each fails in every file that has the option
-BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5, "must be > 0"),
-               ("learning_rate", math.nan, "must be > 0"), ("learning_rate", math.inf, "must be > 0"),
-               ("critic_learning_rate", 0.0, "must be > 0"), ("warmup_ratio", 1.5, r"must be in \[0, 1\]"),
+BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5, "must be >= 0"),
+               ("learning_rate", math.nan, "must be >= 0"), ("learning_rate", math.inf, "must be >= 0"),
+               ("critic_learning_rate", -1.0, "must be >= 0"), ("warmup_ratio", 1.5, r"must be in \[0, 1\]"),
                ("warmup_ratio", -0.1, r"must be in \[0, 1\]"), ("num_train_epochs", 0.0, "must be > 0"),
                ("epsilon", -0.2, "must be > 0"), ("epsilon_high", 0.0, "must be > 0"),
                ("beta", -0.1, "must be >= 0"), ("tis_cap", -2.0, "must be >= 0"),
