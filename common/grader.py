@@ -223,6 +223,8 @@ def _thousands(s: str) -> str:
 
 def normalize(s: str) -> str:
     """Rewrite a LaTeX answer into a canonical string (equal answers -> usually equal strings)."""
+    # `32, 349` is a list of two numbers: a comma followed by a space never groups thousands
+    spaced = re.search(r",\s", s) is not None
     s = unicode_math(ascii_lookalikes(s)).strip().replace("\n", " ")
     # matrix row separator, before `\ ` below eats one of the backslashes
     s = s.replace("\\\\", ";")
@@ -241,6 +243,7 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\(?:mbox|textbf|textrm|mathrm|mathbf|textnormal)(?![a-zA-Z])", r"\\text", s)
     # `3 \text{ or } 4` and `3 \quad 4` are the list 3, 4 (deleting them would make 34)
     s = re.sub(r"\\text\s*\{\s*(?:or|and)\s*\}|\\q?quad(?![a-zA-Z])", ",", s)
+    s = re.sub(r",\s*and\s+", ",", s)  # `19, 46, and 82` too
     s = re.sub(r",(\s*,)+", ",", s)  # `3, 5, \text{ and } 7` is 3, 5, 7
     s = re.sub(r"\\[!,;:> ]|~", " ", s)
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
@@ -258,7 +261,8 @@ def normalize(s: str) -> str:
     # Spaces go, except between a command and a letter (`\cot x` must not become `\cotx`)
     s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|\s+",
                lambda m: m.group(1) + " " if m.group(1) else "", s)
-    s = _thousands(s.rstrip(".").rstrip().strip(","))
+    s = s.rstrip(".").rstrip().strip(",").rstrip("\\")  # `185\` is 185
+    s = s if spaced else _thousands(s)
     s = re.sub(r"(?<![0-9])\.(?=[0-9])", "0.", s)  # .5 -> 0.5
     s = re.sub(r"(?<!\\log)_\{([0-9]+)\}", r"_\1", s)  # 4210_{5} -> 4210_5, but \log_{10} stays
     m = re.fullmatch(r"\(([A-Za-z])\)", s)  # multiple choice: (B) -> B
@@ -386,6 +390,16 @@ def _assignment(s: str) -> tuple[str, str] | None:
     return None
 
 
+def _label_of_a_value(s: str) -> bool:
+    """`|AB|=1`, `V_{1}:V_{2}=11:21`, `\\frac{NO}{BO}=...`: one "=", a value on the right and on the
+    left a name (letters, bars, ratios, subscripts), not an equation such as `a+3z=0`."""
+    if s.count("=") != 1:
+        return False
+    left, right = s.split("=")
+    name = re.sub(r"_\{?[0-9]+\}?", "", left)
+    return not _has_variables(right) and not re.search(r"[0-9+\-*/^.]", name)
+
+
 def _has_variables(s: str) -> bool:
     """Does a normalised answer name a variable (a letter other than the constants e and i)?"""
     return re.search(r"[a-df-hj-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", s)) is not None
@@ -440,6 +454,8 @@ def _equal(a: str, b: str, grade: _Grade) -> bool:
         b = _thousands(gold[1])
     elif gold is None and pred is not None and _split(b)[0] != "eq":  # y = 2x+3 for the gold 2x+3
         a = _thousands(pred[1])
+    elif gold is None and "=" not in a and _label_of_a_value(b):
+        b = _thousands(b.split("=")[1])  # |AB|=1, V_1:V_2=11:21: the gold's label names its value
     if a == b:
         return True
     (ka, pa), (kb, pb) = _split(a), _split(b)
