@@ -42,6 +42,7 @@ import functools
 import json
 import math
 import os
+import queue
 import re
 import select
 import subprocess
@@ -508,7 +509,7 @@ def _equal_scalar(a: str, b: str, grade: _Grade) -> bool:
     # \sqrt2); anything else exactly, so 10^{15}+\sqrt2 is not 10^{15}, not even written
     # 10^{15}+\sqrt2+0.0
     approx = fa is not None and re.search(r"[0-9]\.[0-9]", a) is not None
-    return _WORKER.equal(ta, tb, False, approx, grade)
+    return _POOL.equal(ta, tb, False, approx, grade)
 
 
 def _rational_or_none(node) -> Fraction | None:
@@ -524,7 +525,7 @@ def _equal_equation(a: list, b: list, grade: _Grade) -> bool:
         ta, tb = (["+", parse(lhs), ["neg", parse(rhs)]] for lhs, rhs in (a, b))
     except ParseError:
         return False
-    return _WORKER.equal(ta, tb, True, False, grade)
+    return _POOL.equal(ta, tb, True, False, grade)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1016,7 +1017,8 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 class _Worker:
-    """One sympy worker per process, started lazily and restarted when it dies, fails or runs away.
+    """One sympy worker process of the pool, started lazily and restarted when it dies, fails or
+    runs away.
 
     A grade's budget is charged the CPU time the worker reports for its requests. The worker stops
     itself at the budget (SIGPROF); as a backstop, one that goes past it (stuck in C code) is killed
@@ -1157,14 +1159,47 @@ class _Worker:
                 return None
 
 
-_WORKER = _Worker()
-atexit.register(_WORKER.stop)
+class _Pool:
+    """A few sympy workers, each serving one grade at a time, so that an answer that runs to its
+    budget holds one worker, not every grade of a batch graded from many threads. Workers start
+    when first needed; serial grading only ever starts one. MATHRL_GRADER_WORKERS sets the size
+    (default: half the CPU cores, at most 4; one on this project's 2-core machines)."""
+
+    def __init__(self, size):
+        self.workers = [_Worker() for _ in range(size)]
+        self.idle = queue.LifoQueue()  # the worker used last is served first: it is warm
+        for worker in self.workers:
+            self.idle.put(worker)
+        self.last = self.workers[-1]  # the one the next serial grade gets (tests look at it)
+
+    def equal(self, a, b, equation: bool, approx: bool, grade: _Grade) -> bool:
+        # CRUCIAL: the time spent waiting here for a free worker is not charged to the grade
+        worker = self.idle.get()
+        try:
+            return worker.equal(a, b, equation, approx, grade)
+        finally:
+            self.last = worker
+            self.idle.put(worker)
+
+    def stop(self):
+        for worker in self.workers:
+            worker.stop()
+
+
+def _pool_size() -> int:
+    # half the cores (at most 4): the rest are the trainer's, which grades between its own steps
+    default = min(4, (os.cpu_count() or 2) // 2)
+    return max(1, int(os.environ.get("MATHRL_GRADER_WORKERS", default)))
+
+
+_POOL = _Pool(_pool_size())
+atexit.register(lambda: _POOL.stop())
 
 
 def _after_fork_in_child():
-    global _COUNTS_LOCK
-    _WORKER.lock = threading.Lock()  # another thread may have held it at the fork
-    _WORKER.proc, _WORKER.ready = None, False  # the parent's worker: not ours to use or to kill
+    global _COUNTS_LOCK, _POOL
+    # the parent's workers are not ours to use or to kill, and a thread may have held a lock
+    _POOL = _Pool(_pool_size())
     _COUNTS_LOCK = threading.Lock()
     _COUNTS.update(grades=0, timeouts=0, failures=0)  # counts are per process
 

@@ -81,7 +81,7 @@ def test_64_threads_at_once_all_correct():
 def test_waiting_for_the_lock_is_not_charged():
     assert math_equal("\\sqrt{8}", "2\\sqrt{2}")
     result = []
-    with grader._WORKER.lock:  # another grade holds the worker for 1.5 budgets
+    with grader._POOL.last.lock:  # another grade holds the worker for 1.5 budgets
         t = threading.Thread(target=lambda: result.append(math_equal("\\sqrt{12}+\\pi",
                                                                      "\\pi+2\\sqrt{3}")))
         t.start()
@@ -114,7 +114,7 @@ def test_32_processes_at_once_all_correct_and_no_worker_left():
 
 def test_a_worker_killed_mid_grade_is_restarted(monkeypatch):
     assert math_equal("\\sqrt{8}", "2\\sqrt{2}")
-    pid, before = grader._WORKER.proc.pid, grader_counts()
+    pid, before = grader._POOL.last.proc.pid, grader_counts()
     monkeypatch.setattr(grader, "TIMEOUT_S", 30.0)
     result = []
     t = threading.Thread(target=lambda: result.append(math_equal(SLOW, "\\pi")))
@@ -126,15 +126,15 @@ def test_a_worker_killed_mid_grade_is_restarted(monkeypatch):
     assert grader_counts()["failures"] == before["failures"] + 1
     monkeypatch.setattr(grader, "TIMEOUT_S", 1.0)
     assert math_equal("\\sqrt{18}", "3\\sqrt{2}")  # a new worker
-    assert grader._WORKER.proc.pid != pid
-    os.kill(grader._WORKER.proc.pid, signal.SIGKILL)  # killed while idle: noticed at the next grade
+    assert grader._POOL.last.proc.pid != pid
+    os.kill(grader._POOL.last.proc.pid, signal.SIGKILL)  # killed while idle: noticed at the next grade
     time.sleep(0.2)
     assert math_equal("\\sqrt{27}", "3\\sqrt{3}")
     assert grader_counts()["failures"] == before["failures"] + 2
 
 
 def test_failed_starts_are_retried_and_never_disable_grading(monkeypatch):
-    grader._WORKER.stop()
+    grader._POOL.last.stop()
     before = grader_counts()
     # every start fails: the worker exits at once
     monkeypatch.setattr(sys, "executable", "/bin/false")
@@ -148,7 +148,7 @@ def test_parent_killed_while_its_worker_is_busy_leaves_no_orphan():
     code = (
         "from common import grader; grader.TIMEOUT_S = 60.0; "
         "assert grader.math_equal('\\\\sqrt{8}', '2\\\\sqrt{2}'); "
-        "print(grader._WORKER.proc.pid, flush=True); "
+        "print(grader._POOL.last.proc.pid, flush=True); "
         f"grader.math_equal({SLOW!r}, '\\\\pi')"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
@@ -164,7 +164,7 @@ def test_parent_killed_while_its_worker_is_busy_leaves_no_orphan():
 
 def test_timeouts_are_counted_once_per_grade():
     assert math_equal("\\sqrt{8}", "2\\sqrt{2}")
-    before, worker = grader_counts(), grader._WORKER.proc.pid
+    before, worker = grader_counts(), grader._POOL.last.proc.pid
 
     # the worker's CPU seconds: what the budget counts (wall time also grows with the machine's
     # load)
@@ -178,7 +178,7 @@ def test_timeouts_are_counted_once_per_grade():
     used = cpu()
     assert not math_equal(f"\\{{{SLOW}, {SLOW}+1\\}}", "\\{\\pi, \\pi+1\\}")
     assert 0.9 < cpu() - used < 1.5
-    assert grader._WORKER.proc.pid == worker  # it stopped itself at the budget: no restart needed
+    assert grader._POOL.last.proc.pid == worker  # it stopped itself at the budget: no restart needed
     after = grader_counts()
     assert (after["grades"] - before["grades"], after["timeouts"] - before["timeouts"]) == (2, 2)
     assert math_equal("\\sqrt{8}+\\pi", "\\pi+2\\sqrt{2}")  # the worker survived its timeouts
@@ -189,16 +189,57 @@ def test_timeouts_are_counted_once_per_grade():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_forked_child_starts_its_own_worker_and_counts():
     assert math_equal("\\sqrt{8}", "2\\sqrt{2}")
-    parent_worker = grader._WORKER.proc.pid
+    parent_worker = grader._POOL.last.proc.pid
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: a fresh count and its own worker; the parent's is left alone
         ok = grader_counts()["grades"] == 0 and math_equal("\\sqrt{12}", "2\\sqrt{3}")
-        ok = ok and grader._WORKER.proc.pid != parent_worker and grader_counts()["grades"] == 1
+        ok = ok and grader._POOL.last.proc.pid != parent_worker and grader_counts()["grades"] == 1
         os.write(write, b"1" if ok else b"0")
-        grader._WORKER.stop()
+        grader._POOL.last.stop()
         os._exit(0)
     os.close(write)
     assert os.read(read, 1) == b"1"
     os.waitpid(pid, 0)
-    assert grader._WORKER.proc.pid == parent_worker and math_equal("\\sqrt{27}", "3\\sqrt{3}")
+    assert grader._POOL.last.proc.pid == parent_worker and math_equal("\\sqrt{27}", "3\\sqrt{3}")
+
+
+POOL_ORDER = (  # every worker of the pool started first (two short runaways at once), then:
+    "import threading, time; from common import grader; done = []; grader.TIMEOUT_S = 0.3; "
+    "ts = [threading.Thread(target=grader.math_equal, args=(SLOW, '\\\\pi')) for _ in (0, 1)]; "
+    "[t.start() for t in ts]; [t.join() for t in ts]; grader.TIMEOUT_S = 1.0; "
+    "slow = threading.Thread(target=lambda: (grader.math_equal(SLOW, '\\\\pi'), "
+    "done.append('runaway'))); slow.start(); time.sleep(0.3); "
+    "grader.math_equal('\\\\sqrt{12}', '2\\\\sqrt{3}'); done.append('quick'); slow.join(); "
+    "print(' '.join(done))"
+)
+
+
+@pytest.mark.parametrize("workers,order", [("1", "runaway quick"), ("2", "quick runaway")])
+def test_a_runaway_answer_holds_one_worker_of_the_pool_not_every_grade(workers, order):
+    # with one worker the quick grade waits for the runaway's whole budget; with two it does not
+    out = subprocess.run([sys.executable, "-c", POOL_ORDER.replace("SLOW", repr(SLOW))], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT),
+                              "MATHRL_GRADER_WORKERS": workers},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == order.split(), out.stderr[-2000:]
+
+
+def test_parent_killed_leaves_no_worker_of_its_pool():
+    # both workers started by two short runaways at once, then idle when the parent dies
+    code = (
+        "import threading, time; from common import grader; grader.TIMEOUT_S = 0.2; "
+        "ts = [threading.Thread(target=grader.math_equal, args=(SLOW, '\\\\pi')) for _ in (0, 1)]; "
+        "[t.start() for t in ts]; [t.join() for t in ts]; "
+        "print(' '.join(str(w.proc.pid) for w in grader._POOL.workers), flush=True); "
+        "time.sleep(60)"
+    ).replace("SLOW", repr(SLOW))
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT),
+                                   "MATHRL_GRADER_WORKERS": "2"},
+                              stdout=subprocess.PIPE, text=True)
+    workers = [int(p) for p in parent.stdout.readline().split()]
+    assert len(set(workers)) == 2 and sorted(worker_pids([parent.pid])) == sorted(workers)
+    parent.kill()  # SIGKILL: no atexit, no cleanup in the parent
+    parent.wait()
+    assert all(gone_within(w, 5.0) for w in workers)
