@@ -103,4 +103,6 @@ def test_every_stage_of_the_device_check_runs_on_a_cpu(tmp_path):
     for name in ("grpo", "grpo_compile", "grpo_big", "ppo", "reinforce", "appo", "tppo",
                  "online_dpo"):
         figures = results[name]["figures"]
-        assert figures["loads"] and figures["finite"] and figures["nonfinite"] == [], name
+        assert figures["loads"] and figures["finite"], name
+        # the tiny model's returns can all be equal, and explained variance is then 0 / 0
+        assert set(figures["nonfinite"]) <= {"explained_variance"}, name
