@@ -1,13 +1,15 @@
 """User errors: what was asked for cannot be done, and the message says what to do instead.
 
-The files print them as one line, `error: <message>`, with no traceback (rank 0 alone under
-torchrun), before any heavy work where they can be found that early. Any other exception is a
+The files print them as one line, `error: <message>`, with no traceback (under torchrun rank 0
+alone, unless another rank is the only one to fail), before any heavy work where they can be found
+that early. Any other exception is a
 bug in mathrl or a library, and keeps its traceback. Each class is also the built-in error a Python
 reader expects (a UsageError is a ValueError), so `except ValueError` still catches it.
 """
 
 import os
 import sys
+import time
 
 
 class UserError(Exception):
@@ -34,8 +36,15 @@ class NonFiniteError(UserError, FloatingPointError):
 def _print_user_errors(kind, error, traceback):
     if not isinstance(error, UserError):
         return sys.__excepthook__(kind, error, traceback)
-    if os.environ.get("RANK", "0") == "0":  # every rank stops; one says why
-        print(f"error: {error}", file=sys.stderr, flush=True)
+    rank = os.environ.get("RANK", "0")
+    if rank != "0":
+        # An option error stops every rank at once, and rank 0 says why: torchrun ends the others
+        # during this pause, so the message is printed once. An error of this rank alone (a NaN
+        # reward in its batch) outlives the pause and is printed, naming the rank.
+        time.sleep(2.0)
+        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
+        return
+    print(f"error: {error}", file=sys.stderr, flush=True)
 
 
 def report_user_errors():

@@ -546,3 +546,26 @@ def test_data_errors_count_rows_from_1_as_lines_are(tmp_path):
                     + json.dumps({"q": "2+2?"}) + "\n")
     with pytest.raises(UsageError, match="bad.jsonl: row 2 has no"):  # the 2nd row, on line 2
         make_env("gsm8k", path=path)
+
+
+RANK_ERROR = """import os, sys, time
+sys.path.insert(0, {root!r})
+from common.errors import UsageError, report_user_errors
+report_user_errors()
+if os.environ["RANK"] in sys.argv[1].split(","):
+    raise UsageError("bad here")
+time.sleep(20)
+"""
+
+
+@pytest.mark.parametrize("failing,says", [("0,1", ["error: bad here"]),
+                                          ("1", ["error (rank 1): bad here"])])
+def test_under_torchrun_an_error_of_every_rank_is_said_once_and_one_rank_s_by_it(
+        failing, says, tmp_path):
+    script = tmp_path / "rank_error.py"
+    script.write_text(RANK_ERROR.format(root=str(ROOT)))
+    out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+               failing], ok=False)
+    ours = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert ours == says, out.stderr[-3000:]
+    assert "UsageError" not in out.stderr  # no traceback of ours; torchrun reports its own failure
