@@ -15,18 +15,16 @@ from common.distributed import collective_device, print0
 from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models import check_model_name
 
-# Sizes that must be >= 1, and counts that may be 0 (0: never, or none), in whichever file defines
-# them.
+# Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
 POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval",
-            "num_prompts",
-            "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs", "num_steps",
-            "max_episode_steps", "eval_max_new_tokens")
+            "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
+            "num_steps", "max_episode_steps", "eval_max_new_tokens")
 NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
                 "num_few_shot")
-# The range of each real-valued option, in whichever file defines it: (low, high, brackets), "("
-# leaving the end out and "[" keeping it in. NaN lies outside every range. A value outside them
-# does not fail later: a negative --max_grad_norm reverses every update while the logged norm
-# looks normal, a negative --epsilon clips every token.
+# The range of each option, in whichever file defines it: (low, high, brackets), "(" leaving the
+# end out and "[" keeping it in. NaN lies outside every range. A value outside them does not fail
+# later: a negative --max_grad_norm reverses every update while the logged norm looks normal, a
+# negative --epsilon clips every token.
 RANGES = {
     # a learning rate of 0 is allowed: the tests use it to read gradients without moving weights
     "learning_rate": (0, math.inf, "[)"), "critic_learning_rate": (0, math.inf, "[)"),
@@ -37,6 +35,8 @@ RANGES = {
     "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "huber_delta": (0, math.inf, "()"),
+    **{name: (1, math.inf, "[)") for name in POSITIVE},
+    **{name: (0, math.inf, "[)") for name in NON_NEGATIVE},
 }
 
 
@@ -57,18 +57,11 @@ def check_common_args(args, world_size=1):
     (and, in the files that sample num_generations responses to num_prompts prompts, how they split
     over ranks and minibatches), sampling, the output folder, the model's path, wandb."""
     defaults = {f.name: f.default for f in fields(args)}
-    for name in POSITIVE + NON_NEGATIVE:
-        value, low = getattr(args, name, None), 1 if name in POSITIVE else 0
-        if value is not None and value < low:
-            raise UsageError(f"--{name} {value}: must be >= {low} (the default is "
-                             f"{defaults[name]}).")
     for name, (low, high, brackets) in RANGES.items():
         value = getattr(args, name, None)
         if value is not None and not in_range(value, low, high, brackets):
-            default = ("it is unset by default" if defaults[name] is None
-                       else f"the default is {defaults[name]}")
-            raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} "
-                             f"({default}).")
+            raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} (the "
+                             f"default is {defaults[name]}).")
     if not args.temperature > 0 or not 0 < args.top_p <= 1:
         raise UsageError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
                          "need a "
