@@ -110,12 +110,14 @@ def load_last_checkpoint(output_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    from common.checkpoints import checkpoints
+
+    found = checkpoints(output_dir)  # newest first
     if not found:
         return {"checkpoint": None, "loads": False}
-    model = AutoModelForCausalLM.from_pretrained(str(found[-1]))
+    model = AutoModelForCausalLM.from_pretrained(str(found[0]))
     finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    return {"checkpoint": found[-1].name, "loads": True, "finite": finite}
+    return {"checkpoint": found[0].name, "loads": True, "finite": finite}
 
 
 def child(out_json, argv):

@@ -148,7 +148,9 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    content, outer = _box_content(text, start), _open_box_around(text, start)
+    content = _box_content(text, start)
+    one_box = text.count("\\boxed") + text.count("\\fbox") == 1  # the usual case: no scan
+    outer = None if one_box else _open_box_around(text, start)
     if outer is None or content is None:
         return content
     whole = _box_content(text, outer)
