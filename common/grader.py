@@ -8,8 +8,9 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
    `\\left`/`\\right`, spaces, units, degrees, percent. `\\text{ or }`, `\\text{ and }`, `\\quad`
    separate a list like ",". A `\\text{}` that holds a number or a hedge word ("or", "about", ...)
    is kept, never dropped as a unit.
-3. `_split` finds structure (tuples, intervals, sets, unions, matrices, `\\pm`, equations), compared
-   part by part.
+3. `_split` finds structure (tuples, intervals, sets, unions, matrices, `\\pm`, equations,
+   inequalities), compared part by part. An inequality is its solution set over the reals, so
+   `-x>-1` is `x<1` and `-1<x<3` is `(-1,3)`.
    Names count where the gold has them: `x=5` vs `y=5` differ, and a gold equation with variables on
    its right (`y=2x+3`) needs an equivalent equation (`2y=4x+6`), not `x=2x+3` or `2x+3`. A plain
    `x=5` or `5=x` grades as its value against a gold 5; `x=1, y=2` is the tuple (1,2) (variables in
@@ -365,6 +366,8 @@ def _split(s: str) -> tuple:
         return "union", parts
     if s.startswith("\\{") and s.endswith("\\}"):
         return "set", _expand_pm(_top_level_split(s[2:-2], ","))
+    if s[:1] == "{" and _is_one_group(s) and len(parts := _top_level_split(s[1:-1], ",")) > 1:
+        return "set", _expand_pm(parts)  # {-3, 3}: TeX braces only group, so this is the list -3, 3
     if s[:1] in "([" and s[-1:] in ")]" and _is_one_group(s):
         inner = _top_level_split(s[1:-1], ",")
         if len(inner) > 1:
@@ -373,9 +376,28 @@ def _split(s: str) -> tuple:
         parts = _expand_pm(parts)
         if len(parts) > 1:  # "3, 5, 7": a list of all solutions, order does not matter
             return "set", parts
+    if (chain := _relations(s)) is not None:
+        return "ineq", chain
     if len(parts := _top_level_split(s, "=")) == 2:
         return "eq", parts
     return "scalar", s
+
+
+def _relations(s: str) -> tuple[list[str], list[str]] | None:
+    """`-1<x\\leq3` -> (["<", "\\leq"], ["-1", "x", "3"]): a chain of inequalities outside any
+    brackets, else None."""
+    ops, parts, depth, last = [], [], 0, 0
+    for m in re.finditer(r"[([{]|[)\]}]|\\geq(?![a-zA-Z])|\\leq(?![a-zA-Z])|<|>", s):
+        if m.group() in "([{":
+            depth += 1
+        elif m.group() in ")]}":
+            depth -= 1
+        elif depth == 0:
+            ops.append(m.group())
+            parts.append(s[last:m.start()].strip())
+            last = m.end()
+    parts.append(s[last:].strip())
+    return (ops, parts) if ops and all(parts) and "=" not in s else None
 
 
 # A variable that names an answer: x, y_1, \theta (not a constant such as \pi, e or i)
@@ -386,6 +408,8 @@ _LABEL = (r"(?!\\(?:pi|infty|infinity)(?![a-zA-Z])|[ei](?![a-zA-Z_]))"
 def _assignment(s: str) -> tuple[str, str] | None:
     """`x=5`, `x\\in[1,2]` or `5=x` -> ("x", "5"): one variable named on one side of the only "=".
     Else None."""
+    if "=" in s and len(_top_level_split(s, "=")) != 2:  # \sum_{k=1}^{n}k names no k
+        return None
     if m := re.fullmatch(rf"({_LABEL})(?:=|\\in(?![a-zA-Z]))([^=]+)", s):
         return m.group(1), m.group(2)
     if m := re.fullmatch(rf"([^=]+)=({_LABEL})", s):
@@ -466,6 +490,9 @@ def _equal(a: str, b: str, grade: _Grade) -> bool:
         ka, pa = "tuple", ("()", values)  # x=1, y=2 is the point (1,2)
     elif ka == "tuple" and kb == "set" and (values := _assigned_tuple(pb)) is not None:
         kb, pb = "tuple", ("()", values)
+    if "ineq" in (ka, kb):  # -x>-1 is x<1, and -1<x<3 is the interval (-1,3): solution sets
+        sa, sb = _real_set(ka, pa, gold=False), _real_set(kb, pb, gold=True)
+        return sa is not None and sb is not None and _POOL.equal(sa, sb, False, False, grade)
     if ka != kb:
         return False
     if ka == "scalar":
@@ -491,6 +518,28 @@ def _equal(a: str, b: str, grade: _Grade) -> bool:
             return False
         unmatched.pop(hit)
     return True
+
+
+def _real_set(kind: str, parts, gold: bool) -> list | None:
+    """An inequality chain, an interval or a union of intervals as a set AST for the worker, else
+    None. A gold (1,2) may be a point, so a gold is read as an interval only where its brackets or
+    an infinite end say so ([1,2), (-\\infty,3)); an answer (1,2) against a gold inequality is
+    one."""
+    try:
+        if kind == "ineq":
+            ops, exprs = parts
+            return ["ineq", ops, [parse(e) for e in exprs]]
+        if kind == "union":
+            intervals = [_real_set(*_split(p), gold=gold) for p in parts]
+            return None if None in intervals else ["union", *intervals]
+        if kind == "tuple" and len(parts[1]) == 2:
+            brackets, (lo, hi) = parts
+            if gold and brackets == "()" and "\\infty" not in lo + hi:
+                return None
+            return ["interval", brackets[0] == "[", parse(lo), parse(hi), brackets[1] == "]"]
+    except ParseError:
+        pass
+    return None
 
 
 def _equal_scalar(a: str, b: str, grade: _Grade) -> bool:
@@ -534,7 +583,9 @@ def _equal_equation(a: list, b: list, grade: _Grade) -> bool:
 # 4. A whitelisted LaTeX parser -> AST of nested lists (JSON-safe, so it can be sent to the worker)
 #   ["num", "3.5"] ["sym", "x"] ["const", "pi"|"oo"|"I"|"E"] ["+", a, b, ...] ["*", a, b, ...]
 #   ["neg", a] ["inv", a] ["^", base, exp] ["sqrt", a, index|None] ["fn", "sin", a] ["log", a, base]
-# ["!", a]   ["binom", n, k]
+# ["!", a]   ["binom", n, k]   ["abs", a]   ["idx", "F", n] (F_{n-1})   ["sum", "k", lo, hi, body]
+# Set ASTs (for inequalities and intervals): ["ineq", [op, ...], [a, ...]] ["interval", closed_left,
+# lo, hi, closed_right] ["union", set, ...]
 
 
 class ParseError(ValueError):
@@ -638,7 +689,7 @@ class _Parser:
     def starts_atom(self, t) -> bool:
         return t is not None and (
             _is_number(t) or _is_letter(t) or t in ("(", "{", "\\frac", "\\sqrt", "\\binom")
-            or t in _CONSTS or t in _FUNCS or t in _GREEK
+            or t in _CONSTS or t in _FUNCS or t in _GREEK or t == "\\sum"
         )
 
     def nest(self, step: int):
@@ -661,12 +712,17 @@ class _Parser:
             if self.peek() == "_":
                 self.take()
                 sub = self.take()
-                if sub == "{":
+                if sub == "{" and self.toks[self.i + 1:self.i + 2] == ["}"]:
                     sub = self.take()
                     self.expect("}")
-                if not (sub.isascii() and sub.isalnum()):
+                elif sub == "{":  # F_{n-1}: a term of a sequence, a function of its index
+                    node = ["idx", t, self.expr()]
+                    self.expect("}")
+                    sub = None
+                if sub is not None and not (sub.isascii() and sub.isalnum()):
                     raise ParseError("bad subscript")
-                node = ["sym", f"{t}_{sub}"]
+                if sub is not None:
+                    node = ["sym", f"{t}_{sub}"]
             elif t == "i":
                 node = ["const", "I"]
             elif t == "e":  # Euler's number, as in \ln(e^2) or e^{i\pi}; see the module docstring
@@ -675,6 +731,20 @@ class _Parser:
             node = ["*", self.arg(), ["inv", self.arg()]]
         elif t == "\\binom":
             node = ["binom", self.arg(), self.arg()]
+        elif t == "|":  # |x|; a bar is no start of an implicit factor, so 2|x| is refused
+            node = ["abs", self.expr()]
+            self.expect("|")
+        elif t == "\\sum":  # \sum_{k=1}^{n} k^2: the sum binds the term that follows
+            self.expect("_")
+            self.expect("{")
+            k = self.take()
+            if not _is_letter(k):
+                raise ParseError("bad summation index")
+            self.expect("=")
+            lo = self.expr()
+            self.expect("}")
+            self.expect("^")
+            node = ["sum", k, lo, self.arg(), self.term()]
         elif t == "\\sqrt":
             index = None
             if self.peek() == "[":
@@ -759,6 +829,8 @@ def to_fraction(node) -> Fraction:
         if root ** int(n) != abs(x):
             raise _NotRational
         return root if x >= 0 else -root  # \sqrt[3]{-8} = -2, the real cube root
+    if op == "abs":
+        return abs(to_fraction(args[0]))
     if op == "!":
         x = to_fraction(args[0])
         if x.denominator != 1 or not 0 <= x <= 300:
@@ -831,6 +903,13 @@ def to_sympy(node):
         return getattr(sympy, name)(to_sympy(args[1]))
     if op == "log":
         return sympy.log(to_sympy(args[0]), to_sympy(args[1]))
+    if op == "abs":
+        return sympy.Abs(to_sympy(args[0]))
+    if op == "idx":
+        return sympy.Function(args[0])(to_sympy(args[1]))
+    if op == "sum":  # unevaluated: sympy's equality and evalf decide, within the budget
+        k, lo, hi, body = args
+        return sympy.Sum(to_sympy(body), (sympy.Symbol(k), to_sympy(lo), to_sympy(hi)))
     if op == "!":
         x = to_sympy(args[0])
         if not (x.is_Integer and 0 <= x <= 300):
@@ -843,6 +922,34 @@ def to_sympy(node):
             raise ParseError("binomial too large")
         return sympy.binomial(n, k)
     raise ParseError(f"unknown node {op}")
+
+
+_SET_NODES = ("ineq", "interval", "union")
+
+
+def to_real_set(node) -> tuple:
+    """(a sympy set of reals, its variable or None) from a set AST: ["interval", closed_left, lo,
+    hi, closed_right], ["union", set, ...] or ["ineq", [op, ...], [expr, ...]], a chain such as
+    1 \\leq |z| \\leq 3/2 in one variable, solved over the reals (runs in the worker)."""
+    import sympy
+
+    if node[0] == "interval":
+        _, closed_left, lo, hi, closed_right = node
+        return sympy.Interval(to_sympy(lo), to_sympy(hi), not closed_left, not closed_right), None
+    if node[0] == "union":
+        return sympy.Union(*[to_real_set(n)[0] for n in node[1:]]), None
+    if node[0] != "ineq":
+        raise ParseError("not a set")
+    ops, exprs = node[1], [to_sympy(e) for e in node[2]]
+    variables = set().union(*(e.free_symbols for e in exprs))
+    if len(variables) != 1:
+        raise ParseError("not an inequality in one variable")
+    (x,) = variables
+    relation = {"<": sympy.Lt, ">": sympy.Gt, "\\leq": sympy.Le, "\\geq": sympy.Ge}
+    out = sympy.S.Reals
+    for op, left, right in zip(ops, exprs, exprs[1:]):
+        out = out & sympy.solveset(relation[op](left, right), x, sympy.S.Reals)
+    return out, x
 
 
 # Three points at which expressions with symbols are compared (two different polynomials or rational
@@ -861,6 +968,12 @@ def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
     """
     import sympy
 
+    if a[0] in _SET_NODES or b[0] in _SET_NODES:
+        (x, vx), (y, vy) = to_real_set(a), to_real_set(b)
+        if vx is not None and vy is not None and vx != vy:  # y<1 is not x<1
+            return False
+        return x == y or (sympy.Complement(x, y) == sympy.S.EmptySet
+                          and sympy.Complement(y, x) == sympy.S.EmptySet)
     x, y = to_sympy(a), to_sympy(b)
     if equation:
         ratio = sympy.simplify(x / y)

@@ -282,6 +282,33 @@ RIGHT_FORMATS = [
     ("math", "\\boxed{50\\%}", "50", 1.0),
     ("math", "\\boxed{50\\%}", "0.5", 0.0),
     ("math", "\\boxed{0.5}", "50\\%", 0.0),
+    # inequalities are their solution sets over the reals: dividing by -1 flips, an interval or
+    # a union of intervals is the same set, the variable's name counts, a gold (1, 2) may be a point
+    ("math", "\\boxed{-x > -1}", "x < 1", 1.0),
+    ("math", "\\boxed{-x \\ge -1}", "x \\le 1", 1.0),
+    ("math", "\\boxed{-x > -1}", "x \\le 1", 0.0),
+    ("math", "\\boxed{2x < 2}", "x < 1", 1.0),
+    ("math", "\\boxed{-y > -1}", "x < 1", 0.0),
+    ("math", "\\boxed{x^2 < 1}", "-1 < x < 1", 1.0),
+    ("math", "\\boxed{x^2 \\le 1}", "-1 < x < 1", 0.0),
+    ("math", "\\boxed{(-793, 10)}", "-793 < a < 10", 1.0),
+    ("math", "\\boxed{[-793, 10)}", "-793 < a < 10", 0.0),
+    ("math", "\\boxed{-2 \\le x \\le 7}", "x \\in [-2,7]", 1.0),
+    ("math", "\\boxed{1 < x < 2}", "(1, 2)", 0.0),
+    ("math", "\\boxed{x > 1}", "(1, \\infty)", 1.0),
+    ("math", "\\boxed{z \\in [-\\frac32, -1] \\cup [1, \\frac32]}", "1 \\le |z| \\le \\frac32",
+     1.0),
+    ("math", "\\boxed{z \\in [-\\frac32, -1] \\cup [1, 2]}", "1 \\le |z| \\le \\frac32", 0.0),
+    # |x|, sums and the terms of a sequence are read; TeX braces around a list only group it
+    ("math", "\\boxed{|-3|}", "3", 1.0),
+    ("math", "\\boxed{\\sum_{k=1}^{100} k}", "5050", 1.0),
+    ("math", "\\boxed{\\sum_{k=1}^{100} k}", "5051", 0.0),
+    ("math", "\\boxed{F_n = \\sum_{k=0}^{n-1} F_{n-k-1} F_k}",
+     "F_n = \\sum_{k=0}^{n-1} F_k F_{n-k-1}", 1.0),
+    ("math", "\\boxed{F_n = \\sum_{k=0}^{n-1} F_{n-k} F_k}",
+     "F_n = \\sum_{k=0}^{n-1} F_k F_{n-k-1}", 0.0),
+    ("math", "\\boxed{{-2021, 2021}}", "\\pm 2021", 1.0),
+    ("math", "\\boxed{{-2021, 2020}}", "\\pm 2021", 0.0),
 ]
 
 
