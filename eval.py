@@ -49,11 +49,12 @@ from tqdm.auto import tqdm
 from common.args import parse_args
 from common.checks import check_output_dir
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
-from common.env import TASKS, make_env, read_rows, to_number
+from common.env import TASKS, filter_math, make_env, read_rows, rename_fields, to_number
 from common.errors import PathError, UsageError
 from common.fast_sampler import fast_generate
 from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
+from common.rewards import load_reward_fn
 from common.sampler import decode_responses, encode_prompts
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
@@ -70,13 +71,26 @@ class Args:
     """task, which also picks the verifier: arithmetic, countdown, gsm8k or math"""
     dataset_path: Optional[str] = None
     """a jsonl/json/parquet file of problems (default: the task's --split)"""
+    question_key: Optional[str] = None
+    """field of the data rows that holds the question (default: the task's usual names)"""
+    answer_key: Optional[str] = None
+    """field of the data rows that holds the gold answer (default: the task's usual names)"""
+    levels: Optional[str] = None
+    """math: keep these MATH levels only, e.g. '1-3' or '4,5' (default: all)"""
     difficulty: str = "1-2"
     """arithmetic: level 1..5, a range '1-2', or 'mixed' (1: 2-digit addition ... 5: word
     problems)"""
     template: str = "chat"
     """'chat' for instruct models, 'plain' for base models"""
+    system_prompt: Optional[str] = None
+    """system prompt text (default: the task's own, as in training)"""
     num_few_shot: int = 1
     """worked examples put in each prompt (1, as in training)"""
+    reward_fn: Optional[list[str]] = None
+    """your own reward function(s), as in training (file.py:name or module:name; your code, run in
+    this process): each one's mean is reported, and the reward is the weighted sum"""
+    reward_weights: Optional[list[float]] = None
+    """weights of the verifier and then each --reward_fn (default: 1 each)"""
     seed: int = 0
     """seeds sampling (sample j of problem i has its own seed) and train-split generation"""
     max_new_tokens: Optional[int] = None
@@ -98,8 +112,8 @@ class Args:
     there)"""
     k: list[int] = field(default_factory=list)
     """k values of pass@k and maj@k, each <= n, e.g. --k 1 4 8 (default: 1 and n)"""
-    batch_size: int = 64
-    """sequences per generate call (problems x n samples)"""
+    eval_batch_size: int = field(default=64, metadata={"aliases": ["--batch_size"]})
+    """sequences per generate call (problems x n samples), as training's --eval_batch_size"""
     output: Optional[str] = None
     """the per-problem jsonl to write, and <output>.summary.json (default: runs/eval/...)"""
     overwrite: bool = False
@@ -127,8 +141,8 @@ def check_args(args):
         raise UsageError("--temperature must be >= 0 and --top_p in (0, 1].")
     if args.num_eval_problems is not None and args.num_eval_problems < 1:
         raise UsageError("--num_eval_problems must be >= 1 (leave it out for all problems).")
-    if args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
-        raise UsageError("--batch_size and --max_new_tokens must be >= 1.")
+    if args.eval_batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
+        raise UsageError("--eval_batch_size and --max_new_tokens must be >= 1.")
     if args.responses is None:
         bad = [k for k in args.k if not 1 <= k <= args.num_generations]
         if bad:
@@ -217,6 +231,9 @@ def summarize(records, ks):
         "format_ok_frac": sum(bool(s["format_ok"]) for s in samples) / len(samples),
         "no_answer_frac": sum(s["pred"] is None for s in samples) / len(samples),
     }
+    for name in samples[0].get("rewards", {}):  # each --reward_fn's mean, None left out
+        values = [s["rewards"][name] for s in samples if s["rewards"][name] is not None]
+        summary[f"rewards/{name}/mean"] = sum(values) / len(values) if values else None
     if all("length" in s for s in samples):  # regraded files may not know the token counts
         summary["response_len/mean"] = sum(s["length"] for s in samples) / len(samples)
     if all("truncated" in s for s in samples):
@@ -285,6 +302,7 @@ def regrade(args):
     records, fields_used = [], set()
     for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
         where = f"{args.responses}: row {i + 1}"
+        row = rename_fields(row, {"question": args.question_key, "answer": args.answer_key})
         name, saved = saved_responses(row, args.dataset_name, args.response_field, where)
         fields_used.add(name)
         gold = gold_answer(args.dataset_name, row, where)
@@ -320,7 +338,7 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
     with its own seed, so the results do not depend on the batch size or on how many processes share
     the problems."""
     autocast_dtype = torch.bfloat16 if args.bf16 else None
-    per_batch = max(1, args.batch_size // args.num_generations)
+    per_batch = max(1, args.eval_batch_size // args.num_generations)
     records = []
     bar = tqdm(total=len(indices), desc="eval", dynamic_ncols=True, disable=not show_bar)
     for start in range(0, len(indices), per_batch):
@@ -335,14 +353,17 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
         texts = decode_responses(tokenizer, gen)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
         truncated = gen.truncated.tolist()  # [B]
+        problems = [i for i in chunk for _ in range(args.num_generations)]
+        graded = env.score_all(texts, problems, gen.completion_ids())  # (reward, info)
         for p, i in enumerate(chunk):
             samples = []
             for row in range(p * args.num_generations, (p + 1) * args.num_generations):
-                reward, info = env.score(texts[row], i)
+                reward, info = graded[row]
                 samples.append({"response": texts[row], "reward": reward,
                                 "correct": bool(info["correct"]),
                                 "pred": info["pred"], "format_ok": bool(info["format_ok"]),
-                                "length": lengths[row], "truncated": truncated[row]})
+                                "length": lengths[row], "truncated": truncated[row],
+                                **({"rewards": info["rewards"]} if "rewards" in info else {})})
             example = env.examples[i]
             records.append({"index": i, "question": example["question"],
                             "answer": example["answer"],
@@ -382,11 +403,17 @@ def main(args):
         dist_info = init_distributed()
         rank, world, is_main = dist_info.rank, dist_info.world_size, dist_info.is_main
         set_seed(args.seed)
-        env_options = dict(template=args.template, num_few_shot=args.num_few_shot)
+        env_options = dict(template=args.template, num_few_shot=args.num_few_shot,
+                           system_prompt=args.system_prompt,
+                           keys={"question": args.question_key, "answer": args.answer_key},
+                           reward_funcs=[load_reward_fn(spec) for spec in args.reward_fn or ()],
+                           reward_weights=args.reward_weights)
         if args.dataset_name == "arithmetic":
             env_options["difficulty"] = args.difficulty
         env = make_env(args.dataset_name, args.split, path=args.dataset_path, seed=args.seed,
-                       **env_options)
+                       say=print0, **env_options)
+        if args.levels is not None:
+            filter_math(env, None, args.levels, print0)
         indices = problem_indices(len(env), args.num_eval_problems)
         max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.dataset_name, 512)
         ks = sorted(set(args.k or [1, args.num_generations]))

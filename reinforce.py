@@ -157,7 +157,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                         args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
     texts = decode_responses(tokenizer, gen)
-    graded = [env.score(text, problems[k // G]) for k, text in enumerate(texts)]  # (reward, info)
+    # (reward, info): the verifier, plus your own --reward_fn rewards
+    graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
     return Episodes.single_turn(gen, texts, scores, correct, problems)
@@ -341,6 +342,7 @@ def main(args):
             "reward/mean": scores.mean().item(),
             "reward/std": scores.std(unbiased=False).item(),
             "reward/grader_timeouts": run.grader_timeouts() / N,
+            **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
             "accuracy": ep.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": ep.truncated.float().mean().item(),

@@ -434,6 +434,7 @@ def main(args):
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std(unbiased=False).item(),
             "reward/grader_timeouts": run.grader_timeouts() / max(1, len(episodes)),
+            **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "value/mean": masked_mean(values, mask).item(),

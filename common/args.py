@@ -53,6 +53,12 @@ class TrainArgs:
     """system prompt text (default: the task's own)"""
     num_few_shot: int = 1
     """worked examples put in each prompt (one shows the answer format the verifier needs)"""
+    reward_fn: Optional[list[str]] = None
+    """your own reward function(s) in TRL's convention, f(completions, **row_fields) -> floats:
+    file.py:name or module:name. Your code, run in this process (docs/your_own_task.md)"""
+    reward_weights: Optional[list[float]] = None
+    """weights of the verifier and then each --reward_fn (default: 1 each; a verifier weight 0
+    trains on your rewards alone)"""
     # ---- the run
     output_dir: Optional[str] = None
     """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: runs/<file>)"""

@@ -15,6 +15,7 @@ a marker there is no reward.
 
 import ast
 import json
+import math
 import operator
 import random
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from common.errors import PathError, UsageError
 from common.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal, unicode_math
+from common.rewards import call_reward_fn, load_reward_fn, weighted_sum
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
@@ -327,15 +329,18 @@ class Task:
         if path is not None and is_hub_id(path):
             name, config, hub_split = str(path), None, split
         elif path is not None:
-            rows = [_renamed(row, keys) for row in read_rows(path, cls.name)]
-            return [cls.from_row(row, f"{path}: row {i + 1}") for i, row in enumerate(rows)]
+            rows = read_rows(path, cls.name)
+            # "row": the row as the file has it, whose fields a --reward_fn receives
+            return [{**cls.from_row(rename_fields(row, keys), f"{path}: row {i + 1}"), "row": row}
+                    for i, row in enumerate(rows)]
         else:
             name, config, hub_split = cls.hub[split]
-        rows = [_renamed(row, keys) for row in load_hub_rows(name, config, hub_split)]
+        rows = load_hub_rows(name, config, hub_split)
         examples, errors = [], []
         for i, row in enumerate(rows):
             try:
-                examples.append(cls.from_row(row, f"{name} row {i + 1}"))
+                examples.append({**cls.from_row(rename_fields(row, keys), f"{name} row {i + 1}"),
+                                 "row": row})
             # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
             except ValueError as e:
                 errors.append(e)
@@ -598,6 +603,13 @@ class GSM8K(Task):
         return {"question": question, "answer": answer, "solution": solution}
 
 
+def _is_prose(answer: str) -> bool:
+    """Does a gold answer read as sentences (a worked solution) rather than an answer? Four words
+    in a row outside math, as in "We have 3 + 4 = 7 apples", which no answer of MATH has."""
+    outside = re.sub(r"\$[^$]*\$|\\\(.*?\\\)|\\text\{[^{}]*\}", " ", answer)
+    return re.search(r"[A-Za-z]{2,}(?:\s+[A-Za-z]+[,.]?){3}", outside) is not None
+
+
 @register
 class MATH(Task):
     """Competition math (Hendrycks MATH). Gold = `answer`, or the last \\boxed{} of `solution`."""
@@ -616,6 +628,15 @@ class MATH(Task):
     def from_row(cls, row, where):
         question = _field(row, ("problem", "question"), cls.name, where)
         answer = row.get("answer") or row.get("final_answer")
+        if answer is not None and ("\\boxed" in str(answer) or "\\fbox" in str(answer)):
+            answer = last_boxed(str(answer))  # a worked solution as the gold: its final answer
+            if answer is None:
+                raise UsageError(f"{where}: the answer field holds a solution whose \\boxed{{}} is "
+                                 "empty; point --answer_key at the final answer")
+        elif answer is not None and _is_prose(str(answer)):
+            raise UsageError(f"{where}: the answer field holds text, not a final answer "
+                             f"({str(answer)[:60]!r}...); point --answer_key at the final answer, "
+                             "or at a solution that ends in \\boxed{}")
         if answer is None:
             answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name,
                                        where))
@@ -692,7 +713,7 @@ def load_hub_rows(name, config, split) -> list[dict]:
         ) from e
 
 
-def _renamed(row: dict, keys) -> dict:
+def rename_fields(row: dict, keys) -> dict:
     """The row with keys["question"] / keys["answer"] (oat's --input_key / --output_key) copied to
     the names the tasks read."""
     if not keys:
@@ -758,6 +779,7 @@ def read_rows(path, task: str) -> list[dict]:
 ENV_OPTIONS = {
     "template": "chat", "system_prompt": None, "num_few_shot": 0, "stepwise": False,
     "step_tag": "\n", "max_steps": 10, "reward_fn": None, "calc_annotations": False, "keys": None,
+    "reward_funcs": (), "reward_weights": None,
 }
 # a GSM8K-style calculator span in a few-shot solution
 CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
@@ -765,8 +787,9 @@ CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
 
 def _task(name: str) -> type[Task]:
     if name not in TASKS:
-        raise UsageError(f"unknown task {name!r}; registered tasks: {', '.join(TASKS)} (add one "
-                         "with @register in common/env.py)")
+        raise UsageError(f"unknown task {name!r}; the tasks are {', '.join(TASKS)}. For your own "
+                         "data and reward, pass a file with the task whose answers it holds and "
+                         "--reward_fn file.py:name (docs/your_own_task.md)")
     return TASKS[name]
 
 
@@ -776,7 +799,8 @@ def verify(task: str, response: str, answer: str) -> float:
     return _task(task).grade(response, answer)[0]
 
 
-def make_env(task: str, split: str = "train", path=None, seed: int = 0, **options) -> "MathEnv":
+def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=print,
+             **options) -> "MathEnv":
     """Build an env over a task's problems.
 
     task: one of TASKS ("arithmetic", "countdown", "gsm8k", "math").
@@ -795,6 +819,9 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
         max_steps=10         a stepwise episode ends after this many steps
         reward_fn=None       reward_fn(example, steps, done) -> float replaces the per-step reward
                              (default: the verifier on the final step, 0.0 before)
+        reward_funcs=()      (name, function) pairs in TRL's convention (common/rewards.py), added
+                             to the verifier's reward of every graded response
+        reward_weights=None  the verifier's weight, then each function's (default: 1 each)
         calc_annotations=False  keep the <<expr>> calculator spans of the few-shot solutions
                              ("4 * 7 = <<4*7>>28"), for a policy that has a calculator; by default
                              they are removed
@@ -813,7 +840,7 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, **option
     task_options = {k: options.get(k, default) for k, default in cls.options.items()}
     keys = env_options.pop("keys")
     _check_options(**env_options)  # fail on a bad option before loading any data
-    few_shot = load_few_shot(cls, env_options.pop("num_few_shot"))
+    few_shot = load_few_shot(cls, env_options.pop("num_few_shot"), say)
     examples = cls.load(split, path, seed, keys, **task_options)
     return MathEnv(cls, examples, seed=seed, few_shot=few_shot, **env_options)
 
@@ -850,21 +877,18 @@ def resolve_task(args, say=print):
         task, subject = "math", task.lower()
     elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):  # TRL's way: the data
         task, path = None, path or task
-        if args.eval_dataset_path is None and args.num_eval_problems and Path(path).is_file():
-            args.eval_dataset_path = path
-            say(f"--dataset_name {path}: no held-out file given, so evaluation reads this file too "
-                f"(--eval_dataset_path for a held-out one)")
     elif task not in TASKS:
         raise UsageError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH "
                          f"subject ({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
+    keys = {"question": args.question_key, "answer": args.answer_key}
     if path is not None and Path(path).is_file() and task in (None, "arithmetic"):
-        found = detect_task(read_rows(path, "arithmetic"))
+        found = detect_task([rename_fields(read_rows(path, "arithmetic")[0], keys)])
         if task is not None and found != task:
             say(f"{path}: its fields are those of the {found} task, not arithmetic: reading it as "
                 f"{found}")
         task = found
     elif task is None:  # a hub dataset named by --dataset_name: its fields decide
-        task = detect_task(load_hub_rows(path, None, "train")[:1])
+        task = detect_task([rename_fields(load_hub_rows(path, None, "train")[0], keys)])
     args.dataset_name, args.dataset_path = (subject or task), path  # what is run, in args.json
     return task, path, subject
 
@@ -872,27 +896,49 @@ def resolve_task(args, say=print):
 def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
     """(train env, held-out env or None when args.num_eval_problems is 0), from the options all five
     files share (common/args.py): the task and its files (`resolve_task`), keys, filters, template,
-    system prompt and few-shot examples."""
+    system prompt, few-shot examples and your own reward functions. A training file without an
+    --eval_dataset_path gives up a held-out slice of its rows (`hold_out`)."""
     task, path, subject = resolve_task(args, say)
     options = dict(template=args.template, num_few_shot=args.num_few_shot,
                    system_prompt=args.system_prompt,
-                   keys={"question": args.question_key, "answer": args.answer_key})
+                   keys={"question": args.question_key, "answer": args.answer_key},
+                   reward_funcs=[load_reward_fn(spec) for spec in args.reward_fn or ()],
+                   reward_weights=args.reward_weights)
     if task == "arithmetic":
         options["difficulty"] = args.difficulty
-    train = make_env(task, "train", path=path, seed=args.seed,
+    train = make_env(task, "train", path=path, seed=args.seed, say=say,
                      **{**options, **(stepwise_options or {})})
     evaluation = None
     if args.num_eval_problems:
         eval_options = {**options, **((stepwise_options or {}) if stepwise_eval else {})}
-        evaluation = make_env(task, "test", path=args.eval_dataset_path, seed=args.seed,
-                              **eval_options)
+        own_file = args.eval_dataset_path is None and path is not None and Path(path).is_file()
+        evaluation = make_env(task, "test", path=path if own_file else args.eval_dataset_path,
+                              seed=args.seed, say=lambda _: None, **eval_options)
+        if own_file:
+            hold_out(train, evaluation, args.num_eval_problems, args.seed, path, say)
     for env in (train, evaluation):
         if env is not None and (subject or args.levels):
-            _filter_math(env, subject, args.levels, say)
+            filter_math(env, subject, args.levels, say)
     return train, evaluation
 
 
-def _filter_math(env, subject, levels, say):
+def hold_out(train, evaluation, num_eval_problems, seed, path, say=print):
+    """Split one file's problems, in place: a seeded random fifth of them (at most
+    num_eval_problems) for evaluation, the rest for training. train and evaluation hold the same
+    rows in the same order (both read `path`)."""
+    n = min(num_eval_problems, len(train) // 5)
+    if n == 0:
+        say(f"{path}: {len(train)} rows are too few to hold a fifth out, so evaluation reads the "
+            "training rows (--eval_dataset_path for a held-out file)")
+        return
+    held = set(random.Random(seed).sample(range(len(train)), n))
+    evaluation.examples = [ex for i, ex in enumerate(evaluation.examples) if i in held]
+    train.examples = [ex for i, ex in enumerate(train.examples) if i not in held]
+    say(f"{path}: no --eval_dataset_path, so {n} of its {len(train) + n} rows are held out for "
+        f"evaluation and {len(train)} train")
+
+
+def filter_math(env, subject, levels, say):
     """Keep the problems of one MATH subject and/or some levels, in place. Subjects are spelled
     as the hub's 'type' or MATH-500's 'subject' ("Counting & Probability"); levels as 3 or
     "Level 3"."""
@@ -928,7 +974,7 @@ def _level_number(level) -> int:
 
 
 def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, max_steps, reward_fn,
-                   calc_annotations):
+                   calc_annotations, reward_funcs, reward_weights):
     if template not in ("chat", "plain"):
         raise ValueError(f"template must be 'chat' or 'plain', got {template!r}")
     if not isinstance(num_few_shot, int) or num_few_shot < 0:
@@ -938,6 +984,10 @@ def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, ma
     if reward_fn is not None and not callable(reward_fn):
         raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, "
                          "or None")
+    if reward_weights is not None and len(reward_weights) != 1 + len(reward_funcs):
+        raise UsageError(f"--reward_weights {' '.join(map(str, reward_weights))}: give "
+                         f"{1 + len(reward_funcs)} weights, the verifier's first, then one per "
+                         f"--reward_fn ({', '.join(name for name, _ in reward_funcs) or 'none'})")
 
 
 class MathEnv:
@@ -945,9 +995,11 @@ class MathEnv:
     stepwise."""
 
     def __init__(self, task, examples, seed, template, system_prompt, few_shot, stepwise, step_tag,
-                 max_steps, reward_fn,
-                 calc_annotations):
+                 max_steps, reward_fn, calc_annotations, reward_funcs=(), reward_weights=None):
         self.task, self.examples, self.rng = task, examples, random.Random(seed)
+        self.reward_funcs = list(reward_funcs)  # (name, function): your own rewards
+        self.reward_weights = reward_weights or [1.0] * (1 + len(self.reward_funcs))
+        self.reward_log = {}  # name -> the values since reward_metrics() last read them
         self.calc_annotations = calc_annotations
         self.template, self.stepwise, self.step_tag = template, stepwise, step_tag
         self.max_steps, self.reward_fn, self.few_shot = max_steps, reward_fn, few_shot
@@ -994,13 +1046,44 @@ class MathEnv:
         self._prompt = self.prompt(self.index)
         return self._prompt
 
-    def score(self, response: str, index: int) -> tuple[float, dict]:
-        """Grade a full response to problem `index`: (reward, info). Stateless, for batched
-        callers."""
+    def verify(self, response: str, index: int) -> tuple[float, dict]:
+        """The task's verifier on a full response to problem `index`: (reward, info)."""
         answer = self.examples[index]["answer"]
         reward, pred, format_ok = self.task.grade(response, answer)
         return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
                         "answer": answer, "steps": 1}
+
+    def score(self, response: str, index: int) -> tuple[float, dict]:
+        """Grade a full response to problem `index`: (reward, info)."""
+        return self.score_all([response], [index])[0]
+
+    def score_all(self, responses: list, indices: list, completion_ids=None) -> list:
+        """Grade responses (response k answers problem indices[k]): [(reward, info)]. The reward is
+        the task's verifier, plus each --reward_fn called once on the whole batch, weighted."""
+        graded = [self.verify(response, index) for response, index in zip(responses, indices)]
+        if not self.reward_funcs:
+            return graded
+        chat = self.template == "chat"
+        prompts = [self.prompt(i) for i in indices]
+        completions = [[{"role": "assistant", "content": r}] if chat else r for r in responses]
+        rows = [self.examples[i].get("row", self.examples[i]) for i in indices]
+        columns = [[reward for reward, _ in graded]] + [
+            call_reward_fn(name, fn, prompts, completions, completion_ids, rows)
+            for name, fn in self.reward_funcs]
+        names = ["verifier"] + [name for name, _ in self.reward_funcs]
+        for name, column in zip(names, columns):
+            self.reward_log.setdefault(name, []).extend(v for v in column if v is not None)
+        total = weighted_sum(columns, self.reward_weights)
+        return [(reward, {**info, "rewards": dict(zip(names, values))})
+                for reward, (_, info), values in zip(total, graded, zip(*columns))]
+
+    def reward_metrics(self) -> dict:
+        """{"rewards/<name>/mean": ...} of the verifier and each --reward_fn over the responses
+        graded since the last call (None values left out); {} without a --reward_fn."""
+        out = {f"rewards/{name}/mean": sum(values) / len(values) if values else math.nan
+               for name, values in self.reward_log.items()}
+        self.reward_log.clear()  # in place: the stepwise episodes' copies of this env share it
+        return out
 
     def step(self, action: str):
         """Single-turn: grade the whole response; obs is None, done is True.
@@ -1038,12 +1121,16 @@ class MathEnv:
         return self._prompt + [{"role": "assistant", "content": text}]
 
 
-def load_few_shot(task: type[Task], k: int) -> list[dict]:
-    """The first k worked examples of data/few_shot_<task>.jsonl."""
+def load_few_shot(task: type[Task], k: int, say=print) -> list[dict]:
+    """The first k worked examples of data/few_shot_<task>.jsonl; none for a task without one."""
     if k == 0:
         return []
     path = DATA_DIR / f"few_shot_{task.name}.jsonl"
-    rows = read_rows(path, task.name) if path.is_file() else []
+    if not path.is_file():  # a task of your own: the system prompt alone states the format
+        say(f"task {task.name}: no worked examples ({path.relative_to(DATA_DIR.parent)} does not "
+            "exist), so the prompts have none")
+        return []
+    rows = read_rows(path, task.name)
     if k > len(rows):
         raise UsageError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot "
                          f"<= {len(rows)}")

@@ -77,6 +77,11 @@ class Generation:
         mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
         return ids, mask
 
+    def completion_ids(self):
+        """Each row's sampled token ids, as lists (what TRL passes a reward function)."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids,
+                                                                  self.response_mask)]
+
     def rows(self, index):
         """The rows `index` (a list or tensor of row numbers) as a Generation."""
         return Generation(*(x[index] for x in vars(self).values()))

@@ -41,12 +41,12 @@ def test_reward(action, count=True):
 
 class TestRewardEnv(envlib.MathEnv):
     def step(self, action):
-        # single-turn, step() grades the response with score() below
+        # single-turn, step() grades the response with verify() below
         obs, reward, done, info = super().step(action)
         return obs, test_reward(action) if self.stepwise else reward, done, info
 
-    def score(self, response, index):
-        reward, info = super().score(response, index)
+    def verify(self, response, index):  # what score() and score_all() call for each response
+        reward, info = super().verify(response, index)
         if self.stepwise:
             # an episode that the policy closes with EOS is graded here, after step() rewarded its
             # last step (and counted it): the same reward, not the verifier's

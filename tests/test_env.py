@@ -205,8 +205,9 @@ def test_generated_problems_are_right():
         if ex["level"] < 5:
             assert safe_arith(ex["question"].removeprefix("What is ").removesuffix("?")) == int(ex["answer"])
         assert int(ex["answer"]) >= 0
-    assert make_env("arithmetic", split="test").examples[0] == {"question": "What is 66 + 24?",
-                                                                "answer": "90", "level": 1}
+    first = {"question": "What is 66 + 24?", "answer": "90", "level": 1}
+    # a file's row is kept as it is: its fields are what a --reward_fn receives
+    assert make_env("arithmetic", split="test").examples[0] == {**first, "row": first}
 
 
 def test_make_splits_is_deterministic(tmp_path):
@@ -240,10 +241,11 @@ def test_local_file_formats(tmp_path):
 
 def test_errors(tmp_path):
     with pytest.raises(ValueError,
-                       match="unknown task 'gsm9k'; registered tasks: arithmetic, countdown, "
-                             "gsm8k, math"):
+                       match="unknown task 'gsm9k'; the tasks are arithmetic, countdown, "
+                             r"gsm8k, math\. For your own data and reward, pass a file .* "
+                             r"--reward_fn file\.py:name \(docs/your_own_task\.md\)"):
         make_env("gsm9k")
-    with pytest.raises(ValueError, match="registered tasks"):
+    with pytest.raises(ValueError, match="the tasks are"):
         verify("gsm9k", "1", "1")
     with pytest.raises(PathError,
                        match=r"nope\.jsonl.*path=.*--dataset_path.*openai/gsm8k"):

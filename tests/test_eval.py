@@ -280,14 +280,14 @@ def test_sampled_eval_is_the_same_with_any_batch_size_and_under_torchrun(checkpo
 
     def make_env_even(*a, **kw):
         env = real_make_env(*a, **kw)
-        env.score = lambda text, i: (float(len(text) % 2 == 0),
+        env.verify = lambda text, i: (float(len(text) % 2 == 0),
                                      {"correct": len(text) % 2 == 0, "format_ok": True,
                                       "pred": str(len(text) % 2)})
         return env
 
     monkeypatch.setattr(ev, "make_env", make_env_even)
     args = parse_args(ev.Args,
-                      common + ["--batch_size", "12", "--output", str(tmp_path / "one.jsonl")])
+                      common + ["--eval_batch_size", "12", "--output", str(tmp_path / "one.jsonl")])
     summary = ev.main(args)
     one, two = read_jsonl(tmp_path / "one.jsonl"), read_jsonl(tmp_path / "two.jsonl")
     texts = [[s["response"] for s in r["responses"]] for r in one]

@@ -195,6 +195,8 @@ def test_trl_grpo_cli(model, tmp_path):
     assert "--reward_funcs accuracy_reward: the task's verifier is the reward" in out
     assert "--push_to_hub:" in out
     args = one_update(tmp_path / "Qwen2-0.5B-GRPO")
-    # TRL's data name: a file, for training and evaluation
-    assert args["dataset_path"] == args["eval_dataset_path"] == data
-    assert args["dataset_name"] == "gsm8k" and "evaluation reads this file too" in out
+    # TRL's data name: a file, for training and, a held-out fifth of its 8 rows, evaluation
+    assert args["dataset_path"] == data and args["eval_dataset_path"] is None
+    assert args["dataset_name"] == "gsm8k"
+    assert f"{data}: no --eval_dataset_path, so 1 of its 8 rows are held out for evaluation and 7 " \
+           "train" in out
