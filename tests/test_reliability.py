@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from common.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
-from common.logger import Logger
+from common.logger import Logger, json_line
 from common.models import load_tokenizer, tiny_random_model
 from common.errors import PathError, UsageError
 
@@ -460,6 +460,36 @@ def test_a_rerun_into_logs_without_a_checkpoint_refuses_or_keeps_every_line(tmp_
     assert json.loads((tmp_path / "metrics.2.jsonl").read_text())["x"] == 10
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["x"] == 20
     assert "metrics.jsonl: the earlier run's lines are kept in metrics.1.jsonl" in capsys.readouterr().out
+
+
+def strict(line):
+    """json.loads as jq reads a line: bare NaN, Infinity and -Infinity are errors."""
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_log_lines_are_strict_json_with_non_finite_values_null_and_counted(tmp_path):
+    logger = Logger(run_args(tmp_path))
+    logger.log(1, {"loss": math.nan, "grad_norm": math.inf, "reward/mean": 0.25})
+    logger.log_eval(1, {"eval/accuracy": 0.5})
+    logger.log_samples(1, [{"response": "r", "reward": -math.inf,
+                            "step_rewards": [1.0, math.nan, 0.5]}], show=0)
+    logger.close()
+    (metrics,) = [strict(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["loss"] is None and metrics["grad_norm"] is None
+    assert metrics["reward/mean"] == 0.25 and metrics["nonfinite"] == 2
+    (evaluation,) = [strict(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert evaluation["eval/accuracy"] == 0.5 and "nonfinite" not in evaluation  # only when > 0
+    (sample,) = [strict(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert sample["reward"] is None and sample["step_rewards"] == [1.0, None, 0.5]
+    assert sample["nonfinite"] == 2
+    # a float subclass (numpy's float64) too; and a line without them is what json.dumps writes
+    import numpy as np
+
+    assert json_line({"x": np.float64("inf"), "y": (2.0, -1)}) == '{"x": null, "y": [2.0, -1], "nonfinite": 1}'
+    assert json_line({"step": 3, "x": 0.5}) == '{"step": 3, "x": 0.5}'
 
 
 def test_divergence_is_said_once(tmp_path, capsys):
