@@ -98,8 +98,9 @@ class Logger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(self.dir / "tb"))
-        except ImportError:
-            pass
+        except ImportError:  # an optional extra: the jsonl logs hold the same numbers
+            print0("TensorBoard logs are not written: tensorboard is not installed (pip install -r "
+                   "requirements-extra.txt)")
         self.wandb = None
         if args.track:
             import wandb

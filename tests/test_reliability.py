@@ -171,7 +171,7 @@ def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name,
                         *a: None if name == "wandb" else find_spec(name, *a))
     module, args = algo_args(algo, output_dir=str(tmp_path), track=True)
-    with pytest.raises(ImportError, match="pip install wandb, or drop --track"):
+    with pytest.raises(ImportError, match=r"pip install -r requirements-extra.txt \(wandb and tensorboard\), or drop --track"):
         module.check_args(args, world_size=1)
 
 
@@ -490,6 +490,18 @@ def test_log_lines_are_strict_json_with_non_finite_values_null_and_counted(tmp_p
 
     assert json_line({"x": np.float64("inf"), "y": (2.0, -1)}) == '{"x": null, "y": [2.0, -1], "nonfinite": 1}'
     assert json_line({"step": 3, "x": 0.5}) == '{"step": 3, "x": 0.5}'
+
+
+def test_without_tensorboard_the_logger_names_the_extra_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
+    logger = Logger(run_args(tmp_path))
+    logger.log(1, {"x": 1.0})
+    logger.log(2, {"x": 2.0})
+    logger.close()
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert out.count("tensorboard is not installed (pip install -r requirements-extra.txt)") == 1
+    assert "Traceback" not in out and not (tmp_path / "tb").exists()
 
 
 def test_divergence_is_said_once(tmp_path, capsys):
