@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -611,3 +612,44 @@ def test_under_torchrun_an_error_of_every_rank_is_said_once_and_one_rank_s_by_it
     ours = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert ours == says, out.stderr[-3000:]
     assert "UsageError" not in out.stderr  # no traceback of ours; torchrun reports its own failure
+
+
+RESUME_ON_TWO_NODES = """import os, sys
+sys.path.insert(0, {root!r})
+from common.checkpoints import resume_point
+from common.distributed import init_distributed
+from common.errors import report_user_errors
+report_user_errors()
+init_distributed()
+# rank 1 reads sys.argv[2]: a second node whose --output_dir is its own disk, not rank 0's
+output_dir = sys.argv[1 + int(os.environ["RANK"])]
+print("rank", os.environ["RANK"], "starts at update", resume_point(output_dir, True, 5)[0])
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_resume_on_two_nodes_stops_unless_every_rank_sees_rank_0_s_checkpoint(shared, tmp_path):
+    import socket
+
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_ON_TWO_NODES.format(root=str(ROOT)))
+    run_dir, other_disk = tmp_path / "run", tmp_path / "node1"
+    (run_dir / "checkpoint-2").mkdir(parents=True)  # rank 0 wrote it, on rank 0's disk
+    torch.save({"step": 2, "optimizers": {}, "extra": {}}, run_dir / "checkpoint-2" / "trainer_state.pt")
+    other_disk.mkdir()
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(script), str(run_dir), str(run_dir if shared else other_disk)], ok=shared,
+              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if shared:
+        starts = sorted(line for line in out.stdout.splitlines() if line.startswith("rank"))
+        assert starts == ["rank 0 starts at update 2", "rank 1 starts at update 2"]
+        return
+    host = socket.gethostname()
+    # after init_process_group torch prefixes each line a rank writes with "[rankN]: "
+    lines = [re.sub(r"^\[rank\d+\]: ", "", line) for line in out.stderr.splitlines()]
+    ours = [line for line in lines if line.startswith("error")]
+    # it used to start rank 1 at update 0 beside rank 0's update 2, and say nothing
+    assert ours == [f"error: --resume: rank 1 (on {host}) sees no checkpoint in {run_dir} but rank 0 (on {host}) "
+                    "sees checkpoint-2; on several nodes --output_dir must be a shared filesystem that every "
+                    "node reads."], out.stderr[-3000:]
+    assert "starts at update" not in out.stdout
