@@ -167,7 +167,8 @@ def model_stage(tiny):
 
 
 def finite(x):
-    return not isinstance(x, float) or math.isfinite(x)
+    """Whether a logged value is finite: the logs write NaN and inf as null (common.logger)."""
+    return x is not None and (not isinstance(x, float) or math.isfinite(x))
 
 
 def read_run(folder, child_json):

@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import shutil
+import socket
 from pathlib import Path
 
 import torch
@@ -127,7 +128,8 @@ def resume_point(output_dir, resume, max_steps):
     lost). With --resume: the newest complete checkpoint, falling back past a corrupt one with a
     message; none at all starts from update 0, said plainly (the logger keeps the earlier lines
     aside); a checkpoint beyond --max_steps is an error; one at --max_steps means the run is
-    finished, and the process exits."""
+    finished, and the process exits. Under torchrun every rank must find the same checkpoint
+    (same_checkpoint_on_every_rank)."""
     found = checkpoints(output_dir)
     if not resume:
         if found:
@@ -142,25 +144,46 @@ def resume_point(output_dir, resume, max_steps):
                             "a new run, or --resume to start again from update 0 with those logs "
                             "kept aside.")
         return 0, None, None
+    path, state = _newest_complete(found)
+    same_checkpoint_on_every_rank(output_dir, path)
+    if path is None:
+        print0(f"--resume: no complete checkpoint in {output_dir}; starting from update 0")
+        return 0, None, None
+    if state["step"] > max_steps:
+        raise UsageError(f"--resume: {path} is at update {state['step']}, beyond --max_steps "
+                         f"{max_steps}; "
+                         f"pass --max_steps {state['step']} or more (or another --output_dir).")
+    if state["step"] == max_steps:
+        print0(f"--resume: {path} is already at --max_steps {max_steps}: nothing to do "
+               f"(raise --max_steps to train further)")
+        raise SystemExit(0)
+    print0(f"resuming from {path} at update {state['step']}")
+    return state["step"], path, state
+
+
+def _newest_complete(found):
+    """(checkpoint folder, trainer state) of the first of `found` (newest first) that loads, or
+    (None, None): a corrupt one is named and the one before it tried."""
     for path in found:
         try:
-            state = load_trainer_state(path)
+            return path, load_trainer_state(path)
         except UserError:  # a file that would run code is not corrupt: stop, and say so
             raise
         # a truncated file, a bad zip, a missing trainer_state.pt: try the one before
         except Exception as e:
             print0(f"--resume: {path} is corrupt ({type(e).__name__}: {e}); falling back to the "
                    "previous checkpoint")
-            continue
-        if state["step"] > max_steps:
-            raise UsageError(f"--resume: {path} is at update {state['step']}, beyond --max_steps "
-                             f"{max_steps}; "
-                             f"pass --max_steps {state['step']} or more (or another --output_dir).")
-        if state["step"] == max_steps:
-            print0(f"--resume: {path} is already at --max_steps {max_steps}: nothing to do "
-                   f"(raise --max_steps to train further)")
-            raise SystemExit(0)
-        print0(f"resuming from {path} at update {state['step']}")
-        return state["step"], path, state
-    print0(f"--resume: no complete checkpoint in {output_dir}; starting from update 0")
-    return 0, None, None
+    return None, None
+
+
+def same_checkpoint_on_every_rank(output_dir, path):
+    """Stop unless every rank resumes from the same checkpoint. Rank 0 alone writes checkpoints and
+    each rank looks for them on its own disk, so on several nodes without a shared --output_dir the
+    other nodes would find none and train on from update 0 beside rank 0's update N, silently."""
+    seen = all_gather_objects((path.name if path else None, socket.gethostname()))
+    said = [f"rank {rank} (on {host}) sees {name or 'no checkpoint'}"
+            for rank, (name, host) in enumerate(seen)]
+    other = next((rank for rank, (name, _) in enumerate(seen) if name != seen[0][0]), None)
+    if other is not None:
+        raise PathError(f"--resume: {said[other]} in {output_dir} but {said[0]}; on several nodes "
+                        "--output_dir must be a shared filesystem that every node reads.")

@@ -83,8 +83,8 @@ def check_common_args(args, world_size=1):
                          "are gathered from shards for each rollout: drop one of the two.")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise PackageError("--track logs to Weights & Biases, which is not installed: pip install "
-                           "wandb, or drop "
-                           "--track (metrics.jsonl and TensorBoard logs are written anyway).")
+                           "-r requirements-extra.txt (wandb and tensorboard), or drop --track "
+                           "(metrics.jsonl is written anyway, TensorBoard logs when installed).")
     check_model_name(args.model_name_or_path)
 
 

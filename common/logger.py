@@ -12,6 +12,32 @@ from common.distributed import print0
 
 
 LOG_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")  # in the run's output_dir
+# The key of a log line that counts its NaN and inf values, each written as null (absent when 0).
+NONFINITE = "nonfinite"
+
+
+def json_line(record):
+    """`record` as one line of strict JSON. json.dumps would write NaN and inf as bare NaN and
+    Infinity, which jq and strict JSON readers reject; they become null (inside lists and dicts
+    too), and the line counts them under "nonfinite". allow_nan=False makes any value missed here an
+    error rather than a line no tool reads."""
+    count = 0
+
+    def finite(value):
+        nonlocal count
+        if isinstance(value, float) and not math.isfinite(value):
+            count += 1
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    record = finite(record)
+    if count:
+        record[NONFINITE] = count
+    return json.dumps(record, allow_nan=False)
 
 
 def mean_of(stats):
@@ -38,7 +64,8 @@ def report_end(first_acc, final_acc, path, adapter=False):
 class Logger:
     """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update),
     samples.jsonl, eval.jsonl, TensorBoard when installed, and wandb with track=True. On ranks other
-    than 0 every method is a no-op.
+    than 0 every method is a no-op. Every line is strict JSON (json_line): a NaN or inf is null, and
+    the line's "nonfinite" key says how many there were.
 
     A run from update 0 starts the three files anew; lines an earlier run left there (a run killed
     before its first checkpoint, continued with --resume) are kept as metrics.1.jsonl and so on. A
@@ -71,8 +98,9 @@ class Logger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(self.dir / "tb"))
-        except ImportError:
-            pass
+        except ImportError:  # an optional extra: the jsonl logs hold the same numbers
+            print0("TensorBoard logs are not written: tensorboard is not installed (pip install -r "
+                   "requirements-extra.txt)")
         self.wandb = None
         if args.track:
             import wandb
@@ -125,8 +153,8 @@ class Logger:
         self._show(step, metrics)
 
     def _write(self, file, step, metrics):
-        file.write(json.dumps({"step": step, "time": round(time.time() - self.start, 2),
-                               **metrics}) + "\n")
+        file.write(json_line({"step": step, "time": round(time.time() - self.start, 2),
+                              **metrics}) + "\n")
         file.flush()
         if self.tb:
             for k, v in metrics.items():
@@ -145,7 +173,7 @@ class Logger:
         if not self.enabled:
             return
         for s in samples:
-            self.samples_file.write(json.dumps({"step": step, **s}) + "\n")
+            self.samples_file.write(json_line({"step": step, **s}) + "\n")
         self.samples_file.flush()
         for s in samples[:show]:
             self.bar.write(f"[step {step}] reward={s.get('reward')}  "

@@ -57,7 +57,8 @@ def kl_key(metrics):
 
 
 def series(rows, key):
-    """(steps, times, values) of the rows that hold `key`."""
+    """(steps, times, values) of the rows that hold `key` as a number: a null (a NaN or inf, as the
+    logs write them) leaves a gap, not a point."""
     rows = [row for row in rows if isinstance(row.get(key), (int, float))]
     steps, times = [r["step"] for r in rows], [r.get("time", float("nan")) for r in rows]
     return steps, times, [float(r[key]) for r in rows]

@@ -1,6 +1,7 @@
 """common/plot.py: reading run logs (resumed runs included) and drawing the PNG files."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from common import plot
+from common.logger import json_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +35,16 @@ def test_read_log_stitches_a_resumed_run(tmp_path):
     assert [r["time"] for r in rows] == [10.0, 20.0, 42.0, 52.0]  # 30 + 12, 30 + 22
     assert rows[2]["reward/mean"] == 0.35  # the replayed step keeps its last value
     assert plot.read_log(tmp_path / "missing.jsonl") == []
+
+
+def test_a_nan_the_logger_wrote_as_null_is_skipped(tmp_path):
+    lines = [{"step": 1, "time": 1.0, "explained_variance": 0.5},
+             {"step": 2, "time": 2.0, "explained_variance": math.nan},  # returns all equal: 0 / 0
+             {"step": 3, "time": 3.0, "explained_variance": -0.25}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json_line(x) + "\n" for x in lines))
+    rows = plot.read_log(tmp_path / "metrics.jsonl")
+    assert rows[1]["explained_variance"] is None and rows[1]["nonfinite"] == 1
+    assert plot.series(rows, "explained_variance") == ([1, 3], [1.0, 3.0], [0.5, -0.25])
 
 
 def test_kl_key_labels_and_ema():

@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 
 from common.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
-from common.logger import Logger
+from common.logger import Logger, json_line
 from common.models import load_tokenizer, tiny_random_model
 from common.errors import PathError, UsageError
 
@@ -171,7 +172,7 @@ def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name,
                         *a: None if name == "wandb" else find_spec(name, *a))
     module, args = algo_args(algo, output_dir=str(tmp_path), track=True)
-    with pytest.raises(ImportError, match="pip install wandb, or drop --track"):
+    with pytest.raises(ImportError, match=r"pip install -r requirements-extra.txt \(wandb and tensorboard\), or drop --track"):
         module.check_args(args, world_size=1)
 
 
@@ -462,6 +463,48 @@ def test_a_rerun_into_logs_without_a_checkpoint_refuses_or_keeps_every_line(tmp_
     assert "metrics.jsonl: the earlier run's lines are kept in metrics.1.jsonl" in capsys.readouterr().out
 
 
+def strict(line):
+    """json.loads as jq reads a line: bare NaN, Infinity and -Infinity are errors."""
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_log_lines_are_strict_json_with_non_finite_values_null_and_counted(tmp_path):
+    logger = Logger(run_args(tmp_path))
+    logger.log(1, {"loss": math.nan, "grad_norm": math.inf, "reward/mean": 0.25})
+    logger.log_eval(1, {"eval/accuracy": 0.5})
+    logger.log_samples(1, [{"response": "r", "reward": -math.inf,
+                            "step_rewards": [1.0, math.nan, 0.5]}], show=0)
+    logger.close()
+    (metrics,) = [strict(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["loss"] is None and metrics["grad_norm"] is None
+    assert metrics["reward/mean"] == 0.25 and metrics["nonfinite"] == 2
+    (evaluation,) = [strict(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert evaluation["eval/accuracy"] == 0.5 and "nonfinite" not in evaluation  # only when > 0
+    (sample,) = [strict(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert sample["reward"] is None and sample["step_rewards"] == [1.0, None, 0.5]
+    assert sample["nonfinite"] == 2
+    # a float subclass (numpy's float64) too; and a line without them is what json.dumps writes
+    import numpy as np
+
+    assert json_line({"x": np.float64("inf"), "y": (2.0, -1)}) == '{"x": null, "y": [2.0, -1], "nonfinite": 1}'
+    assert json_line({"step": 3, "x": 0.5}) == '{"step": 3, "x": 0.5}'
+
+
+def test_without_tensorboard_the_logger_names_the_extra_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
+    logger = Logger(run_args(tmp_path))
+    logger.log(1, {"x": 1.0})
+    logger.log(2, {"x": 2.0})
+    logger.close()
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert out.count("tensorboard is not installed (pip install -r requirements-extra.txt)") == 1
+    assert "Traceback" not in out and not (tmp_path / "tb").exists()
+
+
 def test_divergence_is_said_once(tmp_path, capsys):
     logger = Logger(run_args(tmp_path, max_steps=20))
     for step, kl in enumerate([0.01, 0.012, 0.009, 0.011, 0.01, 0.01], 1):  # usual size ~0.01
@@ -569,3 +612,44 @@ def test_under_torchrun_an_error_of_every_rank_is_said_once_and_one_rank_s_by_it
     ours = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert ours == says, out.stderr[-3000:]
     assert "UsageError" not in out.stderr  # no traceback of ours; torchrun reports its own failure
+
+
+RESUME_ON_TWO_NODES = """import os, sys
+sys.path.insert(0, {root!r})
+from common.checkpoints import resume_point
+from common.distributed import init_distributed
+from common.errors import report_user_errors
+report_user_errors()
+init_distributed()
+# rank 1 reads sys.argv[2]: a second node whose --output_dir is its own disk, not rank 0's
+output_dir = sys.argv[1 + int(os.environ["RANK"])]
+print("rank", os.environ["RANK"], "starts at update", resume_point(output_dir, True, 5)[0])
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_resume_on_two_nodes_stops_unless_every_rank_sees_rank_0_s_checkpoint(shared, tmp_path):
+    import socket
+
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_ON_TWO_NODES.format(root=str(ROOT)))
+    run_dir, other_disk = tmp_path / "run", tmp_path / "node1"
+    (run_dir / "checkpoint-2").mkdir(parents=True)  # rank 0 wrote it, on rank 0's disk
+    torch.save({"step": 2, "optimizers": {}, "extra": {}}, run_dir / "checkpoint-2" / "trainer_state.pt")
+    other_disk.mkdir()
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(script), str(run_dir), str(run_dir if shared else other_disk)], ok=shared,
+              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if shared:
+        starts = sorted(line for line in out.stdout.splitlines() if line.startswith("rank"))
+        assert starts == ["rank 0 starts at update 2", "rank 1 starts at update 2"]
+        return
+    host = socket.gethostname()
+    # after init_process_group torch prefixes each line a rank writes with "[rankN]: "
+    lines = [re.sub(r"^\[rank\d+\]: ", "", line) for line in out.stderr.splitlines()]
+    ours = [line for line in lines if line.startswith("error")]
+    # it used to start rank 1 at update 0 beside rank 0's update 2, and say nothing
+    assert ours == [f"error: --resume: rank 1 (on {host}) sees no checkpoint in {run_dir} but rank 0 (on {host}) "
+                    "sees checkpoint-2; on several nodes --output_dir must be a shared filesystem that every "
+                    "node reads."], out.stderr[-3000:]
+    assert "starts at update" not in out.stdout
