@@ -55,8 +55,11 @@ def every(step, interval):
 def report_end(first_acc, final_acc, path, adapter=False):
     """The last line of a run: held-out accuracy before and after, and where the policy went."""
     accuracy = " -> ".join(f"{a:.3f}" for a in (first_acc, final_acc) if a is not None)
-    loads = ("a LoRA adapter: peft loads it" if adapter
-             else "AutoModelForCausalLM.from_pretrained loads it")
+    # the exact call that loads it, so that a reader can paste it; eval.py takes either folder
+    loads = (f"a LoRA adapter: peft.AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) loads "
+             f"it with its base, python eval.py --model_name_or_path {path} evaluates it"
+             if adapter else f"transformers.AutoModelForCausalLM.from_pretrained({str(path)!r}) "
+             "loads it")
     print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} "
            f"({loads})")
 

@@ -15,7 +15,9 @@ a scalar value per prefix, for the PPO family.
 import contextlib
 import fcntl
 import glob
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -163,7 +165,8 @@ def check_model_name(name, flag="--model_name_or_path"):
         if not path.is_dir():
             raise PathError(f"{flag} {name!r}: no such folder. Pass a folder written by "
                             f"save_pretrained (with config.json), {examples}.")
-        if not (path / "config.json").exists():
+        # a --lora_r checkpoint holds an adapter (adapter_config.json), which load_policy merges
+        if not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
             raise PathError(f"{flag} {name!r} has no config.json. Point it at a checkpoint folder "
                             "(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run "
                             "folder itself.")
@@ -224,6 +227,41 @@ def tiny_random_model(vocab_size=None, seed=0):
     return model
 
 
+def tiny_random_dir():
+    """tiny-random written once into the cache as a folder that from_pretrained loads, so that an
+    adapter trained on it can name its base (peft loads a folder or a hub id, not a name that only
+    mathrl knows). The folder is named after a digest of the config and weights: a transformers
+    release that builds the model differently writes a new folder, and the adapters trained on the
+    old one keep their base."""
+    model = tiny_random_model()
+    config = {k: v for k, v in model.config.to_dict().items() if k != "transformers_version"}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode() + tensor.numpy().tobytes())
+    out = cache_dir() / f"{TINY_RANDOM}-{digest.hexdigest()[:12]}"
+    if out.exists():  # the folder appears whole, by one rename
+        return out
+    tokenizer = load_tokenizer(TINY_RANDOM)  # before the lock, which its first call takes too
+    with _file_lock(cache_dir() / ".lock"):
+        if not out.exists():
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, out)
+    return out
+
+
+def base_model_path(name):
+    """Where the weights of `name` lie, for a LoRA adapter's config to record so that peft loads
+    its base offline: a reserved name's folder in the cache, a local folder's absolute path (the
+    adapter may be loaded from any working directory), a hub id as it is."""
+    if name == TINY_RANDOM:
+        return str(tiny_random_dir())
+    path = _resolve(name)
+    return str(Path(path).resolve()) if os.path.exists(path) else path
+
+
 def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=False):
     """The trainable policy. Weights stay in `dtype` (fp32 by default: --bf16 uses autocast on
     top)."""
@@ -234,8 +272,12 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
     elif (Path(name) / "adapter_config.json").is_file():  # a --lora_r checkpoint: merge it
         from peft import PeftConfig, PeftModel
 
-        base = load_policy(PeftConfig.from_pretrained(name).base_model_name_or_path, dtype)
-        model = PeftModel.from_pretrained(base, name).merge_and_unload()
+        base = PeftConfig.from_pretrained(name).base_model_name_or_path
+        if base.startswith("/") and not os.path.isdir(base):  # a checkpoint from another machine
+            raise PathError(f"{name} holds a LoRA adapter on {base}, which is not on this "
+                            f"machine: set base_model_name_or_path in {name}/adapter_config.json "
+                            "to the base model's folder or hub id.")
+        model = PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
@@ -273,7 +315,8 @@ def trained_policy(args, resume_from, device):
                              dtype=torch.bfloat16 if args.bf16 else torch.float32,
                              gradient_checkpointing=args.gradient_checkpointing)
         policy = add_lora(policy, args.lora_r, args.lora_alpha or 2 * args.lora_r,
-                          args.lora_target_modules, args.model_name_or_path, resume_from)
+                          args.lora_target_modules, base_model_path(args.model_name_or_path),
+                          resume_from)
     else:
         policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                              gradient_checkpointing=args.gradient_checkpointing)

@@ -39,17 +39,21 @@ def is_sharded(model) -> bool:
 # ------------------------------------------------------------------------------------------------
 def add_lora(policy, r, alpha, target_modules, base_name, resume_from=None):
     """LoRA adapters of rank r (scale alpha / r) on `target_modules` ('all-linear' or a comma list),
-    no dropout; the base weights freeze. base_name: the base model's name, which the adapter's
-    config records (load_policy reads it back). resume_from: a checkpoint folder with an adapter."""
+    no dropout; the base weights freeze. base_name: where the base model lies (a folder or a hub
+    id), which the adapter's config records for peft and load_policy to load it from. resume_from:
+    a checkpoint folder with an adapter."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if resume_from is not None:
-        return PeftModel.from_pretrained(policy, str(resume_from), is_trainable=True)
-    targets = target_modules if target_modules == "all-linear" else target_modules.split(",")
-    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
-                        bias="none", task_type="CAUSAL_LM")
-    policy = get_peft_model(policy, config)
-    # peft records the folder the weights came from (none for tiny-random): the name resolves too
+        policy = PeftModel.from_pretrained(policy, str(resume_from), is_trainable=True)
+    else:
+        targets = target_modules if target_modules == "all-linear" else target_modules.split(",")
+        config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
+                            bias="none", task_type="CAUSAL_LM")
+        policy = get_peft_model(policy, config)
+    # peft would record the folder the weights were read from: none for tiny-random, which is
+    # built in memory. A resumed checkpoint's record is replaced too, as one written before
+    # adapters named a folder holds a reserved name that peft cannot load.
     policy.peft_config["default"].base_model_name_or_path = base_name
     return policy
 

