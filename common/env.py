@@ -1079,9 +1079,13 @@ class MathEnv:
 
     def reward_metrics(self) -> dict:
         """{"rewards/<name>/mean": ...} of the verifier and each --reward_fn over the responses
-        graded since the last call (None values left out); {} without a --reward_fn."""
+        graded since the last call (None values left out; NaN where none was graded, so that every
+        update and every rank logs the same keys); {} without a --reward_fn."""
+        if not self.reward_funcs:
+            return {}
+        names = ["verifier"] + [name for name, _ in self.reward_funcs]
         out = {f"rewards/{name}/mean": sum(values) / len(values) if values else math.nan
-               for name, values in self.reward_log.items()}
+               for name in names for values in [self.reward_log.get(name, [])]}
         self.reward_log.clear()  # in place: the stepwise episodes' copies of this env share it
         return out
 

@@ -49,7 +49,10 @@ def test_a_reward_fn_gets_the_rows_own_fields_and_is_weighted_with_the_verifier(
     assert env.reward_metrics() == {"rewards/verifier/mean": 0.5,
                                     "rewards/names_the_unit/mean": pytest.approx(1 / 3),
                                     "rewards/starts_with_capital/mean": 0.75}
-    assert env.reward_metrics() == {}  # read once
+    again = env.reward_metrics()  # read once: then NaN (no response graded), under the same keys
+    assert list(again) == ["rewards/verifier/mean", "rewards/names_the_unit/mean",
+                           "rewards/starts_with_capital/mean"]
+    assert all(math.isnan(v) for v in again.values())
 
 
 def test_completions_are_chat_messages_or_text_as_in_trl(tmp_path):
