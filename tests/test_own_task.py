@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own_task"
 KEYS = {"question": "prompt_text", "answer": "target"}
 ROWS = [json.loads(line) for line in (EXAMPLE / "data.jsonl").read_text().splitlines()]
-TEXTS = ["The answer is 336 inches.", "the answer is 3450", "I think it is 63 feet.",
-         "The answer is 12 meters."]  # the example's first four problems: 336, 3450, 63, 45
+TEXTS = ["The answer is 26000 millimeters.", "the answer is 3000", "I think it is 1800 cents.",
+         "The answer is 14 decades."]  # the example's first four problems: 26000, 3000, 1800, 140
 
 
 def example_env(**options):
@@ -36,14 +36,14 @@ def example_funcs():
 
 def test_a_reward_fn_gets_the_rows_own_fields_and_is_weighted_with_the_verifier():
     env = example_env(reward_funcs=example_funcs(), reward_weights=[1.0, 0.5, 0.25])
-    assert [r["unit"] for r in ROWS[:4]] == ["inches", "centimeters", "feet", "feet"]
+    assert [r["unit"] for r in ROWS[:4]] == ["millimeters", "millimeters", "cents", "years"]
     graded = env.score_all(TEXTS, [0, 1, 2, 3])
     # verifier: right number with "The answer is" (0, 1); no marker (2); a wrong number (3)
     assert [info["rewards"] for _, info in graded] == [
         {"verifier": 1.0, "names_the_unit": 1.0, "starts_with_capital": 1.0},
         {"verifier": 1.0, "names_the_unit": 0.0, "starts_with_capital": 0.0},
         {"verifier": 0.0, "names_the_unit": None, "starts_with_capital": 1.0},  # no final answer
-        {"verifier": 0.0, "names_the_unit": 0.0, "starts_with_capital": 1.0}]  # meters, not feet
+        {"verifier": 0.0, "names_the_unit": 0.0, "starts_with_capital": 1.0}]  # decades, not years
     assert [r for r, _ in graded] == [1.75, 1.0, 0.25, 0.25]  # a None is left out of the sum
     assert [info["correct"] for _, info in graded] == [True, True, False, False]
     assert env.reward_metrics() == {"rewards/verifier/mean": 0.5,
@@ -67,7 +67,7 @@ def test_completions_are_chat_messages_or_text_as_in_trl(tmp_path):
     assert seen["completions"] == [[{"role": "assistant", "content": "A"}],
                                    [{"role": "assistant", "content": "B"}]]
     assert seen["prompts"][1][-1] == {"role": "user", "content": ROWS[2]["prompt_text"]}
-    assert seen["ids"] == [[5, 6], [7]] and seen["target"] == ["336", "63"]
+    assert seen["ids"] == [[5, 6], [7]] and seen["target"] == ["26000", "1800"]
     assert seen["fields"] == ["prompt_text", "unit"]  # the row as the file has it
     example_env(template="plain", reward_funcs=[("spy", spy)]).score_all(["A"], [0])
     assert seen["completions"] == ["A"] and seen["prompts"][0].endswith("Answer:")

@@ -20,8 +20,8 @@ def text_of(completion):
 
 
 def names_the_unit(completions, unit, **kwargs):
-    """1.0 when the final answer names the unit the question asks for ("The answer is 350
-    centimeters."), 0.0 when it names none; None when there is no final answer at all, so that
+    """1.0 when the final answer names the unit the question asks for ("The answer is 1800
+    cents."), 0.0 when it names none; None when there is no final answer at all, so that
     this function does not score it (the verifier's 0 already does)."""
     rewards = []
     for completion, wanted in zip(completions, unit):
