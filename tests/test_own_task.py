@@ -43,11 +43,11 @@ def test_a_reward_fn_gets_the_rows_own_fields_and_is_weighted_with_the_verifier(
         {"verifier": 1.0, "names_the_unit": 1.0, "starts_with_capital": 1.0},
         {"verifier": 1.0, "names_the_unit": 0.0, "starts_with_capital": 0.0},
         {"verifier": 0.0, "names_the_unit": None, "starts_with_capital": 1.0},  # no final answer
-        {"verifier": 0.0, "names_the_unit": 0.0, "starts_with_capital": 1.0}]  # decades, not years
+        {"verifier": 0.0, "names_the_unit": None, "starts_with_capital": 1.0}]  # a wrong number
     assert [r for r, _ in graded] == [1.75, 1.0, 0.25, 0.25]  # a None is left out of the sum
     assert [info["correct"] for _, info in graded] == [True, True, False, False]
     assert env.reward_metrics() == {"rewards/verifier/mean": 0.5,
-                                    "rewards/names_the_unit/mean": pytest.approx(1 / 3),
+                                    "rewards/names_the_unit/mean": 0.5,
                                     "rewards/starts_with_capital/mean": 0.75}
     again = env.reward_metrics()  # read once: then NaN (no response graded), under the same keys
     assert list(again) == ["rewards/verifier/mean", "rewards/names_the_unit/mean",

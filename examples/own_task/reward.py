@@ -19,17 +19,19 @@ def text_of(completion):
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
-def names_the_unit(completions, unit, **kwargs):
-    """1.0 when the final answer names the unit the question asks for ("The answer is 1800
-    cents."), 0.0 when it names none; None when there is no final answer at all, so that
-    this function does not score it (the verifier's 0 already does)."""
+def names_the_unit(completions, target, unit, **kwargs):
+    """A bonus for a right answer that names its unit ("The answer is 1800 cents."): 1.0 with the
+    unit, 0.0 without. A wrong or missing answer gets None: this function leaves it unscored, so
+    in a group where no answer is right the bonus adds nothing for GRPO to chase, and a policy
+    cannot earn it by naming units next to wrong numbers."""
     rewards = []
-    for completion, wanted in zip(completions, unit):
-        answers = re.findall(r"the answer is([^\n]*)", text_of(completion), re.IGNORECASE)
-        if not answers:
+    for completion, gold, wanted in zip(completions, target, unit):
+        answers = re.findall(r"the answer is:?\s*\$?(-?[\d,]*\.?\d+)([^\n]*)", text_of(completion),
+                             re.IGNORECASE)
+        if not answers or float(answers[-1][0].replace(",", "")) != float(gold):
             rewards.append(None)
         else:
-            rewards.append(float(re.search(rf"\b{re.escape(wanted)}\b", answers[-1]) is not None))
+            rewards.append(float(re.search(rf"\b{re.escape(wanted)}\b", answers[-1][1]) is not None))
     return rewards
 
 
