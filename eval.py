@@ -143,6 +143,9 @@ def check_args(args):
         raise UsageError("--num_eval_problems must be >= 1 (leave it out for all problems).")
     if args.eval_batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
         raise UsageError("--eval_batch_size and --max_new_tokens must be >= 1.")
+    if args.responses is not None and args.reward_fn:
+        raise UsageError("--reward_fn scores the completions eval.py samples; --responses regrades "
+                         "saved ones with the task's verifier alone: leave one of them out.")
     if args.responses is None:
         bad = [k for k in args.k if not 1 <= k <= args.num_generations]
         if bad:

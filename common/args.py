@@ -37,7 +37,8 @@ class TrainArgs:
     dataset_path: Optional[str] = None
     """training data: a .jsonl/.json/.parquet file or a hub dataset id (fields: data/README.md)"""
     eval_dataset_path: Optional[str] = None
-    """held-out data, the same way (default: the task's test split)"""
+    """held-out data, the same way (default: the task's test split; with a training file, a
+    held-out fifth of it)"""
     question_key: Optional[str] = None
     """field of the data rows that holds the question (default: the task's usual names)"""
     answer_key: Optional[str] = None

@@ -169,7 +169,7 @@ def test_a_training_file_without_a_held_out_one_gives_up_a_fifth_offline(tmp_pat
     assert len(questions | {ex["question"] for ex in held_out.examples}) == 200
     assert said[-1] == (f"{EXAMPLE / 'data.jsonl'}: no --eval_dataset_path, so 30 of its 200 rows "
                         "are held out for evaluation and 170 train")
-    # and 5 rows are too few to hold a fifth out of: evaluation reads them, and says so
+    # and 4 rows are too few to hold a fifth out of: evaluation reads them, and says so
     small = tmp_path / "small.jsonl"
     small.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4]))
     said = []
@@ -214,6 +214,11 @@ def test_eval_py_takes_trainings_data_options(tmp_path):
                                            str(tmp_path / "saved.jsonl"), "--answer_key", "target",
                                            "--output", str(tmp_path / "regraded.jsonl")]))
     assert summary["accuracy"] == 0.5  # the gold came from the 'target' field
+    with pytest.raises(UsageError, match="--responses regrades saved ones with the task's "
+                                         "verifier alone"):
+        ev.main(parse_args(ev.Args, ["--dataset_name", "gsm8k", "--responses",
+                                     str(tmp_path / "saved.jsonl"), "--reward_fn",
+                                     f"{EXAMPLE}/reward.py:names_the_unit"]))
 
 
 def docs_commands():
