@@ -79,8 +79,9 @@ class Generation:
 
     def completion_ids(self):
         """Each row's sampled token ids, as lists (what TRL passes a reward function)."""
-        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids,
-                                                                  self.response_mask)]
+        # one copy to the host, not one per row (each would wait for the GPU)
+        ids, mask = self.response_ids.tolist(), self.response_mask.tolist()
+        return [[t for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
 
     def rows(self, index):
         """The rows `index` (a list or tensor of row numbers) as a Generation."""
