@@ -988,6 +988,9 @@ def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, ma
         raise UsageError(f"--reward_weights {' '.join(map(str, reward_weights))}: give "
                          f"{1 + len(reward_funcs)} weights, the verifier's first, then one per "
                          f"--reward_fn ({', '.join(name for name, _ in reward_funcs) or 'none'})")
+    if reward_weights is not None and not all(math.isfinite(w) for w in reward_weights):
+        raise UsageError(f"--reward_weights {' '.join(map(str, reward_weights))}: every weight "
+                         "must be a finite number (negative ones are penalties)")
 
 
 class MathEnv:

@@ -102,6 +102,9 @@ def test_reward_fn_specs_fail_with_the_fix(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="--reward_weights 1.0: give 3 weights, the verifier's "
                                          "first, then one per --reward_fn"):
         example_env(reward_funcs=example_funcs(), reward_weights=[1.0])
+    with pytest.raises(UsageError, match="--reward_weights 1.0 nan -1.0: every weight must be a "
+                                         "finite number"):
+        example_env(reward_funcs=example_funcs()[:2], reward_weights=[1.0, math.nan, -1.0])
 
 
 @pytest.mark.skipif(not (ROOT / "examples").exists(), reason="no examples folder")
