@@ -50,8 +50,8 @@ from common.sharding import clip_grad_norm
 @dataclass
 class Args(TrainArgs):
     # ---- optimisation
-    learning_rate: float = 2e-5
-    """AdamW learning rate of the policy"""
+    learning_rate: float = 5e-6
+    """AdamW learning rate of the policy (docs/grpo.md#results: why not 2e-5)"""
     lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
     """schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
     warmup_steps: int = 0
