@@ -241,6 +241,11 @@ def summarize(records, ks):
         summary["response_len/mean"] = sum(s["length"] for s in samples) / len(samples)
     if all("truncated" in s for s in samples):
         summary["truncated_frac"] = sum(bool(s["truncated"]) for s in samples) / len(samples)
+    if all("level" in r for r in records):  # where a mix gains or loses (docs/grpo.md#results)
+        for level in sorted({r["level"] for r in records}, key=str):
+            rows = [r for r in records if r["level"] == level]
+            summary[f"accuracy/level_{level}"] = sum(
+                r["num_correct"] / len(r["responses"]) for r in rows) / len(rows)
     return summary
 
 
@@ -368,8 +373,10 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
                                 "length": lengths[row], "truncated": truncated[row],
                                 **({"rewards": info["rewards"]} if "rewards" in info else {})})
             example = env.examples[i]
+            level = example.get("row", {}).get("level")  # arithmetic and MATH rows carry one
             records.append({"index": i, "question": example["question"],
                             "answer": example["answer"],
+                            **({"level": level} if level is not None else {}),
                             "responses": samples})
         bar.update(len(chunk))
     bar.close()
@@ -467,6 +474,10 @@ def main(args):
         extra.append(f"mean response length {summary['response_len/mean']:.1f} tokens")
     if "truncated_frac" in summary:
         extra.append(f"truncated {summary['truncated_frac']:.3f}")
+    by_level = {k.removeprefix("accuracy/level_"): v for k, v in summary.items()
+                if k.startswith("accuracy/level_")}
+    if by_level:
+        extra.append("accuracy by level " + ", ".join(f"{k}: {v:.3f}" for k, v in by_level.items()))
     print(" | ".join(extra))
     print(f"wrote {output} and {summary_path}")
     return summary

@@ -109,6 +109,13 @@ def test_problem_metrics_and_summary_by_hand():
     assert summary["maj@4"] == 0.5 and summary["maj@1"] == 0.5
     assert summary["no_answer_frac"] == summary["truncated_frac"] == 1 / 8
     assert summary["reward/mean"] == 0.5 and summary["response_len/mean"] == 10
+    assert not any(k.startswith("accuracy/level_") for k in summary)  # the rows had no level
+    # with levels: a third problem at level 2 with 3 of 4 right; level 1 holds A and B
+    records = [{**records[0], "level": 1}, {**records[1], "level": 1},
+               {**records[0], "num_correct": 3, "level": 2}]
+    summary = ev.summarize(records, [1])
+    assert summary["accuracy/level_1"] == pytest.approx(0.5)  # (1/4 + 3/4) / 2
+    assert summary["accuracy/level_2"] == pytest.approx(0.75) and "accuracy/level_3" not in summary
 
 
 # ---- argument errors, before any model loads ----------------------------------------------------------
