@@ -125,6 +125,8 @@ def main():
     p.add_argument("--grpo_seeds", nargs="+", type=int, default=[0, 1, 2],
                    help="grpo.py runs once per seed; the other files run with the first")
     p.add_argument("--out", default="runs/learning", help="folder for the runs, tables and plots")
+    p.add_argument("--smooth", type=float, default=0.6,
+                   help="the plots' moving average of the training reward (common/plot.py)")
     p.add_argument("extra", nargs="*", help="after --: flags passed to every run")
     a = p.parse_args()
     out = Path(a.out).resolve()
@@ -146,7 +148,8 @@ def main():
         labels = [f"{d.name.split('-seed')[0]} s{d.name.split('-seed')[1]}" for d in dirs]
         if dirs:
             subprocess.run([sys.executable, "-m", "common.plot", *map(str, dirs),
-                            "--labels", *labels, "--out", str(out / task)], cwd=ROOT, check=False)
+                            "--labels", *labels, "--out", str(out / task), "--smooth", str(a.smooth)],
+                           cwd=ROOT, check=False)
         print((out / f"{task}.md").read_text())
     failed = [r for r in records if r["returncode"] != 0]
     if failed:
