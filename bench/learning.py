@@ -2,7 +2,7 @@
 run at a time, and writes the results table and the curves.
 
     python bench/learning.py                       # both tasks, every file: about 2.5 hours on 2 cores
-    python bench/learning.py --tasks harder --files grpo --grpo_seeds 0 1 2
+    python bench/learning.py --tasks harder && python bench/learning.py --tasks default --grpo_seeds 0
     python bench/learning.py --out /tmp/l -- --model_name_or_path tiny-random --max_steps 1
 
 The tasks: "default" is each file's own default (arithmetic levels 1-2), "harder" adds level 3
@@ -134,14 +134,18 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         sys.exit(f"cannot create --out {a.out}: {e.strerror}; pass a folder you can write")
-    records, results = [], {}
+    # results.json keeps the other tasks' results of an earlier call with the same --out
+    path = out / "results.json"
+    results = json.loads(path.read_text()) if path.is_file() else {"runs": [], "tables": {}}
+    results["runs"] = [r for r in results["runs"] if r["task"] not in a.tasks]
+    records = []
     for task in a.tasks:
         for file in a.files:
             for seed in a.grpo_seeds if file == "grpo" else a.grpo_seeds[:1]:
                 records.append(run_one(file, task, seed, out, a.extra))
-                results[task] = table(records, out, task)
-                (out / "results.json").write_text(json.dumps(
-                    {"runs": records, "tables": results}, indent=1) + "\n")
+                results["tables"][task] = table(records, out, task)
+                path.write_text(json.dumps({"runs": results["runs"] + records,
+                                            "tables": results["tables"]}, indent=1) + "\n")
     for task in a.tasks:
         dirs = [out / task / f"{r['file']}-seed{r['seed']}" for r in records
                 if r["task"] == task and r["returncode"] == 0]
