@@ -81,7 +81,8 @@ def work_per_update(run_dir):
     if "num_envs" in args:  # appo, tppo: episodes of one line per step
         return (f"{args['num_envs']} episodes × {args['num_steps']} steps, "
                 f"≤ {args['max_new_tokens']} tokens a step")
-    return (f"{args['num_prompts']} prompts × {args['num_generations']} samples, "
+    samples = "sample" if args["num_generations"] == 1 else "samples"
+    return (f"{args['num_prompts']} prompts × {args['num_generations']} {samples}, "
             f"≤ {args['max_new_tokens']} tokens")
 
 
