@@ -128,7 +128,7 @@ def plot_runs(run_dirs, out_dir, labels=None, smooth=0.0):
                     ax.plot(x, values, color=color, marker=marker, label=label)
             if key == "kl":
                 title = f"KL ({' / '.join(sorted(used))})" if used else title
-                y_label = KL_LABELS.get(*used, *used) if len(used) == 1 else "KL (k3 estimate)"
+                y_label = KL_LABELS.get(*used, *used) if len(used) == 1 else "KL estimate"
             ax.set_title(title)
             ax.set_xlabel(x_label)
             ax.tick_params(labelbottom=True)  # sharex would hide the top row's ticks
