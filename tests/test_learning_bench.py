@@ -80,3 +80,18 @@ def test_one_tiny_run_through_the_script_and_no_rerun(tmp_path):
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and "harder / grpo / seed 3" not in second.stdout
     assert json.loads((run_dir / "run.json").read_text()) == record
+
+
+def test_the_docs_show_the_tables_the_bench_wrote_with_a_row_for_every_file():
+    # docs/results/ holds bench/learning.py's own output; docs/README.md must quote it unchanged
+    readme = (ROOT / "docs" / "README.md").read_text()
+    results = json.loads((ROOT / "docs" / "results" / "results.json").read_text())
+    for task in ("default", "harder"):
+        lines = (ROOT / "docs" / "results" / f"{task}.md").read_text().splitlines()
+        assert len(lines) == 2 + 6 and all(line in readme for line in lines)
+        assert set(results["tables"][task]) == {"grpo", "reinforce", "ppo", "online_dpo", "appo",
+                                                "tppo"}
+        for row in results["tables"][task].values():  # every file ends above where it started
+            assert row["accuracy"][-1] > row["accuracy"][0]
+        assert f"img/learning/{task}/curves_step.png" in readme
+        assert (ROOT / "docs" / "img" / "learning" / task / "curves_time.png").is_file()
