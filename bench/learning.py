@@ -1,9 +1,10 @@
 """Does every file learn? Runs each algorithm file's default settings on two arithmetic tasks, one
 run at a time, and writes the results table and the curves.
 
-    python bench/learning.py      # both tasks, every file, grpo.py with 3 seeds each: about 2 h on 2 cores
-    # docs/results/ (1 h 43 min): grpo.py's 3 seeds on the harder task only
-    python bench/learning.py --tasks harder && python bench/learning.py --tasks default --grpo_seeds 0
+    python bench/learning.py      # both tasks, every file, grpo.py with 3 seeds: about 2 h, 2 cores
+    # docs/results/ came from these two (1 h 43 min): grpo.py's 3 seeds on the harder task only
+    python bench/learning.py --tasks harder
+    python bench/learning.py --tasks default --grpo_seeds 0
     python bench/learning.py --out /tmp/l -- --model_name_or_path tiny-random --max_steps 1
 
 The tasks: "default" is each file's own default (arithmetic levels 1-2), "harder" adds level 3
@@ -154,7 +155,8 @@ def main():
         labels = [f"{d.name.split('-seed')[0]} s{d.name.split('-seed')[1]}" for d in dirs]
         if dirs:
             subprocess.run([sys.executable, "-m", "common.plot", *map(str, dirs),
-                            "--labels", *labels, "--out", str(out / task), "--smooth", str(a.smooth)],
+                            "--labels", *labels, "--out", str(out / task),
+                            "--smooth", str(a.smooth)],
                            cwd=ROOT, check=False)
         print((out / f"{task}.md").read_text())
     failed = [r for r in records if r["returncode"] != 0]
