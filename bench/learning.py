@@ -27,22 +27,33 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from common.plot import read_log  # noqa: E402  (reads a run's jsonl logs, resumed runs included)
+
 FILES = ["grpo", "reinforce", "ppo", "online_dpo", "appo", "tppo"]
 TASKS = {"default": [], "harder": ["--difficulty", "1-3"]}
 
 
+def run_dir_of(out, record):
+    """The output folder of one run (a record: its task, file and seed)."""
+    return out / record["task"] / f"{record['file']}-seed{record['seed']}"
+
+
 def run_one(file, task, seed, out, extra):
     """One training run as a child process -> its run.json record (written next to its logs)."""
-    run_dir = out / task / f"{file}-seed{seed}"
+    run_dir = run_dir_of(out, {"task": task, "file": file, "seed": seed})
     record_path = run_dir / "run.json"
-    if record_path.is_file() and json.loads(record_path.read_text())["returncode"] == 0:
-        return json.loads(record_path.read_text())
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if record["returncode"] == 0:
+            return record
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, f"{file}.py", "--eval_interval", "5", "--seed", str(seed),
                "--output_dir", str(run_dir), *TASKS[task], *extra]
@@ -63,18 +74,15 @@ def run_one(file, task, seed, out, extra):
 
 def accuracies(run_dir):
     """{update: held-out accuracy} from a run's eval.jsonl."""
-    path = Path(run_dir) / "eval.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return {row["step"]: row["eval/accuracy"] for row in rows}
+    return {row["step"]: row["eval/accuracy"] for row in read_log(Path(run_dir) / "eval.jsonl")
+            if "eval/accuracy" in row}
 
 
 def mean_se(values):
     """Mean and standard error of the mean (0 for a single value)."""
-    mean = sum(values) / len(values)
     if len(values) < 2:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(var / len(values))
+        return statistics.fmean(values), 0.0
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
 
 
 def work_per_update(run_dir):
@@ -98,7 +106,7 @@ def table(records, out, task):
                 and r["returncode"] == 0]
         if not runs:
             continue
-        dirs = [out / task / f"{file}-seed{r['seed']}" for r in runs]
+        dirs = [run_dir_of(out, r) for r in runs]
         accs = [accuracies(d) for d in dirs]
         steps = sorted(set.intersection(*(set(a) for a in accs)))
         points = [mean_se([a[s] for a in accs]) for s in steps]
@@ -150,11 +158,11 @@ def main():
                 path.write_text(json.dumps({"runs": results["runs"] + records,
                                             "tables": results["tables"]}, indent=1) + "\n")
     for task in a.tasks:
-        dirs = [out / task / f"{r['file']}-seed{r['seed']}" for r in records
-                if r["task"] == task and r["returncode"] == 0]
-        labels = [f"{d.name.split('-seed')[0]} s{d.name.split('-seed')[1]}" for d in dirs]
+        done = [r for r in records if r["task"] == task and r["returncode"] == 0]
+        dirs = [str(run_dir_of(out, r)) for r in done]
+        labels = [f"{r['file']} s{r['seed']}" for r in done]
         if dirs:
-            subprocess.run([sys.executable, "-m", "common.plot", *map(str, dirs),
+            subprocess.run([sys.executable, "-m", "common.plot", *dirs,
                             "--labels", *labels, "--out", str(out / task),
                             "--smooth", str(a.smooth)],
                            cwd=ROOT, check=False)
