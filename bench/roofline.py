@@ -5,6 +5,7 @@
     python bench/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
     python bench/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
     python bench/roofline.py --batch 32 --new_tokens 64 [--torch_linears]   # packed linears or not
+    python bench/roofline.py --batch 32 --new_tokens 64 --rollout_only [--unfused]   # fused or not
 
 First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
 and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of torch's matmul
@@ -29,8 +30,9 @@ prompt of about 150 tokens with the worked example). With matplotlib, --plot wri
 figure of tokens/s against batch size and response length. --compile decodes as `--compile` does
 (`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
 compiles it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
-own linear instead of oneDNN's packed weights (common/fast_linears.py), for a before and
-after; --rollout_only skips the update.
+own linear instead of oneDNN's packed weights (common/fast_linears.py), and --unfused runs q/k/v and
+gate/up as separate matmuls (common/fast_fused.py), each for a before and after; --rollout_only
+skips the update.
 """
 
 import argparse
@@ -45,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
 from common.fast_compile import compile_decoding  # noqa: E402
+from common.fast_fused import _fused_projections  # noqa: E402
 from common.fast_linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
 from common.fast_sampler import Speedups, fast_generate  # noqa: E402
 from common.logprobs import token_logprobs  # noqa: E402
@@ -153,18 +156,21 @@ def rollout_bound(s, batch, prompt_len, new_tokens, bandwidth, peak):
     return total
 
 
-def linears_alone(model, batch, device, pack):
+def linears_alone(model, batch, device, pack, fuse):
     """Seconds of one decode step's linear layers and nothing else, at `batch` rows, each through
-    the op `fast_generate` uses (oneDNN's packed weights on a CPU, unless --torch_linears), in the
-    model's order so that the weights come from memory as in a step. A rollout can come no closer
-    to the bound than its linear layers do: what is left of a step (attention, norms, the sampler)
-    only adds."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    the op `fast_generate` uses (oneDNN's packed weights on a CPU, unless --torch_linears; q/k/v and
+    gate/up as one matmul each, unless --unfused). A rollout can come no closer to the bound than
+    its linear layers do: what is left of a step (attention, norms, the sampler) only adds."""
     dtype = next(model.parameters()).dtype
-    inputs = {n: torch.randn(batch, n, device=device, dtype=dtype)
-              for n in {m.in_features for m in linears}}
-    with torch.no_grad(), _onednn_linears(model, pack):
-        return timed(lambda: [m(inputs[m.in_features]) for m in linears], device, repeat=5)
+    with torch.no_grad(), _fused_projections(model, fuse) as fused:
+        # the layers that still run their own matmul, and the fused ones
+        linears = [m for m in model.modules()
+                   if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
+        linears += [f for _, f, _ in fused.values()]
+        inputs = {n: torch.randn(batch, n, device=device, dtype=dtype)
+                  for n in {m.in_features for m in linears}}
+        with _onednn_linears(model, pack, also=linears):
+            return timed(lambda: [m(inputs[m.in_features]) for m in linears], device, repeat=5)
 
 
 def update_flops(s, batch, prompt_len, new_tokens, groups):
@@ -190,11 +196,13 @@ def main():
                    help="skip the update (its figures print as -): a GPU's short leases")
     p.add_argument("--torch_linears", action="store_true",
                    help="on a CPU, decode through torch's own linear, not oneDNN's packed weights")
+    p.add_argument("--unfused", action="store_true",
+                   help="decode q/k/v and gate/up as separate matmuls, not one each")
     p.add_argument("--compile", action="store_true",
                    help="decode with a static KV cache and a compiled forward, as --compile does")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    speedups = Speedups(packed_linears=not args.torch_linears)
+    speedups = Speedups(packed_linears=not args.torch_linears, fused_projections=not args.unfused)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bandwidth, flops = device_peaks(device)
     peak = flops[dtype]
@@ -214,7 +222,8 @@ def main():
         s = Shape(model, dtype)
         for batch in args.batch:
             pack = speedups.packed_linears and not args.compile
-            t_alone = linears_alone(model, batch, device, pack)  # any response length
+            # any response length
+            t_alone = linears_alone(model, batch, device, pack, speedups.fused_projections)
             for new in args.new_tokens:
                 g = torch.Generator().manual_seed(0)
                 # groups of 8 rows share a prompt, as a GRPO rollout does

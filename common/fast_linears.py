@@ -26,16 +26,19 @@ def _onednn_works():
 
 
 @contextlib.contextmanager
-def _onednn_linears(model, enabled, store=None):
+def _onednn_linears(model, enabled, store=None, also=()):
     """Run the fp32 nn.Linear layers of a CPU model through oneDNN, with weights packed once for
     the call (or, given `store`, a PrefixCache's dict, once for the rollout). torch's own CPU linear
     (MKL's sgemm) re-packs the weight on every call, and at the few rows of a decode step that pass
     is the cost: on a 2-core CPU SmolLM2's head (49,152 x 576) took 56 ms a call at 32 rows, against
     22 ms packed, and a 1536 x 576 projection 0.61 against 0.40 ms. The same function, rounded
-    differently (about 1e-6 in the logits). Packing all of SmolLM2-135M takes ~0.25 s."""
+    differently (about 1e-6 in the logits). Packing all of SmolLM2-135M takes ~0.25 s. also: more
+    Linear layers to pack, outside the model (fast_fused.py's); a layer whose forward another
+    speedup has replaced for the call is left to it."""
     enabled = enabled and _onednn_works()
-    linears = [m for m in model.modules() if enabled and type(m) is torch.nn.Linear
-               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+    linears = [m for m in [*model.modules(), *also] if enabled and type(m) is torch.nn.Linear
+               and "forward" not in vars(m) and m.weight.device.type == "cpu"
+               and m.weight.dtype == torch.float32
                and type(m.weight) is torch.nn.Parameter]  # not FSDP2's DTensors
     store = {} if store is None else store
     try:

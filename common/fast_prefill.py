@@ -26,11 +26,13 @@ class PrefixCache:
 
     Valid only while the weights stay the same: make a new one for every rollout. Each entry is
     (ids, [(keys, values) per layer, each [heads, len(ids), head_dim]]). It also keeps the rollout's
-    packed linear weights (`_onednn_linears`), so that later calls do not pack them again."""
+    packed linear weights (`_onednn_linears`) and fused projections (`_fused_projections`), so that
+    later calls do not build them again."""
 
     def __init__(self):
         self.entries = []
         self.packed = {}  # nn.Linear -> ((its weight's address, version), packed weight)
+        self.fused = {}  # (module, layer names) -> [key, fused Linear, forwards]
 
     def match(self, ids):
         """(n, entry index): the most leading tokens of ids any entry holds (index None if none)."""

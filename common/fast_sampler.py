@@ -9,6 +9,8 @@ alone against the plain sampler (tests/test_fast_sampler.py):
 - fast_kv.py: decode steps write their keys and values into buffers with room, not a new copy of
   the whole cache per token;
 - fast_attention.py: decode attention reads each key/value head once under grouped-query attention;
+- fast_fused.py: one matmul for the q/k/v projections and one for gate/up, with the weights
+  stacked once per rollout;
 - fast_linears.py: on a CPU, fp32 linear layers run through oneDNN with weights packed once per
   rollout;
 - finished rows leave the forward batch (here): once most rows have answered, the rest decode alone;
@@ -18,12 +20,14 @@ Stop strings of one character are read off a table of the tokens that hold them,
 """
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from common.fast_attention import _packed_gqa
 from common.fast_compile import _COMPILED, STATIC_CACHE_STEP, _static_cache
+from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears
 from common.fast_prefill import PrefixCache, _full_attention, _prefill
@@ -44,6 +48,8 @@ class Speedups:
     """fast_kv.py: each decode step appends its keys and values in place"""
     packed_gqa: bool = True
     """fast_attention.py: decode attention reads each key/value head once"""
+    fused_projections: bool = True
+    """fast_fused.py: q/k/v as one matmul, gate/up as one, weights stacked once per rollout"""
     packed_linears: bool = True
     """fast_linears.py: CPU fp32 linear layers through oneDNN, weights packed once per rollout"""
     drop_finished: bool = True
@@ -95,9 +101,16 @@ def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, to
     # FSDP2: the weights gathered once, not once per token
     # the compiled forward (--compile) traces the layers as they are
     pack = speedups.packed_linears and autocast_dtype is None and model not in _COMPILED
+    # fused weights live for the rollout (prefix_cache), or for a compiled model's life: its
+    # compiled step reads them as inputs, and new ones would make it compile again
+    fused_store = (prefix_cache.fused if prefix_cache else
+                   _KEPT_FUSED.setdefault(model, {}) if model in _COMPILED else None)
     with (autocast, unsharded(model),
           _packed_gqa(model) if speedups.packed_gqa else contextlib.nullcontext(),
-          _onednn_linears(model, pack, prefix_cache.packed if prefix_cache else None)):
+          _fused_projections(model, speedups.fused_projections, autocast_dtype,
+                             fused_store) as fused,
+          _onednn_linears(model, pack, prefix_cache.packed if prefix_cache else None,
+                          also=[held[1] for held in fused.values()])):
         attn = prompt_mask
         positions = position_ids_from_mask(prompt_mask)
         # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
@@ -189,6 +202,7 @@ def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, to
 
 
 _STOP_TABLES = {}
+_KEPT_FUSED = weakref.WeakKeyDictionary()  # a compiled model -> its fused projections
 
 
 def _single_token_stop_table(tokenizer, text):

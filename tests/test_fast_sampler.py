@@ -13,6 +13,7 @@ import torch
 
 from common.fast_attention import _decode_attention
 from common.fast_compile import compile_decoding
+from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears, _onednn_works
 from common.fast_prefill import PrefixCache, _common_prefix
@@ -93,9 +94,17 @@ def test_under_bf16_autocast_the_sampler_casts_each_weight_once_per_rollout(tok,
     p = encode_prompts(tok, ["one", "two two"])
     with CountWeightCasts():
         gen = fast_generate(tiny, tok, p, 10, temperature=1.0, seeds=[1, 2],
-                            autocast_dtype=torch.bfloat16)
+                            autocast_dtype=torch.bfloat16,
+                            speedups=Speedups(fused_projections=False))
     assert gen.response_mask.sum().item() == 20  # 10 decode steps for each row
     assert len(linear) == 15 and casts == collections.Counter({name: 1 for name in linear.values()})
+    # fast_fused.py stacks q/k/v and gate/up in bf16 once per rollout: autocast never casts them
+    casts.clear()
+    with CountWeightCasts():
+        fast_generate(tiny, tok, p, 10, temperature=1.0, seeds=[1, 2],
+                      autocast_dtype=torch.bfloat16)
+    unfused = [n for n in linear.values() if n.split(".")[-1] in ("o_proj", "down_proj", "lm_head")]
+    assert len(unfused) == 5 and casts == collections.Counter({name: 1 for name in unfused})
 
 
 def test_identical_prompts_share_one_prefill(tiny, tok):
@@ -360,6 +369,41 @@ def test_packed_linears_by_hand_packed_once_and_again_after_an_optimizer_step():
         assert "forward" not in vars(layer)
 
 
+def test_fused_projections_by_hand_built_once_and_again_after_an_optimizer_step():
+    # q, k, v: [[1, 0], [0, 1]], [[1, 1]], [[2, -1]]: x [3, 4] -> q [3, 4], k [7], v [2]
+    attn = torch.nn.Module()
+    attn.q_proj, attn.k_proj, attn.v_proj = (torch.nn.Linear(2, n, bias=False) for n in (2, 1, 1))
+    with torch.no_grad():
+        for layer, w in zip((attn.q_proj, attn.k_proj, attn.v_proj),
+                            ([[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0]], [[2.0, -1.0]])):
+            layer.weight.copy_(torch.tensor(w))
+    x = torch.tensor([[[3.0, 4.0]]])
+    matmuls = []
+    store = {}
+    with torch.no_grad(), _fused_projections(attn, True, store=store):
+        (_, fused, _), = store.values()
+        assert fused.weight.tolist() == [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, -1.0]]
+        fused.register_forward_hook(lambda *a: matmuls.append(1))
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        assert (q.tolist(), k.tolist(), v.tolist()) == ([[[3.0, 4.0]]], [[[7.0]]], [[[2.0]]])
+        assert len(matmuls) == 1  # one matmul for the three
+        # a k_proj of another input (not the one q_proj read) runs its own matmul
+        assert attn.k_proj(torch.tensor([[1.0, 2.0]])).tolist() == [[3.0]] and len(matmuls) == 1
+    assert not any("forward" in vars(m) for m in attn.modules())  # restored
+    with torch.no_grad(), _fused_projections(attn, True, store=store):  # same weights: reused
+        assert store[(attn, ("q_proj", "k_proj", "v_proj"))][1] is fused
+        assert fused.weight[2].tolist() == [1.0, 1.0]
+    with torch.no_grad():
+        attn.k_proj.weight.add_(1.0)  # an optimizer step writes in place: its version moves
+    with torch.no_grad(), _fused_projections(attn, True, store=store):
+        assert store[(attn, ("q_proj", "k_proj", "v_proj"))][1] is fused  # the same Linear...
+        assert fused.weight[2].tolist() == [2.0, 2.0]  # ...with the new weight
+        attn.q_proj(x)
+        assert attn.k_proj(x).tolist() == [[[14.0]]]
+    with torch.no_grad(), _fused_projections(attn, True, dtype=torch.bfloat16) as held:
+        assert [f.weight.dtype for _, f, _ in held.values()] == [torch.bfloat16]  # autocast's
+
+
 @pytest.mark.skipif(not _onednn_works(), reason="this torch build has no oneDNN packed linear")
 def test_generate_with_packed_linears_draws_what_torch_linear_draws(tok, tiny):
     p = encode_prompts(tok, ["one", "two two", "three three three"])
@@ -367,10 +411,16 @@ def test_generate_with_packed_linears_draws_what_torch_linear_draws(tok, tiny):
     store = PrefixCache()
     packed = fast_generate(tiny, tok, p, 12, prefix_cache=store, **kw)
     linears = [m for m in tiny.modules() if type(m) is torch.nn.Linear]
-    assert set(store.packed) == set(linears) and not any("forward" in vars(m) for m in linears)
+    assert not any("forward" in vars(m) for m in linears)  # restored
+    # packed: o_proj, down_proj and the head of the model, and fast_fused.py's q/k/v and gate/up of
+    # each layer (whose own layers then run no matmul of their own)
+    fused = [f for _, f, _ in store.fused.values()]
+    own = [m for name, m in tiny.named_modules()
+           if name.endswith(("o_proj", "down_proj", "lm_head"))]
+    assert len(fused) == 4 and len(own) == 5 and set(store.packed) == {*own, *fused}
     held = {m: w for m, (_, w) in store.packed.items()}
     fast_generate(tiny, tok, p, 4, prefix_cache=store, **kw)  # the rollout's next call: packs nothing
-    assert all(store.packed[m][1] is held[m] for m in linears)
+    assert all(store.packed[m][1] is held[m] for m in held)
     plain = generate(tiny, tok, p, 12, **kw)  # torch's linear
     assert packed.response_ids.tolist() == plain.response_ids.tolist()
     torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-5, rtol=0)
