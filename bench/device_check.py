@@ -18,8 +18,8 @@ does not stop the next):
   accuracy at updates 0, 10 and 20;
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
 - ppo, reinforce, appo, tppo, online_dpo: 5 updates each in bf16;
-- roofline, update_mfu: bench/roofline.py and bench/update_mfu.py at the Qwen2.5-1.5B shape on
-  random weights (no model file needed).
+- roofline, update_mfu, fused_projections: bench/roofline.py, bench/update_mfu.py and
+  bench/fused_projections.py at the Qwen2.5-1.5B shape on random weights (no model file needed).
 
 For each training stage: seconds per update for the rollout and the update (the first update apart,
 since it holds compiling and warm-up, then the median of the rest), sampled tokens per second, the
@@ -45,7 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["ppo", "reinforce", "appo", "tppo", "online_dpo"]
-STAGES = ["env", "model", "grpo", "grpo_compile", "grpo_big", *FILES, "roofline", "update_mfu"]
+BENCHES = ["roofline", "update_mfu", "fused_projections"]  # bench/<name>.py, random weights
+STAGES = ["env", "model", "grpo", "grpo_compile", "grpo_big", *FILES, *BENCHES]
 
 
 def stage_plan(name, tiny, work):
@@ -53,12 +54,15 @@ def stage_plan(name, tiny, work):
     py = [sys.executable]
     if name in ("env", "model"):
         return None, 120
-    if name in ("roofline", "update_mfu"):
+    if name in BENCHES:
         if name == "roofline":
             sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
                       "16"] if tiny else
                      ["--shapes", "1.5B", "--batch", "64", "256", "--new_tokens", "512",
                       "--compile"])
+        elif name == "fused_projections":  # eager decoding, q/k/v and gate/up fused or not
+            sizes = (["--shape", "tiny", "--batch", "8", "--new_tokens", "8", "--repeat", "1"]
+                     if tiny else ["--shape", "1.5B", "--batch", "64", "--repeat", "3"])
         else:
             sizes = (["--shape", "tiny", "--micro_batch_size", "8", "--prompt_len", "16",
                       "--response_len", "16"] if tiny else
@@ -276,10 +280,10 @@ def main():
                 why = "its cap" if cap <= left else "the budget's end"
                 status, lines = run_process(cmd, min(cap, left), why, log)
                 results[name] = {"status": status, "command": " ".join(cmd[1:])}
-                if name in ("roofline", "update_mfu"):
+                if name in BENCHES:
                     results[name]["figures"] = {"table": [
                         line for line in lines if line.startswith(("|", "(the first"))
-                        or "GB/s" in line or "peak" in line]}
+                        or "GB/s" in line or "peak" in line or "fused / separate" in line]}
                 else:
                     results[name]["figures"] = read_run(work / name,
                                                         work / f"{name}.child.json")
@@ -291,7 +295,7 @@ def main():
     if "figures" in results.get("env", {}):
         print(", ".join(f"{k} {v}" for k, v in results["env"]["figures"].items()))
     print(summary(results))
-    for name in ("roofline", "update_mfu"):
+    for name in BENCHES:
         for line in results.get(name, {}).get("figures", {}).get("table", []):
             print(line)
 

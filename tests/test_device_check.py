@@ -69,8 +69,9 @@ def device_check(tmp_path, *argv):
 
 
 def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
-    results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "online_dpo", "roofline")
-    assert [r["status"] for r in results.values()] == ["ok"] * 4
+    results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "online_dpo", "roofline",
+                                   "fused_projections")
+    assert [r["status"] for r in results.values()] == ["ok"] * 5
     grpo = results["grpo"]["figures"]
     metrics = [json.loads(line) for line in
                (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
@@ -85,9 +86,12 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert list(results["online_dpo"]["figures"]["eval"]) == ["2"]
     assert any(line.startswith("| tiny | 8 | 8 |") for line in
                results["roofline"]["figures"]["table"])
+    # the fused and separate projections sampled the same tokens
+    assert any(line.startswith("fused / separate:") and line.endswith("same tokens: True")
+               for line in results["fused_projections"]["figures"]["table"])
     assert "| grpo | ok |" in stdout
     logs = (tmp_path / "out" / "logs.txt").read_text()
-    assert logs.count("=====") == 4 and "\r" not in logs
+    assert logs.count("=====") == 5 and "\r" not in logs
 
 
 def test_a_spent_budget_skips_the_stages_left(tmp_path):
