@@ -70,9 +70,9 @@ class Args(TrainArgs):
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
     """when given, max_steps covers this many passes over the training problems"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward; gradients accumulate over micro-batches (a GPU wants more:
-    a 1.5B model's update on an H200 ran at 0.25 MFU with 8, 0.35 with 32)"""
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward; gradients accumulate over micro-batches (default 8; on a GPU
+    without --fsdp, 8 in the first update, then what half of the free memory holds)"""
     seed: int = 0
     """seeds prompt order, sampling and model init: runs are reproducible"""
     # ---- sampling
@@ -265,7 +265,8 @@ def main(args):
         # ---- log-probs of the reference, before any update
         # CRUCIAL: the implicit reward is log pi itself: the log-probs are at temperature 1, not the
         # sampling temperature (as TRL)
-        mb, ref_logprobs = args.micro_batch_size, None
+        mb = run.micro_batch_size(len(weights), 2 * input_ids.shape[1])  # in pairs
+        ref_logprobs = None
         with run.autocast:
             if len(weights):
                 ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb)  # [2 P', R]

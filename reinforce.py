@@ -75,9 +75,9 @@ class Args(TrainArgs):
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
     """when given, max_steps covers this many passes over the training problems"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward; gradients accumulate over micro-batches (a GPU wants more:
-    a 1.5B model's update on an H200 ran at 0.25 MFU with 8, 0.35 with 32)"""
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward; gradients accumulate over micro-batches (default 8; on a GPU
+    without --fsdp, 8 in the first update, then what half of the free memory holds)"""
     seed: int = 0
     """seeds prompt order, sampling and model init: runs are reproducible"""
     # ---- sampling
@@ -286,7 +286,8 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy (the sampler's) and of the reference
-        mb, old_logprobs, ref_logprobs, kl = args.micro_batch_size, gen.logprobs, None, None
+        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        old_logprobs, ref_logprobs, kl = gen.logprobs, None, None
         with run.autocast:
             if ref_policy is not None:
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)

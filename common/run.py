@@ -24,11 +24,68 @@ import torch
 
 from common.checkpoints import resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
-from common.distributed import all_reduce_mean, init_distributed, print0, set_seed
+from common.distributed import (all_gather_objects, all_reduce_mean, init_distributed, print0,
+                                set_seed)
 from common.evaluation import evaluate
 from common.grader import grader_counts
 from common.logger import Logger, every, mean_of, report_end
 from common.sharding import load_optimizer_state
+
+
+DEFAULT_MICRO_BATCH = 8  # rows per forward in the update when --micro_batch_size is not given
+
+
+class CudaMemory:
+    """What MicroBatchFit reads of a GPU's memory, in bytes (a test passes a fake)."""
+
+    def start(self):
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+
+    def peak(self):
+        return torch.cuda.max_memory_allocated()
+
+    def room(self):
+        """Free memory: the device's, and what torch's allocator holds unused."""
+        return (torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+                - torch.cuda.memory_allocated())
+
+
+class MicroBatchFit:
+    """--micro_batch_size left unset on a GPU: the first update runs micro-batches of 8 rows and
+    measures what they cost; later updates take as many rows as `fraction` of the memory then free
+    holds at that cost per token. On a GPU an update at 8 rows waits on the host (a micro-batch's
+    ~38,000 small kernel calls take as long at 8 rows as at 64), and the loss normaliser makes
+    1 x 64 and 8 x 8 the same update, up to float rounding (tests: 1 x 8 and 8 x 1).
+
+    The cost per token is (peak - start - gradients) / (rows x width), over the first update from
+    its log-prob forwards to its optimizer step: the peak above what was allocated when it started,
+    less the gradients its backward allocated. AdamW's moments, allocated by its first step, may
+    count as activations, which errs on the side of fewer rows."""
+
+    def __init__(self, fraction=0.5, memory=None):
+        self.fraction, self.memory = fraction, memory or CudaMemory()
+        self.first = None  # (allocated at its start, its micro-batch rows, its width)
+        self.tokens = None  # tokens per micro-batch, once measured
+
+    def rows(self, rows, width):
+        """Rows per micro-batch for an update of `rows` rows of `width` tokens each."""
+        if self.tokens is None:
+            if self.first is None:
+                self.first = (self.memory.start(), min(DEFAULT_MICRO_BATCH, rows), width)
+            return DEFAULT_MICRO_BATCH
+        return max(1, min(rows, self.tokens // width))
+
+    def measure(self, grad_bytes):
+        """After the first update: tokens per micro-batch from now on. -> whether it measured."""
+        if self.first is None or self.tokens is not None:
+            return False
+        start, rows, width = self.first
+        per_token = max(1, self.memory.peak() - start - grad_bytes) / (rows * width)
+        tokens = int(self.fraction * max(0, self.memory.room() - grad_bytes) / per_token)
+        # every rank takes the fewest tokens any rank can hold, so that ranks log alike
+        self.tokens = min(all_gather_objects(tokens))
+        return True
 
 
 class Run:
@@ -47,6 +104,12 @@ class Run:
                          else contextlib.nullcontext())
         self.print = print0
         self.start_step, self.state = 0, None
+        # --micro_batch_size unset: 8, or on a GPU what its memory holds (not under --fsdp, whose
+        # gathered weights a measurement of one update would not see whole)
+        self.fit = (MicroBatchFit() if args.micro_batch_size is None
+                    and self.device.type == "cuda" and not args.fsdp else None)
+        if args.micro_batch_size is None:
+            args.micro_batch_size = DEFAULT_MICRO_BATCH
 
     def resume_point(self):
         """(first update, checkpoint folder or None): where this run starts; the checkpoint's
@@ -76,6 +139,14 @@ class Run:
         self.first_acc = self.evaluate(0) if args.eval_on_start and self.start_step == 0 else None
         self._timeouts = grader_counts()["timeouts"]
 
+    def micro_batch_size(self, rows, width):
+        """Rows per micro-batch in this update (`rows` rows of `width` tokens): --micro_batch_size,
+        or, left unset on a GPU, fitted to its memory (MicroBatchFit). Kept in
+        args.micro_batch_size too, where the update's helpers read it."""
+        if self.fit is not None:
+            self.args.micro_batch_size = self.fit.rows(rows, width)
+        return self.args.micro_batch_size
+
     def check_rewards(self, rewards, step, describe):
         """Stop before an update whose rewards hold NaN or inf, naming the sample
         (describe(k) or describe(k, t) says which problem row k is)."""
@@ -91,6 +162,13 @@ class Run:
         """One update's line of metrics.jsonl: `metrics` (this rank's numbers) and the mean of the
         micro-batches' `stats`, averaged over ranks, with the steps the guard skipped. Every
         --log_interval updates (and after the first) `samples` go to samples.jsonl."""
+        if self.fit is not None:  # the first update's cost sets the micro-batches of the rest
+            grads = sum(p.numel() * p.element_size() for module, _ in self.optimizers.values()
+                        for p in module.parameters() if p.requires_grad)
+            if self.fit.measure(grads):
+                self.print(f"micro-batches of up to {self.fit.tokens} tokens from update "
+                           f"{step + 1} on: {self.fit.fraction:.0%} of free GPU memory "
+                           "(--micro_batch_size sets a number of rows)")
         metrics = all_reduce_mean({**metrics, **mean_of(stats)}, self.device)
         metrics["skipped_steps"] = self.guard.pop()
         self.logger.log(step, metrics)
