@@ -103,8 +103,8 @@ def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, to
     pack = speedups.packed_linears and autocast_dtype is None and model not in _COMPILED
     # fused weights live for the rollout (prefix_cache), or for a compiled model's life: its
     # compiled step reads them as inputs, and new ones would make it compile again
-    fused_store = (prefix_cache.fused if prefix_cache else
-                   _KEPT_FUSED.setdefault(model, {}) if model in _COMPILED else None)
+    fused_store = (_KEPT_FUSED.setdefault(model, {}) if model in _COMPILED else
+                   prefix_cache.fused if prefix_cache else None)
     with (autocast, unsharded(model),
           _packed_gqa(model) if speedups.packed_gqa else contextlib.nullcontext(),
           _fused_projections(model, speedups.fused_projections, autocast_dtype,

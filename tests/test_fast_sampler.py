@@ -17,7 +17,7 @@ from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears, _onednn_works
 from common.fast_prefill import PrefixCache, _common_prefix
-from common.fast_sampler import Speedups, fast_generate
+from common.fast_sampler import _KEPT_FUSED, Speedups, fast_generate
 from common.hf import KV_CACHE
 from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer
@@ -220,7 +220,13 @@ def test_compiled_decoding_draws_the_tokens_of_eager_decoding(tok, backend):
     assert len(set(eager.response_mask.sum(1).tolist())) > 1  # rows finish at different tokens
     compile_decoding(model, backend=backend)
     for step in range(2):
-        compiled = fast_generate(model, tok, prompts, 12, **kw)
+        # a rollout's PrefixCache or none: the fused projections are the model's own, the same
+        # Linear objects every call (new ones would make the compiled step compile again)
+        cache = PrefixCache() if step else None
+        compiled = fast_generate(model, tok, prompts, 12, prefix_cache=cache, **kw)
+        fused = [f for _, f, _ in _KEPT_FUSED[model].values()]
+        assert len(fused) == 4 and (step == 0 or fused == held)
+        held = fused
         assert compiled.response_ids.tolist() == eager.response_ids.tolist()
         assert compiled.response_mask.tolist() == eager.response_mask.tolist()
         # fp32 rounding: inductor fuses the attention over the static cache its own way (1.1e-5)
