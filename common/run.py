@@ -4,6 +4,8 @@ it changes what an update computes:
 - processes: torchrun's ranks (or one process), each option checked before any model loads, the
   seed;
 - the resume point, and a resumed run's optimizer states;
+- rows per micro-batch: --micro_batch_size, or on a GPU what its memory holds (the same update up to
+  float rounding);
 - the logs (metrics averaged over ranks, samples, held-out accuracy), the NaN guard on each
   optimizer step, checkpoints, and the run's last line.
 
@@ -12,7 +14,9 @@ it changes what an update computes:
     ...                                             # the models, the optimizers
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
     for step in range(start_step, args.max_steps):
-        ...                                         # rollout, advantages, update
+        ...                                         # rollout, advantages
+        mb = run.micro_batch_size(rows, width)      # rows per forward (fitted on a GPU)
+        ...                                         # update
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)                    # evaluation and checkpoints at their intervals
     return run.finish()
@@ -71,7 +75,7 @@ class MicroBatchFit:
     def rows(self, rows, width):
         """Rows per micro-batch for an update of `rows` rows of `width` tokens each."""
         if self.tokens is None:
-            if self.first is None:
+            if self.first is None and rows > 0:  # an update with no rows (no pairs) measures nothing
                 self.first = (self.memory.start(), min(DEFAULT_MICRO_BATCH, rows), width)
             return DEFAULT_MICRO_BATCH
         return max(1, min(rows, self.tokens // width))

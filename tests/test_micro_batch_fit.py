@@ -42,7 +42,10 @@ def test_the_first_update_runs_8_rows_and_its_cost_sets_the_rest_by_hand():
 
 
 def test_a_first_update_of_fewer_than_8_rows_measures_what_it_ran():
-    fit = MicroBatchFit(fraction=0.5, memory=FakeMemory())
+    memory = FakeMemory()
+    fit = MicroBatchFit(fraction=0.5, memory=memory)
+    assert fit.rows(0, 200) == 8 and memory.started == 0  # no rows (online DPO, no pair): no start
+    assert not fit.measure(grad_bytes=1e8)
     assert fit.rows(4, 200) == 8  # 4 rows: one micro-batch of 4
     fit.measure(grad_bytes=1e8)
     assert fit.tokens == 9_950  # 8e8 bytes for 4 x 200 tokens: 1e6 a token
