@@ -75,7 +75,7 @@ class MicroBatchFit:
     def rows(self, rows, width):
         """Rows per micro-batch for an update of `rows` rows of `width` tokens each."""
         if self.tokens is None:
-            if self.first is None and rows > 0:  # an update with no rows (no pairs) measures nothing
+            if self.first is None and rows > 0:  # no rows (no pairs) measure nothing
                 self.first = (self.memory.start(), min(DEFAULT_MICRO_BATCH, rows), width)
             return DEFAULT_MICRO_BATCH
         return max(1, min(rows, self.tokens // width))
