@@ -1,7 +1,7 @@
 """--micro_batch_size left unset: 8 rows on a CPU (and under --fsdp); on a GPU, 8 in the first
-update, then as many rows as half of the free memory holds at the cost per token the first update measured
-(common/run.py, MicroBatchFit). The GPU's memory is faked here with hand-picked numbers; that a
-different micro-batch gives the same update is tests/test_grpo.py's 1 x 8 = 8 x 1."""
+update, then as many rows as half of the free memory holds at the cost per token the first update
+measured (common/run.py, MicroBatchFit). The GPU's memory is faked here with hand-picked numbers;
+that a different micro-batch gives the same update is tests/test_grpo.py's 1 x 8 = 8 x 1."""
 
 from dataclasses import replace
 
