@@ -182,3 +182,91 @@ def test_resume_continues_exactly(tmp_path):
     a, b = params(tmp_path / "straight/checkpoint-3"), params(tmp_path / "split/checkpoint-3")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [x["step"] for x in metrics(tmp_path / "split")] == [1, 2, 3]
+
+
+# ---- against TRL's own code -------------------------------------------------------------------
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_path, loss_type):
+    # TRL 1.16's OnlineDPOTrainer.training_step computes its loss inline, between its own sampling
+    # and its reward calls. Here its sampler is replaced by the batch below and its reward function
+    # returns the verifier's scores below, so it trains on exactly what online_dpo.py's update gets.
+    # Three prompts x 2 responses of uneven lengths; scores (1, 0), (0, 1) and a tie (1, 1), which
+    # TRL's rule (--ties first) gives to the first response. Prompts of one length: TRL's forward
+    # takes positions from the sequence, online_dpo.py from the attention mask, which agree only
+    # without left padding.
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+    from common.logprobs import batched_token_logprobs, token_logprobs
+    from common.models import load_policy, load_tokenizer
+    from common.sampler import Generation
+
+    tok = load_tokenizer("tiny-random")
+    pad = tok.pad_token_id
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(10, 400, (3, 6), generator=g)  # [3, P]
+    # row j answers prompt j % 3 (TRL's order: every prompt's first response, then the seconds)
+    completion_ids = torch.randint(10, 400, (6, 5), generator=g)
+    completion_mask = torch.ones(6, 5, dtype=torch.long)
+    for j, n in enumerate((5, 3, 4, 2, 5, 1)):
+        completion_mask[j, n:] = 0
+        completion_ids[j, n:] = pad
+    scores_trl = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0]  # first responses of prompts 0-2, then the seconds
+    beta = 0.1
+
+    # mathrl: consecutive rows share a prompt (row 2k + i: prompt k, response i)
+    order = torch.tensor([0, 3, 1, 4, 2, 5])  # TRL's row of each mathrl row
+    gen = Generation(prompt_ids=prompt_ids.repeat_interleave(2, 0),
+                     prompt_mask=torch.ones(6, 6, dtype=torch.long),
+                     response_ids=completion_ids[order], response_mask=completion_mask[order],
+                     logprobs=torch.zeros(6, 5), finished=torch.ones(6, dtype=torch.bool),
+                     truncated=torch.zeros(6, dtype=torch.bool))
+    scores = torch.tensor(scores_trl)[order]
+    args = replace(online_dpo.Args(), beta=beta, loss_type=loss_type, ties="first")
+
+
+    def moved_policy():
+        """tiny-random after some training: its weights moved from the reference's, the same way
+        for both sides, so that each response's log pi / pi_ref is not 0."""
+        model = load_policy("tiny-random")
+        with torch.no_grad():
+            for k, p in enumerate(model.parameters()):
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)))
+        return model
+
+    policy, ref = moved_policy(), load_policy("tiny-random")
+    chosen, rejected = online_dpo.preference_pairs(scores, 2, args.ties)
+    assert chosen.tolist() == [0, 3, 4] and rejected.tolist() == [1, 2, 5]
+    rows, weights = online_dpo.rows_in_step(chosen, rejected)
+    pairs = gen.rows(rows)
+    input_ids, attention_mask = pairs.sequences()
+    loss_mask = pairs.response_mask
+    ref_logprobs = batched_token_logprobs(ref, pairs, 1.0, 8)
+    norm = online_dpo.loss_normaliser(loss_mask, args, world_size=1)
+    logprobs, _ = token_logprobs(policy, input_ids, attention_mask, loss_mask.shape[1])
+    loss, stats = online_dpo.dpo_loss(logprobs, ref_logprobs, loss_mask, weights, norm, args)
+    loss.backward()
+
+    # TRL, on the same weights
+    trl_policy = moved_policy()
+    config = OnlineDPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=loss_type,
+                             per_device_train_batch_size=3, max_new_tokens=5, max_length=512,
+                             gradient_checkpointing=False, report_to="none", use_cpu=True,
+                             bf16=False)  # TRL's default on a CPU that has bf16: autocast
+    trainer = OnlineDPOTrainer(model=trl_policy, ref_model=load_policy("tiny-random"),
+                               reward_funcs=[lambda completions, **kw: scores_trl], args=config,
+                               train_dataset=Dataset.from_dict({"prompt": ["a"] * 3}),
+                               processing_class=tok)
+    trainer._generate = lambda model, prompts, images=None: (  # each prompt's 2 responses
+        prompt_ids.repeat(2, 1), torch.ones(6, 6, dtype=torch.long), completion_ids,
+        completion_mask, None)
+    trl_loss = trainer.training_step(trainer.model, {"prompt": ["a", "b", "c"]})
+
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-6)  # fp32 rounding
+    for (name, ours), theirs in zip(policy.named_parameters(), trainer.model.parameters()):
+        # fp32 rounding: at most 5.5e-7 of the gradient's norm, in any tensor
+        assert ((ours.grad - theirs.grad).norm() / theirs.grad.norm()).item() < 1e-6, name
+    # the implicit rewards TRL logs are ours too
+    assert stats["rewards/margins"] == pytest.approx(trainer.stats["rewards/margins"][-1], abs=1e-6)
+    assert stats["rewards/accuracies"] == trainer.stats["rewards/accuracies"][-1]
