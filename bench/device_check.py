@@ -18,8 +18,9 @@ does not stop the next):
   accuracy at updates 0, 10 and 20;
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
 - ppo, reinforce, appo, tppo, online_dpo: 5 updates each in bf16;
-- roofline, update_mfu, fused_projections: bench/roofline.py, bench/update_mfu.py and
-  bench/fused_projections.py at the Qwen2.5-1.5B shape on random weights (no model file needed).
+- roofline, update_mfu, fused_projections, roofline_grow: bench/roofline.py, bench/update_mfu.py,
+  bench/fused_projections.py and bench/roofline.py with a static cache that grows, at the
+  Qwen2.5-1.5B shape on random weights (no model file needed).
 
 For each training stage: seconds per update for the rollout and the update (the first update apart,
 since it holds compiling and warm-up, then the median of the rest), sampled tokens per second, the
@@ -45,7 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["ppo", "reinforce", "appo", "tppo", "online_dpo"]
-BENCHES = ["roofline", "update_mfu", "fused_projections"]  # bench/<name>.py, random weights
+# bench/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
+BENCHES = ["roofline", "update_mfu", "fused_projections", "roofline_grow"]
 STAGES = ["env", "model", "grpo", "grpo_compile", "grpo_big", *FILES, *BENCHES]
 
 
@@ -60,6 +62,11 @@ def stage_plan(name, tiny, work):
                       "16"] if tiny else
                      ["--shapes", "1.5B", "--batch", "64", "256", "--new_tokens", "512",
                       "--compile"])
+        elif name == "roofline_grow":  # against the roofline stage's row of 64
+            sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
+                      "16"] if tiny else
+                     ["--shapes", "1.5B", "--batch", "64", "--new_tokens", "512"])
+            sizes += ["--compile", "--rollout_only", "--grow_static_cache"]
         elif name == "fused_projections":  # eager decoding, q/k/v and gate/up fused or not
             sizes = (["--shape", "tiny", "--batch", "8", "--new_tokens", "8", "--repeat", "1"]
                      if tiny else ["--shape", "1.5B", "--batch", "64", "--repeat", "3"])
@@ -67,7 +74,8 @@ def stage_plan(name, tiny, work):
             sizes = (["--shape", "tiny", "--micro_batch_size", "8", "--prompt_len", "16",
                       "--response_len", "16"] if tiny else
                      ["--shape", "1.5B", "--micro_batch_size", "8", "16", "32"])
-        return py + [str(ROOT / "bench" / f"{name}.py"), *sizes, "--bf16"], 200
+        script = "roofline" if name == "roofline_grow" else name
+        return py + [str(ROOT / "bench" / f"{script}.py"), *sizes, "--bf16"], 200
     file = name.split("_")[0] if name.startswith("grpo") else name
     run = ["--bf16", "--output_dir", str(work / name)]
     if tiny:

@@ -6,6 +6,7 @@
     python bench/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
     python bench/roofline.py --batch 32 --new_tokens 64 [--torch_linears]   # packed linears or not
     python bench/roofline.py --batch 32 --new_tokens 64 --rollout_only [--unfused]   # fused or not
+    python bench/roofline.py --batch 8 --new_tokens 256 --compile [--grow_static_cache]   # growing
 
 First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
 and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of torch's matmul
@@ -31,8 +32,9 @@ figure of tokens/s against batch size and response length. --compile decodes as 
 (`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
 compiles it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
 own linear instead of oneDNN's packed weights (common/fast_linears.py), and --unfused runs q/k/v and
-gate/up as separate matmuls (common/fast_fused.py), each for a before and after; --rollout_only
-skips the update.
+gate/up as separate matmuls (common/fast_fused.py), each for a before and after; with --compile,
+--grow_static_cache lets the static cache grow as it fills (`Speedups.grow_static_cache`, off by
+default until a GPU measures it); --rollout_only skips the update.
 """
 
 import argparse
@@ -198,11 +200,14 @@ def main():
                    help="on a CPU, decode through torch's own linear, not oneDNN's packed weights")
     p.add_argument("--unfused", action="store_true",
                    help="decode q/k/v and gate/up as separate matmuls, not one each")
+    p.add_argument("--grow_static_cache", action="store_true",
+                   help="with --compile: a static cache that grows as it fills")
     p.add_argument("--compile", action="store_true",
                    help="decode with a static KV cache and a compiled forward, as --compile does")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    speedups = Speedups(packed_linears=not args.torch_linears, fused_projections=not args.unfused)
+    speedups = Speedups(packed_linears=not args.torch_linears, fused_projections=not args.unfused,
+                        grow_static_cache=args.grow_static_cache)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bandwidth, flops = device_peaks(device)
     peak = flops[dtype]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from common.fast_attention import _packed_gqa
-from common.fast_compile import _COMPILED, STATIC_CACHE_STEP, _static_cache
+from common.fast_compile import _COMPILED, _cache_lengths, _grown_cache, _static_cache
 from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears
@@ -54,6 +54,9 @@ class Speedups:
     """fast_linears.py: CPU fp32 linear layers through oneDNN, weights packed once per rollout"""
     drop_finished: bool = True
     """rows that finished leave the forward batch"""
+    grow_static_cache: bool = False
+    """fast_compile.py (--compile): the static cache grows as it fills, so attention reads less of
+    it (off until a GPU measures it: one compiled graph per cache length)"""
 
 
 @torch.no_grad()
@@ -143,9 +146,9 @@ def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, to
                        [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
 
         compiled = _COMPILED.get(model)
+        W = prompt_ids.shape[1]
         if compiled is not None:  # the prompts' keys and values, in a preallocated cache
-            W = prompt_ids.shape[1]
-            length = -(-(W + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+            length, _ = _cache_lengths(W, max_new_tokens, speedups.grow_static_cache)
             cache = _static_cache(model, cache, length)
             # the columns after the current token are hidden by the causal mask
             attn = torch.cat([attn, attn.new_ones(B, length - W)], dim=1)
@@ -184,6 +187,10 @@ def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, to
                 cache.batch_select_indices(keep)
             if compiled is None:
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            elif W + t >= length:  # this token's keys go to position W + t: a full cache grows
+                cache, grown = _grown_cache(model, cache, length, W + t)
+                attn = torch.cat([attn, attn.new_ones(B, grown - length)], dim=1)
+                length = grown
             out = (model if compiled is None else compiled)(
                 input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
                 use_cache=True, **{KV_CACHE: cache})

@@ -70,8 +70,8 @@ def device_check(tmp_path, *argv):
 
 def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "online_dpo", "roofline",
-                                   "fused_projections")
-    assert [r["status"] for r in results.values()] == ["ok"] * 5
+                                   "fused_projections", "roofline_grow")
+    assert [r["status"] for r in results.values()] == ["ok"] * 6
     grpo = results["grpo"]["figures"]
     metrics = [json.loads(line) for line in
                (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
@@ -89,9 +89,13 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     # the fused and separate projections sampled the same tokens
     assert any(line.startswith("fused / separate:") and line.endswith("same tokens: True")
                for line in results["fused_projections"]["figures"]["table"])
+    # the growing cache's rollout, compiled, without an update
+    assert any(line.startswith("| tiny | 8 | 8 |") and line.endswith("| - | - |")
+               for line in results["roofline_grow"]["figures"]["table"])
+    assert "--grow_static_cache" in results["roofline_grow"]["command"]
     assert "| grpo | ok |" in stdout
     logs = (tmp_path / "out" / "logs.txt").read_text()
-    assert logs.count("=====") == 5 and "\r" not in logs
+    assert logs.count("=====") == 6 and "\r" not in logs
 
 
 def test_a_spent_budget_skips_the_stages_left(tmp_path):

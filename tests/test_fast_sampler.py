@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from common.fast_attention import _decode_attention
-from common.fast_compile import compile_decoding
+from common import fast_compile
+from common.fast_compile import _cache_lengths, compile_decoding
 from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears, _onednn_works
@@ -238,6 +239,40 @@ def test_compiled_decoding_draws_the_tokens_of_eager_decoding(tok, backend):
         eager_next = fast_generate(twin, tok, prompts, 12, **kw)
         assert eager_next.response_ids.tolist() != eager.response_ids.tolist()
         eager = eager_next
+
+
+def test_cache_lengths_by_hand():
+    # steps of 128: a 150-token prompt and 512 new tokens fit in 768 positions; growing, the cache
+    # starts at 256 (the prompt and its first token) and grows to 768
+    assert _cache_lengths(150, 512, grow=False) == (768, 768)
+    assert _cache_lengths(150, 512, grow=True) == (256, 768)
+    assert _cache_lengths(127, 1, grow=True) == (128, 128)
+    assert _cache_lengths(128, 1, grow=True) == (256, 256)
+
+
+def test_a_growing_static_cache_draws_the_tokens_of_eager_decoding(tok):
+    # Speedups(grow_static_cache=True) under --compile, in steps of 4 positions here: prompts of 7
+    # and 11 tokens (left-padded to 11) start in a cache of 12 positions, which grows at the
+    # responses' tokens 1, 5 and 9 (positions 12, 16 and 20) to 24. Tokens of eager decoding.
+    torch.manual_seed(0)
+    prompts = [torch.randint(10, 400, (n,)).tolist() for n in (7, 11)]
+    kw = dict(temperature=1.0, seeds=[1, 2])
+    eager = fast_generate(load_policy("tiny-random"), tok, prompts, 12, **kw)
+    model = compile_decoding(load_policy("tiny-random"), backend="aot_eager")
+    lengths = []
+    grown = fast_compile._grown_cache
+
+    def counted(model, cache, length, filled):
+        lengths.append((length, filled))
+        return grown(model, cache, length, filled)
+
+    with (patch("common.fast_compile.STATIC_CACHE_STEP", 4),
+          patch("common.fast_sampler._grown_cache", counted)):
+        compiled = fast_generate(model, tok, prompts, 12, speedups=Speedups(grow_static_cache=True),
+                                 **kw)
+    assert lengths == [(12, 12), (16, 16), (20, 20)]
+    assert compiled.response_ids.tolist() == eager.response_ids.tolist()
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=3e-5, rtol=0)
 
 
 def test_kv_cache_goes_by_the_installed_transformers_name(tiny, tok):
