@@ -15,7 +15,8 @@ alone against the plain sampler (tests/test_fast_sampler.py):
   rollout;
 - finished rows leave the forward batch (here): once most rows have answered, the rest decode alone;
 - fast_compile.py (--compile): a static KV cache and a compiled decode step, for the models that
-  `compile_decoding` was called on (common.models.trained_policy does it under --compile).
+  `compile_decoding` was called on (common.models.trained_policy does it under --compile); with
+  `grow_static_cache`, a cache that grows as it fills (off by default).
 Stop strings of one character are read off a table of the tokens that hold them, not decoded.
 """
 
