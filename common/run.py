@@ -92,6 +92,13 @@ class MicroBatchFit:
         return True
 
 
+def fits_gpu_memory(device, args):
+    """Whether the update's micro-batches are fitted to the device's memory: --micro_batch_size
+    unset, on a GPU, and not under --fsdp (whose gathered weights a measurement of one update would
+    not see whole)."""
+    return args.micro_batch_size is None and device.type == "cuda" and not args.fsdp
+
+
 class Run:
     def __init__(self, args, check_args):
         """Join torchrun's processes (or be the only one), check every option before any model
@@ -108,10 +115,8 @@ class Run:
                          else contextlib.nullcontext())
         self.print = print0
         self.start_step, self.state = 0, None
-        # --micro_batch_size unset: 8, or on a GPU what its memory holds (not under --fsdp, whose
-        # gathered weights a measurement of one update would not see whole)
-        self.fit = (MicroBatchFit() if args.micro_batch_size is None
-                    and self.device.type == "cuda" and not args.fsdp else None)
+        # --micro_batch_size unset: 8, or on a GPU what its memory holds
+        self.fit = MicroBatchFit() if fits_gpu_memory(self.device, args) else None
         if args.micro_batch_size is None:
             args.micro_batch_size = DEFAULT_MICRO_BATCH
 
