@@ -166,12 +166,12 @@ def linears_alone(model, batch, device, pack, fuse):
     dtype = next(model.parameters()).dtype
     with torch.no_grad(), _fused_projections(model, fuse) as fused:
         # the layers that still run their own matmul, and the fused ones
+        stacked = [f for _, f, _ in fused.values()]
         linears = [m for m in model.modules()
-                   if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
-        linears += [f for _, f, _ in fused.values()]
+                   if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)] + stacked
         inputs = {n: torch.randn(batch, n, device=device, dtype=dtype)
                   for n in {m.in_features for m in linears}}
-        with _onednn_linears(model, pack, also=linears):
+        with _onednn_linears(model, pack, also=stacked):
             return timed(lambda: [m(inputs[m.in_features]) for m in linears], device, repeat=5)
 
 

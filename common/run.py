@@ -171,7 +171,8 @@ class Run:
         """One update's line of metrics.jsonl: `metrics` (this rank's numbers) and the mean of the
         micro-batches' `stats`, averaged over ranks, with the steps the guard skipped. Every
         --log_interval updates (and after the first) `samples` go to samples.jsonl."""
-        if self.fit is not None:  # the first update's cost sets the micro-batches of the rest
+        # the first update's cost sets the micro-batches of the rest (measured once)
+        if self.fit is not None and self.fit.tokens is None:
             grads = sum(p.numel() * p.element_size() for module, _ in self.optimizers.values()
                         for p in module.parameters() if p.requires_grad)
             if self.fit.measure(grads):
