@@ -34,9 +34,13 @@ def _fused_linear(layers, dtype, fused=None):
     weight = torch.cat([m.weight.detach() for m in layers]).to(dtype)
     bias = (None if layers[0].bias is None
             else torch.cat([m.bias.detach() for m in layers]).to(dtype))
-    if fused is None:
+    if fused is None:  # on "meta": no memory and no random initialisation, the stack is its weight
         fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                                device=weight.device, dtype=dtype).requires_grad_(False)
+                                device="meta")
+        fused.weight = torch.nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            fused.bias = torch.nn.Parameter(bias, requires_grad=False)
+        return fused
     with torch.no_grad():
         fused.weight.copy_(weight)
         if bias is not None:
