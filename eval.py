@@ -55,7 +55,7 @@ from common.fast_sampler import fast_generate
 from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
 from common.rewards import load_reward_fn
-from common.sampler import decode_responses, encode_prompts
+from common.sampler import encode_prompts
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -358,7 +358,7 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
         seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
         gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, args.temperature,
                             args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
-        texts = decode_responses(tokenizer, gen)
+        texts = gen.texts(tokenizer)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
         truncated = gen.truncated.tolist()  # [B]
         problems = [i for i in chunk for _ in range(args.num_generations)]

@@ -49,7 +49,7 @@ from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
 from common.numerics import masked_mean
 from common.run import Run
-from common.sampler import Generation, decode_responses, encode_prompts
+from common.sampler import Generation, encode_prompts
 from common.sharding import clip_grad_norm
 
 
@@ -133,7 +133,7 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                         args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
-    texts = decode_responses(tokenizer, gen)
+    texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)

@@ -48,7 +48,7 @@ from common.models import (critic_state, load_tokenizer, make_critic, reference_
 from common.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
                              mismatch_stats, token_gae)
 from common.run import Run
-from common.sampler import Generation, decode_responses, encode_prompts
+from common.sampler import Generation, encode_prompts
 from common.sharding import clip_grad_norm
 
 
@@ -161,7 +161,7 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                         args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
-    texts = decode_responses(tokenizer, gen)
+    texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)

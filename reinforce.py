@@ -53,7 +53,7 @@ from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
 from common.numerics import discounted_returns, kl_estimate, masked_mean, mismatch_stats
 from common.run import Run
-from common.sampler import decode_responses, encode_prompts, eos_token_ids
+from common.sampler import encode_prompts, eos_token_ids
 from common.sharding import clip_grad_norm, full_state_dict, unsharded
 from common.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
 
@@ -156,7 +156,7 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                         args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
-    texts = decode_responses(tokenizer, gen)
+    texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from common.distributed import all_gather_objects
 from common.fast_sampler import fast_generate
-from common.sampler import decode_responses, encode_prompts, eos_token_ids
+from common.sampler import encode_prompts, eos_token_ids
 from common.sharding import unsharded
 from common.stepwise import play_episodes, policy_sampler
 
@@ -42,7 +42,7 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
         prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
         gen = fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
                             autocast_dtype=autocast_dtype)
-        for i, text, truncated in zip(chunk, decode_responses(tokenizer, gen),
+        for i, text, truncated in zip(chunk, gen.texts(tokenizer),
                                       gen.truncated.tolist()):
             reward, info = env.score(text, i)
             records.append({"index": i, "response": text, "reward": reward,

@@ -4,7 +4,7 @@ max_new_tokens; with the sampler's log-probs of the tokens it drew.
 
     prompts = encode_prompts(tokenizer, [env.prompt(i) for i in problems])   # token-id lists
     gen = generate(model, tokenizer, prompts, max_new_tokens=64, temperature=0.7, seeds=seeds)
-    texts = decode_responses(tokenizer, gen)
+    texts = gen.texts(tokenizer)
 
 The files train with common.fast_sampler.fast_generate: these samples, drawn faster.
 """
@@ -54,12 +54,6 @@ def left_pad(sequences, pad_id):
     return ids, mask
 
 
-def decode_responses(tokenizer, gen):
-    """Response texts, special tokens (EOS) dropped."""
-    return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
-            for ids, m in zip(gen.response_ids.cpu(), gen.response_mask.cpu())]
-
-
 @dataclass
 class Generation:
     prompt_ids: torch.Tensor  # [B, P] left-padded
@@ -76,6 +70,11 @@ class Generation:
         ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
         mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
         return ids, mask
+
+    def texts(self, tokenizer):
+        """Each row's response as text, special tokens (EOS) dropped."""
+        return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+                for ids, m in zip(self.response_ids.cpu(), self.response_mask.cpu())]
 
     def completion_ids(self):
         """Each row's sampled token ids, as lists (what TRL passes a reward function)."""

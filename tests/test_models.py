@@ -6,7 +6,7 @@ import torch
 from common.fast_sampler import fast_generate
 from common.models import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
                            tiny_random_model)
-from common.sampler import decode_responses, encode_prompts
+from common.sampler import encode_prompts
 from common.errors import PathError
 
 
@@ -50,4 +50,4 @@ def test_embedded_model_loads_and_answers():
     assert not getattr(model.config, "quantization_config", None)
     prompt = encode_prompts(tok, [[{"role": "user", "content": "What is the capital of France?"}]])
     gen = fast_generate(model, tok, prompt, 12, temperature=0)
-    assert "Paris" in decode_responses(tok, gen)[0]
+    assert "Paris" in gen.texts(tok)[0]

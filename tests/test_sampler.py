@@ -8,8 +8,8 @@ from common.fast_sampler import fast_generate
 from common.hf import KV_CACHE
 from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer
-from common.sampler import (_hash32, decode_responses, encode_prompts, generate, inverse_cdf,
-                            key_uniforms, left_pad, render_prompt, row_keys, row_uniforms)
+from common.sampler import (_hash32, encode_prompts, generate, inverse_cdf, key_uniforms, left_pad,
+                            render_prompt, row_keys, row_uniforms)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_stop_strings_and_eos_end_rows_independently(tok, sampler, sizes):
     # all rows done after 2 tokens: no wasted columns
     assert gen.response_mask.tolist() == [[1, 1], [1, 1]]
     assert gen.finished.tolist() == [True, True]
-    assert decode_responses(tok, gen) == ["a\n", "b"]  # the EOS token is dropped from the text
+    assert gen.texts(tok) == ["a\n", "b"]  # the EOS token is dropped from the text
     gen = sampler(Scripted(), tok, [[1], [1, 2]], 4, temperature=0)
     assert gen.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert gen.truncated.tolist() == [True, False]
