@@ -275,12 +275,13 @@ def main(args):
         t0 = time.time()
         # ---- rollout: k responses (or episodes) to each of this rank's problems, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
-        ep = rollout(policy, tokenizer, env, step, first, local_prompts, args, run.autocast_dtype)
-        run.check_rewards(ep.rewards, step + 1, lambda k, t: f"problem {ep.problems[k // G]}")
-        gen, scores = ep.gen, ep.rewards.sum(1)  # one row of gen per action: a response, or a line
+        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+                        run.autocast_dtype)
+        run.check_rewards(batch.rewards, step + 1, lambda k, t: f"problem {batch.problems[k // G]}")
+        gen, scores = batch.gen, batch.rewards.sum(1)  # a row of gen per action: a response or line
         input_ids, attention_mask = gen.sequences()  # [n, P + R]
         response_mask = gen.response_mask  # [n, R] every token of the actions
-        loss_mask = ep.loss_mask  # [n, R] the policy's own tokens: no calculator tokens
+        loss_mask = batch.loss_mask  # [n, R] the policy's own tokens: no calculator tokens
         mask = loss_mask.float()
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
@@ -296,10 +297,11 @@ def main(args):
             ref_logprobs = None
 
         # ---- advantages: each action's KL-regularised return against its episode's baseline
-        steps, kl_steps = ep.step_mask.bool(), torch.zeros_like(ep.rewards)  # [N, T]
+        steps, kl_steps = batch.step_mask.bool(), torch.zeros_like(batch.rewards)  # [N, T]
         if kl is not None:  # CRUCIAL: the sampler's log-probs make the KL a number, not a function
             kl_steps[steps] = sequence_logprobs(kl, mask, args.length_normalize)  # of the weights
-        returns = kl_regularised_returns(ep.rewards, kl_steps, ep.step_mask, args.gamma, args.beta)
+        returns = kl_regularised_returns(batch.rewards, kl_steps, batch.step_mask, args.gamma,
+                                         args.beta)
         baselines = compute_baselines(returns[:, 0], G, args.baseline)  # [N], from G_0
         advantages = (returns - baselines[:, None])[steps]  # [n], in the order of gen's rows
         n = len(advantages)
@@ -344,9 +346,9 @@ def main(args):
             "reward/std": scores.std(unbiased=False).item(),
             "reward/grader_timeouts": run.grader_timeouts() / N,
             **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
-            "accuracy": ep.correct.mean().item(),
+            "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
-            "truncated_frac": ep.truncated.float().mean().item(),
+            "truncated_frac": batch.truncated.float().mean().item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "return/mean": returns[:, 0].mean().item(),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
@@ -355,9 +357,9 @@ def main(args):
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
         if args.stepwise:
-            metrics.update({"episode_steps/mean": n / N, "calc/fired": ep.calc_fired,
-                            "calc/refused": ep.calc_refused})
-        samples = [{**env.sample_fields(ep.problems[k // G]), "response": ep.texts[k],
+            metrics.update({"episode_steps/mean": n / N, "calc/fired": batch.calc_fired,
+                            "calc/refused": batch.calc_refused})
+        samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
                     "reward": scores[k].item(), "advantage": (returns[k, 0] - baselines[k]).item()}
                    for k in range(0, N, max(1, N // 8))]
         run.log(step + 1, metrics, stats, samples)
