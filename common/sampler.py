@@ -73,8 +73,7 @@ class Generation:
 
     def texts(self, tokenizer):
         """Each row's response as text, special tokens (EOS) dropped."""
-        return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
-                for ids, m in zip(self.response_ids.cpu(), self.response_mask.cpu())]
+        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in self.completion_ids()]
 
     def completion_ids(self):
         """Each row's sampled token ids, as lists (what TRL passes a reward function)."""
