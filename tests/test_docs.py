@@ -2,6 +2,7 @@
 names (docs/links.py), every command line in the docs and in the files' docstrings parses with that file's
 own options, and no line of the library runs past 100 characters."""
 
+import ast
 import importlib
 import re
 import shlex
@@ -68,8 +69,6 @@ def changed_lines(a, b):
 
 def names_imported_from_common(file):
     """How many names `file` imports from common/ modules."""
-    import ast
-
     tree = ast.parse((ROOT / file).read_text())
     return sum(len(node.names) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                and (node.module or "").startswith("common"))
@@ -85,8 +84,6 @@ def test_the_import_counts_the_reading_page_quotes_are_current():
 
 def definition_lines(file, names=None):
     """Lines of the top-level definitions `names` of `file` (decorators included), or of all of them."""
-    import ast
-
     tree = ast.parse((ROOT / file).read_text())
     sizes = {node.name: node.end_lineno - min([node.lineno] + [d.lineno for d in node.decorator_list]) + 1
              for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
