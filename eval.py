@@ -51,11 +51,11 @@ from common.checks import check_output_dir
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
 from common.env import TASKS, filter_math, make_env, read_rows, rename_fields, to_number
 from common.errors import PathError, UsageError
-from common.fast_sampler import fast_generate
+from common.fast_sampler import fast_decoding
 from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
 from common.rewards import load_reward_fn
-from common.sampler import encode_prompts
+from common.sampler import encode_prompts, generate
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -345,7 +345,8 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
     """n samples for each problem in `indices`, graded by the env. Sample j of problem i is drawn
     with its own seed, so the results do not depend on the batch size or on how many processes share
     the problems."""
-    autocast_dtype = torch.bfloat16 if args.bf16 else None
+    autocast = torch.autocast(next(policy.parameters()).device.type, dtype=torch.bfloat16,
+                              enabled=args.bf16)
     per_batch = max(1, args.eval_batch_size // args.num_generations)
     records = []
     bar = tqdm(total=len(indices), desc="eval", dynamic_ncols=True, disable=not show_bar)
@@ -356,8 +357,9 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
         prompts = [p for p in prompts for _ in range(args.num_generations)]
         # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
         seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
-        gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, args.temperature,
-                            args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+        with autocast, fast_decoding(policy) as decoder:
+            gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature,
+                           args.top_p, seeds=seeds, decoder=decoder)
         texts = gen.texts(tokenizer)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
         truncated = gen.truncated.tolist()  # [B]

@@ -32,18 +32,18 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.args import TrainArgs, lr_at, parse_args, schedule
 from common.checks import check_common_args
 from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs
+from common.env import make_envs, resolve_dataset
 from common.errors import UsageError
-from common.fast_sampler import fast_generate
+from common.fast_sampler import fast_decoding
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
 from common.numerics import kl_estimate, masked_mean, mismatch_stats
 from common.run import Run
-from common.sampler import Generation, encode_prompts
+from common.sampler import Generation, Rollout, encode_prompts, generate
 from common.sharding import clip_grad_norm
 
 
@@ -87,8 +87,8 @@ class Args(TrainArgs):
     """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
     epsilon: float = 0.2
     """clip range of the ratio"""
-    epsilon_high: Optional[float] = None
-    """a higher upper clip range (DAPO's clip-higher: 0.28; default: epsilon)"""
+    epsilon_high: Optional[float] = None  # DAPO: clip-higher
+    """a higher upper clip range (DAPO: 0.28; default: epsilon)"""
     beta: float = 0.0
     """weight of the KL to the frozen reference (0: no reference is loaded)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -96,17 +96,17 @@ class Args(TrainArgs):
     kl_penalty: Literal["loss", "reward"] = "loss"
     """where the KL enters: a loss term per token, or a cost in the reward"""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
-    """how per-token losses are aggregated (see the docstring; dr_grpo also drops the std from A)"""
-    drop_zero_std_groups: bool = False
+    """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
+    drop_zero_std_groups: bool = False  # DAPO: no zero-advantage groups in the loss
     """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
-    importance_sampling_level: Literal["token", "sequence"] = "token"
+    importance_sampling_level: Literal["token", "sequence"] = "token"  # GSPO: sequence
     """the ratio per token, or per response (GSPO: the exp of the mean token log-ratio)"""
-    dynamic_sampling: bool = False
-    """DAPO: sample more prompts until num_prompts groups have rewards that are not all equal"""
-    max_sampling_rounds: int = 4
+    dynamic_sampling: bool = False  # DAPO: dynamic sampling
+    """sample more prompts until num_prompts groups have rewards that are not all equal"""
+    max_sampling_rounds: int = 4  # DAPO: dynamic sampling
     """dynamic sampling: rounds of num_prompts prompts at most (then equal groups fill the batch)"""
-    tis_cap: float = 0.0
-    """truncated importance sampling: tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
+    tis_cap: float = 0.0  # TIS: truncated importance sampling
+    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -120,17 +120,7 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-@dataclass
-class Rollout:
-    """G responses to each of this rank's problems; consecutive rows share a problem."""
-    gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
-    texts: list  # [N] the decoded responses
-    scores: torch.Tensor  # [N] the verifier's rewards
-    correct: torch.Tensor  # [N] 1.0 where the answer is right
-    problems: list  # [N / G] the problem of each group
-
-
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
@@ -140,8 +130,9 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
-                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+        gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                       args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
@@ -150,7 +141,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     return Rollout(gen, texts, scores, correct, problems)
 
 
-def dynamic_rollout(policy, tokenizer, env, step, first, local_prompts, args, autocast_dtype,
+# DAPO: dynamic sampling
+def dynamic_rollout(policy, tokenizer, env, step, first, local_prompts, args, autocast,
                     pad_id):
     """DAPO: rounds of rollouts until local_prompts groups have rewards that differ; groups of
     equal rewards fill what max_sampling_rounds leave short. Update `step` owns max_sampling_rounds
@@ -159,8 +151,7 @@ def dynamic_rollout(policy, tokenizer, env, step, first, local_prompts, args, au
     G, kept, spare = args.num_generations, [], []  # (round's Rollout, group) whose rewards differ
     for used in range(1, args.max_sampling_rounds + 1):
         position = step * args.max_sampling_rounds + used - 1
-        batch = rollout(policy, tokenizer, env, position, first, local_prompts, args,
-                        autocast_dtype)
+        batch = rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast)
         differ = batch.scores.view(-1, G).std(dim=1) > 0
         for g in range(local_prompts):
             (kept if differ[g] else spare).append((batch, g))
@@ -230,23 +221,23 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    if args.importance_sampling_level == "sequence":  # new in GSPO: one ratio per response
+    if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response
         log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
     ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
-    eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+    low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
+    if args.epsilon_high is not None:  # DAPO: clip-higher
+        high = 1 + args.epsilon_high
     advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
-    pg_loss = torch.max(-advantages * ratio,
-                        -advantages * ratio.clamp(1 - args.epsilon, 1 + eps_high))  # [b, R]
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated
+    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
         per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
     loss = aggregate(per_token, mask, args.loss_type, normaliser)
     with torch.no_grad():
-        clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
-                   | ((ratio > 1 + eps_high) & (advantages > 0)))
+        clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
                  # how far the policy moved from the one that sampled (pi_old)
                  "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
@@ -263,8 +254,12 @@ def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
+    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
-    resolve_schedule(args, len(env), args.num_prompts)
+    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+
     local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
     run.print(f"GRPO | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
@@ -286,12 +281,12 @@ def main(args):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
-        if not args.dynamic_sampling:
-            batch, rounds = rollout(policy, tokenizer, env, step, first, local_prompts, args,
-                                    run.autocast_dtype), 1
-        else:  # new in DAPO: more prompts until num_prompts groups have rewards that differ
+        if args.dynamic_sampling:  # DAPO: more prompts until num_prompts groups' rewards differ
             batch, rounds = dynamic_rollout(policy, tokenizer, env, step, first, local_prompts,
-                                            args, run.autocast_dtype, tokenizer.pad_token_id)
+                                            args, run.autocast, tokenizer.pad_token_id)
+        else:
+            batch, rounds = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+                                    run.autocast), 1
         run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -319,7 +314,7 @@ def main(args):
         advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         loss_mask = response_mask  # [N, R] the tokens that count in the loss
-        if args.drop_zero_std_groups:
+        if args.drop_zero_std_groups:  # DAPO: no zero-advantage groups in the loss
             loss_mask = response_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
@@ -364,8 +359,8 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
-            "sampling/rounds": rounds,
-            "sampling/samples": rounds * N * run.world,  # over all ranks
+            "sampling/rounds": rounds,  # DAPO: rounds of dynamic sampling
+            "sampling/samples": rounds * N * run.world,  # DAPO: samples drawn over all ranks
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,

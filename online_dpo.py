@@ -38,18 +38,18 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.args import TrainArgs, lr_at, parse_args, schedule
 from common.checks import check_common_args
-from common.distributed import (all_gather_objects, all_reduce_sum, average_gradients, minibatches,
+from common.distributed import (all_gather_objects, all_reduce_sum, average_gradients,
                                 prompt_indices, sample_seed)
-from common.env import make_envs
+from common.env import make_envs, resolve_dataset
 from common.errors import UsageError
-from common.fast_sampler import fast_generate
+from common.fast_sampler import fast_decoding
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
 from common.numerics import masked_mean
 from common.run import Run
-from common.sampler import Generation, encode_prompts
+from common.sampler import Rollout, encode_prompts, generate
 from common.sharding import clip_grad_norm
 
 
@@ -89,12 +89,12 @@ class Args(TrainArgs):
     """G: responses sampled per prompt (TRL: 2); the best and the worst of them form the pair"""
     beta: float = 0.1
     """the implicit reward's scale, beta log(pi / pi_ref): the weight of the KL to the reference"""
-    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+    preference_loss: Literal["sigmoid", "ipo"] = "sigmoid"
     """sigmoid: DPO's -log sigmoid(beta h); ipo: (h - 1 / (2 beta))^2, with beta as IPO's tau"""
-    ties: Literal["skip", "first"] = "skip"
+    ties: Literal["skip", "first"] = "skip"  # TRL: ties paired
     """responses that score the same: no pair, or (TRL's rule) the first response is chosen"""
-    missing_eos_penalty: Optional[float] = None
-    """taken off the score of a response cut at max_new_tokens before EOS (TRL's; None: off)"""
+    missing_eos_penalty: float = 0.0  # TRL: a penalty for no EOS
+    """taken off the score of a response cut at max_new_tokens before EOS (TRL's; 0: none)"""
 
 
 def check_args(args, world_size):
@@ -111,17 +111,7 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-@dataclass
-class Rollout:
-    """G responses to each of this rank's problems; consecutive rows share a problem."""
-    gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
-    texts: list  # [N] the decoded responses
-    scores: torch.Tensor  # [N] the verifier's rewards
-    correct: torch.Tensor  # [N] 1.0 where the answer is right
-    problems: list  # [N / G] the problem of each group
-
-
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
@@ -131,8 +121,9 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
-                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+        gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                       args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
@@ -153,7 +144,7 @@ def preference_pairs(scores, group_size, ties="skip"):
     best, worst = s.argmax(dim=1), s.argmin(dim=1)  # torch takes the first of equal values
     differ = s.max(dim=1).values > s.min(dim=1).values
     keep = differ
-    if ties == "first":
+    if ties == "first":  # TRL: the first of equals is chosen
         best, worst = torch.where(differ, best, 0), torch.where(differ, worst, 1)
         keep = torch.ones_like(differ)
     first = torch.arange(len(s), device=scores.device) * group_size
@@ -192,12 +183,12 @@ def dpo_loss(logprobs, ref_logprobs, loss_mask, weights, normaliser, args):
     seq, ref_seq = (logprobs * mask).sum(1), (ref_logprobs * mask).sum(1)  # [2b]
     chosen, rejected = seq[0::2] - ref_seq[0::2], seq[1::2] - ref_seq[1::2]  # [b] log pi / pi_ref
     h = chosen - rejected  # [b]
-    if args.loss_type == "sigmoid":
+    if args.preference_loss == "sigmoid":
         losses = -F.logsigmoid(args.beta * h)
-    elif args.loss_type == "ipo":  # h's target is 1 / (2 tau), squared error around it
+    elif args.preference_loss == "ipo":  # IPO: h's target is 1 / (2 tau), squared error around it
         losses = (h - 1 / (2 * args.beta)) ** 2
     else:
-        raise ValueError(f"unknown loss_type {args.loss_type!r}")
+        raise ValueError(f"unknown preference_loss {args.preference_loss!r}")
     loss = (losses * weights).sum() / normaliser
     real = weights > 0
     if not real.any():  # pairs that only keep this rank in step say nothing
@@ -220,13 +211,17 @@ def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
+    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
-    resolve_schedule(args, len(env), args.num_prompts)
+    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+
     local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
     run.print(f"Online DPO | {run.world} process(es) on {run.device} | {args.num_prompts} prompts "
               f"x {G} samples per update ({N} per rank) | micro-batches of {args.micro_batch_size} "
-              f"pairs | {len(env)} problems | {args.max_steps} updates | {args.loss_type} loss")
+              f"pairs | {len(env)} problems | {args.max_steps} updates | {args.preference_loss}")
     start_step, resume_from = run.resume_point()
 
     # ---- models
@@ -243,7 +238,7 @@ def main(args):
         # ---- rollout: G responses to each of this rank's problems of the update, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
         batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
-                        run.autocast_dtype)
+                        run.autocast)
         run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         response_mask = gen.response_mask  # [N, R] every sampled token
@@ -251,7 +246,7 @@ def main(args):
 
         # ---- pairs: each prompt's best response against its worst, as the verifier sees them
         preferred = scores  # [N] what the judge compares
-        if args.missing_eos_penalty is not None:  # TRL's: a response cut short scores less
+        if args.missing_eos_penalty:  # TRL: a response cut short scores less
             preferred = scores - args.missing_eos_penalty * gen.truncated.float()
         chosen, rejected = preference_pairs(preferred, G, args.ties)  # [P] rows of gen each
         P = len(chosen)
@@ -271,14 +266,13 @@ def main(args):
             if len(weights):
                 ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb)  # [2 P', R]
 
-        # ---- update: one optimizer step on every pair of the batch (it is the policy's own),
-        # micro-batches of whole pairs
+        # ---- update: one optimizer step on every pair (the policy's own), micro-batches of pairs
         lr = lr_at(step, args)
         optimizer.param_groups[0]["lr"] = lr
         policy.train()
         stats, grad_norms = [], []
-        # every pair in one step; none on any rank (all responses scored the same): no step
-        for batch_rows in minibatches(len(loss_mask), 1, [0], run.device) if len(weights) else []:
+        if len(weights):  # no pair on any rank (every response scored the same): no step
+            batch_rows = torch.arange(len(loss_mask), device=run.device)  # w, l of every pair
             norm = loss_normaliser(loss_mask[:2 * P], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0

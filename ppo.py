@@ -5,15 +5,16 @@ token-level form of oat's PPO learner and TRL's PPOTrainer (Huang et al. 2024, "
 Implementation Details of RLHF with PPO", arXiv:2403.17031).
 
 Sample responses, grade each with the task's verifier, and learn a value V(s_t) of every prefix:
-    r_t   = -beta KL_t + [t = last] (score + non_stop_penalty [no EOS])    (KL_t: k1, pi_old to ref)
+    r_t   = -beta KL_t + [t = last] (score - missing_eos_penalty [no EOS])  (KL_t: k1, pi_old, ref)
     A_t   = delta_t + gamma lam A_t+1,  delta_t = r_t + gamma V_t+1 - V_t    (V after the last: 0)
     R_t   = A_t + V_t  (the value target);  A <- whiten(A)
     rho_t = pi(o_t | s_t) / pi_old(o_t | s_t)
     L_pi  = agg_t max(-rho_t A_t, -clip(rho_t, 1 - eps, 1 + eps) A_t) - entropy_coef agg_t H_t
     L_V   = 0.5 agg_t max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, +-cliprange_value) - R_t)^2)
     L     = L_pi + vf_coef L_V
-agg: the token mean over the minibatch (token, TRL) or per-sequence means, then their mean
-(sequence, oat). Each rollout batch is used for num_ppo_epochs passes of num_mini_batches steps.
+agg, by TRL GRPOTrainer's names: the token mean over the global minibatch (dapo, TRL's PPO) or
+per-sequence means, then their mean (grpo, oat); also bnpo and dr_grpo, as grpo.py. Each rollout
+batch is used for num_ppo_epochs passes of num_mini_batches steps.
 
 Simplified versus oat and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
@@ -36,19 +37,19 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.args import TrainArgs, lr_at, parse_args, schedule
 from common.checks import check_common_args
 from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs
-from common.fast_sampler import fast_generate
+from common.env import make_envs, resolve_dataset
+from common.fast_sampler import fast_decoding
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import (critic_state, load_tokenizer, make_critic, reference_policy,
                            trained_policy)
 from common.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
                              mismatch_stats, token_gae)
 from common.run import Run
-from common.sampler import Generation, encode_prompts
+from common.sampler import Rollout, encode_prompts, generate
 from common.sharding import clip_grad_norm
 
 
@@ -98,9 +99,9 @@ class Args(TrainArgs):
     """per-token estimate of the KL: k1 log-ratio, k2 its square / 2, k3 the GRPO paper's"""
     kl_penalty: Literal["loss", "reward"] = "reward"
     """where the KL enters: a loss term per token, or a cost in the reward"""
-    loss_type: Literal["token", "sequence"] = "token"
-    """token: a token mean over the minibatch (TRL); sequence: a mean of per-sequence means (oat)"""
-    critic_type: Literal["separate", "shared"] = "separate"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
+    critic_type: Literal["separate", "shared"] = "separate"  # shared critic: --critic_type shared
     """separate: a second transformer and a value head (oat, TRL); shared: a head on the policy"""
     critic_learning_rate: float = 2e-4
     """AdamW learning rate of the critic (or of the shared value head)"""
@@ -118,16 +119,16 @@ class Args(TrainArgs):
     """GAE lambda (oat: 1, i.e. A_t = return - V_t; TRL: 0.95)"""
     whiten_advantages: bool = True
     """whiten the advantages over the batch's response tokens"""
-    whiten_rewards: bool = False
+    whiten_rewards: bool = False  # TRL: whitened rewards
     """scale the per-token rewards to unit variance before GAE (TRL)"""
-    non_stop_penalty: float = 0.0
-    """added to the score of a response that hit max_new_tokens without EOS (negative: a penalty)"""
+    missing_eos_penalty: float = 0.0  # TRL: a penalty for no EOS
+    """taken off the score of a response cut at max_new_tokens before EOS (TRL's; 0: none)"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus"""
-    target_kl: float = 0.0
+    target_kl: float = 0.0  # early stop: CleanRL's
     """stop this batch's epochs once a minibatch's approx_kl exceeds this (CleanRL; 0: never)"""
-    tis_cap: float = 0.0
-    """truncated importance sampling: tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
+    tis_cap: float = 0.0  # TIS: truncated importance sampling
+    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -139,17 +140,7 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-@dataclass
-class Rollout:
-    """G responses to each of this rank's problems; consecutive rows share a problem."""
-    gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
-    texts: list  # [N] the decoded responses
-    scores: torch.Tensor  # [N] the verifier's rewards
-    correct: torch.Tensor  # [N] 1.0 where the answer is right
-    problems: list  # [N / G] the problem of each group
-
-
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
@@ -159,8 +150,9 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
-                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+        gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                       args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
@@ -176,7 +168,7 @@ def token_rewards(scores, truncated, response_mask, args, kl=None):
     """Per-token rewards [B, R]. scores, truncated: [B]; kl: [B, R] KL estimates, or None."""
     mask = response_mask.float()
     rewards = torch.zeros_like(mask) if kl is None else -args.beta * kl * mask  # [B, R]
-    scores = scores + args.non_stop_penalty * truncated.float()  # [B]
+    scores = scores - args.missing_eos_penalty * truncated.float()  # TRL: [B]
     # CRUCIAL: the score sits on the last real token of each right-padded response: its EOS when
     # it stopped, else the last token it was allowed to sample. Other tokens get the KL term only.
     last = (mask.sum(1).long() - 1).clamp(min=0)  # [B]
@@ -204,18 +196,23 @@ def loss_normaliser(loss_mask, args, world_size):
     """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
     losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
     the tokens that count."""
-    if args.loss_type == "token":
+    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()  # a dropped group's count nowhere
+    if args.loss_type == "grpo":
+        return float(sequences)
+    if args.loss_type == "bnpo":
+        return loss_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
+    if args.loss_type == "dapo":
         # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
-        # a token mean over every rank's minibatch, so N processes match one.
+        # a token mean over everything every rank generated.
         return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
-    if args.loss_type == "sequence":
-        return float(loss_mask.shape[0])
+    if args.loss_type == "dr_grpo":
+        return float(sequences * args.max_new_tokens)
     raise ValueError(f"unknown loss_type {args.loss_type!r}")
 
 
 def aggregate(per_token, mask, loss_type, normaliser):
     """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
-    if loss_type == "sequence":
+    if loss_type == "grpo":
         # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
         return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / normaliser
     return (per_token * mask).sum() / normaliser
@@ -228,19 +225,19 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
     logprobs, old_logprobs: [b, R]; advantages: [b, R], one per token."""
     mask = loss_mask.float()
-    ratio = torch.exp(logprobs - old_logprobs)  # [b, R]
-    pg_loss = torch.max(-advantages * ratio,
-                        -advantages * ratio.clamp(1 - args.epsilon, 1 + args.epsilon))  # [b, R]
+    log_ratio = logprobs - old_logprobs  # [b, R]
+    ratio = torch.exp(log_ratio)  # [b, R]
+    low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated
+    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
         per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
     loss = aggregate(per_token, mask, args.loss_type, normaliser)
     with torch.no_grad():
-        clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
-                   | ((ratio > 1 + args.epsilon) & (advantages > 0)))
+        clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
                  # how far the policy moved from the one that sampled (pi_old)
                  "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
@@ -272,22 +269,21 @@ def forward(policy, critic, input_ids, attention_mask, R, args):
     """-> logprobs [b, R], entropy [b, R], values [b, R] (V(s_t) of the prefix before token t). The
     critic is a separate transformer, or (--critic_type shared) a value head on the policy's own
     hidden states."""
-    if args.critic_type == "shared":
+    if args.critic_type == "shared":  # shared critic: a value head reads the policy's states
         logprobs, entropy, hidden = token_logprobs(policy, input_ids, attention_mask, R,
                                                    args.temperature, return_hidden=True)
-        values = critic(hidden[:, -R - 1:-1])  # [b, R]
-    else:
-        logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, args.temperature)
-        # CRUCIAL: the same one-token shift as the log-probs: V(s_t) sits at the position before t.
-        values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]  # [b, R]
+        return logprobs, entropy, critic(hidden[:, -R - 1:-1])  # [b, R]
+    logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, args.temperature)
+    # CRUCIAL: the same one-token shift as the log-probs: V(s_t) sits at the position before t.
+    values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]  # [b, R]
     return logprobs, entropy, values
 
 
 @torch.no_grad()
-def rollout_forward(policy, critic, gen, args):
+def rollout_forward(policy, critic, gen, mb, args):
     """pi_old's log-probs and V_old of the whole rollout batch, before any update: [N, R] each."""
     input_ids, attention_mask = gen.sequences()
-    R, mb = gen.response_mask.shape[1], args.micro_batch_size
+    R = gen.response_mask.shape[1]
     outs = [forward(policy, critic, input_ids[i:i + mb], attention_mask[i:i + mb], R, args)
             for i in range(0, input_ids.shape[0], mb)]
     return torch.cat([o[0] for o in outs]), torch.cat([o[2] for o in outs]).float()
@@ -300,8 +296,12 @@ def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
+    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
-    resolve_schedule(args, len(env), args.num_prompts)
+    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+
     local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
     run.print(f"PPO | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
@@ -313,8 +313,7 @@ def main(args):
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # new in PPO: the critic, a second transformer that starts as a copy of the policy, or a value
-    # head on the policy's own hidden states
+    # new in PPO: the critic, a copy of the policy with a value head (or a head on the policy)
     critic = make_critic(args, policy, run.device, run.state)
     ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
@@ -331,7 +330,7 @@ def main(args):
         # ---- rollout: G responses to each of this rank's problems of the update, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
         batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
-                        run.autocast_dtype)
+                        run.autocast)
         run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -344,16 +343,18 @@ def main(args):
         mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
         old_logprobs, ref_logprobs, kl = None, None, None
         with run.autocast:
-            old_logprobs, values = rollout_forward(policy, critic, gen, args)  # [N, R] each
+            old_logprobs, values = rollout_forward(policy, critic, gen, mb, args)  # [N, R] each
             if ref_policy is not None:
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
+            # under pi_old's log-probs (PPO has them; the sampler's, grpo's, differ by rounding)
             kl = kl_estimate(old_logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
             ref_logprobs = None
 
         # ---- advantages: per-token rewards, then GAE with the critic's values
         rewards = token_rewards(scores, gen.truncated, response_mask, args, kl)  # [N, R]
         advantages, returns = compute_advantages(rewards, values, response_mask, args)  # [N, R]
+        loss_mask = response_mask  # [N, R] the tokens that count in the loss
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
         lr = lr_at(step, args)
@@ -365,7 +366,7 @@ def main(args):
         shuffle_seeds = [sample_seed(args.seed, step, e * run.world + run.rank)  # one per epoch
                          for e in range(args.num_ppo_epochs)]
         for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
-            norm = loss_normaliser(response_mask[batch_rows], args, run.world)
+            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             total_loss, first_stat = 0.0, len(stats)
@@ -374,10 +375,10 @@ def main(args):
                     logprobs, entropy, new_values = forward(policy, critic, input_ids[rows],
                                                             attention_mask[rows], R, args)
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
-                pg, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows],
-                                    response_mask[rows], norm, args, ref, gen.logprobs[rows])
+                pg, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows], loss_mask[rows],
+                                    norm, args, ref, gen.logprobs[rows])
                 vf, vs = value_loss(new_values.float(), values[rows], returns[rows],
-                                    response_mask[rows], norm, args)
+                                    loss_mask[rows], norm, args)
                 loss = pg + args.vf_coef * vf
                 if args.entropy_coef:
                     bonus = aggregate(entropy, mask[rows], args.loss_type, norm)
@@ -394,12 +395,13 @@ def main(args):
             if run.guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
                 optimizer.step()
                 critic_optimizer.step()
-            # CleanRL's early stop: this minibatch's approx_kl, over every rank
+            # early stop: CleanRL's, on this minibatch's approx_kl over every rank
             kl_now = [s["approx_kl"] for s in stats[first_stat:]]
+            # early stop: the mean over ranks
             kl_now = all_reduce_sum(torch.tensor(sum(kl_now) / len(kl_now), dtype=torch.float64,
                                                  device=run.device)).item() / run.world
-            if args.target_kl and kl_now > args.target_kl:
-                break  # the policy moved far from the one that sampled
+            if args.target_kl and kl_now > args.target_kl:  # early stop: the policy moved far
+                break
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)

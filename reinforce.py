@@ -41,19 +41,19 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.args import TrainArgs, lr_at, parse_args, schedule
 from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+from common.distributed import (all_reduce_sum, average_gradients, prompt_indices,
                                 sample_seed)
-from common.env import make_envs
+from common.env import make_envs, resolve_dataset
 from common.errors import UsageError
 from common.logger import every
-from common.fast_sampler import fast_generate
+from common.fast_sampler import fast_decoding
 from common.logprobs import batched_token_logprobs, token_logprobs
 from common.models import load_tokenizer, reference_policy, trained_policy
 from common.numerics import discounted_returns, kl_estimate, masked_mean, mismatch_stats
 from common.run import Run
-from common.sampler import encode_prompts, eos_token_ids
+from common.sampler import Rollout, encode_prompts, eos_token_ids, generate
 from common.sharding import clip_grad_norm, full_state_dict, unsharded
 from common.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
 
@@ -102,18 +102,18 @@ class Args(TrainArgs):
     """where the KL enters: a loss term per token, or a cost in the reward"""
     length_normalize: bool = True
     """log pi(action) and its KL as token means, as the seed does (--no_length_normalize: sums)"""
-    ref_model_sync_steps: int = 0
+    ref_model_sync_steps: int = 0  # ref sync: LLM_RL's refreshed reference
     """copy the policy into the reference every this many updates (0: never)"""
-    stepwise: bool = False
+    stepwise: bool = False  # stepwise: LLM_RL's policy
     """one action = one line (--max_new_tokens limits each line); episodes end on the answer"""
-    max_episode_steps: int = 10
+    max_episode_steps: int = 10  # stepwise:
     """stepwise: lines per episode at most"""
-    gamma: float = 0.99
+    gamma: float = 0.99  # stepwise:
     """stepwise: discount of later rewards in each line's return"""
-    sym_calc: bool = False
+    sym_calc: bool = False  # stepwise:
     """stepwise: after <<expr>> a calculator writes the value of expr (never eval)"""
-    tis_cap: float = 0.0
-    """truncated importance sampling: tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
+    tis_cap: float = 0.0  # TIS: truncated importance sampling
+    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -122,20 +122,20 @@ def check_args(args, world_size):
     check_common_args(args, world_size)
     if args.baseline == "rloo" and args.num_generations < 2:
         raise UsageError("--baseline rloo needs --num_generations >= 2: the others' mean.")
-    if args.ref_model_sync_steps and args.beta == 0:
+    if args.ref_model_sync_steps and args.beta == 0:  # ref sync: needs a reference
         raise UsageError("--ref_model_sync_steps refreshes the KL reference, but --beta is 0 (no "
                          "reference); set --beta > 0 or drop --ref_model_sync_steps.")
-    if args.ref_model_sync_steps and args.lora_r:
+    if args.ref_model_sync_steps and args.lora_r:  # ref sync: LoRA's is the frozen base
         raise UsageError("--ref_model_sync_steps copies the policy into the reference, but with "
                          "--lora_r the reference is the frozen base (the adapters off): drop one.")
-    if args.sym_calc and not args.stepwise:
+    if args.sym_calc and not args.stepwise:  # stepwise: the calculator
         raise UsageError("--sym_calc works line by line: add --stepwise.")
 
 
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast_dtype):
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples. -> N one-step
@@ -144,24 +144,25 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
     problems = problems[first:first + local_prompts]
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
-    if args.stepwise:  # new in LLM_RL's policy: one line per step, with a calculator
+    if args.stepwise:  # stepwise: LLM_RL's policy, one line per step, with a calculator
         sample = policy_sampler(policy, tokenizer, args.temperature, args.top_p,
                                 lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
-                                autocast_dtype)
+                                autocast)
         eos_ids = set(eos_token_ids(policy, tokenizer))
         with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
             return play_episodes(sample, tokenizer, env, problems, G, args.max_new_tokens,
                                  args.sym_calc, next(policy.parameters()).device, eos_ids)
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen = fast_generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
-                        args.top_p, seeds=seeds, autocast_dtype=autocast_dtype)
+    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+        gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                       args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
-    return Episodes.single_turn(gen, texts, scores, correct, problems)
+    return Episodes.single_turn(Rollout(gen, texts, scores, correct, problems))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     logprobs, old_logprobs: [b, R]; advantages: [b], one per action."""
     mask = loss_mask.float()  # 0 on padding and on calculator tokens
     weighted = logprobs
-    if args.tis_cap:  # new in TIS: tokens weigh pi_trainer / pi_sampler, truncated
+    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
         tis = torch.exp(logprobs.detach() - sampler_logprobs).clamp(max=args.tis_cap)  # [b, R]
         weighted = logprobs * tis
     seq_logprobs = sequence_logprobs(weighted, mask, args.length_normalize)  # [b]
@@ -243,11 +244,15 @@ def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
+    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     stepwise = dict(stepwise=True, max_steps=args.max_episode_steps, calc_annotations=args.sym_calc,
                     system_prompt=args.system_prompt or stepwise_system_prompt(args.dataset_name,
                                                                                args.sym_calc))
     env, eval_env = make_envs(args, stepwise if args.stepwise else None, True, say=run.print)
-    resolve_schedule(args, len(env), args.num_prompts)
+    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+
     local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
     run.print(f"REINFORCE | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x "
@@ -268,6 +273,7 @@ def main(args):
               # a refreshed reference (--ref_model_sync_steps) is saved with the policy
               extra_state=lambda: ({"ref_policy": ref_policy.state_dict()}
                                    if args.ref_model_sync_steps else None))
+    # ref sync: a refreshed reference comes back with the policy
     if run.state is not None and "ref_policy" in run.state["extra"] and ref_policy is not None:
         ref_policy.load_state_dict(run.state["extra"]["ref_policy"])
 
@@ -276,9 +282,9 @@ def main(args):
         # ---- rollout: k responses (or episodes) to each of this rank's problems, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
         batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
-                        run.autocast_dtype)
+                        run.autocast)
         run.check_rewards(batch.rewards, step + 1, lambda k, t: f"problem {batch.problems[k // G]}")
-        gen, scores = batch.gen, batch.rewards.sum(1)  # a row of gen per action: a response or line
+        gen, scores = batch.gen, batch.scores  # a row of gen per action: a response or line
         input_ids, attention_mask = gen.sequences()  # [n, P + R]
         response_mask = gen.response_mask  # [n, R] every token of the actions
         loss_mask = batch.loss_mask  # [n, R] the policy's own tokens: no calculator tokens
@@ -310,29 +316,25 @@ def main(args):
         lr = lr_at(step, args)
         optimizer.param_groups[0]["lr"] = lr
         policy.train()
-        stats, grad_norms = [], []
-        for batch_rows in minibatches(n, 1, [0], run.device):  # one minibatch: every action
-            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
-            optimizer.zero_grad(set_to_none=True)
-            total_loss = 0.0
-            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
-                with run.autocast:
-                    logprobs, entropy = token_logprobs(policy, input_ids[rows],
-                                                       attention_mask[rows], R, args.temperature)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
-                ref = None if ref_logprobs is None else ref_logprobs[rows]
-                loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
-                                      ref, gen.logprobs[rows])
-                loss.backward()
-                total_loss += loss.item()
-                stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[rows],
-                                                    mask[rows]),
-                              "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
-            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
-            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
-            if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
-                optimizer.step()
-        # the seed's refresh of the reference
+        stats, total_loss = [], 0.0
+        norm = loss_normaliser(loss_mask, args, run.world)
+        optimizer.zero_grad(set_to_none=True)
+        for rows in torch.arange(n, device=run.device).split(mb):  # gradients accumulate
+            with run.autocast:
+                logprobs, entropy = token_logprobs(policy, input_ids[rows], attention_mask[rows], R,
+                                                   args.temperature)
+            ref = None if ref_logprobs is None else ref_logprobs[rows]
+            loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows], loss_mask[rows],
+                                  norm, args, ref, gen.logprobs[rows])
+            loss.backward()
+            total_loss += loss.item()
+            stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[rows], mask[rows]),
+                          "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
+        average_gradients(policy)  # what DDP does: the mean of every rank's gradient
+        grad_norm = clip_grad_norm(policy, args.max_grad_norm)
+        if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
+            optimizer.step()
+        # ref sync: the seed's refresh of the reference
         if ref_policy is not None and every(step + 1, args.ref_model_sync_steps):
             ref_policy.load_state_dict(full_state_dict(policy, all_ranks=True))
         # the rollout has no use for gradients: freed here, not at the next update's start
@@ -349,14 +351,14 @@ def main(args):
             "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": batch.truncated.float().mean().item(),
-            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "grad_norm": grad_norm,
             "return/mean": returns[:, 0].mean().item(),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        if args.stepwise:
+        if args.stepwise:  # stepwise: steps per episode, the calculator's calls
             metrics.update({"episode_steps/mean": n / N, "calc/fired": batch.calc_fired,
                             "calc/refused": batch.calc_refused})
         samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],

@@ -11,7 +11,7 @@ with the BAD backup, no reward nor discount inside a step (its last token: j = L
     R_j = A_j + V_j,  rho_j = pi(w_j | o_t, w_<j) / pi_old(w_j | o_t, w_<j)
     L_pi = mean max(-rho A, -clip(rho, 1 - eps, 1 + eps) A) - c_ent mean H    (A: whitened)
     L_V  = c_V mean max(huber(R - V_clip), huber(R - V)),  V_clip = V_old + clip(V - V_old, +-eps)
-with m_t+1 = 0 when the episode ended at step t. A minibatch whose approx KL exceeds target_kl is
+with m_t+1 = 0 when the episode ended at step t. A minibatch whose approx KL exceeds skip_kl is
 skipped.
 
 Simplified or changed versus OpenR:
@@ -45,11 +45,11 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.args import TrainArgs, lr_at, parse_args, resolve_schedule
+from common.args import TrainArgs, lr_at, parse_args, schedule
 from common.checks import check_common_args
 from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
                                 average_gradients, sample_seed)
-from common.env import make_envs, resolve_task
+from common.env import make_envs, resolve_dataset, resolve_task
 from common.errors import UsageError
 from common.logger import mean_of
 from common.logprobs import batched_token_logprobs, token_logprobs
@@ -140,7 +140,7 @@ class Args(TrainArgs):
     """GAE lambda"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (OpenR: 0.01)"""
-    target_kl: float = 0.02
+    skip_kl: float = 0.02
     """skip a minibatch's policy step when its approx_kl exceeds this (OpenR: 0.02; 0: never)"""
     lora_target_modules: str = "q_proj,v_proj"
     """modules that get LoRA adapters (OpenR's: r 8, alpha 16, on q_proj and v_proj)"""
@@ -237,11 +237,10 @@ def critic_values(critic, input_ids, attention_mask, R):
     return critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]
 
 
-def loss_normaliser(response_mask):
+def loss_normaliser(loss_mask, args, world_size):
     """Tokens in the global minibatch, per rank: after gradients are averaged over ranks the losses
-    are token means over every rank's minibatch."""
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    return (all_reduce_sum(response_mask.sum().float()) / world).clamp(min=1).item()
+    are token means over every rank's minibatch. loss_mask [n, R]: the tokens that count."""
+    return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -258,17 +257,19 @@ def env_minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batche
             for m in range(num_mini_batches)]
 
 
-def update_critic(critic, critic_optimizer, batch, batch_rows, args, run):
-    R = batch["response_mask"].shape[1]
-    normaliser = loss_normaliser(batch["response_mask"][batch_rows])
+def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows, mb, args, run):
+    """One critic step on the minibatch `batch_rows` of the rollout `gen`, in micro-batches of mb
+    rows."""
+    input_ids, attention_mask = gen.sequences()
+    response_mask, R = gen.response_mask, gen.response_mask.shape[1]
+    normaliser = loss_normaliser(response_mask[batch_rows], args, run.world)
     critic_optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for rows in batch_rows.split(args.micro_batch_size):  # gradients accumulate over micro-batches
+    for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
         with run.autocast:
-            values = critic_values(critic, batch["input_ids"][rows], batch["attention_mask"][rows],
-                                   R)
-        loss, s = value_loss(values, batch["values"][rows], batch["returns"][rows],
-                             batch["response_mask"][rows], normaliser, args)
+            values = critic_values(critic, input_ids[rows], attention_mask[rows], R)
+        loss, s = value_loss(values, old_values[rows], returns[rows], response_mask[rows],
+                             normaliser, args)
         loss.backward()
         total_loss += loss.item()
         stats.append(s)
@@ -279,34 +280,35 @@ def update_critic(critic, critic_optimizer, batch, batch_rows, args, run):
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
 
 
-def update_policy(policy, optimizer, batch, batch_rows, args, run, first=False):
+def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, mb, args, run,
+                  first=False):
     """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the
-    rollout policy and the current one exceeds target_kl on this minibatch, skip the step. The
+    rollout policy and the current one exceeds skip_kl on this minibatch, skip the step. The
     first minibatch of an update also compares the sampler's log-probs with the trainer's."""
-    R = batch["response_mask"].shape[1]
-    normaliser = loss_normaliser(batch["response_mask"][batch_rows])
+    all_ids, all_mask = gen.sequences()
+    response_mask, R = gen.response_mask, gen.response_mask.shape[1]
+    normaliser = loss_normaliser(response_mask[batch_rows], args, run.world)
     # CRUCIAL: the advantages are standardised per minibatch (OpenR), over every rank's tokens
-    step_mask = batch["response_mask"][batch_rows].float()  # one advantage per token
-    advantages = masked_whiten(batch["advantages"][batch_rows], step_mask, eps_on_std=True)
+    step_mask = response_mask[batch_rows].float()  # one advantage per token
+    advantages = masked_whiten(advantages[batch_rows], step_mask, eps_on_std=True)
     optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for k, rows in enumerate(batch_rows.split(args.micro_batch_size)):  # micro-batches
-        in_batch = slice(k * args.micro_batch_size, (k + 1) * args.micro_batch_size)
-        input_ids, attention_mask = trim_left_padding(batch["input_ids"][rows],
-                                                      batch["attention_mask"][rows])
+    for k, rows in enumerate(batch_rows.split(mb)):  # micro-batches
+        in_batch = slice(k * mb, (k + 1) * mb)
+        input_ids, attention_mask = trim_left_padding(all_ids[rows], all_mask[rows])
         with run.autocast:
             logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R,
                                                args.temperature)
-        loss, s = policy_loss(logprobs, batch["old_logprobs"][rows], advantages[in_batch],
-                              batch["response_mask"][rows], entropy, normaliser, args)
+        loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],
+                              response_mask[rows], entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
         if first:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
-            s.update(mismatch_stats(logprobs.detach(), batch["sampler_logprobs"][rows],
-                                    batch["response_mask"][rows].float()))
+            s.update(mismatch_stats(logprobs.detach(), gen.logprobs[rows],
+                                    response_mask[rows].float()))
         stats.append(s)
     stats = all_reduce_mean(mean_of(stats), run.device)
-    if args.target_kl and stats["approx_kl"] > args.target_kl:  # the same on every rank
+    if args.skip_kl and stats["approx_kl"] > args.skip_kl:  # the same on every rank
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "early_stop_frac": 1.0}
     average_gradients(policy)
@@ -323,12 +325,17 @@ def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
+    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     steps, tokens = STEP_LIMITS.get(resolve_task(args, say=run.print)[0], (10, 96))
     args.max_episode_steps = args.max_episode_steps or steps  # an arithmetic answer is one line
     args.max_new_tokens = args.max_new_tokens or tokens
     stepwise = dict(stepwise=True, step_tag=args.step_tag, max_steps=args.max_episode_steps)
     env, eval_env = make_envs(args, stepwise, say=run.print)
-    resolve_schedule(args, len(env), args.num_envs * args.num_steps / args.max_episode_steps)
+    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_envs * args.num_steps
+                                                 / args.max_episode_steps)
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+
     local_envs, T = args.num_envs // run.world, args.num_steps
     reward = "PRM " + args.prm_model_name_or_path if args.prm_model_name_or_path else "the verifier"
     run.print(f"TPPO | {run.world} process(es) on {run.device} | {args.num_envs} episodes x {T} "
@@ -344,7 +351,7 @@ def main(args):
     critic = make_critic(args, policy, run.device, run.state)  # beyond grpo: the value function
     prm = (ProcessRewardModel(args.prm_model_name_or_path, args.prm_step_tag, args.prm_good_token,
                               args.prm_bad_token, device=run.device,
-                              autocast_dtype=run.autocast_dtype)
+                              autocast_dtype=torch.bfloat16 if args.bf16 else None)
            if args.prm_model_name_or_path else None)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
@@ -369,7 +376,7 @@ def main(args):
         t0 = time.time()
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes go on next update
         segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p,
-                               run.autocast_dtype)
+                               run.autocast)
         run.check_rewards(segment.rewards, step + 1,
                           lambda k, t: f"env {run.rank * local_envs + k}, "
                                        f"problem {segment.indices[k][t]}")
@@ -396,10 +403,6 @@ def main(args):
         if args.bf16:  # CRUCIAL: bf16 sampling and training forwards round differently
             with run.autocast:
                 old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask,
-                 "response_mask": response_mask, "old_logprobs": old_logprobs,
-                 "advantages": advantages, "returns": returns, "values": values,
-                 "sampler_logprobs": gen.logprobs}
 
         # ---- update: num_ppo_epochs passes of num_mini_batches minibatches; the critic steps first
         lr = lr_at(step, args)
@@ -411,9 +414,10 @@ def main(args):
             for batch_rows in env_minibatches(step, epoch, local_envs, run.rank * local_envs, T,
                                    args.num_mini_batches, args.seed):
                 batch_rows = batch_rows.to(run.device)
-                s = update_critic(critic, critic_optimizer, batch, batch_rows, args, run)
-                s.update(update_policy(policy, optimizer, batch, batch_rows, args, run,
-                                       first=not stats))
+                s = update_critic(critic, critic_optimizer, gen, values, returns, batch_rows, mb,
+                                  args, run)
+                s.update(update_policy(policy, optimizer, gen, old_logprobs, advantages,
+                                       batch_rows, mb, args, run, first=not stats))
                 stats.append(s)
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
 from common.fast_attention import _packed_gqa  # noqa: E402
 from common.fast_linears import _onednn_linears  # noqa: E402
-from common.fast_sampler import fast_generate  # noqa: E402
+from common.fast_sampler import fast_decoding  # noqa: E402
 from common.hf import KV_CACHE  # noqa: E402
 from common.models import load_tokenizer  # noqa: E402
-from common.sampler import key_uniforms, row_keys, sample_token  # noqa: E402
+from common.sampler import generate, key_uniforms, row_keys, sample_token  # noqa: E402
 
 
 def sketch_rollout(model, prompts, group, new_tokens, seeds):
@@ -84,6 +84,12 @@ def sketch_rollout(model, prompts, group, new_tokens, seeds):
     return torch.stack(tokens, 1)
 
 
+def fast_rollout(model, tok, prompts, new_tokens, seeds):
+    """What the algorithm files sample: `generate` with the FastDecoder."""
+    with fast_decoding(model) as decoder:
+        return generate(model, tok, prompts, new_tokens, 1.0, 1.0, seeds=seeds, decoder=decoder)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=4)
@@ -105,7 +111,7 @@ def main():
                           bandwidth, flops[torch.float32])
     tok = load_tokenizer("tiny-random")
     runs = {
-        "generate": lambda: fast_generate(model, tok, prompts, args.new_tokens, 1.0, 1.0, seeds=seeds),
+        "generate": lambda: fast_rollout(model, tok, prompts, args.new_tokens, seeds),
         "sketch": lambda: sketch_rollout(model, prompts, args.group, args.new_tokens, seeds),
     }
     best, out = {}, {}

@@ -1,5 +1,5 @@
 """Fused projections (common/fast_fused.py) against separate ones, in the same process, alternating:
-a rollout of `fast_generate` with q/k/v and gate/up as one matmul each, then the same rollout with
+a rollout of `generate` (the FastDecoder) with q/k/v and gate/up as one matmul each, then the same rollout with
 them apart, --repeat times; and one decode step's linear layers alone, both ways. Medians, and
 their ratio (below 1: fused is faster). The samples are the same both ways (the script checks).
 
@@ -21,8 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roofline import SHAPES, build, linears_alone, sync  # noqa: E402
-from common.fast_sampler import Speedups, fast_generate  # noqa: E402
+from common.fast_sampler import Speedups, fast_decoding  # noqa: E402
 from common.models import load_tokenizer  # noqa: E402
+from common.sampler import generate  # noqa: E402
 
 
 def main():
@@ -46,9 +47,9 @@ def main():
         for fused in (True, False):
             sync(device)
             t0 = time.perf_counter()
-            gen = fast_generate(model, tok, prompts, args.new_tokens, 1.0, 1.0,
-                                seeds=list(range(args.batch)),
-                                speedups=Speedups(fused_projections=fused))
+            with fast_decoding(model, speedups=Speedups(fused_projections=fused)) as decoder:
+                gen = generate(model, tok, prompts, args.new_tokens, 1.0, 1.0,
+                               seeds=list(range(args.batch)), decoder=decoder)
             sync(device)
             rollout[fused].append(time.perf_counter() - t0)
             tokens[fused] = gen.response_ids.tolist()

@@ -13,7 +13,7 @@ and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of 
 and oneDNN's packed linear, which `generate` decodes with there). Then, on random-weight models
 built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
 
-- rollout: `common.fast_sampler.fast_generate` at each batch size and response length (prompts of --prompt_len
+- rollout: `generate` with the FastDecoder at each batch size and response length (prompts of --prompt_len
   tokens, sampling at temperature 1, every row its own seed). Its bound is the sum, over the prefill
   and every decode step, of the larger of the time to read the weights and the KV cache at the
   measured bandwidth and the time to do the step's FLOPs at the measured matmul peak; `of bound` is
@@ -51,9 +51,10 @@ from bench.memory import SHAPES as QWEN  # noqa: E402
 from common.fast_compile import compile_decoding  # noqa: E402
 from common.fast_fused import _fused_projections  # noqa: E402
 from common.fast_linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
-from common.fast_sampler import Speedups, fast_generate  # noqa: E402
+from common.fast_sampler import Speedups, fast_decoding  # noqa: E402
 from common.logprobs import token_logprobs  # noqa: E402
 from common.models import load_tokenizer  # noqa: E402
+from common.sampler import generate  # noqa: E402
 
 SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
             num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
@@ -160,7 +161,7 @@ def rollout_bound(s, batch, prompt_len, new_tokens, bandwidth, peak):
 
 def linears_alone(model, batch, device, pack, fuse):
     """Seconds of one decode step's linear layers and nothing else, at `batch` rows, each through
-    the op `fast_generate` uses (oneDNN's packed weights on a CPU, unless --torch_linears; q/k/v and
+    the op the FastDecoder uses (oneDNN's packed weights on a CPU, unless --torch_linears; q/k/v and
     gate/up as one matmul each, unless --unfused). A rollout can come no closer to the bound than
     its linear layers do: what is left of a step (attention, norms, the sampler) only adds."""
     dtype = next(model.parameters()).dtype
@@ -238,8 +239,9 @@ def main():
                 out = {}
 
                 def roll():
-                    out["gen"] = fast_generate(model, tok, prompts, new, 1.0, 1.0,
-                                               seeds=list(range(batch)), speedups=speedups)
+                    with fast_decoding(model, speedups=speedups) as decoder:
+                        out["gen"] = generate(model, tok, prompts, new, 1.0, 1.0,
+                                              seeds=list(range(batch)), decoder=decoder)
 
                 if args.compile:  # the first rollout of a shape compiles it
                     t0 = time.perf_counter()

@@ -37,7 +37,7 @@ RUNS = {
     "ppo": ("ppo", ["--num_prompts", "4", "--num_generations", "2"]),
     "ppo_shared": ("ppo", ["--num_prompts", "4", "--critic_type", "shared", "--beta", "0.05",
                            "--whiten_rewards", "--entropy_coef", "0.01", "--gae_lambda", "0.95",
-                           "--loss_type", "sequence", "--num_ppo_epochs", "2"]),
+                           "--loss_type", "grpo", "--num_ppo_epochs", "2"]),
     "reinforce": ("reinforce", ["--num_prompts", "2", "--num_generations", "4"]),
     "reinforce_mean_loss_kl": ("reinforce", ["--num_prompts", "2", "--num_generations", "2",
                                              "--baseline", "mean", "--kl_penalty", "loss",
@@ -49,7 +49,7 @@ RUNS = {
     "tppo": ("tppo", ["--num_envs", "2", "--num_steps", "4"]),
     "online_dpo": ("online_dpo", ["--num_prompts", "4", "--micro_batch_size", "3"]),
     "online_dpo_ipo_ties": ("online_dpo", ["--num_prompts", "4", "--num_generations", "3",
-                                           "--loss_type", "ipo", "--ties", "first",
+                                           "--preference_loss", "ipo", "--ties", "first",
                                            "--missing_eos_penalty", "0.5"]),
 }
 

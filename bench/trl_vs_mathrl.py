@@ -280,14 +280,14 @@ def mathrl_args(args):
                       length_normalize=False)
     if args.algo == "online_dpo":  # TRL's rule for ties (the first answer is chosen), beta 0.1,
         # micro-batches of 8 pairs as TRL's 8 prompts per device and step
-        shared.update(beta=0.1, loss_type="sigmoid", ties="first", missing_eos_penalty=None)
+        shared.update(beta=0.1, preference_loss="sigmoid", ties="first", missing_eos_penalty=0.0)
     if args.algo == "ppo":  # TRL's PPOTrainer: one optimizer (one learning rate), a linear value
         # head on a copy of the policy, k1 KL in the reward, GAE lambda 0.95, whitened advantages
         shared.update(critic_learning_rate=2e-5, critic_type="separate", critic_num_layers=0,
                       num_ppo_epochs=1, num_mini_batches=1, beta=0.05, kl_estimator="k1",
-                      kl_penalty="reward", loss_type="token", cliprange_value=0.2, vf_coef=0.1,
+                      kl_penalty="reward", loss_type="dapo", cliprange_value=0.2, vf_coef=0.1,
                       gamma=1.0, gae_lambda=0.95, whiten_advantages=True, whiten_rewards=False,
-                      non_stop_penalty=0.0)
+                      missing_eos_penalty=0.0)
     return module.Args(**shared)
 
 

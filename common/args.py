@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import textwrap
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -212,7 +212,8 @@ def parse_args(args_class, argv=None):
         native = _drop_seed_values(native, dest, options, from_seed)
     args = parser.parse_args_into_dataclasses(args=native)[0]
     given = {options[t].dest for t in native if t in options}
-    apply_rules(algo, args, seed, given, say, int(os.environ.get("WORLD_SIZE", 1)))
+    args = replace(args, **apply_rules(algo, args, seed, given, say,
+                                       int(os.environ.get("WORLD_SIZE", 1))))
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
     return args
@@ -259,11 +260,12 @@ def lr_at(step, args, base=None):
     return lr
 
 
-def resolve_schedule(args, num_problems, problems_per_update):
-    """--num_train_epochs and --warmup_ratio, once the data is read: -> max_steps and
-    warmup_steps."""
+def schedule(args, num_problems, problems_per_update):
+    """(max_steps, warmup_steps) once the data is read: --num_train_epochs and --warmup_ratio,
+    when given, set them."""
+    max_steps, warmup_steps = args.max_steps, args.warmup_steps
     if args.num_train_epochs is not None:
-        args.max_steps = max(1,
-                             math.ceil(args.num_train_epochs * num_problems / problems_per_update))
+        max_steps = max(1, math.ceil(args.num_train_epochs * num_problems / problems_per_update))
     if args.warmup_ratio is not None:
-        args.warmup_steps = math.ceil(args.warmup_ratio * args.max_steps)
+        warmup_steps = math.ceil(args.warmup_ratio * max_steps)
+    return max_steps, warmup_steps

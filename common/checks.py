@@ -34,7 +34,8 @@ RANGES = {
     "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
     "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
-    "target_kl": (0, math.inf, "[)"), "huber_delta": (0, math.inf, "()"),
+    "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
+    "huber_delta": (0, math.inf, "()"),
     **{name: (1, math.inf, "[)") for name in POSITIVE},
     **{name: (0, math.inf, "[)") for name in NON_NEGATIVE},
 }

@@ -889,8 +889,14 @@ def resolve_task(args, say=print):
         task = found
     elif task is None:  # a hub dataset named by --dataset_name: its fields decide
         task = detect_task([rename_fields(load_hub_rows(path, None, "train")[0], keys)])
-    args.dataset_name, args.dataset_path = (subject or task), path  # what is run, in args.json
     return task, path, subject
+
+
+def resolve_dataset(args, say=print):
+    """(--dataset_name, --dataset_path) as they are run, for args.json: a data file or hub dataset
+    given as --dataset_name becomes its task and the path, a MATH subject stays itself."""
+    task, path, subject = resolve_task(args, say)
+    return subject or task, path
 
 
 def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):

@@ -1,25 +1,26 @@
 """Held-out evaluation: greedy pass@1 on a fixed subset of the held-out problems, whole responses
 or stepwise episodes, under torchrun a strided share per rank."""
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
 from common.distributed import all_gather_objects
-from common.fast_sampler import fast_generate
-from common.sampler import encode_prompts, eos_token_ids
+from common.fast_sampler import fast_decoding
+from common.sampler import encode_prompts, eos_token_ids, generate
 from common.sharding import unsharded
 from common.stepwise import play_episodes, policy_sampler
 
 
 def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
-             autocast_dtype=None,
-             return_records=False):
+             autocast=contextlib.nullcontext(), return_records=False):
     """Greedy pass@1 on a fixed subset of `num_problems` problems of `env`. Under torchrun each rank
     grades a strided share and the accuracy is over all of them. Returns the accuracy (and
     per-problem records)."""
     if env.stepwise and not return_records:  # one line per step, as the policy was trained to
         return evaluate_stepwise(model, tokenizer, env, num_problems, max_new_tokens, batch_size,
-                                 autocast_dtype)
+                                 autocast)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     # A fixed random subset: test files are often ordered (by level, by subject), so the first N
     # would be biased.
@@ -28,20 +29,21 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
     records = []
     with unsharded(model):  # FSDP2: ranks may hold different numbers of batches
         records = _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size,
-                                autocast_dtype)
+                                autocast)
     records = [r for part in all_gather_objects(records) for r in part]
     accuracy = sum(r["correct"] for r in records) / max(1, len(records))
     return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy
 
 
-def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, autocast_dtype):
+def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, autocast):
     """One record per problem of `indices`: its greedy response, reward and grade."""
     records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
         prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
-        gen = fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
-                            autocast_dtype=autocast_dtype)
+        with autocast, fast_decoding(model) as decoder:
+            gen = generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
+                           decoder=decoder)
         for i, text, truncated in zip(chunk, gen.texts(tokenizer),
                                       gen.truncated.tolist()):
             reward, info = env.score(text, i)
@@ -53,14 +55,14 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
 
 
 def evaluate_stepwise(policy, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
-                      autocast_dtype=None):
+                      autocast=contextlib.nullcontext()):
     """Greedy pass@1 of stepwise episodes, on the same fixed subset as `evaluate`, which
     calls this for a stepwise env; with the calculator if the env's worked examples show it (as
     reinforce.py --sym_calc sets it); under torchrun each rank plays a strided share."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
     indices = sorted(chosen.tolist())[rank::world]
-    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast_dtype)
+    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast)
     device, eos_ids = next(policy.parameters()).device, set(eos_token_ids(policy, tokenizer))
     correct = []
     with unsharded(policy):  # FSDP2: ranks may play different numbers of steps

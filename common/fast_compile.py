@@ -10,7 +10,7 @@ STATIC_CACHE_STEP = 128  # static caches are a multiple of this long: few shapes
 
 
 def compile_decoding(model, backend="inductor"):
-    """Make `fast_generate` decode `model` with a static KV cache and a compiled forward (the
+    """Make the FastDecoder decode `model` with a static KV cache and a compiled forward (the
     gpt-fast approach, optional: --compile). Every decode step then has the same shapes, so
     torch.compile traces it once per batch size and cache length, and on a GPU its kernels replay
     as one CUDA graph rather than one launch each. Finished rows stay in the batch, masked:

@@ -1,9 +1,13 @@
-"""The sampler with its speedups on: `fast_generate` draws what common.sampler.generate draws (the
-same tokens; log-probs within float rounding), faster. Every algorithm file samples with it.
+"""The sampler's speedups, switched on in one place: `generate` (common/sampler.py) draws the same
+tokens with `FastDecoder` as with its plain `Decoder`, faster (log-probs within float rounding).
 
-Each speedup lives in its own module and is switched on here, in `Speedups`; a test checks each
-alone against the plain sampler (tests/test_fast_sampler.py):
-- fast_prefill.py: rows with the same prompt (a GRPO group) share one prefill, a prefix every
+    with autocast, fast_decoding(policy) as decoder:
+        gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, seeds=seeds,
+                       decoder=decoder)
+
+Each speedup lives in its own module and is switched on by `Speedups`; a test checks each alone
+against the plain decoder (tests/test_fast_sampler.py):
+- fast_prompts.py: rows with the same prompt (a GRPO group) share one prefill, a prefix every
   prompt shares (the system prompt and worked example) is read once, and a stepwise episode's next
   prompt reads only the tokens added since its last call (`PrefixCache`);
 - fast_kv.py: decode steps write their keys and values into buffers with room, not a new copy of
@@ -13,11 +17,11 @@ alone against the plain sampler (tests/test_fast_sampler.py):
   stacked once per rollout;
 - fast_linears.py: on a CPU, fp32 linear layers run through oneDNN with weights packed once per
   rollout;
-- finished rows leave the forward batch (here): once most rows have answered, the rest decode alone;
 - fast_compile.py (--compile): a static KV cache and a compiled decode step, for the models that
   `compile_decoding` was called on (common.models.trained_policy does it under --compile); with
   `grow_static_cache`, a cache that grows as it fills (off by default).
-Stop strings of one character are read off a table of the tokens that hold them, not decoded.
+The first three change how the decoder reads prompts and keeps its cache; the model-patching ones
+(attention, fused projections, linears) hold for the `fast_decoding` block.
 """
 
 import contextlib
@@ -31,20 +35,18 @@ from common.fast_compile import _COMPILED, _cache_lengths, _grown_cache, _static
 from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears
-from common.fast_prefill import PrefixCache, _full_attention, _prefill
+from common.fast_prompts import PrefixCache, _full_attention, _prefill, identical_rows
 from common.hf import KV_CACHE, position_ids_from_mask
-from common.logprobs import identical_rows
-from common.sampler import (Generation, eos_token_ids, key_uniforms, left_pad, row_keys,
-                            sample_token, stop_string_hit)
+from common.sampler import Decoder
 from common.sharding import unsharded
 
 
 @dataclass(frozen=True)
 class Speedups:
-    """Which speedups `fast_generate` uses: all of them unless a caller says otherwise (the tests,
+    """Which speedups `fast_decoding` uses: all of them unless a caller says otherwise (the tests,
     bench/roofline.py's before and after)."""
     shared_prefill: bool = True
-    """fast_prefill.py: prompt tokens another row or an earlier call of the rollout read run once"""
+    """fast_prompts.py: prompt tokens another row or an earlier call of the rollout read run once"""
     in_place_kv: bool = True
     """fast_kv.py: each decode step appends its keys and values in place"""
     packed_gqa: bool = True
@@ -60,163 +62,127 @@ class Speedups:
     it (off until a GPU measures it: one compiled graph per cache length)"""
 
 
-@torch.no_grad()
-def fast_generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0,
-                  stop_strings=(), seeds=None, autocast_dtype=None, check_every=None,
-                  prefix_cache=None, speedups=Speedups()):
-    """common.sampler.generate's samples, faster; its arguments, and:
+_KEPT_FUSED = weakref.WeakKeyDictionary()  # a compiled model -> its fused projections
 
-    autocast_dtype: torch.bfloat16 under --bf16. check_every: read which rows are done (a host
-    sync) every this many tokens, to stop early and drop finished rows from the batch; default 1 on
-    CPU, where a sync costs nothing, and 8 on a GPU, where it stalls the queue of kernels (finished
-    rows decode a few tokens more, masked out). prefix_cache: a `PrefixCache` that lives for one
-    rollout: prompts read what it holds, and each row's prompt and response are stored in it for
-    the next call (a stepwise episode's next state); it also keeps the rollout's packed linear
-    weights. None: a prefix that all prompts share is read once, for this call only.
-    """
+
+@contextlib.contextmanager
+def fast_decoding(model, prefix_cache=None, speedups=Speedups(), check_every=None):
+    """A `FastDecoder` for `generate`, with `model`'s decode attention, q/k/v and gate/up
+    projections and (on a CPU, in fp32) linear layers in their fast forms for the block. Enter it
+    inside the forwards' autocast (--bf16): the fused weights take its dtype.
+
+    prefix_cache: a `PrefixCache` that lives for one rollout (stepwise episodes): prompts read what
+    it holds, `FastDecoder.remember` stores each row's prompt and response for the next call, and
+    it keeps the rollout's packed and fused weights. None: a prefix that all prompts share is read
+    once, for this call only. check_every: see `FastDecoder`."""
     device = next(model.parameters()).device
-    check_every = check_every or (1 if device.type == "cpu" else 8)
-    pad_id = tokenizer.pad_token_id
-    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
-    one_token_stops = [s for s in stop_strings if len(s) == 1]
-    long_stops = [s for s in stop_strings if len(s) > 1]
-    stop_table = None
-    if one_token_stops:
-        stop_table = torch.zeros(len(tokenizer), dtype=torch.bool)
-        for s in one_token_stops:
-            stop_table |= _single_token_stop_table(tokenizer, s)
-        stop_table = stop_table.to(device)
-
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    B = prompt_ids.shape[0]
-    seeds = None if seeds is None else torch.tensor([int(x) % 2**63 for x in seeds], device=device)
-    keys = None if seeds is None else row_keys(seeds)
-    was_training = model.training
-    model.eval()
-    autocast = torch.autocast(device.type,
-                              dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-
-    tokens, logps = [], []
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    alive_mask = []  # per step: was the row still generating when this token was sampled
-    rows = torch.arange(B, device=device)  # the original rows still in the forward batch
-    # FSDP2: the weights gathered once, not once per token
+    autocast = torch.is_autocast_enabled(device.type)
+    dtype = torch.get_autocast_dtype(device.type) if autocast else None
     # the compiled forward (--compile) traces the layers as they are
-    pack = speedups.packed_linears and autocast_dtype is None and model not in _COMPILED
+    pack = speedups.packed_linears and dtype is None and model not in _COMPILED
     # fused weights live for the rollout (prefix_cache), or for a compiled model's life: its
     # compiled step reads them as inputs, and new ones would make it compile again
     fused_store = (_KEPT_FUSED.setdefault(model, {}) if model in _COMPILED else
                    prefix_cache.fused if prefix_cache else None)
-    with (autocast, unsharded(model),
+    # FSDP2: the weights gathered once, before the fused ones are stacked from them
+    with (unsharded(model),
           _packed_gqa(model) if speedups.packed_gqa else contextlib.nullcontext(),
-          _fused_projections(model, speedups.fused_projections, autocast_dtype,
-                             fused_store) as fused,
+          _fused_projections(model, speedups.fused_projections, dtype, fused_store) as fused,
           _onednn_linears(model, pack, prefix_cache.packed if prefix_cache else None,
                           also=[held[1] for held in fused.values()])):
-        attn = prompt_mask
+        yield FastDecoder(model, speedups, prefix_cache, check_every)
+
+
+class FastDecoder(Decoder):
+    """`Decoder`'s prefill and decode steps, the same function of the same tokens, faster: prompts
+    that rows share are read once (fast_prompts.py), decode steps append to the cache in place
+    (fast_kv.py), or, for a model that `compile_decoding` was called on, run a compiled step over a
+    static cache (fast_compile.py), where finished rows stay in the batch (dropping them would
+    change the shapes).
+
+    check_every: `generate` reads which rows are done every this many tokens: every token on a CPU,
+    where a read costs nothing, and every 8 on a GPU, where it stalls the queue of kernels (finished
+    rows decode a few tokens more, masked out)."""
+
+    def __init__(self, model, speedups=Speedups(), prefix_cache=None, check_every=None):
+        super().__init__(model)
+        self.speedups, self.prefix_cache = speedups, prefix_cache
+        self.check_every = check_every or (1 if next(model.parameters()).device.type == "cpu"
+                                           else 8)
+        self.compiled = _COMPILED.get(model)
+        self.drops_rows = speedups.drop_finished and self.compiled is None
+        self.left = {}  # row -> its cache layers, for rows that left the batch (`remember`)
+
+    def prefill(self, prompt_ids, prompt_mask, max_new_tokens):
+        B, W = prompt_ids.shape
+        device = prompt_ids.device
         positions = position_ids_from_mask(prompt_mask)
+        self.prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+        self.rows = torch.arange(B, device=device)  # the original row of each batch row
         # Rows with the same prompt (a GRPO group, G samples of one question) share one prefill:
         # only the distinct prompts run through the model, and their KV cache rows are then copied
         # out to every row.
-        distinct, inverse = torch.arange(B, device=device), torch.arange(B, device=device)
+        distinct, inverse = self.rows, self.rows
         store = None  # a model whose cache cannot be rearranged reads every prompt in full
-        if speedups.shared_prefill:
+        if self.speedups.shared_prefill:
             distinct, inverse = identical_rows(torch.cat([prompt_ids, prompt_mask], 1))
-            if _full_attention(model):
-                store = PrefixCache() if prefix_cache is None else prefix_cache
-        cache, logits = _prefill(model, [list(prompts[i]) for i in distinct.tolist()],
-                                 prompt_ids[distinct], attn[distinct], positions[distinct], store)
-        next_pos = positions[:, -1:] + 1
+            if _full_attention(self.model):
+                store = PrefixCache() if self.prefix_cache is None else self.prefix_cache
+        cache, logits = _prefill(self.model, [self.prompts[i] for i in distinct.tolist()],
+                                 prompt_ids[distinct], prompt_mask[distinct], positions[distinct],
+                                 store)
+        self.remembers = store is not None and store is self.prefix_cache
         if len(distinct) < B:
             cache.batch_select_indices(inverse)
-        logits = logits[inverse]  # [B, V]
-
-        def remember(batch_rows):
-            """Store these rows of the forward batch in prefix_cache: the prompt and the response
-            tokens the model has read (all but the last, which was never fed)."""
-            if store is None or store is not prefix_cache:  # no later call to read it
-                return
-            index = rows[batch_rows]
-            counts = torch.stack(alive_mask, 1)[index].sum(1).tolist()
-            sampled = torch.stack(tokens, 1)[index].tolist()
-            sequences = [list(prompts[r]) + ids[:k - 1]
-                         for r, ids, k in zip(index.tolist(), sampled, counts)]
-            store.keep(cache, batch_rows.tolist(), sequences,
-                       [prompt_ids.shape[1] - len(prompts[r]) for r in index.tolist()])
-
-        compiled = _COMPILED.get(model)
-        W = prompt_ids.shape[1]
-        if compiled is not None:  # the prompts' keys and values, in a preallocated cache
-            length, _ = _cache_lengths(W, max_new_tokens, speedups.grow_static_cache)
-            cache = _static_cache(model, cache, length)
+        self.mask, self.position, self.width = prompt_mask, positions[:, -1:] + 1, W
+        if self.compiled is not None:  # the prompts' keys and values, in a preallocated cache
+            self.length, _ = _cache_lengths(W, max_new_tokens, self.speedups.grow_static_cache)
+            cache = _static_cache(self.model, cache, self.length)
             # the columns after the current token are hidden by the causal mask
-            attn = torch.cat([attn, attn.new_ones(B, length - W)], dim=1)
-        elif speedups.in_place_kv:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(B, self.length - W)], dim=1)
+        elif self.speedups.in_place_kv:
             cache = _append_in_place(cache, max_new_tokens)
-        for t in range(max_new_tokens):
-            uniforms = None if seeds is None else key_uniforms(keys[rows], t)
-            sampled, lp_rows = sample_token(logits, temperature, top_p, uniforms)
-            token = torch.full((B,), pad_id, dtype=sampled.dtype, device=device)
-            lp = torch.zeros(B, device=device)
-            alive = ~done
-            token[rows], lp[rows] = sampled, lp_rows.float()
-            token = torch.where(alive, token, torch.full_like(token, pad_id))
-            tokens.append(token)
-            logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
-            alive_mask.append(alive)
-            hit = torch.isin(token, eos)
-            if stop_table is not None:
-                hit |= stop_table[token]
-            if long_stops:
-                hit |= stop_string_hit(tokenizer, tokens, long_stops, alive)
-            finished |= hit & alive
-            done |= hit
-            check = (t + 1) % check_every == 0
-            if t == max_new_tokens - 1 or (check and bool(done.all())):
-                break
-            # Finished rows leave the forward batch (their KV cache rows too): once the model
-            # answers concisely, most of a batch is done long before the slowest row, and a dead row
-            # costs as much as a live one. A row's sample depends only on its own logits and its own
-            # seed.
-            drop = check and compiled is None and speedups.drop_finished
-            keep = (~done[rows]).nonzero()[:, 0] if drop else None
-            if keep is not None and len(keep) < len(rows):
-                remember(done[rows].nonzero()[:, 0])
-                rows, attn, next_pos = rows[keep], attn[keep], next_pos[keep]
-                cache.batch_select_indices(keep)
-            if compiled is None:
-                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            elif W + t >= length:  # this token's keys go to position W + t: a full cache grows
-                cache, grown = _grown_cache(model, cache, length, W + t)
-                attn = torch.cat([attn, attn.new_ones(B, grown - length)], dim=1)
-                length = grown
-            out = (model if compiled is None else compiled)(
-                input_ids=token[rows][:, None], attention_mask=attn, position_ids=next_pos,
-                use_cache=True, **{KV_CACHE: cache})
-            cache, next_pos, logits = getattr(out, KV_CACHE), next_pos + 1, out.logits[:, -1]
-        remember(torch.arange(len(rows), device=device))
-    model.train(was_training)
+        self.cache, self.step = cache, 0
+        return logits[inverse]  # [B, V]
 
-    response_mask = torch.stack(alive_mask, dim=1).long()  # [B, R]
-    # between checks every row may have finished: those last columns hold no token
-    R = max(1, int(response_mask.any(0).nonzero().max()) + 1) if check_every > 1 else len(tokens)
-    return Generation(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-        response_ids=torch.stack(tokens[:R], dim=1), response_mask=response_mask[:, :R],
-        logprobs=torch.stack(logps[:R], dim=1), finished=finished, truncated=~finished,
-    )
+    def decode(self, token):
+        self.step += 1
+        if self.compiled is None:
+            return super().decode(token)
+        # the static cache: this token's keys go to position W + step - 1; a full cache grows
+        if self.width + self.step - 1 >= self.length:
+            self.cache, grown = _grown_cache(self.model, self.cache, self.length,
+                                             self.width + self.step - 1)
+            self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), grown - self.length)],
+                                  dim=1)
+            self.length = grown
+        out = self.compiled(input_ids=token[:, None], attention_mask=self.mask,
+                            position_ids=self.position, use_cache=True, **{KV_CACHE: self.cache})
+        self.cache, self.position = getattr(out, KV_CACHE), self.position + 1
+        return out.logits[:, -1]
 
+    def keep(self, index):
+        if self.remembers:  # the rows that leave: their cache, for `remember`
+            gone = torch.ones(len(self.rows), dtype=torch.bool, device=index.device)
+            gone[index] = False
+            for b in gone.nonzero()[:, 0].tolist():
+                self.left[int(self.rows[b])] = [(layer.keys[b].clone(), layer.values[b].clone())
+                                                for layer in self.cache.layers]
+        super().keep(index)
+        self.rows = self.rows[index]
 
-_STOP_TABLES = {}
-_KEPT_FUSED = weakref.WeakKeyDictionary()  # a compiled model -> its fused projections
-
-
-def _single_token_stop_table(tokenizer, text):
-    """Bool [V]: tokens whose text contains `text` (e.g. every token holding a newline)."""
-    key = (tokenizer.name_or_path, len(tokenizer), text)
-    if key not in _STOP_TABLES:
-        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        _STOP_TABLES[key] = torch.tensor([text in p for p in pieces], dtype=torch.bool)
-    return _STOP_TABLES[key]
+    def remember(self, gen):
+        """Store each row's prompt and the response tokens the model has read (all but the last,
+        which was never fed) in the prefix_cache, for the next call of the rollout to read."""
+        if not self.remembers:
+            return
+        for b, row in enumerate(self.rows.tolist()):
+            self.left[row] = [(layer.keys[b], layer.values[b]) for layer in self.cache.layers]
+        lengths, responses = gen.response_mask.sum(1).tolist(), gen.response_ids.tolist()
+        for row in self.left:  # in the order rows left the batch, as an earlier match prefers
+            sequence = self.prompts[row] + responses[row][:lengths[row] - 1]
+            start = self.width - len(self.prompts[row])
+            self.prefix_cache.add(sequence, [(k[:, start:start + len(sequence)].clone(),
+                                              v[:, start:start + len(sequence)].clone())
+                                             for k, v in self.left[row]])
+        self.left = {}

@@ -31,7 +31,7 @@ from common.distributed import broadcast_parameters
 from common.errors import PathError
 from common.fast_compile import compile_decoding
 from common.hf import decoder_layers, position_ids_from_mask
-from common.logprobs import shared_prompt_forward
+from common.fast_prompts import shared_prompt_forward
 from common.sharding import AdapterOff, AdapterOffBody, add_lora, full_state_dict, is_sharded, shard
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"

@@ -110,15 +110,14 @@ class Run:
         check_args(args, self.world)
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32
-        self.autocast_dtype = torch.bfloat16 if args.bf16 else None
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if args.bf16
                          else contextlib.nullcontext())
         self.print = print0
         self.start_step, self.state = 0, None
-        # --micro_batch_size unset: 8, or on a GPU what its memory holds
+        # --micro_batch_size unset: 8 (main sets it to default_micro_batch), or on a GPU what its
+        # memory holds, decided here while it is still unset
         self.fit = MicroBatchFit() if fits_gpu_memory(self.device, args) else None
-        if args.micro_batch_size is None:
-            args.micro_batch_size = DEFAULT_MICRO_BATCH
+        self.default_micro_batch = DEFAULT_MICRO_BATCH
 
     def resume_point(self):
         """(first update, checkpoint folder or None): where this run starts; the checkpoint's
@@ -150,10 +149,9 @@ class Run:
 
     def micro_batch_size(self, rows, width):
         """Rows per micro-batch in this update (`rows` rows of `width` tokens): --micro_batch_size,
-        or, left unset on a GPU, fitted to its memory (MicroBatchFit). Kept in
-        args.micro_batch_size too, where the update's helpers read it."""
+        or, left unset on a GPU, fitted to its memory (MicroBatchFit)."""
         if self.fit is not None:
-            self.args.micro_batch_size = self.fit.rows(rows, width)
+            return self.fit.rows(rows, width)
         return self.args.micro_batch_size
 
     def check_rewards(self, rewards, step, describe):
@@ -191,7 +189,7 @@ class Run:
             return None
         args = self.args
         acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
-                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast_dtype)
+                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast)
         self.logger.log_eval(step, {"eval/accuracy": acc})
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's

@@ -6,7 +6,7 @@ max_new_tokens; with the sampler's log-probs of the tokens it drew.
     gen = generate(model, tokenizer, prompts, max_new_tokens=64, temperature=0.7, seeds=seeds)
     texts = gen.texts(tokenizer)
 
-The files train with common.fast_sampler.fast_generate: these samples, drawn faster.
+The algorithm files pass common.fast_sampler's FastDecoder: these samples, drawn faster.
 """
 
 from dataclasses import dataclass
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from common.hf import KV_CACHE, position_ids_from_mask
+from common.sharding import unsharded
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,24 +104,34 @@ class Generation:
             torch.cat([g.finished for g in gens]), torch.cat([g.truncated for g in gens]))
 
 
+@dataclass
+class Rollout:
+    """What a rollout gives the update: G responses to each of this rank's problems, graded;
+    consecutive rows share a problem. (Stepwise episodes extend it: common.stepwise.Episodes.)"""
+    gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
+    texts: list  # [N] the decoded responses
+    scores: torch.Tensor  # [N] the verifier's rewards
+    correct: torch.Tensor  # [N] 1.0 where the answer is right
+    problems: list  # [N / G] the problem of each group
+
+
 # ------------------------------------------------------------------------------------------------
 # The loop
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
-             seeds=None):
+             seeds=None, decoder=None):
     """Sample one response per prompt, a token at a time, each step reading the keys and values of
     the tokens before it from a KV cache.
 
     prompts: token-id lists. temperature 0 is greedy. seeds: one int per prompt, the row's own
     sampling stream (None: torch's global RNG). stop_strings: e.g. ("\\n",) ends a row at a step
-    boundary; the token that completes a stop string, or the EOS, is kept in the response. Returns a
-    `Generation` on the model's device.
-
-    This is the sampler to read. The algorithm files call common.fast_sampler.fast_generate, which
-    draws the same tokens faster: tests/test_fast_sampler.py checks each of its speedups against
-    this function. A model sharded by FSDP2 must be gathered first (common.sharding.unsharded).
+    boundary; the token that completes a stop string, or the EOS, is kept in the response.
+    decoder: what runs the model, `Decoder(model)` by default; the algorithm files pass
+    common.fast_sampler's FastDecoder, which draws the same tokens faster. Returns a `Generation`
+    on the model's device.
     """
+    decoder = Decoder(model) if decoder is None else decoder
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
@@ -130,46 +141,83 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     keys = None if seeds is None else row_keys(seeds)  # [B] hashed once, used at every token
     was_training = model.training
     model.eval()
-
-    # Prefill: every prompt in one forward. The KV cache keeps each layer's keys and values, and the
-    # last position's logits give the first response token.
-    positions = position_ids_from_mask(prompt_mask)  # [B, P]
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
-                use_cache=True, logits_to_keep=1)
-    cache, logits = getattr(out, KV_CACHE), out.logits[:, -1]  # logits [B, V]
-    attention_mask, next_position = prompt_mask, positions[:, -1:] + 1
-
     tokens, logprobs, alive = [], [], []  # one [B] tensor per step
     done = torch.zeros(B, dtype=torch.bool, device=device)  # the row has stopped
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # ... by EOS or a stop string
-    for t in range(max_new_tokens):
-        uniforms = None if keys is None else key_uniforms(keys, t)  # [B] each row's own draw
-        token, logprob = sample_token(logits, temperature, top_p, uniforms)  # [B], [B]
-        # A row that stopped keeps decoding padding, outside its response mask, until all stop.
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        tokens.append(token)
-        logprobs.append(torch.where(done, torch.zeros_like(logprob), logprob))
-        alive.append(~done)
-        hit = torch.isin(token, eos)
-        if stop_strings:
-            hit |= stop_string_hit(tokenizer, tokens, stop_strings, ~done)
-        finished |= hit & ~done
-        done |= hit
-        if t == max_new_tokens - 1 or bool(done.all()):
-            break
-        # Decode: the new token is the only input; it attends to the cache of all before it.
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=attention_mask,
-                    position_ids=next_position, use_cache=True, **{KV_CACHE: cache})
-        cache, logits = getattr(out, KV_CACHE), out.logits[:, -1]
-        next_position = next_position + 1
+    rows = torch.arange(B, device=device)  # the rows in the forward batch: finished ones leave it
+    # FSDP2: the whole weights for the rollout, as ranks stop at different tokens
+    with unsharded(model):
+        logits = decoder.prefill(prompt_ids, prompt_mask, max_new_tokens)  # [B, V]
+        for t in range(max_new_tokens):
+            uniforms = None if keys is None else key_uniforms(keys[rows], t)  # [b] each row's own
+            sampled, logprob = sample_token(logits, temperature, top_p, uniforms)  # [b], [b]
+            # Every row gets a column per step: padding and log-prob 0 once it has stopped.
+            stopped = done[rows]
+            tokens.append(torch.full((B,), pad_id, device=device).index_put(
+                (rows,), sampled.masked_fill(stopped, pad_id)))
+            logprobs.append(torch.zeros(B, device=device).index_put(
+                (rows,), logprob.float().masked_fill(stopped, 0.0)))
+            alive.append(~done)
+            hit = torch.isin(tokens[-1], eos)
+            if stop_strings:
+                hit |= stop_string_hit(tokenizer, tokens, stop_strings, alive[-1])
+            finished |= hit & alive[-1]
+            done |= hit
+            # Reading `done` on the host waits for the device: the decoder says how often to do it.
+            check = (t + 1) % decoder.check_every == 0
+            if t == max_new_tokens - 1 or (check and bool(done.all())):
+                break
+            if check and decoder.drops_rows:  # finished rows leave the batch, and their cache
+                keep = (~done[rows]).nonzero()[:, 0]
+                if len(keep) < len(rows):
+                    rows = rows[keep]
+                    decoder.keep(keep)
+            logits = decoder.decode(tokens[-1][rows])  # [b, V]
     model.train(was_training)
+    response_mask = torch.stack(alive, dim=1).long()  # [B, R]
+    # between two checks every row may have stopped: those last columns hold no token
+    R = max(1, int(response_mask.any(0).nonzero().max()) + 1)
     return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                      response_ids=torch.stack(tokens, dim=1),
-                      response_mask=torch.stack(alive, dim=1).long(),
-                      logprobs=torch.stack(logprobs, dim=1), finished=finished,
+                      response_ids=torch.stack(tokens[:R], dim=1),
+                      response_mask=response_mask[:, :R],
+                      logprobs=torch.stack(logprobs[:R], dim=1), finished=finished,
                       truncated=~finished)
 
+
+class Decoder:
+    """How `generate` runs the model: a prefill reads every prompt into a KV cache, then each decode
+    step reads one new token per row, attending to the cache of all before it (nanochat's engine
+    and gpt-fast's `prefill` / `decode_one_token`). common.fast_sampler.FastDecoder does the same,
+    faster."""
+
+    check_every = 1  # read which rows are done every this many tokens
+    drops_rows = True  # finished rows leave the forward batch (`keep`)
+
+    def __init__(self, model):
+        self.model = model
+
+    def prefill(self, prompt_ids, prompt_mask, max_new_tokens):
+        """Left-padded prompts [B, P] -> the logits [B, V] of each one's next token. At most
+        max_new_tokens decode steps follow (this cache grows as they come)."""
+        positions = position_ids_from_mask(prompt_mask)  # [B, P]
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        self.cache, self.mask = getattr(out, KV_CACHE), prompt_mask
+        self.position = positions[:, -1:] + 1  # [B, 1] where each row's next token sits
+        return out.logits[:, -1]
+
+    def decode(self, token):
+        """Each batch row's newest token [b] -> the logits [b, V] of the token after it."""
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        out = self.model(input_ids=token[:, None], attention_mask=self.mask,
+                         position_ids=self.position, use_cache=True, **{KV_CACHE: self.cache})
+        self.cache, self.position = getattr(out, KV_CACHE), self.position + 1
+        return out.logits[:, -1]
+
+    def keep(self, index):
+        """Only the batch rows `index` go on (the others have finished)."""
+        self.cache.batch_select_indices(index)
+        self.mask, self.position = self.mask[index], self.position[index]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -170,8 +170,8 @@ ALIASES = [
     Alias("response_length", TRL_PPO, ("ppo",), to="max_new_tokens"),
     Alias("kl_coef", TRL_PPO, ("ppo", "reinforce"), to="beta"),
     Alias("rloo_k", TRL_RLOO, ("reinforce",), to="num_generations"),
-    Alias("missing_eos_penalty", TRL_PPO, ("ppo",), to="non_stop_penalty",
-          convert=lambda v: str(-float(v))),
+    Alias("non_stop_penalty", OAT, ("ppo",), to="missing_eos_penalty",
+          convert=lambda v: str(-float(v))),  # oat adds it: a penalty is negative there
     Alias("lr_scheduler_type", TRL, ALL, to="lr_scheduler"),
     Alias("sft_model_path", TRL_PPO, ("ppo",)),  # the policy TRL's PPO trains (rule below)
     Alias("per_device_train_batch_size", TRL, SINGLE_TURN),  # batch rule
@@ -181,10 +181,12 @@ ALIASES = [
     Alias("reward_funcs", TRL, ("grpo", "reinforce", "online_dpo"), many=True),  # rule below
     Alias("scale_rewards", TRL_GRPO, ("grpo",)),  # rule below
     # TRL OnlineDPOConfig and oat's online DPO (oat/args.py: --dap-algo, --reward-oracle)
-    Alias("dap_algo", OAT, ("online_dpo",)),  # -> loss_type (rule below)
+    Alias("dap_algo", OAT, ("online_dpo",)),  # -> preference_loss (rule below)
     _infra("reward_oracle", OAT, "the judge is the task's verifier", ("online_dpo",)),
     _infra("sync_params_every", OAT, "one process samples and learns: the sampler is the policy",
            ("online_dpo",)),
+    # TRL's DPO picks its loss with loss_type, which here names grpo.py's and ppo.py's aggregation
+    Alias("loss_type", TRL_ODPO, ("online_dpo",), to="preference_loss"),
     _infra("judge", TRL_ODPO, "the judge is the task's verifier", ("online_dpo",)),
     _infra("max_length", TRL_ODPO, "prompts and responses are never cut", ("online_dpo",)),
     _infra("disable_dropout", TRL_ODPO, "dropout is the model's own (0 in Llama and Qwen configs)",
@@ -229,14 +231,15 @@ def aliases_for(algo):
 def apply_rules(algo, args, seed, given, say, world_size):
     """Translate the seed flags in `seed` ({name: value text}) that need more than a rename.
     `given`: the options on the command line; an explicit option wins over a value computed from
-    seed flags."""
+    seed flags. -> {option: value} of every option, as the rules leave them (parse_args makes the
+    final args of it: nothing here writes to `args`)."""
+    now = dict(vars(args))
 
     def put(name, value, why):
-        if name in given and getattr(args, name) != value:
-            say(f"{why} would set --{name} {value}; keeping the explicit --{name} "
-                f"{getattr(args, name)}")
+        if name in given and now[name] != value:
+            say(f"{why} would set --{name} {value}; keeping the explicit --{name} {now[name]}")
         else:
-            setattr(args, name, value)
+            now[name] = value
             say(f"{why}: --{name} {value}")
 
     if "clip_param" in seed:  # OpenR clips the ratio and the value change with one number
@@ -269,11 +272,11 @@ def apply_rules(algo, args, seed, given, say, world_size):
                              "--prm_model_name_or_path.")
         say("--prm_checkpoint_path: OpenR's MS PRM does not read it either; ignored")
     if "num_env_steps" in seed:
-        updates = int(float(seed["num_env_steps"])) // (args.num_steps * args.num_envs)
+        updates = int(float(seed["num_env_steps"])) // (now["num_steps"] * now["num_envs"])
         if updates < 1:
             raise UsageError(f"--num_env_steps {seed['num_env_steps']} is less than one update of "
                              "num_steps x "
-                             f"num_envs = {args.num_steps * args.num_envs} env steps.")
+                             f"num_envs = {now['num_steps'] * now['num_envs']} env steps.")
         put("max_steps", updates,
             f"--num_env_steps {seed['num_env_steps']} ({OPENR} budget in env steps)")
     # oat
@@ -297,12 +300,12 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "non_stop_penalty" in seed and float(seed["non_stop_penalty"]) != 0:
         raise UsageError(f"--non_stop_penalty {seed['non_stop_penalty']}: grpo.py rewards the "
                          "verifier only; "
-                         f"ppo.py has --non_stop_penalty.")
+                         f"ppo.py has --missing_eos_penalty.")
     if "non_stop_penalty" in seed:
         say("--non_stop_penalty 0: no penalty, as grpo.py has none")
     # oat has two KL knobs: in the reward (k1) and, with --beta, in the loss (k3)
     if "kl_penalty_coef" in seed:
-        reward_kl, loss_kl = float(seed["kl_penalty_coef"]), args.beta if "beta" in given else 0.0
+        reward_kl, loss_kl = float(seed["kl_penalty_coef"]), now["beta"] if "beta" in given else 0.0
         if reward_kl and loss_kl:
             raise UsageError(f"--kl_penalty_coef {reward_kl} and --beta {loss_kl}: {OAT} two KL "
                              "terms at once; "
@@ -320,7 +323,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "rollout_batch_size" in seed or "train_batch_size" in seed:
         prompts = int(seed.get("rollout_batch_size", 128))
         put("num_prompts", prompts, f"--rollout_batch_size {prompts} ({OAT} prompts per rollout)")
-        samples = prompts * args.num_generations
+        samples = prompts * now["num_generations"]
         per_step = int(seed.get("train_batch_size", 128))
         if samples % per_step:
             raise UsageError(f"--train_batch_size {per_step} must divide rollout_batch_size x "
@@ -352,11 +355,11 @@ def apply_rules(algo, args, seed, given, say, world_size):
         put("system_prompt", path.read_text().strip(),
             f"--sys_prompt_path {path} ({LLM_RL} system prompt)")
     if "ref_model_name" in seed:
-        if seed["ref_model_name"] != args.model_name_or_path:
+        if seed["ref_model_name"] != now["model_name_or_path"]:
             raise UsageError(f"--ref_model_name {seed['ref_model_name']}: the KL reference is the "
                              "policy's "
                              "starting point here (--model_name_or_path "
-                             f"{args.model_name_or_path}).")
+                             f"{now['model_name_or_path']}).")
         say("--ref_model_name: the reference is the starting policy, as here")
     # TRL
     if "sft_model_path" in seed:
@@ -372,19 +375,19 @@ def apply_rules(algo, args, seed, given, say, world_size):
         if algo == "ppo":
             if "num_mini_batches" not in given:
                 put("num_mini_batches", 1, f"{TRL_PPO} default --num_mini_batches")
-            prompts = per_device * accumulation * args.num_mini_batches * world_size
+            prompts = per_device * accumulation * now["num_mini_batches"] * world_size
         elif algo == "online_dpo":  # TRL's OnlineDPO: per_device prompts a step, two answers each
             prompts = per_device * accumulation * world_size
         else:
             completions = per_device * world_size * generation
-            if completions % args.num_generations or generation % accumulation:
+            if completions % now["num_generations"] or generation % accumulation:
                 raise UsageError("per_device_train_batch_size x processes x steps_per_generation "
                                  "= "
                                  f"{completions} completions must be divisible by "
                                  "--num_generations "
-                                 f"{args.num_generations}, and steps_per_generation by "
+                                 f"{now['num_generations']}, and steps_per_generation by "
                                  f"gradient_accumulation_steps.")
-            prompts = completions // args.num_generations
+            prompts = completions // now["num_generations"]
             if algo == "grpo" and generation != accumulation:
                 put("num_mini_batches", generation // accumulation,
                     f"--steps_per_generation {generation} "
@@ -397,7 +400,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
                                         f"process(es) ({TRL} batch)")
             put("micro_batch_size", per_device, "  micro-batches of --per_device_train_batch_size")
         if "total_episodes" in seed:
-            per_update = args.num_prompts * args.num_generations
+            per_update = now["num_prompts"] * now["num_generations"]
             put("max_steps", max(1, int(seed["total_episodes"]) // per_update),
                 f"--total_episodes {seed['total_episodes']} ({TRL} responses in all) / "
                 f"{per_update} per update")
@@ -406,8 +409,9 @@ def apply_rules(algo, args, seed, given, say, world_size):
         losses = {"DPO": "sigmoid", "IPO": "ipo"}
         if kind not in losses:
             raise UsageError(f"--dap_algo {seed['dap_algo']}: online_dpo.py has DPO and IPO "
-                             "(--loss_type sigmoid|ipo); oat's SLiC and SimPO are not here.")
-        put("loss_type", losses[kind], f"--dap_algo {kind} ({OAT} direct alignment algorithm)")
+                             "(--preference_loss sigmoid|ipo); oat's SLiC and SimPO are not here.")
+        put("preference_loss", losses[kind],
+            f"--dap_algo {kind} ({OAT} direct alignment algorithm)")
     if "report_to" in seed:
         put("track", "wandb" in seed["report_to"], f"--report_to {seed['report_to']} ({TRL})")
     if "reward_funcs" in seed:
@@ -420,10 +424,11 @@ def apply_rules(algo, args, seed, given, say, world_size):
         say("--reward_funcs accuracy_reward: the task's verifier is the reward")
     if "scale_rewards" in seed:
         kind = seed["scale_rewards"].lower()
-        if kind in ("none", "false") and args.loss_type != "dr_grpo":
+        if kind in ("none", "false") and now["loss_type"] != "dr_grpo":
             put("loss_type", "dr_grpo",
                 f"--scale_rewards {kind} ({TRL_GRPO} no std division, Dr.GRPO)")
         elif kind not in ("group", "true", "none", "false"):
             raise UsageError(f"--scale_rewards {kind}: the std here is the group's (or none with "
                              "--loss_type "
                              f"dr_grpo).")
+    return now

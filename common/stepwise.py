@@ -9,11 +9,12 @@ stay in the algorithm files.
     segment = envs.collect(policy, update=0, num_steps=8, max_new_tokens=48, temperature=0.7)
     segment.gen.sequences()  # [obs ; action] of the 4 x 8 transitions; row k * 8 + t: env k, step t
 
-Each step's prompt is the episode so far, re-encoded as text; sampling it
-(common.fast_sampler.fast_generate) with one PrefixCache for the whole rollout reads only the tokens
-added since the episode's last step.
+Each step's prompt is the episode so far, re-encoded as text; sampling it with the FastDecoder
+(common/fast_sampler.py) and one PrefixCache for the whole rollout reads only the tokens added since
+the episode's last step.
 """
 
+import contextlib
 import copy
 import math
 import re
@@ -24,12 +25,13 @@ import torch
 from common.distributed import problem_index, sample_seed
 from common.env import TASKS, safe_arith
 from common.errors import UsageError
-from common.fast_prefill import PrefixCache
-from common.fast_sampler import fast_generate
+from common.fast_prompts import PrefixCache
+from common.fast_sampler import fast_decoding
 from common.hf import position_ids_from_mask
 from common.models import (TINY_RANDOM, check_model_name, load_reference, load_tokenizer,
                            tiny_random_model)
-from common.sampler import Generation, encode_prompts, eos_token_ids, left_pad
+from common.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
+                            left_pad)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,8 +187,9 @@ class StepwiseEnvs:
 
     @torch.no_grad()
     def collect(self, policy, update, num_steps, max_new_tokens, temperature=1.0, top_p=1.0,
-                autocast_dtype=None):
-        """Play num_steps steps in every env with the policy; returns a Segment."""
+                autocast=contextlib.nullcontext()):
+        """Play num_steps steps in every env with the policy, sampling under `autocast` (--bf16);
+        returns a Segment."""
         E, T, tok = len(self.envs), num_steps, self.tokenizer
         eos = set(eos_token_ids(policy, tok))
         obs_ids, actions, logprobs, texts, truncated, indices = (
@@ -201,9 +204,10 @@ class StepwiseEnvs:
         for t in range(T):
             prompts = encode_prompts(tok, self.obs)
             seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
-            gen = fast_generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
-                                stop_strings=("\n",), seeds=seeds, autocast_dtype=autocast_dtype,
-                                prefix_cache=prefix_cache)
+            with autocast, fast_decoding(policy, prefix_cache) as decoder:
+                gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
+                               stop_strings=("\n",), seeds=seeds, decoder=decoder)
+            decoder.remember(gen)
             correct, cut = torch.zeros(E), torch.zeros(E)
             for k, env in enumerate(self.envs):
                 keep = gen.response_mask[k].bool()
@@ -357,7 +361,8 @@ def sample_line(sample, tokenizer, prompts, keys, max_new_tokens, sym_calc, eos_
     return actions
 
 
-def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc, autocast_dtype=None):
+def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc,
+                   autocast=contextlib.nullcontext()):
     """The `sample` of `sample_line` with the policy: keys (episode, step, call) -> seeds via
     seed_of (None: torch's global RNG, or greedy at temperature 0). Make one per rollout: it keeps
     what the policy has read (`PrefixCache`), and each line (or calculator call) reads only the
@@ -367,34 +372,33 @@ def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc, aut
 
     def sample(prompts, max_new_tokens, keys):
         seeds = None if seed_of is None else [seed_of(*key) for key in keys]
-        gen = fast_generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
-                            stop_strings=stops, seeds=seeds, autocast_dtype=autocast_dtype,
-                            prefix_cache=prefix_cache)
+        with autocast, fast_decoding(policy, prefix_cache) as decoder:
+            gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
+                           stop_strings=stops, seeds=seeds, decoder=decoder)
+        decoder.remember(gen)
         return [(ids[m].tolist(), lp[m].tolist()) for ids, lp, m in
                 zip(gen.response_ids.cpu(), gen.logprobs.cpu(), gen.response_mask.cpu().bool())]
     return sample
 
 
 @dataclass
-class Episodes:
-    """N episodes (single-turn: one step each). Their steps are the rows of `gen`, episode by
-    episode."""
-    gen: Generation  # one row per action: [state ; action], states left-, actions right-padded
+class Episodes(Rollout):
+    """N episodes of steps (single-turn: one step each), a Rollout whose `gen` has one row per
+    step, [state ; action], episode by episode; texts are the whole responses, scores the summed
+    rewards."""
     loss_mask: torch.Tensor  # [n, R] the response mask with calculator tokens zeroed
     rewards: torch.Tensor  # [N, T]
     step_mask: torch.Tensor  # [N, T] 1 where episode i took step t
-    correct: torch.Tensor  # [N]
     truncated: torch.Tensor  # [N] out of tokens (single-turn) or of lines (stepwise) unanswered
-    texts: list  # [N] the whole response
-    problems: list  # [N / k] the problem of each group of k episodes
     calc_fired: float = 0.0  # calculator values written, per episode
     calc_refused: float = 0.0  # <<...>> spans that were not arithmetic, per episode
 
     @classmethod
-    def single_turn(cls, gen, texts, rewards, correct, problems):
+    def single_turn(cls, rollout):
         """One-step episodes from a rollout of whole responses."""
-        return cls(gen, gen.response_mask, rewards[:, None], torch.ones_like(rewards[:, None]),
-                   correct, gen.truncated, texts, problems)
+        gen, scores = rollout.gen, rollout.scores
+        return cls(**vars(rollout), loss_mask=gen.response_mask, rewards=scores[:, None],
+                   step_mask=torch.ones_like(scores[:, None]), truncated=gen.truncated)
 
 
 def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, sym_calc, device,
@@ -444,7 +448,9 @@ def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, s
                      response_mask, right_pad([a.logprobs for a in actions], 0.0, torch.float),
                      ~truncated, truncated)
     gen = Generation(*(x.to(device) for x in vars(gen).values()))
-    return Episodes(gen, loss_mask.to(device), rewards.to(device), step_mask.to(device),
-                    correct.to(device), (~finished).to(device),
-                    ["\n".join(ep.steps) for ep in episodes], list(indices),
-                    sum(a.fired for a in actions) / N, sum(a.refused for a in actions) / N)
+    rewards = rewards.to(device)
+    return Episodes(gen, ["\n".join(ep.steps) for ep in episodes], rewards.sum(1),
+                    correct.to(device), list(indices), loss_mask=loss_mask.to(device),
+                    rewards=rewards, step_mask=step_mask.to(device),
+                    truncated=(~finished).to(device), calc_fired=sum(a.fired for a in actions) / N,
+                    calc_refused=sum(a.refused for a in actions) / N)

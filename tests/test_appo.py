@@ -20,6 +20,7 @@ from common.args import field_docs, parse_args
 from common.checks import StepGuard
 from common.logprobs import token_logprobs
 from common.models import ValueHead, load_policy
+from common.sampler import Generation
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",
@@ -134,9 +135,9 @@ def _tiny_batch(policy, shift):
     response_mask = torch.ones(4, 4, dtype=torch.long)
     with torch.no_grad():
         lp, _ = token_logprobs(policy, ids, attn, 4, temperature=0.7)
-    return {"input_ids": ids, "attention_mask": attn, "response_mask": response_mask,
-            "old_logprobs": lp - shift,
-            "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}
+    done = torch.ones(4, dtype=torch.bool)
+    gen = Generation(ids[:, :6], attn[:, :6], ids[:, 6:], response_mask, lp, done, ~done)
+    return gen, lp - shift, torch.tensor([1.0, -1.0, 0.5, -0.5])
 
 
 @pytest.mark.parametrize("shift,skipped", [(0.0, False), (0.1, True)])
@@ -145,10 +146,10 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     policy = load_policy("tiny-random")
     before = [p.detach().clone() for p in policy.parameters()]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    args = replace(appo.Args(), micro_batch_size=2, target_kl=0.02)
-    stats = appo.update_policy(policy, optimizer, _tiny_batch(policy, shift), torch.arange(4), args,
-                               SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
-                                               device=torch.device("cpu")))
+    args = replace(appo.Args(), micro_batch_size=2, skip_kl=0.02)
+    stats = appo.update_policy(policy, optimizer, *_tiny_batch(policy, shift), torch.arange(4), 2,
+                               args, SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
+                                                     device=torch.device("cpu"), world=1))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["early_stop_frac"] == float(skipped)
     assert stats["approx_kl"] == pytest.approx(0.0 if not skipped else float(torch.exp(torch.tensor(0.4)) - 1.4), abs=1e-5)
@@ -244,7 +245,7 @@ def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(t
     common = ["tests/run_with_test_reward.py", "appo", *TINY, "--learning_rate", "1e-3",
               "--critic_learning_rate", "1e-3",
               "--temperature", "1.0", "--num_eval_problems", "0", "--max_episode_steps", "3",
-              "--target_kl", "0"]
+              "--skip_kl", "0"]
     run([sys.executable, *common, "--max_steps", "2", "--save_interval", "1", "--output_dir",
          str(tmp_path / "one")])
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

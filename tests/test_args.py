@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.args import field_docs, lr_at, parse_args, resolve_schedule
+from common.args import field_docs, lr_at, parse_args, schedule
 from common.seed_flags import ALIASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +31,9 @@ def test_a_renamed_flag_prints_one_line_and_sets_the_option(capsys):
     args, out = args_of("appo", ["--ppo_epoch", "3"], capsys)
     assert args.num_ppo_epochs == 3
     assert out.strip() == "--ppo_epoch is OpenR's name for --num_ppo_epochs"
-    # TRL subtracts it; here it is added
-    args, out = args_of("ppo", ["--missing_eos_penalty", "1.0"], capsys)
-    assert args.non_stop_penalty == -1.0 and "TRL PPOConfig's name for --non_stop_penalty" in out
+    # oat adds it; here, as in TRL, it is taken off
+    args, out = args_of("ppo", ["--non_stop_penalty", "-1.0"], capsys)
+    assert args.missing_eos_penalty == 1.0 and "oat's name for --missing_eos_penalty" in out
 
 
 def test_infrastructure_flags_are_accepted_with_what_happens_instead(capsys):
@@ -159,8 +159,9 @@ def test_schedules_at_a_few_updates(schedule, expected):
 def test_epochs_and_warmup_ratio_once_the_data_is_read():
     args = importlib.import_module("grpo").Args(output_dir="x", num_train_epochs=1.5,
                                                  warmup_ratio=0.1)
-    resolve_schedule(args, num_problems=100, problems_per_update=8)
-    assert (args.max_steps, args.warmup_steps) == (19, 2)  # ceil(150 / 8), ceil(1.9)
+    assert schedule(args, num_problems=100, problems_per_update=8) == (19, 2)  # ceil(150 / 8), ceil(1.9)
+    plain = importlib.import_module("grpo").Args(output_dir="x", max_steps=7, warmup_steps=3)
+    assert schedule(plain, num_problems=100, problems_per_update=8) == (7, 3)  # as given
 
 
 @pytest.mark.parametrize("algo", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])

@@ -128,8 +128,8 @@ def test_decode_sketch_draws_the_tokens_of_generate():
     # the same sampled tokens, its prompt keys read once per group
     from decode_sketch import sketch_rollout
 
-    from common.fast_sampler import fast_generate
     from common.models import load_tokenizer, tiny_random_model
+    from sampling import fast_generate
 
     model, tok = tiny_random_model(), load_tokenizer("tiny-random")
     g = torch.Generator().manual_seed(0)

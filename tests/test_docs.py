@@ -4,6 +4,7 @@ own options, and no line of the library runs past 100 characters."""
 
 import ast
 import importlib
+import json
 import re
 import shlex
 import subprocess
@@ -82,37 +83,23 @@ def test_the_import_counts_the_reading_page_quotes_are_current():
                                             for f in ("grpo.py", "ppo.py")]
 
 
-def definition_lines(file, names=None):
-    """Lines of the top-level definitions `names` of `file` (decorators included), or of all of them."""
-    tree = ast.parse((ROOT / file).read_text())
-    sizes = {node.name: node.end_lineno - min([node.lineno] + [d.lineno for d in node.decorator_list]) + 1
-             for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    missing = set(names or ()) - set(sizes)
-    assert not missing, f"docs/reading.md names {sorted(missing)}, which {file} does not define"
-    return sum(sizes[n] for n in names) if names else sum(sizes.values())
-
-
-def test_the_line_counts_of_the_reading_page_are_current():
-    # the note of issue 34 quotes these: the lines of common/ a student reads to follow GRPO, by file
+def test_the_reading_page_quotes_the_lines_a_student_reads_and_the_core_diffs():
+    # docs/reading.py traces a tiny run of grpo.py on the plain path (issue 49: at most 600 lines)
+    out = subprocess.run([sys.executable, "docs/reading.py", "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
     text = (ROOT / "docs/reading.md").read_text()
-    rows = re.findall(r"^\| \d \| \[`([\w/]+\.py)`\]\([^)]*\)(.*?) \| ([\d,]+)(?: of ([\d,]+))? \|", text, re.M)
-    assert [r[0] for r in rows][:2] == ["grpo.py", "common/numerics.py"] and len(rows) == 7
-    total = 0
-    for file, read, part, whole in rows:
-        lines = len((ROOT / file).read_text().splitlines())
-        if file == "grpo.py":  # the whole file
-            assert int(part) == lines, f"docs/reading.md: grpo.py has {lines} lines"
-            continue
-        # names in parentheses say which parts of a class matter; the class is counted whole
-        names = re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", read))
-        assert (int(part), int(whole)) == (definition_lines(file, names), lines), file
-        total += int(part)
-    assert f"That is {total} lines" in text
-    for file, quoted in re.findall(r"\[`(common/\w+\.py)`\]\([^)]*\) \((\d+) lines\)", text):
-        assert int(quoted) == len((ROOT / file).read_text().splitlines()), file
-    fast = sum(len(p.read_text().splitlines()) for p in (ROOT / "common").glob("fast_*.py"))
-    assert f"`common/fast_*.py` modules ({fast} lines in all)" in text
-    assert len(list((ROOT / "common").glob("fast_*.py"))) == 7  # fast_sampler.py and six more
+    total = sum(figures["reached"].values())
+    assert total <= 600
+    assert f"## To follow GRPO: {total} lines of `common/`" in text and f"That is {total} lines" in text
+    rows = re.findall(r"^\| \[`common/(\w+)\.py`\]\([^)]*\) \| (\d+) \|", text, re.M)
+    assert {module: int(n) for module, n in rows} == figures["reached"]
+    fast = sum(figures["speedups"].values())
+    assert f"{fast} lines in the eight `common/fast_*.py` modules" in text
+    assert f"modules ({fast} lines in all)" in text and len(figures["speedups"]) == 8
+    for a, b, plain, core in figures["diffs"]:
+        assert re.search(rf"^\| {a}\.py → {b}\.py \| {plain} \| {core} \| \d+ \|$", text, re.M), (a, b)
 
 
 def test_the_diff_counts_the_docs_quote_are_current():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from common.env import (DATA_DIR, TASKS, detect_task, load_few_shot, make_env, make_envs,
-                        safe_arith, verify)
+                        resolve_dataset, safe_arith, verify)
 from common.errors import PathError
 from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 
@@ -341,10 +341,12 @@ def test_a_math_file_given_with_the_default_task_is_read_as_math(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in MATH500_ROWS))
     args = Args(dataset_path=str(path), num_eval_problems=0)
     said = []
+    assert resolve_dataset(args, say=said.append) == ("math", str(path))  # what args.json records
     train, _ = make_envs(args, say=said.append)
-    assert train.task.name == "math" and args.dataset_name == "math" and len(train) == 4
+    assert train.task.name == "math" and len(train) == 4
     assert said == [f"{path}: its fields are those of the math task, not arithmetic: reading it as "
-                    f"math"]
+                    f"math"] * 2
+    assert args.dataset_name == "arithmetic"  # as given: only main writes args
 
 
 @pytest.mark.parametrize("name, levels, questions", [
@@ -361,7 +363,7 @@ def test_math_subjects_and_levels_filter_both_splits(tmp_path, name, levels, que
     train, held_out = make_envs(args, say=lambda _: None)
     assert [ex["question"] for ex in train.examples] == questions
     assert [ex["question"] for ex in held_out.examples] == questions
-    assert args.dataset_name == name  # args.json records the subject that was run
+    assert resolve_dataset(args) == (name, str(path))  # args.json records the subject that was run
 
 
 def test_math_filters_say_what_they_cannot_do(tmp_path):

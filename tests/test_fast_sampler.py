@@ -17,12 +17,13 @@ from common.fast_compile import _cache_lengths, compile_decoding
 from common.fast_fused import _fused_projections
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears, _onednn_works
-from common.fast_prefill import PrefixCache, _common_prefix
-from common.fast_sampler import _KEPT_FUSED, Speedups, fast_generate
+from common.fast_prompts import PrefixCache, _common_prefix
+from common.fast_sampler import _KEPT_FUSED, Speedups
 from common.hf import KV_CACHE
 from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer
 from common.sampler import encode_prompts, generate
+from sampling import fast_generate
 
 
 @pytest.fixture(scope="module")

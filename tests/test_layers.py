@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -143,4 +145,128 @@ def test_a_planted_second_signature_or_retired_name_fails():
         "minibatches('n', 'num_mini_batches', 'seeds', 'device')",
         "appo.policy_loss('logprobs', 'mask') vs tppo.policy_loss('logprobs', 'action_mask')",
         "tppo uses action_mask: the name is response_mask",
+    ]
+
+
+# ---- options are derived once, in main ---------------------------------------------------------
+def args_writes(source):
+    """Line numbers where `source` writes an attribute of `args` (or `self.args`): an assignment,
+    an augmented one, setattr, or vars(args)[...] = ..."""
+    def is_args(node):
+        return ((isinstance(node, ast.Name) and node.id == "args")
+                or (isinstance(node, ast.Attribute) and node.attr == "args"
+                    and isinstance(node.value, ast.Name) and node.value.id == "self"))
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Attribute) and is_args(t.value):
+                lines.append(t.lineno)
+            if (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Call)
+                    and getattr(t.value.func, "id", None) == "vars" and is_args(t.value.args[0])):
+                lines.append(t.lineno)
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+                and node.args and is_args(node.args[0])):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def derived_block(source):
+    """(first, last) line of main's derived-options block: from its '# ---- derived options'
+    banner to the blank line after it."""
+    lines = source.splitlines()
+    first = next(i for i, line in enumerate(lines, 1) if "# ---- derived options" in line)
+    last = next(i for i in range(first + 1, len(lines) + 1) if not lines[i - 1].strip())
+    return first, last
+
+
+def test_nothing_in_common_writes_to_args():
+    found = {p.name: args_writes(p.read_text()) for p in (ROOT / "common").glob("*.py")}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_a_file_writes_args_only_in_mains_derived_block(algo):
+    source = (ROOT / f"{algo}.py").read_text()
+    first, last = derived_block(source)
+    writes = args_writes(source)
+    assert writes and all(first < line < last for line in writes), (writes, first, last)
+
+
+def test_a_planted_write_to_args_is_found():
+    source = ("def f(args, self):\n"
+              "    args.lr = 1\n"             # 2
+              "    x, args.n = 1, 2\n"        # 3
+              "    self.args.mb += 1\n"       # 4
+              "    setattr(args, 'k', 3)\n"   # 5
+              "    vars(args)['j'] = 4\n"     # 6
+              "    y = args.lr\n"             # a read
+              "    other.args = args\n")      # another object's attribute named args
+    assert args_writes(source) == [2, 3, 4, 5, 6]
+    main = "def main(args):\n    run = 1\n    # ---- derived options\n    args.a = 1\n\n    args.b = 2\n"
+    first, last = derived_block(main)
+    assert (first, last) == (3, 5) and [w for w in args_writes(main) if not first < w < last] == [6]
+
+
+# ---- one meaning per option name ---------------------------------------------------------------
+# option names retired for a concept another name holds: (retired, the option to use)
+RETIRED_OPTIONS = [("non_stop_penalty", "missing_eos_penalty"), ("target_kl", "skip_kl")]
+# where a retired name is still a field, the files that keep it with its own meaning
+RETIRED_KEPT = {"target_kl": {"ppo"}}
+
+
+def option_fields(algo):
+    """{option: (annotation text, docstring)} of a file's Args, its TrainArgs fields included."""
+    import importlib
+    import typing
+
+    from common.args import field_docs
+
+    cls = importlib.import_module(algo).Args
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+
+    def kind(hint):  # Optional[X] is X left unset (a default decided later): the same option
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return str(args[0]) if typing.get_origin(hint) is typing.Union and len(args) == 1 else (
+            str(hint))
+    return {name: (kind(hints[name]), docs.get(name, "")) for name in cls.__dataclass_fields__}
+
+
+def option_violations(fields):
+    """fields: {algo: {option: (annotation, docstring)}}. An option that several files have takes
+    the same type and, for a choice, the same values in each (defaults may differ: they are the
+    algorithm's); a retired name is nowhere a field but where it is kept with its own meaning."""
+    bad = []
+    names = sorted({n for f in fields.values() for n in f})
+    for name in names:
+        kinds = {algo: f[name][0] for algo, f in fields.items() if name in f}
+        if len(set(kinds.values())) > 1:
+            bad.append(f"--{name}: " + "; ".join(f"{a} {k}" for a, k in sorted(kinds.items())))
+    for old, new in RETIRED_OPTIONS:
+        for algo in sorted(a for a, f in fields.items() if old in f):
+            if algo not in RETIRED_KEPT.get(old, ()):
+                bad.append(f"{algo} has --{old}: the option is --{new}")
+    return bad
+
+
+def test_one_meaning_per_option_name_in_the_six_files():
+    assert option_violations({a: option_fields(a) for a in ALGOS}) == []
+
+
+def test_a_planted_second_vocabulary_or_retired_option_fails():
+    fields = {"grpo": {"loss_type": ("Literal['grpo', 'dapo']", ""), "beta": ("float", "")},
+              "ppo": {"loss_type": ("Literal['token', 'sequence']", ""), "beta": ("float", ""),
+                      "non_stop_penalty": ("float", "")},
+              "appo": {"target_kl": ("float", "")}}
+    assert option_violations(fields) == [
+        "--loss_type: grpo Literal['grpo', 'dapo']; ppo Literal['token', 'sequence']",
+        "ppo has --non_stop_penalty: the option is --missing_eos_penalty",
+        "appo has --target_kl: the option is --skip_kl",
     ]

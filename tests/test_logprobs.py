@@ -1,5 +1,6 @@
-"""common/logprobs.py: token log-probs against cross-entropy, under left padding, chunked, and with
-the prompt tokens that rows share run once (the same numbers as a plain forward)."""
+"""common/logprobs.py and its speedups (common/fast_logprobs.py, common/fast_prompts.py): token
+log-probs against cross-entropy, under left padding, chunked, and with the prompt tokens that rows
+share run once; the fast path gives the plain forward's numbers and gradients."""
 
 from unittest.mock import patch
 
@@ -7,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.logprobs import identical_rows, shared_prefix_len, token_logprobs
+from common.fast_logprobs import fast_token_logprobs
+from common.fast_prompts import identical_rows, shared_prefix_len
+from common.logprobs import token_logprobs
 
 
 # ---- token log-probs ---------------------------------------------------------------------------------------------
@@ -18,12 +21,13 @@ def tiny():
     return load_policy("tiny-random")
 
 
-def test_token_logprobs_match_cross_entropy(tiny):
+@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
+def test_token_logprobs_match_cross_entropy(tiny, fast):
     torch.manual_seed(0)
     ids = torch.randint(3, 1000, (3, 10))
     mask = torch.ones_like(ids)
     R = 4
-    lp, ent = token_logprobs(tiny, ids, mask, R, temperature=0.7)
+    lp, ent = token_logprobs(tiny, ids, mask, R, temperature=0.7, fast=fast)
     logits = tiny(input_ids=ids, attention_mask=mask).logits[:, -R - 1:-1] / 0.7  # one-token shift
     expected = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, -R:].reshape(-1),
                                 reduction="none")
@@ -62,6 +66,40 @@ def test_token_logprobs_cut_all_padding_columns_and_zero_fill_them(tiny):
     assert lp_p[:, 3:].abs().sum() == 0 and hidden_p[:, :2].abs().sum() == 0 and hidden_p[:, 9:].abs().sum() == 0
 
 
+def test_the_fast_forward_gives_the_plain_numbers_and_gradients(tiny):
+    # A micro-batch as the files make it: a GRPO group of 3 rows (one prompt) and 2 rows of other
+    # prompts, all starting with the same 16-token preamble; responses of different lengths; and
+    # columns of padding left of every prompt and right of every response (a longer rollout's).
+    # The fast path cuts the columns, reads the group's prompt and the preamble once and runs the
+    # head in chunks: on every real token its log-probs, entropies, hidden states and gradients are
+    # those of the plain forward.
+    torch.manual_seed(7)
+    preamble, R = torch.randint(3, 1000, (16,)), 6
+    questions = [torch.randint(3, 1000, (n,)) for n in (4, 4, 7)]
+    prompts = [questions[0]] * 3 + questions[1:]
+    P = 2 + 16 + max(len(q) for q in prompts)  # 2 columns of padding in every row
+    lengths = [6, 2, 4, 5, 1]
+    ids = torch.zeros(5, P + R + 3, dtype=torch.long)  # 3 columns of padding after every response
+    mask = torch.zeros_like(ids)
+    for row, (q, n) in enumerate(zip(prompts, lengths)):
+        prompt = torch.cat([preamble, q])
+        ids[row, P - len(prompt):P], mask[row, P - len(prompt):P] = prompt, 1
+        ids[row, P:P + n], mask[row, P:P + n] = torch.randint(3, 1000, (n,)), 1
+    real = mask[:, -(R + 3):].bool()
+    out = {}
+    for fast in (False, True):
+        tiny.zero_grad()
+        lp, ent, hidden = token_logprobs(tiny, ids, mask, R + 3, 0.7, return_hidden=True, fast=fast)
+        (lp * real).sum().backward()
+        grads = [p.grad.clone() for p in tiny.parameters()]
+        out[fast] = (lp[real], ent[real], hidden[mask.bool()], grads)
+    for plain, fast in zip(out[False][:3], out[True][:3]):
+        torch.testing.assert_close(fast, plain, atol=2e-5, rtol=0)
+    for plain, fast in zip(out[False][3], out[True][3]):
+        torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-4)
+    assert sum(g.abs().sum() for g in out[False][3]) > 0
+
+
 def test_token_logprobs_chunking_and_gradients_agree(tiny):
     torch.manual_seed(2)
     ids = torch.randint(3, 1000, (4, 8))
@@ -69,7 +107,7 @@ def test_token_logprobs_chunking_and_gradients_agree(tiny):
     grads = []
     for chunk in (1, 4):
         tiny.zero_grad()
-        lp, _ = token_logprobs(tiny, ids, mask, 5, chunk_rows=chunk)
+        lp, _ = fast_token_logprobs(tiny, ids, mask, 5, chunk_rows=chunk)
         lp.sum().backward()
         grads.append(tiny.model.embed_tokens.weight.grad.clone())
     # Same gradient up to float summation order.
@@ -142,7 +180,7 @@ def test_token_logprobs_share_a_prefix_of_prompts_of_different_lengths(tiny):
     assert shared_prefix_len(ids, mask, P) == 12
     out = []
     for min_shared in (8, 10**9):
-        with patch("common.logprobs.MIN_SHARED_PREFIX", min_shared):
+        with patch("common.fast_prompts.MIN_SHARED_PREFIX", min_shared):
             tiny.zero_grad()
             lp, _, hidden = token_logprobs(tiny, ids, mask, R, return_hidden=True)
             (lp * mask[:, -R:]).sum().backward()

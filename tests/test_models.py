@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from common.fast_sampler import fast_generate
 from common.models import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
                            tiny_random_model)
 from common.sampler import encode_prompts
 from common.errors import PathError
+from sampling import fast_generate
 
 
 @pytest.fixture(scope="module")

@@ -49,13 +49,13 @@ def _two_pairs():
     return logprobs, ref, mask
 
 
-@pytest.mark.parametrize("loss_type,expected", [
+@pytest.mark.parametrize("preference_loss,expected", [
     ("sigmoid", (math.log(1 + math.exp(-0.15)) + math.log(1 + math.exp(0.05))) / 2),
     ("ipo", ((1.5 - 5) ** 2 + (-0.5 - 5) ** 2) / 2),  # (h - 1 / (2 beta))^2, beta 0.1
 ])
-def test_the_loss_of_two_pairs_by_hand(loss_type, expected):
+def test_the_loss_of_two_pairs_by_hand(preference_loss, expected):
     logprobs, ref, mask = _two_pairs()
-    args = replace(online_dpo.Args(), beta=0.1, loss_type=loss_type)
+    args = replace(online_dpo.Args(), beta=0.1, preference_loss=preference_loss)
     loss, stats = online_dpo.dpo_loss(logprobs, ref, mask, torch.ones(2), 2.0, args)
     assert loss.item() == pytest.approx(expected)
     # implicit rewards beta log(pi / pi_ref): chosen 0.1 and 0, rejected -0.05 and 0.05
@@ -64,7 +64,7 @@ def test_the_loss_of_two_pairs_by_hand(loss_type, expected):
     assert stats["rewards/margins"] == pytest.approx(0.05)
     assert stats["rewards/accuracies"] == 0.5  # pair 0's chosen response has the higher reward
     assert stats["logps/chosen"] == pytest.approx(-1.5) and stats["logps/rejected"] == -3.0
-    if loss_type == "sigmoid":  # d/d log pi(w token) = -beta sigmoid(-beta h) / 2 pairs
+    if preference_loss == "sigmoid":  # d/d log pi(w token) = -beta sigmoid(-beta h) / 2 pairs
         loss.backward()
         torch.testing.assert_close(logprobs.grad[0], torch.full((3,), -0.1 / 2 * torch.sigmoid(
             torch.tensor(-0.15)).item()) * mask[0])
@@ -185,8 +185,8 @@ def test_resume_continues_exactly(tmp_path):
 
 
 # ---- against TRL's own code -------------------------------------------------------------------
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_path, loss_type):
+@pytest.mark.parametrize("preference_loss", ["sigmoid", "ipo"])
+def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_path, preference_loss):
     # TRL 1.16's OnlineDPOTrainer.training_step computes its loss inline, between its own sampling
     # and its reward calls. Here its sampler is replaced by the batch below and its reward function
     # returns the verifier's scores below, so it trains on exactly what online_dpo.py's update gets.
@@ -223,7 +223,7 @@ def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_pa
                      logprobs=torch.zeros(6, 5), finished=torch.ones(6, dtype=torch.bool),
                      truncated=torch.zeros(6, dtype=torch.bool))
     scores = torch.tensor(scores_trl)[order]
-    args = replace(online_dpo.Args(), beta=beta, loss_type=loss_type, ties="first")
+    args = replace(online_dpo.Args(), beta=beta, preference_loss=preference_loss, ties="first")
 
 
     def moved_policy():
@@ -250,7 +250,7 @@ def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_pa
 
     # TRL, on the same weights
     trl_policy = moved_policy()
-    config = OnlineDPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=loss_type,
+    config = OnlineDPOConfig(output_dir=str(tmp_path), beta=beta, loss_type=preference_loss,
                              per_device_train_batch_size=3, max_new_tokens=5, max_length=512,
                              gradient_checkpointing=False, report_to="none", use_cpu=True,
                              bf16=False)  # TRL's default on a CPU that has bf16: autocast

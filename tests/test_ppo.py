@@ -108,10 +108,10 @@ def test_gae_terminal_reward_gamma_09_lambda_08():
     torch.testing.assert_close(ret, expected + values)
 
 
-def test_kl_on_every_token_score_and_non_stop_penalty_on_the_last():
+def test_kl_on_every_token_score_and_missing_eos_penalty_on_the_last():
     # Row 1 stopped (EOS is its 3rd token, then padding); row 2 hit the length limit (4 tokens, no
     # EOS).
-    args = replace(ppo.Args(), beta=0.1, non_stop_penalty=-0.25)
+    args = replace(ppo.Args(), beta=0.1, missing_eos_penalty=0.25)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     # log pi_old - log pi_ref; 7.0 is padding
     kl = torch.tensor([[0.2, -0.1, 0.3, 7.0], [0.1, 0.1, 0.1, 0.1]])
@@ -183,11 +183,13 @@ def test_policy_loss_clips_only_in_the_direction_of_the_advantage():
 
 @pytest.mark.parametrize("aggregation,expected", [
     # lengths 1 and 3, per-token advantages [2 | 1 1 4]; at ratio 1 the per-token loss is -A
-    ("token", -(2 + 1 + 1 + 4) / 4),            # mean over the 4 tokens
-    ("sequence", -(2 / 1 + (1 + 1 + 4) / 3) / 2),  # mean per sequence, then over the 2 sequences
+    ("dapo", -(2 + 1 + 1 + 4) / 4),            # mean over the 4 tokens of the global minibatch
+    ("bnpo", -(2 + 1 + 1 + 4) / 4),            # ... of this rank's (one rank here)
+    ("grpo", -(2 / 1 + (1 + 1 + 4) / 3) / 2),  # mean per sequence, then over the 2 sequences
+    ("dr_grpo", -(2 + 1 + 1 + 4) / (2 * 3)),   # over 2 sequences x max_new_tokens 3
 ])
 def test_loss_aggregation_with_uneven_lengths(aggregation, expected):
-    args = replace(ppo.Args(), loss_type=aggregation)
+    args = replace(ppo.Args(), loss_type=aggregation, max_new_tokens=3)
     mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
     adv = torch.tensor([[2.0, 9, 9], [1, 1, 4]])
     lp = torch.full((2, 3), -1.0)
@@ -196,7 +198,7 @@ def test_loss_aggregation_with_uneven_lengths(aggregation, expected):
     assert loss.item() == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+@pytest.mark.parametrize("aggregation", ["dapo", "grpo"])
 def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
     from common.models import load_critic, load_policy
 
@@ -277,7 +279,7 @@ def test_each_optimizer_step_takes_its_own_minibatchs_gradient_alone(tmp_path, m
     monkeypatch.setattr(ppo, "clip_grad_norm", spy)
     monkeypatch.setattr(envlib, "make_env", _test_reward_module().make_env)
     argv = [*TINY, "--micro_batch_size", "4", "--max_steps", "1", "--learning_rate", "0",
-            "--critic_learning_rate", "0", "--loss_type", "sequence", "--max_grad_norm", "1e9",
+            "--critic_learning_rate", "0", "--loss_type", "grpo", "--max_grad_norm", "1e9",
             "--num_eval_problems", "0"]
     ppo.main(parse_args(ppo.Args, [*argv, "--num_mini_batches", "2", "--output_dir",
                                    str(tmp_path / "two")]))
@@ -364,8 +366,8 @@ def test_shared_critic_with_every_option_on(tmp_path):
     run([sys.executable, "tests/run_with_test_reward.py", "ppo", *TINY, "--max_steps", "1",
          "--critic_type", "shared", "--critic_num_layers", "1", "--critic_hidden_size", "16",
          "--beta", "0.05",
-         "--non_stop_penalty", "-0.5", "--whiten_rewards", "--entropy_coef", "0.01", "--loss_type",
-         "sequence", "--gamma", "0.9", "--gae_lambda", "0.95", "--output_dir", str(tmp_path)])
+         "--missing_eos_penalty", "0.5", "--whiten_rewards", "--entropy_coef", "0.01", "--loss_type",
+         "grpo", "--gamma", "0.9", "--gae_lambda", "0.95", "--output_dir", str(tmp_path)])
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     # pi_old is still pi_ref before the first update
     assert line["kl_ref"] == pytest.approx(0.0, abs=1e-5)
@@ -429,7 +431,7 @@ def test_kl_in_the_loss_by_hand(estimator):
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]
     torch.testing.assert_close(kl_estimate(logp, ref, estimator), torch.tensor([kl]))
-    args = replace(ppo.Args(), beta=0.1, kl_estimator=estimator, kl_penalty="loss", loss_type="token")
+    args = replace(ppo.Args(), beta=0.1, kl_estimator=estimator, kl_penalty="loss", loss_type="dapo")
     loss, stats = ppo.policy_loss(logp, logp, torch.zeros(1, 2), mask, 2.0, args, ref)
     assert loss.item() == pytest.approx(0.1 * sum(kl) / 2) and stats["kl_ref"] == pytest.approx(sum(kl) / 2)
     # in the reward instead: every token's reward is -beta KL_t, the score on the last

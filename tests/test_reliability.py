@@ -71,7 +71,7 @@ BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5,
                ("beta", -0.1, "must be >= 0"), ("tis_cap", -2.0, "must be >= 0"),
                ("cliprange_value", 0.0, "must be > 0"), ("vf_coef", -1.0, "must be >= 0"),
                ("gamma", 1.01, r"must be in \[0, 1\]"), ("gae_lambda", -0.5, r"must be in \[0, 1\]"),
-               ("entropy_coef", -0.01, "must be >= 0"), ("target_kl", math.nan, "must be >= 0"),
+               ("entropy_coef", -0.01, "must be >= 0"), ("target_kl", math.nan, "must be >= 0"), ("skip_kl", -1.0, "must be >= 0"),
                ("huber_delta", 0.0, "must be > 0")]
 
 

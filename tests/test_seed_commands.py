@@ -172,17 +172,17 @@ def test_trl_ppo_example(model, tmp_path):
     data = write_jsonl(tmp_path / "prompts.jsonl",
                        [{"question": f"What is {i} + {i}?", "answer": str(2 * i)}
                         for i in range(1, 9)])
-    out = run("ppo",
-              ["--dataset_name", data, "--dataset_train_split", "descriptiveness",
-               "--learning_rate", "3e-6", "--output_dir",
-               "pythia-1b-deduped-descriptiveness-sentiment-trl-style-ppo",
-               "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1",
-               "--total_episodes", "10000", "--model_name_or_path", model, "--missing_eos_penalty",
-               "1.0"], tmp_path)
-    assert "--missing_eos_penalty is TRL PPOConfig's name for --non_stop_penalty" in out
+    # TRL's --missing_eos_penalty is ppo.py's own option, with TRL's sign
+    run("ppo",
+        ["--dataset_name", data, "--dataset_train_split", "descriptiveness",
+         "--learning_rate", "3e-6", "--output_dir",
+         "pythia-1b-deduped-descriptiveness-sentiment-trl-style-ppo",
+         "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1",
+         "--total_episodes", "10000", "--model_name_or_path", model, "--missing_eos_penalty",
+         "1.0"], tmp_path)
     args = one_update(tmp_path / "pythia-1b-deduped-descriptiveness-sentiment-trl-style-ppo")
     assert (args["num_prompts"], args["num_mini_batches"], args["micro_batch_size"],
-            args["non_stop_penalty"]) == (64, 1, 64, -1.0)
+            args["missing_eos_penalty"]) == (64, 1, 64, 1.0)
 
 
 def test_trl_grpo_cli(model, tmp_path):

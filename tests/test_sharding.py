@@ -17,12 +17,12 @@ from safetensors.torch import load_file
 
 from common.env import make_env
 from common.evaluation import evaluate
-from common.fast_sampler import fast_generate
 from common.hf import decoder_layers
 from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer, tiny_random_model
 from common.sampler import encode_prompts
 from common.sharding import AdapterOff, add_lora, shard
+from sampling import fast_generate
 
 pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ CASES = {
     "ppo": ["--num_prompts", "4", "--num_mini_batches", "1", "--num_ppo_epochs", "2", "--beta",
             "0.05", "--critic_learning_rate", "1e-3"],
     "appo": ["--num_envs", "2", "--num_steps", "2", "--num_mini_batches", "2", "--max_episode_steps",
-             "3", "--critic_hidden_size", "16", "--critic_learning_rate", "1e-3", "--target_kl", "0"],
+             "3", "--critic_hidden_size", "16", "--critic_learning_rate", "1e-3", "--skip_kl", "0"],
 }
 LORA = ["--lora_r", "8", "--learning_rate", "1e-2"]
 

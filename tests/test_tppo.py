@@ -22,6 +22,7 @@ from common.checks import StepGuard
 from common.logprobs import token_logprobs
 from common.models import load_policy
 from common.numerics import masked_whiten
+from common.sampler import Generation
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",
@@ -151,15 +152,16 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     attn = torch.ones_like(ids)
     with torch.no_grad():
         lp, _ = token_logprobs(policy, ids, attn, 4, temperature=0.7)
-    batch = {"input_ids": ids, "attention_mask": attn,
-             "response_mask": torch.ones(4, 4, dtype=torch.long),
-             "old_logprobs": lp - shift, "advantages": torch.randn(4, 4)}
+    done = torch.ones(4, dtype=torch.bool)
+    gen = Generation(ids[:, :6], attn[:, :6], ids[:, 6:], torch.ones(4, 4, dtype=torch.long), lp,
+                     done, ~done)
     before = [p.detach().clone() for p in policy.parameters()]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    args = replace(tppo.Args(), micro_batch_size=2, target_kl=0.02)
-    stats = tppo.update_policy(policy, optimizer, batch, torch.arange(4), args,
+    args = replace(tppo.Args(), micro_batch_size=2, skip_kl=0.02)
+    stats = tppo.update_policy(policy, optimizer, gen, lp - shift, torch.randn(4, 4),
+                               torch.arange(4), 2, args,
                                SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
-                                               device=torch.device("cpu")))
+                                               device=torch.device("cpu"), world=1))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["approx_kl"] == pytest.approx(float(torch.exp(torch.tensor(shift)) - 1 - shift),
                                                abs=1e-5)
@@ -205,7 +207,7 @@ def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(t
     common = ["tests/run_with_test_reward.py", "tppo", *TINY, "--learning_rate", "1e-3",
               "--critic_learning_rate", "1e-3",
               "--temperature", "1.0", "--num_eval_problems", "0", "--max_episode_steps", "3",
-              "--target_kl", "0",
+              "--skip_kl", "0",
               # the entropy bonus gives every weight a real gradient: with none, Adam blows the 1-
               # vs 2-process rounding on the weights whose gradient is ~0 up to 1.6e-4, too close to
               # a real error (~1e-3)

@@ -1,0 +1,245 @@
+"""The figures docs/reading.md quotes, computed from the code (tests/test_docs.py checks the page):
+
+- the lines of common/ a student reads to follow an algorithm file: a tiny run of the file (the
+  tiny random model, 2 updates) under a call trace, counting every common/ definition that its
+  rollout, advantage, loss and update code reach, transitively. The run takes the plain path that
+  the page teaches: `generate` with its plain `Decoder`, `token_logprobs(fast=False)`. The speedups
+  (common/fast_*.py) are counted apart: each gives the plain path's numbers under a test.
+- the core diff of two sibling files: `diff a.py b.py` without the module docstrings and without
+  the lines tagged as a variant's (docs/reading.md, "Variants").
+
+    python docs/reading.py                  # both, for grpo.py and the four sibling pairs
+    python docs/reading.py --reach ppo      # the lines of common/ ppo.py's student reads
+"""
+
+import argparse
+import ast
+import contextlib
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from unittest.mock import patch
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ROOT / "common"
+
+
+def units(path):
+    """[(name, first line, last line)] of what a student reads of a module, definition by
+    definition: each top-level function, each method, and each class's own lines (its header,
+    docstring and fields, without its methods)."""
+    out = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append((node.name, _start(node), node.end_lineno))
+        elif isinstance(node, ast.ClassDef):
+            methods = [n for n in node.body
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            out += [(f"{node.name}.{m.name}", _start(m), m.end_lineno) for m in methods]
+            # the header (decorators and the class line), then every statement but the methods
+            own = node.body[0].lineno - _start(node) + sum(
+                n.end_lineno - n.lineno + 1 for n in node.body if n not in methods)
+            out.append((node.name, _start(node), _start(node) + own - 1))  # a count, not a span
+    return out
+
+
+def _start(node):
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
+def _owner(path, line, table={}):
+    """The unit of `path` whose lines hold `line` (a method before its class), or None."""
+    if path not in table:
+        table[path] = units(path)
+    classes = {name.split(".")[0] for name, _, _ in table[path] if "." in name}
+    spans = [(b - a, name, a, b) for name, a, b in table[path] if name not in classes]
+    hits = sorted(s for s in spans if s[2] <= line <= s[3])
+    return hits[0][1] if hits else None
+
+
+@contextlib.contextmanager
+def plain_path(module):
+    """The algorithm file's speedups switched off for the block: its sampler calls get the plain
+    `Decoder`, and `token_logprobs` runs its own lines."""
+    from common import logprobs
+    from common.sampler import Decoder
+
+    @contextlib.contextmanager
+    def plain_decoding(model, *args, **kwargs):
+        yield Decoder(model)
+
+    defaults = logprobs.token_logprobs.__defaults__
+    with patch.object(module, "fast_decoding", plain_decoding), \
+            patch.object(logprobs.token_logprobs, "__defaults__", defaults[:-1] + (False,)):
+        yield
+
+
+def reached(algo, extra=()):
+    """{(module, unit): lines} of common/ that `algo`.py's rollout, advantage, loss and update code
+    reach on a tiny run of 2 updates, on the plain path."""
+    module = importlib.import_module(algo)
+    from common.args import parse_args
+
+    source = (ROOT / f"{algo}.py").read_text().splitlines()
+    first = next(i for i, line in enumerate(source, 1) if "# ---- rollout" in line)
+    last = next(i for i, line in enumerate(source, 1) if "# ---- logging" in line)
+    own_file, found, made = str(ROOT / f"{algo}.py"), set(), set()
+
+    def on_path(frame):
+        while frame is not None:
+            name = frame.f_code.co_name
+            # a comprehension or lambda is read where it stands: in the function around it
+            if frame.f_code.co_filename == own_file and not name.startswith("<"):
+                if name == "main":
+                    return first <= frame.f_lineno < last
+                return name not in ("check_args", "<module>")
+            frame = frame.f_back
+        return False
+
+    def trace(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event != "call":
+            return
+        if path.startswith(str(COMMON)) and on_path(frame):
+            found.add((path, frame.f_code.co_firstlineno))
+        elif frame.f_code.co_name == "__init__" and path == "<string>":  # a dataclass's own
+            cls = type(frame.f_locals.get("self"))
+            source = sys.modules[cls.__module__].__dict__.get("__file__") or ""
+            if source.startswith(str(COMMON)) and on_path(frame):
+                made.add((source, cls.__name__))
+
+    with tempfile.TemporaryDirectory() as out:
+        args = parse_args(module.Args, ["--model_name_or_path", "tiny-random", "--max_steps", "2",
+                                        "--no_eval_on_start", "--num_eval_problems", "1",
+                                        "--output_dir", out, *extra])
+        with plain_path(module), contextlib.redirect_stdout(open(os.devnull, "w")):
+            sys.settrace(trace)
+            try:
+                module.main(args)
+            finally:
+                sys.settrace(None)
+    counted = {}
+    for path, cls in made:  # a dataclass built on the path: its fields are read
+        table = {n: (a, b) for n, a, b in units(Path(path))}
+        counted[(Path(path).stem, cls)] = table[cls][1] - table[cls][0] + 1
+    for path, line in found:
+        name = _owner(Path(path), line)
+        if name is None:
+            continue
+        table = {n: (a, b) for n, a, b in units(Path(path))}
+        counted[(Path(path).stem, name)] = table[name][1] - table[name][0] + 1
+        if "." in name:  # a method: its class's own lines are read too
+            cls = name.split(".")[0]
+            counted[(Path(path).stem, cls)] = table[cls][1] - table[cls][0] + 1
+    return counted
+
+
+# ------------------------------------------------------------------------------------------------
+# Core diffs
+# ------------------------------------------------------------------------------------------------
+SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("appo", "tppo")]
+# A line whose comment starts with one of these names and a colon belongs to that variant only
+# ("# DAPO: more prompts until..."): the whole statement it starts is the variant's (a def, an if
+# block, an Args field with the docstring under it). docs/reading.md, "Variants", says what each is.
+VARIANTS = ("DAPO", "Dr.GRPO", "GSPO", "TIS", "BNPO", "IPO", "TRL", "stepwise", "shared critic",
+            "early stop", "ref sync")
+TAG = re.compile(r"#\s*(" + "|".join(re.escape(v) for v in VARIANTS) + r"):")
+
+
+def variant_lines(source):
+    """The line numbers (1-based) of `source` that belong to a tagged variant: a tag at the end of
+    a line takes the statement that starts there, a tag on a line of its own the next statement."""
+    lines = source.splitlines()
+    tagged = {i for i, line in enumerate(lines, 1) if TAG.search(line)}
+    out = set(tagged)
+    heads = set()  # the first line of each statement a tag takes
+    for i in tagged:
+        heads.add(i)
+        if lines[i - 1].lstrip().startswith("#"):  # a comment line: the statement after it
+            heads.add(next(j for j in range(i + 1, len(lines) + 1)
+                           if lines[j - 1].strip() and not lines[j - 1].lstrip().startswith("#")))
+    statements = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt)]
+    for node in statements:
+        if _start(node) in heads or node.lineno in heads:
+            end = node.end_lineno
+            if isinstance(node, ast.If) and node.orelse:  # the variant's branch, and its `else:`
+                end = node.orelse[0].lineno - 1
+            out.update(range(_start(node), end + 1))
+    for body in (n.body for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+        for field, doc in zip(body, body[1:]):  # an Args field's docstring goes with it
+            if (isinstance(field, ast.AnnAssign) and field.lineno in out
+                    and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
+                out.update(range(doc.lineno, doc.end_lineno + 1))
+    return out
+
+
+def core(path):
+    """The lines of an algorithm file a core diff compares: no module docstring, no variant's, no
+    blank line."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    first = tree.body[0].end_lineno if ast.get_docstring(tree) else 0
+    drop = variant_lines(source)
+    return [line for i, line in enumerate(source.splitlines(), 1)
+            if i > first and i not in drop and line.strip()]  # blank lines are no code
+
+
+def core_diff(a, b):
+    """Lines that differ between the cores of a.py and b.py (diff's < and > lines)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in (a, b):
+            Path(tmp, name).write_text("\n".join(core(ROOT / f"{name}.py")) + "\n")
+        out = subprocess.run(["diff", "-b", a, b], cwd=tmp, capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line[:1] in "<>")
+
+
+def plain_diff(a, b):
+    """Lines that differ between a.py and b.py, as `diff a.py b.py` shows them."""
+    out = subprocess.run(["diff", f"{a}.py", f"{b}.py"], cwd=ROOT, capture_output=True,
+                         text=True).stdout
+    return sum(1 for line in out.splitlines() if line[:1] in "<>")
+
+
+def speedup_lines():
+    """{module: lines} of the speedup modules, common/fast_*.py."""
+    return {p.stem: len(p.read_text().splitlines()) for p in sorted(COMMON.glob("fast_*.py"))}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reach", default="grpo", help="the algorithm file to trace")
+    parser.add_argument("--diffs", action="store_true", help="only the core diffs (no run)")
+    parser.add_argument("--json", action="store_true", help="the figures as one JSON line")
+    args = parser.parse_args()
+    if args.json:  # what tests/test_docs.py checks the page against
+        lines = {}
+        for (module, _), n in reached(args.reach).items():
+            lines[module] = lines.get(module, 0) + n
+        print(json.dumps({"reached": lines, "speedups": speedup_lines(),
+                          "diffs": [[a, b, plain_diff(a, b), core_diff(a, b)]
+                                    for a, b in SIBLINGS]}))
+        return
+    for a, b in SIBLINGS:
+        print(f"{a}.py -> {b}.py: {plain_diff(a, b)} lines differ, {core_diff(a, b)} in the cores")
+    if args.diffs:
+        return
+    counted = reached(args.reach)
+    by_module = {}
+    for (module, name), lines in sorted(counted.items()):
+        by_module.setdefault(module, []).append((name, lines))
+    for module, defs in sorted(by_module.items()):
+        print(f"common/{module}.py: {sum(n for _, n in defs)} lines: "
+              + ", ".join(f"{name} {n}" for name, n in defs))
+    print(f"{args.reach}.py reaches {sum(counted.values())} lines of common/ on the plain path")
+    fast = speedup_lines()
+    print(f"the speedups beside it: {sum(fast.values())} lines in {len(fast)} modules")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
