@@ -58,7 +58,7 @@ from common.sampler import generate  # noqa: E402
 
 SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
             num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
-# "tiny" is for bench/device_check.py's run on a CPU, which checks that the script still works
+# "tiny" is for dev/device_check.py's run on a CPU, which checks that the script still works
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True)
 SHAPES = {"135M": ("llama", SMOL), **{k: ("qwen2", v) for k, v in QWEN.items()},

@@ -1,6 +1,6 @@
 """The GPU check that cannot be run here without a GPU still runs here with tiny sizes
-(bench/device_check.py --tiny), and the embedded model survives being carried in pieces
-(bench/carry.py): the rebuilt file's sha256 is the original's, and a stale or missing piece is
+(dev/device_check.py --tiny), and the embedded model survives being carried in pieces
+(dev/carry.py): the rebuilt file's sha256 is the original's, and a stale or missing piece is
 refused."""
 
 import hashlib
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "dev"))
 from carry import join, split  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def test_the_embedded_gguf_survives_the_carry(tmp_path):
 
 
 def device_check(tmp_path, *argv):
-    out = subprocess.run([sys.executable, "bench/device_check.py", "--tiny", "--out",
+    out = subprocess.run([sys.executable, "dev/device_check.py", "--tiny", "--out",
                           str(tmp_path / "out"), "--work", str(tmp_path / "work"), *argv],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

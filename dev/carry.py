@@ -1,8 +1,8 @@
 """Split a file into pieces small enough to carry, and join them back with a hash check.
 
-    python bench/carry.py embedded --to .dev   # the embedded model's pieces, tokenizer, gguf wheel
-    python bench/carry.py split FILE --parts 2 --to .dev     # .dev/a/FILE.part1, .dev/b/FILE.part2
-    python bench/carry.py join .dev/a .dev/b --to FILE         # checks the sha256 split wrote
+    python dev/carry.py embedded --to .dev   # the embedded model's pieces, tokenizer, gguf wheel
+    python dev/carry.py split FILE --parts 2 --to .dev     # .dev/a/FILE.part1, .dev/b/FILE.part2
+    python dev/carry.py join .dev/a .dev/b --to FILE         # checks the sha256 split wrote
 
 The GPU machines lent to this project take at most 64 MiB per call and reach no model hub, while
 the embedded model's GGUF file is 94 MiB. So it travels in two calls made back to back: the first

@@ -1,8 +1,8 @@
 """Everything a short GPU lease should measure, as one script with a time budget per stage.
 
-    python bench/device_check.py --out DIR                         # a GPU: the real sizes
-    python bench/device_check.py --out DIR --tiny                  # a CPU: tiny sizes, ~2 min
-    python bench/device_check.py --out DIR --stages env roofline --budget_s 200
+    python dev/device_check.py --out DIR                         # a GPU: the real sizes
+    python dev/device_check.py --out DIR --tiny                  # a CPU: tiny sizes, ~2 min
+    python dev/device_check.py --out DIR --stages env roofline --budget_s 200
 
 docs/gpu.md has the two calls that carry the embedded model to a lent GPU and run this.
 
@@ -13,7 +13,7 @@ time cap or at the end of --budget_s, whichever is first; a stage that fails or 
 does not stop the next):
 
 - env: the device, its memory, the versions of torch and transformers;
-- model: the embedded SmolLM2-135M converted once from its GGUF (see bench/carry.py);
+- model: the embedded SmolLM2-135M converted once from its GGUF (see dev/carry.py);
 - grpo, grpo_compile: `python grpo.py --bf16` for 20 updates, eager and --compile, held-out
   accuracy at updates 0, 10 and 20;
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
@@ -98,7 +98,7 @@ def stage_plan(name, tiny, work):
         if not tiny:
             run += ["--num_eval_problems", "64"]
         cap = 60
-    child = [str(ROOT / "bench" / "device_check.py"), "--child", str(work / f"{name}.child.json"),
+    child = [str(ROOT / "dev" / "device_check.py"), "--child", str(work / f"{name}.child.json"),
              "--", str(ROOT / f"{file}.py")]
     return py + child + run, cap
 
