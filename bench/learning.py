@@ -35,9 +35,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from common.algorithms import ALGORITHMS  # noqa: E402
 from common.plot import read_log  # noqa: E402  (reads a run's jsonl logs, resumed runs included)
 
-FILES = ["grpo", "reinforce", "ppo", "online_dpo", "appo", "tppo"]
+FILES = list(ALGORITHMS)  # a table row each, in this order
 TASKS = {"default": [], "harder": ["--difficulty", "1-3"]}
 
 

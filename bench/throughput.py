@@ -12,7 +12,7 @@ Response tokens are the ones every file samples and trains on; prompt tokens are
 differs per file (stepwise files re-read the episode so far). Numbers are medians over the measured
 updates.
 
-    python bench/throughput.py                                   # all five, embedded model, ~15 min on 2 cores
+    python bench/throughput.py                  # every file, embedded model, ~17 min on 2 cores
     python bench/throughput.py --algos grpo ppo --steps 4
     python bench/throughput.py --model_name_or_path tiny-random --steps 2     # a quick check of the script
 """
@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ("grpo", "reinforce", "ppo", "appo", "tppo")
+sys.path.insert(0, str(ROOT))
+from common.algorithms import ALGORITHMS  # noqa: E402
 
 
 def measure(algo, args, out):
@@ -61,7 +62,7 @@ def measure(algo, args, out):
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
+    p.add_argument("--algos", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     p.add_argument("--steps", type=int, default=3, help="updates per file (the first is a warm-up)")
     p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct")
     p.add_argument("--bf16", action="store_true", help="pass --bf16 to every file (GPU)")

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from common.algorithms import ALGORITHMS, STEPWISE
 from common.errors import PathError, UsageError
 
-ALL = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo")
 OAT_FILES = ("ppo", "grpo", "online_dpo")  # oat runs PPO, GRPO and online DPO
-SINGLE_TURN = ("grpo", "ppo", "reinforce", "online_dpo")  # the files that sample whole responses
-STEPWISE = ("appo", "tppo")
+# the files that sample whole responses
+SINGLE_TURN = tuple(a for a in ALGORITHMS if a not in STEPWISE)
 OPENR, OAT, LLM_RL = "OpenR's", "oat's", "LLM_RL's"
 TRL_GRPO, TRL_PPO, TRL_RLOO = "TRL GRPOConfig's", "TRL PPOConfig's", "TRL RLOOConfig's"
 TRL_ODPO = "TRL OnlineDPOConfig's"
@@ -44,7 +44,7 @@ class Alias:
     many: bool = False  # takes a list of values
 
 
-def _infra(name, source, note, files=ALL, switch=False):
+def _infra(name, source, note, files=ALGORITHMS, switch=False):
     return Alias(name, source, files, note=note, switch=switch)
 
 
@@ -172,7 +172,7 @@ ALIASES = [
     Alias("rloo_k", TRL_RLOO, ("reinforce",), to="num_generations"),
     Alias("non_stop_penalty", OAT, ("ppo",), to="missing_eos_penalty",
           convert=lambda v: str(-float(v))),  # oat adds it: a penalty is negative there
-    Alias("lr_scheduler_type", TRL, ALL, to="lr_scheduler"),
+    Alias("lr_scheduler_type", TRL, ALGORITHMS, to="lr_scheduler"),
     Alias("sft_model_path", TRL_PPO, ("ppo",)),  # the policy TRL's PPO trains (rule below)
     Alias("per_device_train_batch_size", TRL, SINGLE_TURN),  # batch rule
     Alias("gradient_accumulation_steps", TRL, ("grpo", "ppo", "online_dpo")),  # batch rule

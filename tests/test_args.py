@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from common.algorithms import ALGORITHMS
 from common.args import field_docs, lr_at, parse_args, schedule
 from common.seed_flags import ALIASES
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo"]
 
 
 def args_of(algo, argv, capsys=None):
@@ -206,7 +206,7 @@ def vocabulary():
 
 def test_every_option_of_every_file_is_in_the_vocabulary():
     names = vocabulary()
-    for algo in ALGOS + ["eval"]:
+    for algo in [*ALGORITHMS, "eval"]:
         module = importlib.import_module(algo)
         docs = field_docs(module.Args)
         for f in fields(module.Args):
@@ -242,7 +242,7 @@ def logged_keys(algo):
                    "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs"}
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", ALGORITHMS)
 def test_every_metric_key_is_in_the_vocabulary(algo):
     names = vocabulary()
     keys = logged_keys(algo)

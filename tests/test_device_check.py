@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from common.algorithms import ALGORITHMS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "dev"))
 from carry import join, split  # noqa: E402
@@ -108,8 +110,7 @@ def test_a_spent_budget_skips_the_stages_left(tmp_path):
 def test_every_stage_of_the_device_check_runs_on_a_cpu(tmp_path):
     results, _ = device_check(tmp_path)
     assert all(r["status"] == "ok" for r in results.values()), results
-    for name in ("grpo", "grpo_compile", "grpo_big", "ppo", "reinforce", "appo", "tppo",
-                 "online_dpo"):
+    for name in ("grpo_compile", "grpo_big", *ALGORITHMS):
         figures = results[name]["figures"]
         assert figures["loads"] and figures["finite"], name
         # the tiny model's returns can all be equal, and explained variance is then 0 / 0

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from common.algorithms import ALGORITHMS
 from common.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo"]
-LIBRARY = [*(f"{a}.py" for a in ALGOS), "eval.py", *(str(p.relative_to(ROOT)) for p in (ROOT / "common").glob("*.py"))]
+LIBRARY = [*(f"{a}.py" for a in ALGORITHMS), "eval.py",
+           *(str(p.relative_to(ROOT)) for p in (ROOT / "common").glob("*.py"))]
 
 
 def test_links_to_code_lines_are_current():
@@ -32,7 +33,7 @@ def command_lines():
     and the algorithm files' docstrings, with backslash continuations joined."""
     found = []
     sources = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
-    sources += [ROOT / f for f in [*(f"{a}.py" for a in ALGOS), "eval.py"]]
+    sources += [ROOT / f for f in [*(f"{a}.py" for a in ALGORITHMS), "eval.py"]]
     for path in sources:
         text = path.read_text()
         if path.suffix == ".py":
@@ -48,7 +49,7 @@ def command_lines():
 
 def test_the_docs_hold_the_command_lines_they_should():
     files = {f for _, f, _ in command_lines()}
-    assert set(ALGOS) <= files and len(command_lines()) >= 40
+    assert set(ALGORITHMS) <= files and len(command_lines()) >= 40
 
 
 @pytest.mark.parametrize("source,algo,argv", command_lines(), ids=lambda x: x if isinstance(x, str) else None)
@@ -108,8 +109,11 @@ def test_the_diff_counts_the_docs_quote_are_current():
         for a, b, n in re.findall(r"`diff (\w+)\.py (\w+)\.py`(?::| is) (\d+)", page.read_text()):
             assert int(n) == changed_lines(a, b), f"docs/{page.name} quotes {n} lines for diff {a}.py {b}.py"
             quoted += 1
-    row = re.search(r"\| `diff grpo.py X.py` lines \| (\d+) \| — \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|",
-                    (ROOT / "docs/README.md").read_text())
-    assert [int(n) for n in row.groups()] == [changed_lines("grpo", x)
-                                              for x in ("reinforce", "ppo", "appo", "tppo", "online_dpo")]
+    # the side-by-side table of docs/README.md: a column per algorithm file, in its own order
+    text = (ROOT / "docs/README.md").read_text()
+    columns = re.findall(r"\[`(\w+)\.py`\]", re.search(r"^\| \| \[`.*$", text, re.M).group(0))
+    assert sorted(columns) == sorted(ALGORITHMS)
+    row = re.search(r"^\| `diff grpo.py X.py` lines \|(.*)\|$", text, re.M).group(1)
+    assert [cell.strip() for cell in row.split("|")] == [
+        "—" if x == "grpo" else str(changed_lines("grpo", x)) for x in columns]
     assert quoted >= 5

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from common.algorithms import ALGORITHMS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -82,7 +84,6 @@ def test_a_planted_upward_or_sideways_import_fails():
 
 
 # ---- one name per concept ---------------------------------------------------------------------
-ALGOS = ["grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo"]
 SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("appo", "tppo")]
 # a name the files used for the same concept as another, now retired: (retired, the name to use)
 RETIRED = [("action_mask", "response_mask")]
@@ -129,7 +130,7 @@ def name_violations(common, files, siblings=SIBLINGS):
 
 def test_one_name_per_concept_in_common_and_the_five_files():
     common = {p.stem: p.read_text() for p in (ROOT / "common").glob("*.py")}
-    files = {a: (ROOT / f"{a}.py").read_text() for a in ALGOS}
+    files = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     assert name_violations(common, files) == []
 
 
@@ -191,7 +192,7 @@ def test_nothing_in_common_writes_to_args():
     assert {name: lines for name, lines in found.items() if lines} == {}
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", ALGORITHMS)
 def test_a_file_writes_args_only_in_mains_derived_block(algo):
     source = (ROOT / f"{algo}.py").read_text()
     first, last = derived_block(source)
@@ -257,7 +258,7 @@ def option_violations(fields):
 
 
 def test_one_meaning_per_option_name_in_the_six_files():
-    assert option_violations({a: option_fields(a) for a in ALGOS}) == []
+    assert option_violations({a: option_fields(a) for a in ALGORITHMS}) == []
 
 
 def test_a_planted_second_vocabulary_or_retired_option_fails():

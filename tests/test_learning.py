@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from common.algorithms import ALGORITHMS
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, and its updates
     "grpo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30"],
@@ -34,7 +36,7 @@ SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, an
 }
 
 
-@pytest.mark.parametrize("algo", list(SIZES))
+@pytest.mark.parametrize("algo", ALGORITHMS)
 def test_reward_rises_to_near_1(algo, tmp_path):
     cmd = [sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path",
            "tiny-random", *SIZES[algo],

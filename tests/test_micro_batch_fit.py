@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import grpo
+from common.algorithms import ALGORITHMS
 from common.run import DEFAULT_MICRO_BATCH, MicroBatchFit, Run
 
 
@@ -83,7 +84,7 @@ FILES = {"grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "tppo": ["--num_envs", "2", "--num_steps", "4"]}
 
 
-@pytest.mark.parametrize("file", list(FILES))
+@pytest.mark.parametrize("file", ALGORITHMS)
 def test_every_file_reads_its_micro_batch_from_run_each_update(tmp_path, monkeypatch, file):
     # The wiring in each file: the first update at 8 rows, then (a faked GPU with no room) 1 row per
     # micro-batch, read through run.micro_batch_size by the update and by the helpers that read

@@ -1,0 +1,8 @@
+"""The algorithm files, listed once. The tests, the benches and the seeds' flag names read this
+list, so that a new file is added here and nowhere else; tests/test_docs.py checks that it names
+every algorithm file at the root, and that the docs give its length when they count the files."""
+
+# grpo.py first, as the reading order has it (docs/reading.md), then its siblings
+ALGORITHMS = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo")
+# the files whose action is one line of an episode (a reasoning step), not a whole response
+STEPWISE = ("appo", "tppo")
