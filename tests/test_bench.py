@@ -144,8 +144,9 @@ def test_decode_sketch_draws_the_tokens_of_generate():
 
 
 def test_every_planted_bug_still_has_its_line_and_its_test():
-    # bench/planted_bugs.py plants each bug by replacing one exact line: the line must still be in
-    # the file once, and the test aimed at it must exist, or the bench would quietly test nothing
+    # dev/planted_bugs.py plants each bug by replacing one exact line: the line must still be in
+    # the file once, and the test aimed at it must exist, or the script would quietly test nothing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
     from planted_bugs import BUGS, ROOT
 
     assert len(BUGS) == 9

@@ -1,10 +1,10 @@
-"""Do two versions of the code train the same weights? A refactor must not change what the five
-files learn: this runs each file for a few updates on the tiny model, with a reward that varies
-(tests/run_with_test_reward.py's length reward, so every update moves the weights), and prints one
-hash per run of the final checkpoint's tensors. Run it at two commits and compare:
+"""Do two versions of the code train the same weights? A refactor must not change what the
+algorithm files learn: this runs each file for a few updates on the tiny model, with a reward that
+varies (tests/run_with_test_reward.py's length reward, so every update moves the weights), and
+prints one hash per run of the final checkpoint's tensors. Run it at two commits and compare:
 
-    python bench/same_weights.py --out before.json          # at the old commit
-    python bench/same_weights.py --compare before.json      # at the new one: same hashes, or which differ
+    python dev/same_weights.py --out before.json          # at the old commit
+    python dev/same_weights.py --compare before.json    # at the new one: the runs that differ
 
 Every run uses one thread (fp32 sums round by thread count), so the hashes depend only on the code,
 torch and the machine. About 4 minutes on 2 cores.
