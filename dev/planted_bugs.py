@@ -60,8 +60,8 @@ BUGS = {
         "tests/test_ppo.py::test_values_are_read_at_the_position_before_each_token"),
     "shared_head_off_by_one": (
         "ppo.py",
-        "values = critic(hidden[:, -R - 1:-1])",
-        "values = critic(hidden[:, -R:])",
+        "critic(hidden[:, -R - 1:-1])  # [b, R]",
+        "critic(hidden[:, -R:])  # [b, R]",
         "tests/test_ppo.py::test_values_are_read_at_the_position_before_each_token"),
     "grads_summed": (
         "common/distributed.py",
