@@ -1,6 +1,6 @@
-"""bench/learning.py, which writes the results tables of docs/README.md: its statistics and table by
-hand on made-up run folders, and one tiny real run through the whole script (a run that finished
-is not run again; the plot command runs on it)."""
+"""bench/learning.py, which writes the results tables of docs/performance.md: its statistics and
+table by hand on made-up run folders, and one tiny real run through the whole script (a run that
+finished is not run again; the plot command runs on it)."""
 
 import importlib.util
 import json
@@ -85,8 +85,8 @@ def test_one_tiny_run_through_the_script_and_no_rerun(tmp_path):
 
 
 def test_the_docs_show_the_tables_the_bench_wrote_with_a_row_for_every_file():
-    # docs/results/ holds bench/learning.py's own output; docs/README.md must quote it unchanged
-    readme = (ROOT / "docs" / "README.md").read_text()
+    # docs/results/ holds bench/learning.py's own output; docs/performance.md must quote it unchanged
+    readme = (ROOT / "docs" / "performance.md").read_text()
     results = json.loads((ROOT / "docs" / "results" / "results.json").read_text())
     for task in ("default", "harder"):
         lines = (ROOT / "docs" / "results" / f"{task}.md").read_text().splitlines()
