@@ -25,12 +25,10 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
    decimal number (3.14159) is compared with a tolerance (1e-12 relative). A bare `e` is Euler's
    number; `i` is the imaginary unit.
 
-The worker: one per process, shared by all threads under a lock. Each grade has a budget of
-TIMEOUT_S seconds of the worker's CPU time, shared by all its worker calls; waiting for the lock or
-for a starting worker is not charged. An answer out of budget grades as wrong. A worker that dies or
-fails to start is restarted at the next grade, and `grader_counts()` counts grades, timeouts and
-failures. A worker exits by itself when the process that started it dies, even mid-computation
-(SIGKILL included).
+The worker (common/grader_worker.py): a small pool of processes shared by all threads. Each grade
+has a budget of TIMEOUT_S seconds of a worker's CPU time, shared by all its worker calls; waiting
+for a free worker or for a starting one is not charged. An answer out of budget grades as wrong.
+`grader_counts()` counts grades, timeouts and failures. A worker runs this file (its last lines).
 
 Safety: model text is never given to eval, `sympify` or `parse_expr` (all three call Python's eval).
 The parser accepts only a whitelist of tokens, caps length and nesting depth, and refuses huge
@@ -40,29 +38,26 @@ powers before they are built, so `9^{9^{9^9}}` or 10 000 nested parentheses grad
 import atexit
 import cmath
 import functools
-import json
 import math
 import os
-import queue
 import re
-import select
-import subprocess
 import sys
-import threading
-import time
 import unicodedata
 from fractions import Fraction
+
+from common.grader_worker import Grade, Pool, count_grade, pool_size, serve
+# The grader's counts are read from here: common/run.py logs them with each update's metrics.
+from common.grader_worker import grader_counts  # noqa: F401
 
 MAX_LEN = 1000  # a normalised answer longer than this is only compared as a string
 MAX_DEPTH = 60  # bracket/argument nesting the parser accepts; far below Python's recursion limit
 MAX_DIGITS = 2000  # refuse to build numbers with more digits than this
 MAX_ITEMS = 50  # elements in a tuple/set/matrix
 TIMEOUT_S = 1.0  # budget for the sympy part of one grade: seconds of the worker's CPU time
-START_LIMIT_S = 300.0  # give up on a worker that is alive but still not ready after this long
 
 
 # ------------------------------------------------------------------------------------------------
-# 0. Unicode look-alikes and hedges (shared with the GSM8K grader in common/env.py)
+# 0. Unicode look-alikes and hedges (shared with the GSM8K grader in common/answers.py)
 
 # minus sign, figure dash, en dash, small/full-width/heavy minus
 _DASHES = "\u2212\u2012\u2013\ufe63\uff0d\u2796"
@@ -434,14 +429,6 @@ def _assigned_tuple(parts: list[str]) -> list[str] | None:
     return [value for _, value in sorted(pairs)]
 
 
-class _Grade:
-    """One grade's share of the sympy worker: CPU seconds left, and whether it used the worker or
-    ran out."""
-
-    def __init__(self, budget: float):
-        self.left, self.used_worker, self.timed_out = budget, False, False
-
-
 def math_equal(pred: str | None, gold: str) -> bool:
     """Is the extracted answer `pred` equivalent to `gold`? Both are raw LaTeX answer strings."""
     if pred is None or len(pred) > 4 * MAX_LEN:
@@ -451,17 +438,14 @@ def math_equal(pred: str | None, gold: str) -> bool:
         return a != ""
     if not a or len(a) > MAX_LEN or len(b) > MAX_LEN:
         return False
-    grade = _Grade(TIMEOUT_S)
+    grade = Grade(TIMEOUT_S)
     try:
         return _equal(a, b, grade)
     finally:
-        if grade.used_worker:
-            _count("grades")
-        if grade.timed_out:
-            _count("timeouts")
+        count_grade(grade)
 
 
-def _equal(a: str, b: str, grade: _Grade) -> bool:
+def _equal(a: str, b: str, grade: Grade) -> bool:
     """Is the (normalised) answer a equal to the (normalised) gold b? The order matters for
     names."""
     if a == b:
@@ -535,7 +519,7 @@ def _real_set(kind: str, parts, gold: bool) -> list | None:
     return None
 
 
-def _equal_scalar(a: str, b: str, grade: _Grade) -> bool:
+def _equal_scalar(a: str, b: str, grade: Grade) -> bool:
     if re.fullmatch(r"[a-zA-Z]{2,}", a) and re.fullmatch(r"[a-zA-Z]{2,}", b):
         return a.lower() == b.lower()  # words (names, directions), not products of symbols
     try:
@@ -563,7 +547,7 @@ def _rational_or_none(node) -> Fraction | None:
         return None
 
 
-def _equal_equation(a: list, b: list, grade: _Grade) -> bool:
+def _equal_equation(a: list, b: list, grade: Grade) -> bool:
     """Equations are equal if lhs - rhs agree up to a nonzero constant factor (2x=4 vs x-2=0)."""
     try:
         ta, tb = (["+", parse(lhs), ["neg", parse(rhs)]] for lhs, rhs in (a, b))
@@ -1024,296 +1008,27 @@ def _close(u, v) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# 6. The sympy worker: a subprocess that stops itself at its CPU budget, and that we can kill
+# 6. The sympy worker (common/grader_worker.py): this process's pool, and what a worker runs
 
 
-_COUNTS = {"grades": 0, "timeouts": 0, "failures": 0}
-_COUNTS_LOCK = threading.Lock()
-
-
-def grader_counts() -> dict:
-    """This process's counts so far (monotone, thread-safe): {"grades": math_equal calls that needed
-    the sympy worker, "timeouts": those that ran out of budget (graded wrong), "failures": worker
-    starts that failed and workers that died}. timeouts / grades is the fraction of symbolic grades
-    that may be wrong."""
-    with _COUNTS_LOCK:
-        return dict(_COUNTS)
-
-
-def _count(key: str) -> None:
-    with _COUNTS_LOCK:
-        _COUNTS[key] += 1
-
-
-def _failure(message: str) -> None:
-    _count("failures")
-    print(f"common/grader.py: {message}", file=sys.stderr, flush=True)
-
-
-class _OutOfTime(BaseException):
-    """Raised in the worker by SIGPROF at the end of a request's CPU budget. A BaseException, so
-    that sympy's own `except Exception` blocks do not swallow it."""
-
-
-_ARMED = False  # the worker's SIGPROF handler raises only while a request runs
-
-
-def _on_sigprof(signum, frame):
-    if _ARMED:
-        raise _OutOfTime
-
-
-def _watch_parent(parent: int) -> None:
-    """Worker thread: exit as soon as the process that started us is gone (SIGKILL included), even
-    while the main thread is busy in a long simplification (sympy is Python, so this thread gets its
-    turn)."""
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    os._exit(0)
-
-
-def _serve(parent: int) -> None:
-    """Worker loop: one JSON request per line on stdin, one JSON reply {ok, timeout, cpu} per line
-    on stdout."""
-    global _ARMED
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which kills us
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    try:  # a runaway simplification should hit the time limit, not eat the machine's memory
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-    except (ImportError, ValueError, OSError):
-        pass
-    # noqa: F401  (import and warm up before saying ready: the first grade is not charged for it)
-    import sympy
-
+def _warm_up():
+    """Import sympy and grade twice, so that a worker's first real grade is not charged for it."""
     sympy_equal(parse("\\sin^2x+\\cos^2x"), parse("1"))
     sympy_equal(parse("\\sqrt{2}+\\sqrt{3}"), parse("\\sqrt{5+2\\sqrt{6}}"))
-    signal.signal(signal.SIGPROF, _on_sigprof)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        start, ok, timeout = time.process_time(), False, False
-        try:
-            try:
-                _ARMED = True
-                # CPU time, not wall
-                signal.setitimer(signal.ITIMER_PROF, max(float(req["budget"]), 0.001))
-                ok = bool(sympy_equal(req["a"], req["b"], req["equation"], req["approx"]))
-            finally:
-                _ARMED = False
-                signal.setitimer(signal.ITIMER_PROF, 0)
-        except _OutOfTime:
-            timeout = True
-        except Exception:  # ParseError, TypeError on oo/nan, RecursionError, MemoryError: not equal
-            pass
-        _ARMED = False
-        print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start}),
-              flush=True)
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system) a process has used, from /proc; None where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class _Worker:
-    """One sympy worker process of the pool, started lazily and restarted when it dies, fails or
-    runs away.
-
-    A grade's budget is charged the CPU time the worker reports for its requests. The worker stops
-    itself at the budget (SIGPROF); as a backstop, one that goes past it (stuck in C code) is killed
-    and replaced.
-    """
-
-    GRACE_S = 0.5  # CPU seconds past the budget before the backstop kills the worker
-    WALL_LIMIT_S = 60.0  # and wall seconds per request, whatever the load
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.proc, self.pid, self.ready, self.buf = None, None, False, b""
-
-    def _spawn(self) -> bool:
-        # A fresh interpreter that runs this file (not multiprocessing): it works the same under
-        # pytest, torchrun and after CUDA is initialised, and does not re-import the caller's
-        # __main__.
-        code = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__grader_worker__')"
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, os.path.abspath(__file__), str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-            )
-        except OSError as e:  # e.g. too many processes under load: retried
-            self.proc = None
-            _failure(f"could not start the sympy worker ({e})")
-            return False
-        self.pid, self.ready, self.buf = os.getpid(), False, b""
-        return True
-
-    def _read_line(self, timeout: float) -> str | None:
-        """The worker's next line, or None if none came within `timeout` s; EOFError if the worker
-        is gone."""
-        end = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                return None
-            chunk = os.read(self.proc.stdout.fileno(), 65536)
-            if not chunk:
-                raise EOFError
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line.decode()
-
-    def stop(self):
-        """Kill our worker (never one inherited through a fork: that one is the parent's)."""
-        if self.proc is not None and self.pid == os.getpid():
-            self.proc.kill()
-            self.proc.wait()
-            for pipe in (self.proc.stdin, self.proc.stdout):
-                pipe.close()
-        self.proc, self.ready = None, False
-
-    def _live(self) -> bool:
-        """Make sure a ready worker is there: start one (and wait, uncharged, however long a live
-        one takes to import sympy), or replace a dead one. A few tries; False if none would
-        start."""
-        if self.proc is not None and self.pid != os.getpid():
-            # after a fork the worker belongs to the parent: leave it alone
-            self.proc, self.ready = None, False
-        if self.proc is not None and self.proc.poll() is not None:
-            _failure(f"the sympy worker died (exit code {self.proc.returncode}); starting a new "
-                     f"one")
-            self.stop()
-        for attempt in range(3):
-            if self.ready:
-                return True
-            if self.proc is None and not self._spawn():
-                time.sleep(0.5 * (attempt + 1))
-                continue
-            start, line = time.monotonic(), None
-            try:
-                while line is None and time.monotonic() - start < START_LIMIT_S:
-                    line = self._read_line(1.0)
-            except EOFError:
-                line = "exited"
-            self.ready = line == "ready"
-            if not self.ready:
-                _failure("the sympy worker did not start "
-                         f"({line or 'not ready after %.0f s' % START_LIMIT_S})")
-                self.stop()
-        return self.ready
-
-    def equal(self, a, b, equation: bool, approx: bool, grade: _Grade) -> bool:
-        # CRUCIAL: the time spent waiting here for other threads is not charged to the grade
-        with self.lock:
-            if grade.left <= 0:  # an earlier part of this grade used the budget up
-                grade.timed_out = True
-                return False
-            grade.used_worker = True
-            if not self._live():
-                return False
-            request = json.dumps({"a": a, "b": b, "equation": equation, "approx": approx,
-                                  "budget": grade.left})
-            try:
-                data = (request + "\n").encode()
-                while data:
-                    data = data[os.write(self.proc.stdin.fileno(), data):]
-            except OSError:
-                _failure("the sympy worker died; starting a new one at the next grade")
-                self.stop()
-                return False
-            reply = self._reply(grade)
-            if reply is None:
-                return False
-            grade.left -= reply["cpu"]
-            if reply["timeout"]:
-                grade.timed_out, grade.left = True, 0.0
-            return reply["ok"] is True
-
-    def _reply(self, grade: _Grade) -> dict | None:
-        """The worker's answer to one request; None (graded wrong) if it died or ran away."""
-        start, cpu0 = time.monotonic(), _cpu_seconds(self.proc.pid)
-        while True:
-            try:
-                line = self._read_line(0.1)
-            except EOFError:
-                line = ""
-            if line is not None:
-                try:
-                    reply = json.loads(line)
-                    return {"ok": reply["ok"], "timeout": reply["timeout"],
-                            "cpu": float(reply["cpu"])}
-                except (ValueError, KeyError, TypeError):
-                    _failure("the sympy worker died while grading; starting a new one at the next "
-                             "grade")
-                    self.stop()
-                    return None
-            cpu = _cpu_seconds(self.proc.pid)
-            wall = time.monotonic() - start
-            used = cpu - cpu0 if cpu is not None and cpu0 is not None else wall
-            # stuck where SIGPROF cannot stop it
-            if used > grade.left + self.GRACE_S or wall > self.WALL_LIMIT_S:
-                self.stop()
-                self._spawn()  # the next grade waits for it to be ready, uncharged
-                grade.timed_out, grade.left = True, 0.0
-                return None
-
-
-class _Pool:
-    """A few sympy workers, each serving one grade at a time, so that an answer that runs to its
-    budget holds one worker, not every grade of a batch graded from many threads. Workers start
-    when first needed; serial grading only ever starts one. MATHRL_GRADER_WORKERS sets the size
-    (default: half the CPU cores, at most 4; one on this project's 2-core machines)."""
-
-    def __init__(self, size):
-        self.workers = [_Worker() for _ in range(size)]
-        self.idle = queue.LifoQueue()  # the worker used last is served first: it is warm
-        for worker in self.workers:
-            self.idle.put(worker)
-        self.last = self.workers[-1]  # the one the next serial grade gets (tests look at it)
-
-    def equal(self, a, b, equation: bool, approx: bool, grade: _Grade) -> bool:
-        # CRUCIAL: the time spent waiting here for a free worker is not charged to the grade
-        worker = self.idle.get()
-        try:
-            return worker.equal(a, b, equation, approx, grade)
-        finally:
-            self.last = worker
-            self.idle.put(worker)
-
-    def stop(self):
-        for worker in self.workers:
-            worker.stop()
-
-
-def _pool_size() -> int:
-    # half the cores (at most 4): the rest are the trainer's, which grades between its own steps
-    default = min(4, (os.cpu_count() or 2) // 2)
-    return max(1, int(os.environ.get("MATHRL_GRADER_WORKERS", default)))
-
-
-_POOL = _Pool(_pool_size())
+_POOL = Pool(pool_size(), os.path.abspath(__file__))
 atexit.register(lambda: _POOL.stop())
 
 
 def _after_fork_in_child():
-    global _COUNTS_LOCK, _POOL
-    # the parent's workers are not ours to use or to kill, and a thread may have held a lock
-    _POOL = _Pool(_pool_size())
-    _COUNTS_LOCK = threading.Lock()
-    _COUNTS.update(grades=0, timeouts=0, failures=0)  # counts are per process
+    global _POOL
+    # the parent's workers are not ours to use or to kill (grader_worker.py starts fresh counts)
+    _POOL = Pool(pool_size(), os.path.abspath(__file__))
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
-if __name__ == "__grader_worker__":
-    _serve(int(sys.argv[2]))
+if __name__ == "__grader_worker__":  # a worker: common/grader_worker.py's Pool started it
+    serve(int(sys.argv[3]), sympy_equal, _warm_up)

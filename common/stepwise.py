@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.answers import safe_arith
 from common.distributed import problem_index, sample_seed
-from common.env import TASKS, safe_arith
 from common.errors import UsageError
 from common.fast_prompts import PrefixCache
 from common.fast_sampler import fast_decoding
@@ -32,6 +32,7 @@ from common.models import (TINY_RANDOM, check_model_name, load_reference, load_t
                            tiny_random_model)
 from common.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
                             left_pad)
+from common.tasks import TASKS
 
 
 # ------------------------------------------------------------------------------------------------

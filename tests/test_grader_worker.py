@@ -1,5 +1,6 @@
-"""The sympy worker of common/grader.py under load and under failure: many threads and processes at
-once, a killed worker, a killed parent, runaway answers and the counters. About 20 s on 2 cores."""
+"""The sympy worker of common/grader.py (common/grader_worker.py) under load and under failure: many
+threads and processes at once, a killed worker, a killed parent, runaway answers and the counters.
+About 20 s on 2 cores."""
 
 import os
 import signal
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from common import grader
-from common.grader import grader_counts, math_equal
+from common import grader, grader_worker
+from common.grader import math_equal
+from common.grader_worker import grader_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = "\\exp(\\exp(\\exp(\\exp(99))))"  # sympy evaluates this until its budget runs out
@@ -169,7 +171,7 @@ def test_timeouts_are_counted_once_per_grade():
     # the worker's CPU seconds: what the budget counts (wall time also grows with the machine's
     # load)
     def cpu():
-        return grader._cpu_seconds(worker)
+        return grader_worker._cpu_seconds(worker)
 
     used = cpu()
     assert not math_equal(SLOW, "\\pi")

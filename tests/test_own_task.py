@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from common.env import TASKS, Task, make_env, make_envs, register
+from common.env import make_env, make_envs
 from common.errors import PathError, UsageError
 from common.rewards import load_reward_fn
+from common.tasks import TASKS, Task, register
 from grpo import Args
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,10 +19,11 @@ from safetensors.torch import load_file
 import reinforce
 from common import env as envlib
 from common.args import field_docs, make_parser, parse_args
-from common.env import TASKS, load_few_shot, make_env
+from common.env import make_env
 from common.logprobs import token_logprobs
 from common.models import load_tokenizer
 from common.stepwise import calculator, play_episodes, sample_line
+from common.tasks import TASKS, load_few_shot
 from common.errors import PathError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,11 @@ from fractions import Fraction
 
 import pytest
 
-from common import grader
-from common.env import TASKS, answer_value, format_number, safe_arith, to_number, verify
+from common import grader, grader_worker
+from common.answers import answer_value, format_number, safe_arith, to_number
+from common.env import verify
 from common.grader import ascii_lookalikes, last_boxed, normalize, parse, sympy_equal
+from common.tasks import TASKS
 
 # ------------------------------------------------------------------------------------------------
 # GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is"; no
@@ -157,7 +159,7 @@ def test_gsm8k_whole_span_is_one_value(response, gold, expected):
 def test_no_marker_no_reward():
     """Decided policy: without \\boxed{}, #### or "The answer is", no correctness reward (train and
     eval)."""
-    from common.env import TASKS
+    from common.tasks import TASKS
 
     question = "Janet has 16 eggs and eats 2. How many are left? The sum 14 is wrong; the answer could be 18."
     for response in [question, question + " 18", "14", "She has 14 eggs left"]:
@@ -621,12 +623,12 @@ def test_slow_simplification_times_out_and_the_worker_recovers():
     # warm the worker up
     assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0
     worker = grader._POOL.last.proc.pid
-    cpu, start = grader._cpu_seconds(worker), time.monotonic()
+    cpu, start = grader_worker._cpu_seconds(worker), time.monotonic()
     # too big to evaluate
     assert verify("math", "\\boxed{\\exp(\\exp(\\exp(\\exp(99))))}", "\\pi") == 0.0
     # was: under 2 s of wall time. The budget is the worker's CPU time now (1 s), so the wall time
     # is about 1 s on an idle machine and grows only when other processes share the cores.
-    assert grader._cpu_seconds(worker) - cpu < 1.5 and time.monotonic() - start < 10.0
+    assert grader_worker._cpu_seconds(worker) - cpu < 1.5 and time.monotonic() - start < 10.0
     # the worker recovered
     assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0
 
