@@ -5,8 +5,14 @@
     python eval.py --dataset_name gsm8k --dataset_path data/gsm8k_test.jsonl --bf16 \\
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct
     python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl
+    python eval.py --dataset_name prealgebra --levels 1-3 --model_name_or_path ...   # MATH-500's
+    python eval.py --dataset_name test.jsonl --model_name_or_path ...   # the task its fields say
     torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math \\
         --num_generations 4 --temperature 0.6
+
+The data options are training's (common/args.py's DataArgs), read by the same code
+(common/env.py's `resolve_task`): --dataset_name is a task, a MATH subject, a data file or a hub
+dataset id, and a problem is prompted as in training.
 
 Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
 - accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of
@@ -46,16 +52,17 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from common.args import parse_args
+from common.answers import to_number
+from common.args import DataArgs, parse_args
 from common.checks import check_output_dir
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
-from common.env import TASKS, filter_math, make_env, read_rows, rename_fields, to_number
+from common.env import MATH_SUBJECTS, filter_math, make_env, make_env_options, resolve_task
 from common.errors import PathError, UsageError
 from common.fast_sampler import fast_decoding
 from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
-from common.rewards import load_reward_fn
 from common.sampler import encode_prompts, generate
+from common.tasks import TASKS, read_rows, rename_fields
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -63,34 +70,13 @@ DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 64, "countdown": 256, "gsm8k": 512, "mat
 
 
 @dataclass
-class Args:
+class Args(DataArgs):
+    """eval.py's options: the data options of training (`DataArgs`), then the model, sampling,
+    pass@k and where results go."""
+
     model_name_or_path: str = "SmolLM2-135M-Instruct"
     """a checkpoint folder, a hub id, 'SmolLM2-135M-Instruct' or 'tiny-random' (not with
     --responses)"""
-    dataset_name: str = "arithmetic"
-    """task, which also picks the verifier: arithmetic, countdown, gsm8k or math"""
-    dataset_path: Optional[str] = None
-    """a jsonl/json/parquet file of problems (default: the task's --split)"""
-    question_key: Optional[str] = None
-    """field of the data rows that holds the question (default: the task's usual names)"""
-    answer_key: Optional[str] = None
-    """field of the data rows that holds the gold answer (default: the task's usual names)"""
-    levels: Optional[str] = None
-    """math: keep these MATH levels only, e.g. '1-3' or '4,5' (default: all)"""
-    difficulty: str = "1-2"
-    """arithmetic: level 1..5, a range '1-2', or 'mixed' (1: 2-digit addition ... 5: word
-    problems)"""
-    template: str = "chat"
-    """'chat' for instruct models, 'plain' for base models"""
-    system_prompt: Optional[str] = None
-    """system prompt text (default: the task's own, as in training)"""
-    num_few_shot: int = 1
-    """worked examples put in each prompt (1, as in training)"""
-    reward_fn: Optional[list[str]] = None
-    """your own reward function(s), as in training (file.py:name or module:name; your code, run in
-    this process): each one's mean is reported, and the reward is the weighted sum"""
-    reward_weights: Optional[list[float]] = None
-    """weights of the verifier and then each --reward_fn (default: 1 each)"""
     seed: int = 0
     """seeds sampling (sample j of problem i has its own seed) and train-split generation"""
     max_new_tokens: Optional[int] = None
@@ -103,7 +89,7 @@ class Args:
     bf16: bool = False
     """bfloat16 autocast for forwards"""
     split: str = "test"
-    """'test' (held-out) or 'train'; not used with --dataset_path"""
+    """'test' (held-out) or 'train'; not used with a data file"""
     num_eval_problems: Optional[int] = None
     """problems to evaluate (default: all): the fixed random subset training evaluates; with
     --responses, the first N rows"""
@@ -126,9 +112,6 @@ class Args:
 
 def check_args(args):
     """Every argument error before any data or model loads, each with the fix."""
-    if args.dataset_name not in TASKS:
-        raise UsageError(f"--dataset_name must be one of {', '.join(TASKS)}, got "
-                         f"{args.dataset_name!r}")
     if args.split not in ("train", "test"):
         raise UsageError(f"--split must be 'train' or 'test', got {args.split!r}")
     if args.num_generations < 1:
@@ -146,6 +129,9 @@ def check_args(args):
     if args.responses is not None and args.reward_fn:
         raise UsageError("--reward_fn scores the completions eval.py samples; --responses regrades "
                          "saved ones with the task's verifier alone: leave one of them out.")
+    if args.responses is not None and (args.levels or args.dataset_name.lower() in MATH_SUBJECTS):
+        raise UsageError("--responses regrades every row of its file, so a MATH subject or "
+                         "--levels would filter nothing: pass --dataset_name math and no --levels.")
     if args.responses is None:
         bad = [k for k in args.k if not 1 <= k <= args.num_generations]
         if bad:
@@ -304,21 +290,21 @@ def gold_answer(task, row, where):
     return TASKS[task].from_row({"question": "", **row}, where)["answer"]
 
 
-def regrade(args):
+def regrade(args, task):
     """Records from a file of saved completions, graded again with the task's verifier."""
-    rows = read_rows(args.responses, args.dataset_name)[: args.num_eval_problems]
+    rows = read_rows(args.responses, task)[: args.num_eval_problems]
     records, fields_used = [], set()
     for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
         where = f"{args.responses}: row {i + 1}"
         row = rename_fields(row, {"question": args.question_key, "answer": args.answer_key})
-        name, saved = saved_responses(row, args.dataset_name, args.response_field, where)
+        name, saved = saved_responses(row, task, args.response_field, where)
         fields_used.add(name)
-        gold = gold_answer(args.dataset_name, row, where)
+        gold = gold_answer(task, row, where)
         samples = []
         for s in saved:
             # only generation knows these
             kept = {k: s[k] for k in ("length", "truncated") if k in s}
-            samples.append({**grade(args.dataset_name, s["response"], gold), **kept})
+            samples.append({**grade(task, s["response"], gold), **kept})
         records.append({"index": row.get("index", i),
                         "question": row.get("question", row.get("problem")),
                         "answer": gold, "responses": samples})
@@ -391,8 +377,11 @@ def default_output(args):
     # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
     model = "_".join(Path(args.model_name_or_path).parts[-2:])
     data = Path(args.dataset_path).stem if args.dataset_path else args.split
+    data = f"{args.dataset_name}-{data}"
+    if Path(args.dataset_name).stem != args.dataset_name:  # a data file or hub id: its own name
+        data = Path(args.dataset_name).stem
     sampled = f"-n{args.num_generations}-t{args.temperature:g}" if args.temperature > 0 else ""
-    return f"runs/eval/{model}-{args.dataset_name}-{data}{sampled}.jsonl"
+    return f"runs/eval/{model}-{data}{sampled}.jsonl"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -403,7 +392,8 @@ def main(args):
     t0 = time.time()
     if args.responses is not None:  # regrade: no model, no env, one process
         is_main = True
-        records = regrade(args)
+        task = resolve_task(args, print0)[0]
+        records = regrade(args, task)
         n_min = min(len(r["responses"]) for r in records)
         bad = [k for k in args.k if not 1 <= k <= n_min]
         if bad:
@@ -415,24 +405,20 @@ def main(args):
         dist_info = init_distributed()
         rank, world, is_main = dist_info.rank, dist_info.world_size, dist_info.is_main
         set_seed(args.seed)
-        env_options = dict(template=args.template, num_few_shot=args.num_few_shot,
-                           system_prompt=args.system_prompt,
-                           keys={"question": args.question_key, "answer": args.answer_key},
-                           reward_funcs=[load_reward_fn(spec) for spec in args.reward_fn or ()],
-                           reward_weights=args.reward_weights)
-        if args.dataset_name == "arithmetic":
-            env_options["difficulty"] = args.difficulty
-        env = make_env(args.dataset_name, args.split, path=args.dataset_path, seed=args.seed,
-                       say=print0, **env_options)
-        if args.levels is not None:
-            filter_math(env, None, args.levels, print0)
+        # --dataset_name as training reads it: a task, a MATH subject (the math task, filtered), a
+        # data file or a hub dataset id (the task its fields say)
+        task, path, subject = resolve_task(args, print0)
+        env = make_env(task, args.split, path=path, seed=args.seed, say=print0,
+                       **make_env_options(args, task))
+        if subject or args.levels:
+            filter_math(env, subject, args.levels, print0)
         indices = problem_indices(len(env), args.num_eval_problems)
-        max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(args.dataset_name, 512)
+        max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(task, 512)
         ks = sorted(set(args.k or [1, args.num_generations]))
         mode = ("greedy" if args.temperature == 0
                 else f"temperature {args.temperature}, top_p {args.top_p}")
-        print0(f"eval | {args.model_name_or_path} | {args.dataset_name} "
-               f"{args.dataset_path or args.split}: {len(indices)} of {len(env)} problems x "
+        print0(f"eval | {args.model_name_or_path} | {subject or task} "
+               f"{path or args.split}: {len(indices)} of {len(env)} problems x "
                f"{args.num_generations} sample(s) "
                f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on "
                f"{dist_info.device}")
@@ -445,7 +431,7 @@ def main(args):
         records = sorted((r for part in all_gather_objects(local) for r in part),
                          key=lambda r: r["index"])
     for r in records:
-        r.update(problem_metrics(args.dataset_name, r["responses"], ks))
+        r.update(problem_metrics(task, r["responses"], ks))
     summary = summarize(records, ks)
     if not is_main:
         return summary

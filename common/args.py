@@ -1,6 +1,6 @@
-"""Arguments: the options all five files share (`TrainArgs`), `--help` from the docstring under each
-field (CleanRL's style), `parse_args`, which also reads the seeds' command lines
-(common/seed_flags.py), and the learning-rate schedule.
+"""Arguments: the options all five files share (`TrainArgs`, its data options `DataArgs` shared
+with eval.py too), `--help` from the docstring under each field (CleanRL's style), `parse_args`,
+which also reads the seeds' command lines (common/seed_flags.py), and the learning-rate schedule.
 
 One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a seed calls it something
 else, that name is an alias (common/seed_flags.py), never a second field.
@@ -22,23 +22,17 @@ from common.seed_flags import ALIASES, aliases_for, apply_rules
 
 
 @dataclass
-class TrainArgs:
-    """The options of data, IO and infrastructure that all five files share. What a reader tunes
-    (learning rate, schedule, clipping, updates, micro-batch size, seed, sampling, the algorithm's
-    own coefficients) sits in each file's own Args, where the file shows it."""
+class DataArgs:
+    """The data options: which problems, how a prompt puts them, and how a response is rewarded.
+    The training files (`TrainArgs`) and eval.py (its `Args`) both take them, so an option means
+    the same in both, and common/env.py makes them into envs for both."""
 
-    # ---- model and data
-    model_name_or_path: str = "SmolLM2-135M-Instruct"
-    """policy to train: a hub id, a local folder, 'SmolLM2-135M-Instruct' (offline default) or
-    'tiny-random'"""
     dataset_name: str = "arithmetic"
     """task: arithmetic, countdown (generated), gsm8k, math, a MATH subject (prealgebra...), or a
-    data file"""
+    data file or hub dataset id"""
     dataset_path: Optional[str] = None
-    """training data: a .jsonl/.json/.parquet file or a hub dataset id (fields: data/README.md)"""
-    eval_dataset_path: Optional[str] = None
-    """held-out data, the same way (default: the task's test split; with a training file, a
-    held-out fifth of it)"""
+    """the problems to train on (eval.py: to evaluate): a .jsonl/.json/.parquet file or a hub
+    dataset id (fields: data/README.md; default: the task's own)"""
     question_key: Optional[str] = None
     """field of the data rows that holds the question (default: the task's usual names)"""
     answer_key: Optional[str] = None
@@ -60,6 +54,21 @@ class TrainArgs:
     reward_weights: Optional[list[float]] = None
     """weights of the verifier and then each --reward_fn (default: 1 each; a verifier weight 0
     trains on your rewards alone)"""
+
+
+@dataclass
+class TrainArgs(DataArgs):
+    """The options of data (`DataArgs`), IO and infrastructure that all five files share. What a
+    reader tunes (learning rate, schedule, clipping, updates, micro-batch size, seed, sampling, the
+    algorithm's own coefficients) sits in each file's own Args, where the file shows it."""
+
+    # ---- model and held-out data
+    model_name_or_path: str = "SmolLM2-135M-Instruct"
+    """policy to train: a hub id, a local folder, 'SmolLM2-135M-Instruct' (offline default) or
+    'tiny-random'"""
+    eval_dataset_path: Optional[str] = None
+    """held-out data, the way --dataset_path is given (default: the task's test split; with a
+    training file, a held-out fifth of it)"""
     # ---- the run
     output_dir: Optional[str] = None
     """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: runs/<file>)"""

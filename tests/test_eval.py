@@ -123,12 +123,23 @@ def test_problem_metrics_and_summary_by_hand():
     (dict(num_generations=4), "--temperature 0 gives 4 copies"),
     (dict(num_generations=4, temperature=0.7, k=[1, 8]), "every k must be between 1 and --n"),
     (dict(model_name_or_path="./no/such/ckpt"), "no such folder"),
-    (dict(dataset_name="aime"), "--dataset_name must be one of"),
+    (dict(dataset_name="prealgebra", responses="saved.jsonl"), "pass --dataset_name math and no"),
+    (dict(levels="1-2", responses="saved.jsonl"), "a MATH subject or --levels would filter nothing"),
     (dict(responses="/no/such/file.jsonl"), "--responses /no/such/file.jsonl: no such file"),
 ])
 def test_bad_arguments_fail_with_the_fix(change, message):
     with pytest.raises(UserError, match=message):
         ev.check_args(replace(ev.Args(), **change))
+
+
+def test_a_dataset_name_it_cannot_read_is_one_line_naming_what_it_takes(tmp_path):
+    out = subprocess.run([sys.executable, "eval.py", "--model_name_or_path", "tiny-random",
+                          "--dataset_name", "aime", "--output", str(tmp_path / "e.jsonl")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: --dataset_name 'aime': not a task (arithmetic, countdown, "
+                                 "gsm8k, math), a MATH subject (prealgebra, algebra, "), out.stderr
+    assert "a data file or a hub dataset id" in out.stderr
 
 
 def test_help_documents_every_field():
@@ -305,3 +316,90 @@ def test_sampled_eval_is_the_same_with_any_batch_size_and_under_torchrun(checkpo
     assert summary["pass@3"] == pytest.approx(sum(any(c) for c in correct) / 4)
     # the votes are the parities: maj@3 is right when most samples have an even length
     assert summary["maj@3"] == pytest.approx(sum(sum(c) >= 2 for c in correct) / 4)
+
+
+# ---- --dataset_name as training takes it: a MATH subject, a data file -----------------------------------
+# A MATH-format file: MATH's own 'type' and MATH-500's 'subject' name the subject, levels as "Level N"
+MATH_ROWS = [
+    {"problem": "What is $2+2$?", "solution": "$2+2=\\boxed{4}$", "type": "Prealgebra",
+     "level": "Level 1"},
+    {"problem": "Solve $x+1=8$.", "solution": "$x=\\boxed{7}$", "type": "Algebra", "level": "Level 1"},
+    {"problem": "What is $3\\cdot 3$?", "solution": "$\\boxed{9}$", "type": "Prealgebra",
+     "level": "Level 3"},
+    {"problem": "In how many orders can 2 books stand?", "solution": "$\\boxed{2}$",
+     "type": "Counting & Probability", "level": "Level 2"},
+    {"problem": "What is $10-5$?", "solution": "$\\boxed{5}$", "subject": "Prealgebra", "level": 2},
+    {"problem": "What is $6/2$?", "solution": "$\\boxed{3}$", "type": "Prealgebra", "level": "Level 5"},
+    {"problem": "What is $1+1$?", "solution": "$\\boxed{2}$", "type": "Prealgebra", "level": "Level 2"},
+]
+# A GSM8K-format file: the gold is the number after '####'
+GSM8K_ROWS = [
+    {"question": "Sam has 3 apples and buys 4 more. How many apples does he have?",
+     "answer": "3 + 4 = <<3+4=7>>7\n#### 7", "response": "He has 3 + 4 = 7 apples. The answer is 7."},
+    {"question": "A box holds 6 pens. How many pens are in 2 boxes?",
+     "answer": "6 * 2 = <<6*2=12>>12\n#### 12", "response": "6 * 2 = 12, so the answer is 13."},
+    {"question": "Mia saves 250 dollars a month. How much does she save in 4 months?",
+     "answer": "250 * 4 = <<250*4=1000>>1000\n#### 1,000", "response": "250 * 4 = 1000\n#### 1000"},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_math_subject_and_levels_pick_the_problems_training_picks(checkpoint, tmp_path,
+                                                                    monkeypatch, capsys):
+    path = write_jsonl(tmp_path / "math.jsonl", MATH_ROWS)
+    # a grade that a random model can pass: correct when the gold answer is even
+    real_make_env = ev.make_env
+
+    def make_env_even(*a, **kw):
+        env = real_make_env(*a, **kw)
+        env.verify = lambda text, i: (float(int(env.examples[i]["answer"]) % 2 == 0),
+                                     {"correct": int(env.examples[i]["answer"]) % 2 == 0,
+                                      "format_ok": True, "pred": env.examples[i]["answer"]})
+        return env
+
+    monkeypatch.setattr(ev, "make_env", make_env_even)
+    summary = ev.main(parse_args(ev.Args, [
+        "--model_name_or_path", str(checkpoint), "--dataset_name", "prealgebra", "--dataset_path",
+        str(path), "--levels", "1-2", "--max_new_tokens", "4", "--output", str(tmp_path / "e.jsonl")]))
+    records = read_jsonl(tmp_path / "e.jsonl")
+    # prealgebra at levels 1 and 2: rows 1, 5 and 7 of the file (not algebra, counting, level 3 or 5)
+    assert [r["question"] for r in records] == ["What is $2+2$?", "What is $10-5$?", "What is $1+1$?"]
+    assert [r["answer"] for r in records] == ["4", "5", "2"]
+    assert summary["num_problems"] == 3 and summary["accuracy"] == pytest.approx(2 / 3)  # 4 and 2
+    assert "accuracy: 0.6667 (2/3 correct)" in capsys.readouterr().out
+    # the same problems, in the same order, as training reads from the same options
+    import grpo
+    from common.env import make_envs
+
+    train, _ = make_envs(replace(grpo.Args(), dataset_name="prealgebra", dataset_path=str(path),
+                                 levels="1-2", num_eval_problems=0), say=lambda _: None)
+    assert [ex["question"] for ex in train.examples] == [r["question"] for r in records]
+
+
+def test_a_data_file_as_dataset_name_is_read_as_the_task_its_fields_say(checkpoint, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "mine.jsonl", GSM8K_ROWS)
+    out = tmp_path / "e.jsonl"
+    summary = ev.main(parse_args(ev.Args, [
+        "--model_name_or_path", str(checkpoint), "--dataset_name", str(path), "--max_new_tokens",
+        "4", "--output", str(out)]))
+    assert f"| gsm8k {path}: 3 of 3 problems" in capsys.readouterr().out
+    records = read_jsonl(out)
+    assert [r["question"] for r in records] == [row["question"] for row in GSM8K_ROWS]
+    assert [r["answer"] for r in records] == ["7", "12", "1000"]  # gsm8k's gold: after '####'
+    # a random model's 4 tokens hold no "The answer is" or '####': no answer, no reward
+    assert summary["accuracy"] == 0.0 and summary["format_ok_frac"] == 0.0
+
+
+def test_a_data_file_as_dataset_name_regrades_its_responses(tmp_path):
+    # as `python eval.py --dataset_name data.jsonl ...` in training: the task is read off the rows
+    path = write_jsonl(tmp_path / "mine.jsonl", GSM8K_ROWS)
+    out = run([sys.executable, "eval.py", "--dataset_name", str(path), "--responses", str(path),
+               "--output", str(tmp_path / "r.jsonl")]).stdout
+    # 7 right; 13 against the gold 12 wrong; '#### 1000' against '#### 1,000' right
+    assert "graded field 'response' of 3 rows" in out and "accuracy: 0.6667 (2/3 correct)" in out
+    records = read_jsonl(tmp_path / "r.jsonl")
+    assert [[s["pred"] for s in r["responses"]] for r in records] == [["7"], ["13"], ["1000"]]
