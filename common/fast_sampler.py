@@ -43,8 +43,9 @@ from common.sharding import unsharded
 
 @dataclass(frozen=True)
 class Speedups:
-    """Which speedups `fast_decoding` uses: all of them unless a caller says otherwise (the tests,
-    bench/roofline.py's before and after)."""
+    """Which speedups `fast_decoding` uses: those that pay on the model's device
+    (`Speedups.for_device`) unless a caller says otherwise (the tests, bench/roofline.py's before
+    and after)."""
     shared_prefill: bool = True
     """fast_prompts.py: prompt tokens another row or an earlier call of the rollout read run once"""
     in_place_kv: bool = True
@@ -61,12 +62,22 @@ class Speedups:
     """fast_compile.py (--compile): the static cache grows as it fills, so attention reads less of
     it (off until a GPU measures it: one compiled graph per cache length)"""
 
+    @classmethod
+    def for_device(cls, device):
+        """The speedups that pay on `device` (a torch.device or its type). On a GPU an eager decode
+        step is host work, one kernel launch per top-level op, so a speedup that saves memory
+        traffic with more ops loses there: writing keys and values in place costs 4-5 ops more
+        per layer than the concatenation (+131 a step at SmolLM2's 30 layers, bench/host_ops.py);
+        --compile's static cache writes in place inside its graph. oneDNN's linears are a CPU's."""
+        cpu = torch.device(device).type == "cpu"
+        return cls(in_place_kv=cpu, packed_linears=cpu)
+
 
 _KEPT_FUSED = weakref.WeakKeyDictionary()  # a compiled model -> its fused projections
 
 
 @contextlib.contextmanager
-def fast_decoding(model, prefix_cache=None, speedups=Speedups(), check_every=None):
+def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None):
     """A `FastDecoder` for `generate`, with `model`'s decode attention, q/k/v and gate/up
     projections and (on a CPU, in fp32) linear layers in their fast forms for the block. Enter it
     inside the forwards' autocast (--bf16): the fused weights take its dtype.
@@ -74,8 +85,10 @@ def fast_decoding(model, prefix_cache=None, speedups=Speedups(), check_every=Non
     prefix_cache: a `PrefixCache` that lives for one rollout (stepwise episodes): prompts read what
     it holds, `FastDecoder.remember` stores each row's prompt and response for the next call, and
     it keeps the rollout's packed and fused weights. None: a prefix that all prompts share is read
-    once, for this call only. check_every: see `FastDecoder`."""
+    once, for this call only. speedups: a `Speedups` (default: `Speedups.for_device`). check_every:
+    see `FastDecoder`."""
     device = next(model.parameters()).device
+    speedups = Speedups.for_device(device) if speedups is None else speedups
     autocast = torch.is_autocast_enabled(device.type)
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
     # the compiled forward (--compile) traces the layers as they are
@@ -134,15 +147,15 @@ class FastDecoder(Decoder):
         self.remembers = store is not None and store is self.prefix_cache
         if len(distinct) < B:
             cache.batch_select_indices(inverse)
-        self.mask, self.position, self.width = prompt_mask, positions[:, -1:] + 1, W
+        self.begin(cache, prompt_mask, positions, max_new_tokens)
+        self.prompt_width, self.step = W, 0
         if self.compiled is not None:  # the prompts' keys and values, in a preallocated cache
             self.length, _ = _cache_lengths(W, max_new_tokens, self.speedups.grow_static_cache)
-            cache = _static_cache(self.model, cache, self.length)
+            self.cache = _static_cache(self.model, cache, self.length)
             # the columns after the current token are hidden by the causal mask
-            self.mask = torch.cat([self.mask, self.mask.new_ones(B, self.length - W)], dim=1)
+            self.mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, self.length - W)], dim=1)
         elif self.speedups.in_place_kv:
-            cache = _append_in_place(cache, max_new_tokens)
-        self.cache, self.step = cache, 0
+            self.cache = _append_in_place(cache, max_new_tokens)
         return logits[inverse]  # [B, V]
 
     def decode(self, token):
@@ -150,9 +163,9 @@ class FastDecoder(Decoder):
         if self.compiled is None:
             return super().decode(token)
         # the static cache: this token's keys go to position W + step - 1; a full cache grows
-        if self.width + self.step - 1 >= self.length:
+        if self.prompt_width + self.step - 1 >= self.length:
             self.cache, grown = _grown_cache(self.model, self.cache, self.length,
-                                             self.width + self.step - 1)
+                                             self.prompt_width + self.step - 1)
             self.mask = torch.cat([self.mask, self.mask.new_ones(len(token), grown - self.length)],
                                   dim=1)
             self.length = grown
@@ -181,7 +194,7 @@ class FastDecoder(Decoder):
         lengths, responses = gen.response_mask.sum(1).tolist(), gen.response_ids.tolist()
         for row in self.left:  # in the order rows left the batch, as an earlier match prefers
             sequence = self.prompts[row] + responses[row][:lengths[row] - 1]
-            start = self.width - len(self.prompts[row])
+            start = self.prompt_width - len(self.prompts[row])
             self.prefix_cache.add(sequence, [(k[:, start:start + len(sequence)].clone(),
                                               v[:, start:start + len(sequence)].clone())
                                              for k, v in self.left[row]])

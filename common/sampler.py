@@ -138,7 +138,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     prompt_ids, prompt_mask = (x.to(device) for x in left_pad(prompts, pad_id))  # [B, P]
     B = len(prompts)
     seeds = None if seeds is None else torch.tensor([int(s) % 2**63 for s in seeds], device=device)
-    keys = None if seeds is None else row_keys(seeds)  # [B] hashed once, used at every token
+    # [B, max_new_tokens]: each row's draw for each token, hashed once for the rollout
+    uniforms = None if seeds is None else uniform_table(seeds, max_new_tokens)
     was_training = model.training
     model.eval()
     tokens, logprobs, alive = [], [], []  # one [B] tensor per step
@@ -149,14 +150,14 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     with unsharded(model):
         logits = decoder.prefill(prompt_ids, prompt_mask, max_new_tokens)  # [B, V]
         for t in range(max_new_tokens):
-            uniforms = None if keys is None else key_uniforms(keys[rows], t)  # [b] each row's own
-            sampled, logprob = sample_token(logits, temperature, top_p, uniforms)  # [b], [b]
+            draws = None if uniforms is None else uniforms[:, t][rows]  # [b] each row's own
+            sampled, logprob = sample_token(logits, temperature, top_p, draws)  # [b], [b]
             # Every row gets a column per step: padding and log-prob 0 once it has stopped.
             stopped = done[rows]
             tokens.append(torch.full((B,), pad_id, device=device).index_put(
                 (rows,), sampled.masked_fill(stopped, pad_id)))
             logprobs.append(torch.zeros(B, device=device).index_put(
-                (rows,), logprob.float().masked_fill(stopped, 0.0)))
+                (rows,), logprob.masked_fill(stopped, 0.0)))
             alive.append(~done)
             hit = torch.isin(tokens[-1], eos)
             if stop_strings:
@@ -202,14 +203,21 @@ class Decoder:
         positions = position_ids_from_mask(prompt_mask)  # [B, P]
         out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1)
-        self.cache, self.mask = getattr(out, KV_CACHE), prompt_mask
-        self.position = positions[:, -1:] + 1  # [B, 1] where each row's next token sits
+        self.begin(getattr(out, KV_CACHE), prompt_mask, positions, max_new_tokens)
         return out.logits[:, -1]
+
+    def begin(self, cache, prompt_mask, positions, max_new_tokens):
+        """What the decode steps read: the prompts' cache, where each row's next token sits, and
+        the attention mask of every step at once (each step attends to one more column)."""
+        self.cache, self.position = cache, positions[:, -1:] + 1  # [B, 1]
+        self.mask = torch.cat([prompt_mask, prompt_mask.new_ones(len(prompt_mask),
+                                                                 max_new_tokens)], dim=1)
+        self.width = prompt_mask.shape[1]  # the columns read so far
 
     def decode(self, token):
         """Each batch row's newest token [b] -> the logits [b, V] of the token after it."""
-        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-        out = self.model(input_ids=token[:, None], attention_mask=self.mask,
+        self.width += 1
+        out = self.model(input_ids=token[:, None], attention_mask=self.mask[:, :self.width],
                          position_ids=self.position, use_cache=True, **{KV_CACHE: self.cache})
         self.cache, self.position = getattr(out, KV_CACHE), self.position + 1
         return out.logits[:, -1]
@@ -278,6 +286,13 @@ def key_uniforms(keys, t):
     """`row_uniforms` from `row_keys`. The token index's hash is one number for every row, so it is
     hashed in Python: on a GPU each tensor op of a decode step is a kernel launch."""
     return _hash32(keys ^ _hash32(t ^ 0x632BE5AB)).double() / 2**32
+
+
+def uniform_table(seeds, steps):
+    """`row_uniforms` of tokens 0 .. steps - 1 at once, [B, steps]: hashed once per rollout, not once
+    per token (on a GPU each tensor op of a decode step is a kernel launch)."""
+    token_keys = torch.tensor([_hash32(t ^ 0x632BE5AB) for t in range(steps)], device=seeds.device)
+    return _hash32(row_keys(seeds)[:, None] ^ token_keys).double() / 2**32
 
 
 def row_uniforms(seeds, t):

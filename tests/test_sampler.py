@@ -8,7 +8,7 @@ from common.hf import KV_CACHE
 from common.logprobs import token_logprobs
 from common.models import load_policy, load_tokenizer
 from common.sampler import (_hash32, encode_prompts, generate, inverse_cdf, key_uniforms, left_pad,
-                            render_prompt, row_keys, row_uniforms)
+                            render_prompt, row_keys, row_uniforms, uniform_table)
 from sampling import fast_generate
 
 
@@ -111,6 +111,8 @@ def test_row_uniforms_by_hand_and_from_keys():
         got = row_uniforms(torch.tensor(seeds), t)
         assert got.dtype == torch.float64 and got.tolist() == expected
         assert key_uniforms(row_keys(torch.tensor(seeds)), t).tolist() == expected
+        # what generate draws from: the whole table hashed at once, the same bits
+        assert uniform_table(torch.tensor(seeds), 512)[:, t].tolist() == expected
 
 
 # a row that ended (EOS at step 2) leaves the forward batch, in both samplers
