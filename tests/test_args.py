@@ -1,7 +1,7 @@
 """common/args.py: --help from docstrings, the seeds' flags translated into this project's
 vocabulary (one line each, batch sizes by arithmetic, infrastructure flags accepted with what
 happens instead, unknown flags named with the closest option), the learning-rate schedules, and the
-vocabulary itself: every option and every metric key of the five files is in the table of
+vocabulary itself: every option and every metric key of every algorithm file is in the table of
 docs/README.md."""
 
 import importlib

@@ -117,3 +117,72 @@ def test_the_diff_counts_the_docs_quote_are_current():
     assert [cell.strip() for cell in row.split("|")] == [
         "—" if x == "grpo" else str(changed_lines("grpo", x)) for x in columns]
     assert quoted >= 5
+
+
+# ---- the counts the docs state ------------------------------------------------------------
+WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+# A number of files from four up counts the algorithm files: fewer are a pair or a few named
+# beside it ("the two stepwise files"). So does "all six" opening a table cell (the vocabulary's
+# column of files); a digit counts them only as "N algorithm files" ("MATH-500 files" are data).
+FILES_COUNT = re.compile(rf"\b({'|'.join(WORDS[4:])})\s+(?:algorithm\s+)?files\b"
+                         rf"|(?<=\| )all\s+({'|'.join(WORDS[4:])})\b"
+                         r"|\b(\d+)\s+algorithm\s+files\b", re.I)
+# "`grpo.py` is 379 lines", "grpo.py (384 lines)", "[`common/run.py`](../common/run.py) (224 lines)"
+LINE_COUNT = re.compile(r"`([\w/.-]+\.py)` is (\d[\d,]*) lines\b"
+                        r"|([\w/.-]+\.py)`?(?:\]\([^)\s]*\))?\s+\((\d[\d,]*) lines[),;]")
+# the pages, and the docstrings and comments of every script and module
+COUNTED = ["README.md", "docs/*.md", "*.py", "common/*.py", "bench/*.py", "dev/*.py"]
+
+
+def stale_counts(texts):
+    """'path:line: ...' for each count of the algorithm files in `texts` ({path: text}) that is not
+    len(ALGORITHMS), and each line count of a file of this tree that is not the file's own."""
+    stale = []
+    for path, text in sorted(texts.items()):
+        for m in FILES_COUNT.finditer(text):
+            word = (m.group(1) or m.group(2) or m.group(3)).lower()
+            n = int(word) if word.isdigit() else WORDS.index(word)
+            if n != len(ALGORITHMS):
+                line = text.count("\n", 0, m.start()) + 1
+                stale.append(f"{path}:{line}: '{' '.join(m.group(0).split())}', but there are "
+                             f"{len(ALGORITHMS)} algorithm files")
+        for m in LINE_COUNT.finditer(text):
+            name, quoted = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            file = next((f for f in (ROOT / name, ROOT / "common" / name) if f.is_file()), None)
+            if file is None:  # a seed's file, or one of another repository: not ours to count
+                continue
+            lines = len(file.read_text().splitlines())
+            if int(quoted.replace(",", "")) != lines:
+                line = text.count("\n", 0, m.start()) + 1
+                stale.append(f"{path}:{line}: {name} is quoted at {quoted} lines; it has {lines}")
+    return stale
+
+
+def test_the_list_of_algorithm_files_is_the_files_at_the_root():
+    # every script at the root but eval.py is an algorithm file, and common/algorithms.py lists it
+    assert sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "eval") == sorted(ALGORITHMS)
+
+
+def test_the_docs_count_the_algorithm_files_and_their_lines_right():
+    texts = {str(p.relative_to(ROOT)): p.read_text()
+             for pattern in COUNTED for p in ROOT.glob(pattern)}
+    assert stale_counts(texts) == []
+
+
+def test_a_planted_stale_count_fails():
+    n, grpo_lines = len(ALGORITHMS), len((ROOT / "grpo.py").read_text().splitlines())
+    texts = {"docs/x.md": f"One name in all {WORDS[n - 1]}\n  files, `grpo.py` is {grpo_lines} "
+                          f"lines.\n[`common/run.py`](../common/run.py) (3 lines), grpo.py "
+                          f"({grpo_lines + 1} lines); the two stepwise files, {n + 1} algorithm "
+                          f"files\n| `seed` | all {WORDS[n]}, eval |\n"
+                          f"| `beta` | all {WORDS[n + 1]} |\n",
+             "bench/y.py": f"# the {WORDS[n]} files, MATH-500 files, levels 1..5 (all five), in "
+                           "all four seeds\n"}
+    run_lines = len((ROOT / "common/run.py").read_text().splitlines())
+    assert stale_counts(texts) == [
+        f"docs/x.md:1: '{WORDS[n - 1]} files', but there are {n} algorithm files",
+        f"docs/x.md:3: '{n + 1} algorithm files', but there are {n} algorithm files",
+        f"docs/x.md:5: 'all {WORDS[n + 1]}', but there are {n} algorithm files",
+        f"docs/x.md:3: common/run.py is quoted at 3 lines; it has {run_lines}",
+        f"docs/x.md:3: grpo.py is quoted at {grpo_lines + 1} lines; it has {grpo_lines}",
+    ]

@@ -128,7 +128,7 @@ def name_violations(common, files, siblings=SIBLINGS):
     return bad
 
 
-def test_one_name_per_concept_in_common_and_the_five_files():
+def test_one_name_per_concept_in_common_and_the_algorithm_files():
     common = {p.stem: p.read_text() for p in (ROOT / "common").glob("*.py")}
     files = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     assert name_violations(common, files) == []
