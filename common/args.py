@@ -1,6 +1,6 @@
-"""Arguments: the options all five files share (`TrainArgs`, its data options `DataArgs` shared
-with eval.py too), `--help` from the docstring under each field (CleanRL's style), `parse_args`,
-which also reads the seeds' command lines (common/seed_flags.py), and the learning-rate schedule.
+"""Arguments: the options every algorithm file shares (`TrainArgs`; its data options, `DataArgs`,
+eval.py's too), `--help` from the docstring under each field (CleanRL's style), `parse_args`, which
+also reads the seeds' command lines (common/seed_flags.py), and the learning-rate schedule.
 
 One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a seed calls it something
 else, that name is an alias (common/seed_flags.py), never a second field.
@@ -58,7 +58,7 @@ class DataArgs:
 
 @dataclass
 class TrainArgs(DataArgs):
-    """The options of data (`DataArgs`), IO and infrastructure that all five files share. What a
+    """The data (`DataArgs`), IO and infrastructure options every algorithm file shares. What a
     reader tunes (learning rate, schedule, clipping, updates, micro-batch size, seed, sampling, the
     algorithm's own coefficients) sits in each file's own Args, where the file shows it."""
 

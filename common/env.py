@@ -310,10 +310,10 @@ def make_env_options(args, task: str) -> dict:
 
 
 def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
-    """(train env, held-out env or None when args.num_eval_problems is 0), from the options all five
-    files share (common/args.py): the task and its files (`resolve_task`), keys, filters, template,
-    system prompt, few-shot examples and your own reward functions. A training file without an
-    --eval_dataset_path gives up a held-out slice of its rows (`hold_out`)."""
+    """(train env, held-out env or None when args.num_eval_problems is 0), from the options every
+    algorithm file shares (common/args.py): the task and its files (`resolve_task`), keys, filters,
+    template, system prompt, few-shot examples and your own reward functions. A training file
+    without an --eval_dataset_path gives up a held-out slice of its rows (`hold_out`)."""
     task, path, subject = resolve_task(args, say)
     options = make_env_options(args, task)
     train = make_env(task, "train", path=path, seed=args.seed, say=say,
