@@ -32,6 +32,9 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from common.algorithms import ALGORITHMS  # noqa: E402
+
 SMALL = {  # a few seconds per attempt on 2 cores, evaluations and sample logs inside the run
     "grpo": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],
     "reinforce": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],
@@ -40,6 +43,7 @@ SMALL = {  # a few seconds per attempt on 2 cores, evaluations and sample logs i
              "--eval_max_new_tokens", "8"],
     "tppo": ["--num_envs", "2", "--num_steps", "2", "--max_new_tokens", "4",
              "--eval_max_new_tokens", "8"],
+    "online_dpo": ["--num_prompts", "4", "--max_new_tokens", "8"],
 }
 # wall-clock fields differ between runs
 VOLATILE = ("time", "tokens_per_s", "time/rollout_s", "time/update_s")
@@ -162,7 +166,7 @@ def kill_and_resume(algo="grpo", kills=20, max_steps=None, seed=0,
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algo", default="grpo", choices=sorted(SMALL))
+    parser.add_argument("--algo", default="grpo", choices=ALGORITHMS)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--max_steps", type=int, default=None, help="Default: 4 * kills + 4.")
     parser.add_argument("--seed", type=int, default=0, help="Seeds the kill times.")
