@@ -15,7 +15,7 @@ KL to the frozen reference (--kl_estimator; --kl_penalty reward puts it in r_i i
 
 Simplified versus the paper and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
-- rewards come from rule-based verifiers (common/env.py), not a reward model;
+- rewards come from rule-based verifiers (common/tasks.py), not a reward model;
 - with one epoch of one minibatch (the default) the ratio is exactly 1: pi_old is the detached
   policy.
 

@@ -18,7 +18,7 @@ batch is used for num_ppo_epochs passes of num_mini_batches steps.
 
 Simplified versus oat and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
-- rewards come from rule-based verifiers (common/env.py), not a reward model;
+- rewards come from rule-based verifiers (common/tasks.py), not a reward model;
 - pi_old's log-probs are recomputed by the learner before the update, not taken from the sampler
   (TRL's PPOTrainer keeps the generation's logits), so the ratio is exactly 1 on the first
   minibatch of the first epoch;

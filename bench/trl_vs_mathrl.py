@@ -21,6 +21,17 @@ state.
     python -m venv --system-site-packages .venv-trl112 && .venv-trl112/bin/pip install trl==1.12.0
     python bench/trl_vs_mathrl.py --algo ppo --steps 10 --trl_python .venv-trl112/bin/python
 
+On a GPU (`--device cuda`) both sides run there in bf16 autocast over fp32 weights (TRL:
+`use_cpu=False, bf16=True`; mathrl: `--bf16`), and a batch of a GPU's size is asked for with
+`--num_prompts` and `--max_new_tokens`; `--mathrl_option` gives the mathrl file its own options
+(its command-line flags), e.g. its default command on a GPU, micro-batches fitted to memory, or
+`--compile`:
+
+    python bench/trl_vs_mathrl.py --device cuda --num_prompts 16 --max_new_tokens 256 --steps 6 \\
+        --mathrl_option=--micro_batch_size=fit
+    python bench/trl_vs_mathrl.py --device cuda --num_prompts 16 --max_new_tokens 256 --steps 6 \\
+        --mathrl_option=--micro_batch_size=fit --mathrl_option=--compile
+
 Prints the median step time of each, the ratio mathrl/TRL, each side's peak RSS, and the training
 reward of the last steps. `--eval_problems N` also grades both final policies on N held-out problems
 with the same greedy evaluator. The mathrl file runs unmodified: the worker only wraps two of its
@@ -69,7 +80,7 @@ def trl_prompts(args):
     from common.env import make_envs
 
     env, _ = make_envs(mathrl_args(args))
-    num_prompts, g = batch_shape(args.algo)
+    num_prompts, g = batch_shape(args.algo, args.num_prompts)
     order = [i for step in range(args.steps)
              for i in prompt_indices(step, num_prompts, len(env), args.seed)]
     return env, [(env.reset(i), i) for i in order]
@@ -81,7 +92,7 @@ def trl_worker(args):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-    from common.models import embedded_model_dir
+    from common.models import base_model_path
 
     torch.manual_seed(args.seed)
     env, prompts = trl_prompts(args)
@@ -91,21 +102,11 @@ def trl_worker(args):
         return [env.score(c[0]["content"] if isinstance(c, list) else c,
                           i)[0] for c, i in zip(completions, index)]
 
-    path = str(embedded_model_dir())
+    path = base_model_path(args.model_name_or_path)  # a folder both sides load
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    num_prompts, g = batch_shape(args.algo)
-    shared = dict(
-        output_dir=args.out + "/trl", max_steps=args.steps, learning_rate=2e-5,
-        lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=num_prompts * g // MICRO, num_generations=g,
-        max_completion_length=64, temperature=0.7, top_p=1.0, epsilon=0.2,
-        # num_iterations: TRL's name for num_ppo_epochs (a rename to ours broke this bench once)
-        num_iterations=1, shuffle_dataset=False, gradient_checkpointing=False, bf16=False,
-        use_cpu=True,
-        logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
-    )
+    num_prompts, g = batch_shape(args.algo, args.num_prompts)
+    shared = trl_options(args)
     if args.algo == "online_dpo":  # its own options: prompts per step, two answers each
         from torch.utils.data import SequentialSampler
         from trl.experimental.online_dpo import OnlineDPOConfig as Config
@@ -118,7 +119,7 @@ def trl_worker(args):
                      "shuffle_dataset"):
             shared.pop(name)
         shared["gradient_accumulation_steps"] = num_prompts // MICRO  # MICRO prompts a micro-step
-        config = Config(**shared, max_new_tokens=64, beta=0.1, loss_type="sigmoid")
+        config = Config(**shared, max_new_tokens=args.max_new_tokens, beta=0.1, loss_type="sigmoid")
     elif args.algo == "grpo":
         from trl import GRPOConfig as Config
         from trl import GRPOTrainer as Trainer
@@ -165,12 +166,12 @@ def trl_ppo_worker(args):
                               AutoTokenizer, DataCollatorWithPadding, TrainerCallback)
     from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
 
-    from common.models import embedded_model_dir
+    from common.models import base_model_path
     from common.sampler import encode_prompts
 
     torch.manual_seed(args.seed)
     env, prompts = trl_prompts(args)
-    path = str(embedded_model_dir())
+    path = base_model_path(args.model_name_or_path)  # a folder both sides load
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     # TRL's PPO takes every pad token for padding (attention masks, where a response ends); the
     # embedded tokenizer pads with EOS, which also closes each chat turn inside the prompt, so it
@@ -210,19 +211,19 @@ def trl_ppo_worker(args):
     value_model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
                                                                      dtype=torch.float32)
     value_model.config.pad_token_id = tokenizer.pad_token_id
-    num_prompts, g = batch_shape(args.algo)
+    num_prompts, g = batch_shape(args.algo, args.num_prompts)
     config = PPOConfig(
         output_dir=args.out + "/trl", total_episodes=args.steps * num_prompts * g,
         learning_rate=2e-5, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         per_device_train_batch_size=MICRO, gradient_accumulation_steps=num_prompts * g // MICRO,
         # generation, and the no-grad forwards of the reference and the value model, in one batch
         local_rollout_forward_batch_size=num_prompts * g,
-        num_ppo_epochs=1, num_mini_batches=1, response_length=64, temperature=0.7,
+        num_ppo_epochs=1, num_mini_batches=1, response_length=args.max_new_tokens, temperature=0.7,
         stop_token="eos", missing_eos_penalty=None, kl_coef=0.05, kl_estimator="k1",
         cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1.0, lam=0.95,
-        whiten_rewards=False, num_sample_generations=0, gradient_checkpointing=False, bf16=False,
-        use_cpu=True, logging_steps=1, report_to=[], save_strategy="no", seed=args.seed,
-        dataloader_num_workers=0,
+        whiten_rewards=False, num_sample_generations=0, gradient_checkpointing=False,
+        bf16=args.device == "cuda", use_cpu=args.device != "cuda", logging_steps=1, report_to=[],
+        save_strategy="no", seed=args.seed, dataloader_num_workers=0,
     )
     real_generation = ppo_trainer.batch_generation
     clock = {}
@@ -261,19 +262,39 @@ def trl_ppo_worker(args):
            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def batch_shape(algo):
-    """(prompts, samples per prompt) of one update: 32 completions on every pair (PPO samples each
-    prompt once, as TRL's PPOTrainer does; online DPO twice)."""
-    return {"ppo": (32, 1), "online_dpo": (16, 2)}.get(algo, (4, 8))
+def batch_shape(algo, num_prompts=None):
+    """(prompts, samples per prompt) of one update: 32 completions on every pair by default (PPO
+    samples each prompt once, as TRL's PPOTrainer does; online DPO twice); num_prompts: more."""
+    prompts, g = {"ppo": (32, 1), "online_dpo": (16, 2)}.get(algo, (4, 8))
+    return num_prompts or prompts, g
+
+
+def trl_options(args):
+    """The options every TRL trainer here shares (its Config's keyword arguments)."""
+    num_prompts, g = batch_shape(args.algo, args.num_prompts)
+    cuda = args.device == "cuda"
+    return dict(
+        output_dir=args.out + "/trl", max_steps=args.steps, learning_rate=2e-5,
+        lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=num_prompts * g // MICRO, num_generations=g,
+        max_completion_length=args.max_new_tokens, temperature=0.7, top_p=1.0, epsilon=0.2,
+        # num_iterations: TRL's name for num_ppo_epochs (a rename to ours broke this bench once)
+        num_iterations=1, shuffle_dataset=False, gradient_checkpointing=False,
+        # a GPU: bf16 autocast over fp32 weights, as mathrl's --bf16
+        bf16=cuda, use_cpu=not cuda,
+        logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
+    )
 
 
 def mathrl_args(args):
     """The mathrl file's options in this bench; the TRL side builds its env from them too."""
-    num_prompts, g = batch_shape(args.algo)
+    num_prompts, g = batch_shape(args.algo, args.num_prompts)
     shared = dict(max_steps=args.steps, num_prompts=num_prompts, num_generations=g,
-                  micro_batch_size=MICRO, max_new_tokens=64, temperature=0.7,
+                  micro_batch_size=MICRO, max_new_tokens=args.max_new_tokens, temperature=0.7,
                   learning_rate=2e-5, seed=args.seed, num_eval_problems=0,
-                  log_interval=10**9, output_dir=args.out + "/mathrl")
+                  log_interval=10**9, output_dir=args.out + "/mathrl",
+                  bf16=args.device == "cuda", model_name_or_path=args.model_name_or_path)
     module = importlib.import_module(MATHRL_FILE[args.algo])
     if args.algo == "rloo":  # TRL's RLOO: KL in the reward (k1, summed), log-probs summed
         shared.update(baseline="rloo", beta=0.05, kl_estimator="k1", kl_penalty="reward",
@@ -288,7 +309,25 @@ def mathrl_args(args):
                       kl_penalty="reward", loss_type="dapo", cliprange_value=0.2, vf_coef=0.1,
                       gamma=1.0, gae_lambda=0.95, whiten_advantages=True, whiten_rewards=False,
                       missing_eos_penalty=0.0)
-    return module.Args(**shared)
+    return apply_options(module, module.Args(**shared), args.mathrl_option)
+
+
+def apply_options(module, base, options):
+    """`base` with the mathrl file's own command-line flags `options` on top (["--compile",
+    "--micro_batch_size=fit"]); --micro_batch_size=fit leaves it unset, as the file's default
+    command does (on a GPU: fitted to its memory)."""
+    from dataclasses import replace
+
+    from common.args import parse_args
+
+    options = list(options or ())
+    fit = "--micro_batch_size=fit" in options
+    options = [o for o in options if o != "--micro_batch_size=fit"]
+    given = parse_args(module.Args, options)
+    flags = {o.split("=")[0].lstrip("-").replace("-", "_") for o in options if o.startswith("--")}
+    changed = {name: getattr(given, name) for name in flags if hasattr(given, name)}
+    changed.update(micro_batch_size=None) if fit else None
+    return replace(base, **changed)
 
 
 def mathrl_worker(args):
@@ -345,7 +384,11 @@ def main(args):
     for side in ("trl", "mathrl"):
         python = args.trl_python if side == "trl" else sys.executable
         cmd = [python, __file__, "--worker", side, "--algo", args.algo, "--steps", str(args.steps),
-               "--seed", str(args.seed), "--out", out, "--eval_problems", str(args.eval_problems)]
+               "--seed", str(args.seed), "--out", out, "--eval_problems", str(args.eval_problems),
+               "--device", args.device, "--max_new_tokens", str(args.max_new_tokens),
+               "--model_name_or_path", args.model_name_or_path,
+               *(["--num_prompts", str(args.num_prompts)] if args.num_prompts else []),
+               *[f"--mathrl_option={o}" for o in args.mathrl_option]]
         workers[side] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True, cwd=ROOT,
                                          env={**os.environ, "TQDM_DISABLE": "1"})
@@ -432,6 +475,16 @@ if __name__ == "__main__":
                         "RLOOTrainer; ppo: ppo.py vs TRL 1.12's PPOTrainer")
     p.add_argument("--trl_python", default=sys.executable,
                    help="the Python whose TRL runs the TRL side (--algo ppo: one with TRL 1.12)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: both sides on the GPU, in bf16 autocast over fp32 weights")
+    p.add_argument("--num_prompts", type=int, default=None,
+                   help="prompts per step (default: 4 x 8 samples; 32 for ppo; 16 x 2, online_dpo)")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="completion length limit")
+    p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct",
+                   help="the policy both sides train (tiny-random: a check that the bench runs)")
+    p.add_argument("--mathrl_option", action="append", default=[],
+                   help="a flag of the mathrl file, repeated: --mathrl_option=--compile; "
+                        "--mathrl_option=--micro_batch_size=fit leaves the micro-batch to the file")
     p.add_argument("--worker", choices=["trl", "mathrl"], help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker == "trl":

@@ -40,23 +40,28 @@ class DistInfo:
 
 
 def init_distributed():
-    """Initialise from the torchrun environment: nccl on CUDA, gloo on CPU."""
+    """Initialise from the torchrun environment: nccl on CUDA, gloo on CPU, and gloo where ranks
+    share a GPU (more ranks on this machine than GPUs: a check of two processes on one device),
+    since NCCL refuses two ranks on one device."""
     use_cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:
         return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
+    shared_gpu = False
     if use_cuda:
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
+        gpus = torch.cuda.device_count()
+        shared_gpu = gpus < int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.cuda.set_device(local % gpus)
+        device = torch.device("cuda", local % gpus)
     else:
         device = torch.device("cpu")
         # N processes on one CPU would each start one thread per core and fight over them.
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo",
-                                device_id=device if use_cuda else None)
+        nccl = use_cuda and not shared_gpu
+        dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
     return DistInfo(rank, world, local, device)
 
 

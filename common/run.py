@@ -152,7 +152,7 @@ class Run:
         or, left unset on a GPU, fitted to its memory (MicroBatchFit)."""
         if self.fit is not None:
             return self.fit.rows(rows, width)
-        return self.args.micro_batch_size
+        return self.args.micro_batch_size or self.default_micro_batch
 
     def check_rewards(self, rewards, step, describe):
         """Stop before an update whose rewards hold NaN or inf, naming the sample

@@ -289,8 +289,8 @@ def key_uniforms(keys, t):
 
 
 def uniform_table(seeds, steps):
-    """`row_uniforms` of tokens 0 .. steps - 1 at once, [B, steps]: hashed once per rollout, not once
-    per token (on a GPU each tensor op of a decode step is a kernel launch)."""
+    """`row_uniforms` of tokens 0 .. steps - 1 at once, [B, steps]: hashed once per rollout, not
+    once per token (on a GPU each tensor op of a decode step is a kernel launch)."""
     token_keys = torch.tensor([_hash32(t ^ 0x632BE5AB) for t in range(steps)], device=seeds.device)
     return _hash32(row_keys(seeds)[:, None] ^ token_keys).double() / 2**32
 

@@ -12,8 +12,9 @@ does not: the next call's tree replaces it); the second carries piece 2 and join
 carries one folder. Every folder also holds the whole file's sha256 and the number of pieces, so
 `join` refuses a file rebuilt from a stale, truncated or missing piece. `embedded` also puts what
 the GPU machine lacks into the first folder: the converted tokenizer (so that the first call runs
-bench/roofline.py, which needs it, before the model is whole) and the `gguf` wheel (the one-time
-conversion reads the file with it).
+bench/roofline.py, which needs it, before the model is whole), the `gguf` wheel (the one-time
+conversion reads the file with it) and TRL's wheels with the three packages of its that the machine
+lacks (bench/trl_vs_mathrl.py --device cuda; 1.8 MB together, for its Python 3.12).
 """
 
 import argparse
@@ -23,6 +24,11 @@ import sys
 from pathlib import Path
 
 CHUNK = 1 << 20  # read and hash 1 MiB at a time
+# TRL and what it needs that the lent machines lack (they have pyarrow, fsspec, huggingface_hub)
+TRL_WHEELS = ["trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19"]
+PIP_FOR_THE_GPU = ["--only-binary=:all:", "--no-deps", "--python-version", "3.12",
+                   "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+                   "--platform", "manylinux2014_x86_64"]
 
 
 def sha256(path):
@@ -82,8 +88,8 @@ def join(folders, target):
 
 def embedded(to):
     """The embedded model's GGUF in two pieces under `to`/a and `to`/b, the tokenizer in
-    `to`/a/cache/<model>/ (a folder that MATHRL_CACHE can point at) and the gguf wheel in
-    `to`/a/whl/."""
+    `to`/a/cache/<model>/ (a folder that MATHRL_CACHE can point at), and the gguf and TRL wheels
+    in `to`/a/whl/."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import shutil
     import subprocess
@@ -101,6 +107,8 @@ def embedded(to):
     wheel = f"gguf=={version('gguf')}"  # the release that converted it here
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                     "--only-binary=:all:", "-d", str(Path(to) / "a" / "whl"), wheel], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", *PIP_FOR_THE_GPU,
+                    "-d", str(Path(to) / "a" / "whl"), *TRL_WHEELS], check=True)
     return pieces
 
 

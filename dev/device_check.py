@@ -14,13 +14,24 @@ does not stop the next):
 
 - env: the device, its memory, the versions of torch and transformers;
 - model: the embedded SmolLM2-135M converted once from its GGUF (see dev/carry.py);
+- trl_pair, trl_pair_compile: bench/trl_vs_mathrl.py --device cuda at a GPU's batch (16 prompts
+  x 8 samples, 256 new tokens, 6 steps), grpo.py's default command (micro-batches fitted to
+  memory) against TRL's GRPOTrainer, then with --compile (TRL's wheels come in dev/carry.py's
+  first piece);
 - grpo, grpo_compile: `python grpo.py --bf16` for 20 updates, eager and --compile, held-out
   accuracy at updates 0, 10 and 20;
+- two_processes, fsdp, lora, gradient_checkpointing: grpo.py for 3 updates under `torchrun
+  --nproc_per_node 2` on the one GPU, under --fsdp (one process), with --lora_r 16, with
+  --gradient_checkpointing;
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
-- ppo, reinforce, appo, tppo, online_dpo: 5 updates each in bf16;
-- roofline, update_mfu, fused_projections, roofline_grow: bench/roofline.py, bench/update_mfu.py,
-  bench/fused_projections.py and bench/roofline.py with a static cache that grows, at the
-  Qwen2.5-1.5B shape on random weights (no model file needed).
+- appo, tppo, ppo, reinforce, online_dpo: 5 updates each in bf16;
+- eval: eval.py on the newest checkpoint a stage wrote (the embedded model without one);
+- fused_projections, roofline, roofline_grow, update_mfu: bench/fused_projections.py (64 and 256
+  rows), bench/roofline.py, the same with a static cache that grows, and bench/update_mfu.py, at
+  the Qwen2.5-1.5B shape on random weights (no model file needed).
+The order is by value: a lease cut short still returns the stages that matter most. With --tiny no
+stage has a time cap (a slow CPU must not fail the test that runs it); --budget_s still bounds the
+whole.
 
 For each training stage: seconds per update for the rollout and the update (the first update apart,
 since it holds compiling and warm-up, then the median of the rest), sampled tokens per second, the
@@ -45,17 +56,49 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ["ppo", "reinforce", "appo", "tppo", "online_dpo"]
+sys.path.insert(0, str(ROOT))
+
+from common.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
+# every algorithm file but grpo.py, 5 updates each; the stepwise ones first (they ran the least)
+FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in STEPWISE)
+# grpo.py for 3 updates each way a GPU run can be launched besides the default
+WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing"]
 # bench/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
-BENCHES = ["roofline", "update_mfu", "fused_projections", "roofline_grow"]
-STAGES = ["env", "model", "grpo", "grpo_compile", "grpo_big", *FILES, *BENCHES]
+BENCHES = ["fused_projections", "roofline", "roofline_grow", "update_mfu"]
+TRL_PAIRS = ["trl_pair", "trl_pair_compile"]
+STAGES = ["env", "model", *TRL_PAIRS, "grpo", *WAYS, "grpo_compile", "grpo_big", *FILES, "eval",
+          *BENCHES]
 
 
 def stage_plan(name, tiny, work):
-    """(command, time cap in seconds) of a stage; the command is None for the in-process ones."""
+    """(command, time cap in seconds) of a stage; the command is None for the in-process ones.
+    With `tiny` the cap is infinite: a CPU's speed is not what the tiny run checks."""
+    command, cap = _stage_plan(name, tiny, work)
+    return command, math.inf if tiny else cap
+
+
+def _stage_plan(name, tiny, work):
     py = [sys.executable]
     if name in ("env", "model"):
         return None, 120
+    if name in TRL_PAIRS:  # bench/trl_vs_mathrl.py, both sides in bf16 on the GPU
+        sizes = (["--device", "cpu", "--model_name_or_path", "tiny-random", "--num_prompts", "1",
+                  "--max_new_tokens", "8", "--steps", "2"] if tiny else
+                 ["--device", "cuda", "--num_prompts", "16", "--max_new_tokens", "256",
+                  "--steps", "6"])
+        options = ["--mathrl_option=--micro_batch_size=fit"]  # grpo.py's default command
+        if name == "trl_pair_compile":
+            options.append("--mathrl_option=--compile")
+        # the H200 of 2026-11-27: 6 steps of 3.95 + 3.51 s eager, a 27 s compile, two model loads
+        return py + [str(ROOT / "bench" / "trl_vs_mathrl.py"), *sizes, *options,
+                     "--out", str(work / name)], 150
+    if name == "eval":  # the newest checkpoint of a stage before, or the embedded model
+        found = sorted(work.glob("*/checkpoint-*/config.json"), key=lambda p: p.stat().st_mtime)
+        model = str(found[-1].parent) if found else ("tiny-random" if tiny else
+                                                     "SmolLM2-135M-Instruct")
+        return py + [str(ROOT / "eval.py"), "--model_name_or_path", model, "--bf16",
+                     "--num_eval_problems", "8" if tiny else "200", "--output",
+                     str(work / "eval" / "eval.jsonl")], 90
     if name in BENCHES:
         if name == "roofline":
             sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
@@ -69,17 +112,33 @@ def stage_plan(name, tiny, work):
             sizes += ["--compile", "--rollout_only", "--grow_static_cache"]
         elif name == "fused_projections":  # eager decoding, q/k/v and gate/up fused or not
             sizes = (["--shape", "tiny", "--batch", "8", "--new_tokens", "8", "--repeat", "1"]
-                     if tiny else ["--shape", "1.5B", "--batch", "64", "--repeat", "3"])
+                     if tiny else ["--shape", "1.5B", "--batch", "64", "256", "--repeat", "3"])
         else:
             sizes = (["--shape", "tiny", "--micro_batch_size", "8", "--prompt_len", "16",
                       "--response_len", "16"] if tiny else
                      ["--shape", "1.5B", "--micro_batch_size", "8", "16", "32"])
         script = "roofline" if name == "roofline_grow" else name
         return py + [str(ROOT / "bench" / f"{script}.py"), *sizes, "--bf16"], 200
-    file = name.split("_")[0] if name.startswith("grpo") else name
+    file = "grpo" if name.startswith("grpo") or name in WAYS else name
     run = ["--bf16", "--output_dir", str(work / name)]
-    if tiny:
+    if tiny and name in WAYS:  # that the launch works, at the least work
+        run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "2",
+                "--num_prompts", "2", "--num_generations", "2", "--max_new_tokens", "8"]
+    elif tiny:
         run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "8"]
+    if name in WAYS:
+        run += ["--max_steps", "1" if tiny else "3", "--no_eval_on_start"]
+        run += {"fsdp": ["--fsdp"], "lora": ["--lora_r", "16"],
+                "gradient_checkpointing": ["--gradient_checkpointing"]}.get(name, [])
+        if not tiny:
+            run += ["--num_eval_problems", "64"]
+        if name in ("two_processes", "fsdp"):  # torchrun: ranks on the one device
+            launch = py + ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           "2" if name == "two_processes" else "1", str(ROOT / "grpo.py")]
+            return launch + run, 120
+        child = [str(ROOT / "dev" / "device_check.py"), "--child", str(work / f"{name}.child.json"),
+                 "--", str(ROOT / "grpo.py")]
+        return py + child + run, 90
     if name.startswith("grpo"):
         steps, interval = (2, 1) if tiny else ((3, 3) if name == "grpo_big" else (20, 10))
         run += ["--max_steps", str(steps), "--eval_interval", str(interval)]
@@ -207,6 +266,25 @@ def read_run(folder, child_json):
     return figures
 
 
+def figures_of(name, lines, work):
+    """What a stage's process left: a bench's table lines, a TRL pair's summary, eval.py's
+    accuracy, or a training run's figures (a torchrun stage's checkpoint is loaded here)."""
+    if name in BENCHES:
+        return {"table": [line for line in lines if line.startswith(("|", "(the first"))
+                          or "GB/s" in line or "peak" in line or "fused / separate" in line]}
+    if name in TRL_PAIRS:
+        path = work / name / "summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else {}
+        summary.pop("rows", None)
+        return {**summary, "line": [line for line in lines if line.startswith("median step")]}
+    if name == "eval":
+        return {"lines": [line for line in lines if line.startswith(("accuracy", "pass@"))]}
+    figures = read_run(work / name, work / f"{name}.child.json")
+    if name in ("two_processes", "fsdp") and "updates" in figures:  # no child to load it
+        figures.update(load_last_checkpoint(work / name))
+    return figures
+
+
 def run_process(cmd, timeout, why, log):
     """Run cmd in its own process group, its output appended to `log` (tqdm's carriage-return
     redraws kept to their last state); stop the whole group at `timeout`. -> (status, lines)."""
@@ -214,7 +292,7 @@ def run_process(cmd, timeout, why, log):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=None if math.isinf(timeout) else timeout)
         status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -254,12 +332,14 @@ def main():
                    help="folder for the runs' output folders, emptied stage by stage (default: "
                         "/tmp/device_check; --out keeps only the two files that come back)")
     p.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES)
-    p.add_argument("--budget_s", type=float, default=575,
+    p.add_argument("--budget_s", type=float, default=None,
                    help="stop starting stages after this many seconds; a running one is cut at "
-                        "the budget's end")
+                        "the budget's end (default: 575 on a GPU, none with --tiny)")
     p.add_argument("--tiny", action="store_true",
                    help="tiny sizes and the tiny-random model: a CPU check that the script runs")
     args = p.parse_args()
+    if args.budget_s is None:
+        args.budget_s = math.inf if args.tiny else 575
     start = time.perf_counter()
     out = Path(args.out)
     work = Path(args.work or "/tmp/device_check")
@@ -288,13 +368,7 @@ def main():
                 why = "its cap" if cap <= left else "the budget's end"
                 status, lines = run_process(cmd, min(cap, left), why, log)
                 results[name] = {"status": status, "command": " ".join(cmd[1:])}
-                if name in BENCHES:
-                    results[name]["figures"] = {"table": [
-                        line for line in lines if line.startswith(("|", "(the first"))
-                        or "GB/s" in line or "peak" in line or "fused / separate" in line]}
-                else:
-                    results[name]["figures"] = read_run(work / name,
-                                                        work / f"{name}.child.json")
+                results[name]["figures"] = figures_of(name, lines, work)
             results[name]["seconds"] = time.perf_counter() - t0
             log.flush()
             (out / "device_check.json").write_text(json.dumps(results, indent=1))

@@ -109,8 +109,12 @@ def test_trl_pairs_give_each_file_options_it_accepts_and_the_same_batch(algo):
 
     from trl_vs_mathrl import MATHRL_FILE, batch_shape, mathrl_args
 
-    args = mathrl_args(argparse.Namespace(algo=algo, steps=10, seed=0, out="/nonexistent"))
+    args = mathrl_args(argparse.Namespace(algo=algo, steps=10, seed=0, out="/nonexistent",
+                                          device="cpu", num_prompts=None, max_new_tokens=64,
+                                          mathrl_option=[],
+                                          model_name_or_path="SmolLM2-135M-Instruct"))
     importlib.import_module(MATHRL_FILE[algo]).check_args(args, 1)
+    assert not args.bf16 and not args.compile  # the CPU pair: fp32, eager
     # 32 completions per optimizer step on every pair, micro-batches of 8, as on the TRL side
     assert args.num_prompts * args.num_generations == 32 and args.micro_batch_size == 8
     assert (args.num_prompts, args.num_generations) == batch_shape(algo)
@@ -121,6 +125,34 @@ def test_trl_pairs_give_each_file_options_it_accepts_and_the_same_batch(algo):
     if algo == "ppo":  # TRL's PPO: one learning rate for policy and value model, GAE lambda 0.95
         assert (args.critic_learning_rate, args.gae_lambda, args.critic_num_layers,
                 args.num_ppo_epochs, args.num_mini_batches) == (2e-5, 0.95, 0, 1, 1)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "online_dpo"])
+def test_the_gpu_pair_puts_both_sides_in_bf16_on_the_gpu_with_the_batch_asked_for(algo):
+    # --device cuda, built on a CPU: TRL leaves the CPU for bf16 autocast, mathrl takes --bf16;
+    # 16 prompts of 256 new tokens on both sides; the mathrl side's own flags on top: its default
+    # micro-batch (unset: fitted to the GPU's memory), and --compile
+    import argparse
+    import importlib
+
+    from trl_vs_mathrl import MATHRL_FILE, MICRO, batch_shape, mathrl_args, trl_options
+
+    bench = argparse.Namespace(algo=algo, steps=6, seed=0, out="/nonexistent", device="cuda",
+                               num_prompts=16, max_new_tokens=256,
+                               model_name_or_path="SmolLM2-135M-Instruct",
+                               mathrl_option=["--micro_batch_size=fit", "--compile"])
+    trl = trl_options(bench)
+    assert (trl["use_cpu"], trl["bf16"], trl["max_completion_length"]) == (False, True, 256)
+    prompts, g = batch_shape(algo, 16)
+    assert prompts == 16 and trl["gradient_accumulation_steps"] == 16 * g // MICRO
+    args = mathrl_args(bench)
+    importlib.import_module(MATHRL_FILE[algo]).check_args(args, 1)
+    assert (args.bf16, args.compile, args.micro_batch_size) == (True, True, None)
+    assert (args.num_prompts, args.num_generations, args.max_new_tokens) == (16, g, 256)
+    cpu = trl_options(argparse.Namespace(**{**vars(bench), "device": "cpu", "num_prompts": None,
+                                            "max_new_tokens": 64}))
+    assert (cpu["use_cpu"], cpu["bf16"], cpu["max_completion_length"]) == (True, False, 64)
+    assert cpu["gradient_accumulation_steps"] == 32 // MICRO  # the CPU pair, as it was
 
 
 def test_decode_sketch_draws_the_tokens_of_generate():

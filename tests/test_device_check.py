@@ -65,7 +65,7 @@ def test_the_embedded_gguf_survives_the_carry(tmp_path):
 def device_check(tmp_path, *argv):
     out = subprocess.run([sys.executable, "dev/device_check.py", "--tiny", "--out",
                           str(tmp_path / "out"), "--work", str(tmp_path / "work"), *argv],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, capture_output=True, text=True, timeout=3600)  # a hang, not a pace
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads((tmp_path / "out" / "device_check.json").read_text()), out.stdout
 
@@ -100,6 +100,31 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert logs.count("=====") == 6 and "\r" not in logs
 
 
+def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
+    # the stages a lease adds for the GPU paths never run there: two processes on one device,
+    # FSDP2, LoRA, gradient checkpointing, eval.py on a checkpoint, and the TRL pair (where TRL is)
+    import importlib.util
+
+    ways = ["two_processes", "fsdp", "lora", "gradient_checkpointing"]
+    pair = ["trl_pair"] if importlib.util.find_spec("trl") else []
+    results, _ = device_check(tmp_path, "--stages", *pair, *ways, "eval")
+    assert {name: r["status"] for name, r in results.items()} == dict.fromkeys(
+        [*pair, *ways, "eval"], "ok")
+    for name in ways:
+        figures = results[name]["figures"]
+        assert figures["updates"] == 1 and figures["nonfinite"] == [], name
+        assert figures["checkpoint"] == "checkpoint-1" and figures["loads"], name
+    assert "torch.distributed.run --standalone --nproc_per_node 2" in results["two_processes"][
+        "command"]
+    # eval.py graded the newest full checkpoint a stage wrote (LoRA's is an adapter)
+    assert "gradient_checkpointing/checkpoint-1" in results["eval"]["command"]
+    assert any(line.startswith("accuracy") for line in results["eval"]["figures"]["lines"])
+    if pair:
+        trl = results["trl_pair"]["figures"]
+        assert trl["steps"] == 2 and trl["ratio_mathrl_over_trl"] > 0
+        assert "--micro_batch_size=fit" in results["trl_pair"]["command"]
+
+
 def test_a_spent_budget_skips_the_stages_left(tmp_path):
     results, _ = device_check(tmp_path, "--stages", "env", "grpo", "--budget_s", "10")
     assert results["env"]["status"] == "skipped: the budget is spent"
@@ -110,7 +135,7 @@ def test_a_spent_budget_skips_the_stages_left(tmp_path):
 def test_every_stage_of_the_device_check_runs_on_a_cpu(tmp_path):
     results, _ = device_check(tmp_path)
     assert all(r["status"] == "ok" for r in results.values()), results
-    for name in ("grpo_compile", "grpo_big", *ALGORITHMS):
+    for name in ("grpo_compile", "grpo_big", "lora", "fsdp", *ALGORITHMS):
         figures = results[name]["figures"]
         assert figures["loads"] and figures["finite"], name
         # the tiny model's returns can all be equal, and explained variance is then 0 / 0

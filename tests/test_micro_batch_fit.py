@@ -60,7 +60,8 @@ def test_on_a_cpu_an_unset_micro_batch_size_is_8_and_never_fitted(tmp_path):
     args = replace(grpo.Args(), model_name_or_path="tiny-random", output_dir=str(tmp_path / "run"))
     assert args.micro_batch_size is None
     run = Run(args, grpo.check_args)
-    assert run.fit is None and args.micro_batch_size == 8
+    # Run writes nothing into args: each file's derived block sets run.default_micro_batch there
+    assert run.fit is None and args.micro_batch_size is None and run.default_micro_batch == 8
     assert run.micro_batch_size(64, 300) == 8
     given = replace(args, micro_batch_size=3)
     assert Run(given, grpo.check_args).micro_batch_size(64, 300) == 3
