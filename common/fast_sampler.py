@@ -117,11 +117,12 @@ class FastDecoder(Decoder):
     where a read costs nothing, and every 8 on a GPU, where it stalls the queue of kernels (finished
     rows decode a few tokens more, masked out)."""
 
-    def __init__(self, model, speedups=Speedups(), prefix_cache=None, check_every=None):
+    def __init__(self, model, speedups=None, prefix_cache=None, check_every=None):
         super().__init__(model)
-        self.speedups, self.prefix_cache = speedups, prefix_cache
-        self.check_every = check_every or (1 if next(model.parameters()).device.type == "cpu"
-                                           else 8)
+        device = next(model.parameters()).device
+        self.speedups = Speedups.for_device(device) if speedups is None else speedups
+        self.prefix_cache = prefix_cache
+        self.check_every = check_every or (1 if device.type == "cpu" else 8)
         self.compiled = _COMPILED.get(model)
         self.drops_rows = speedups.drop_finished and self.compiled is None
         self.left = {}  # row -> its cache layers, for rows that left the batch (`remember`)
