@@ -58,6 +58,7 @@ from common.checks import check_output_dir
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
 from common.env import MATH_SUBJECTS, filter_math, make_env, make_env_options, resolve_task
 from common.errors import PathError, UsageError
+from common.fast_graphs import capture_decoding
 from common.fast_sampler import fast_decoding
 from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
@@ -88,6 +89,10 @@ class Args(DataArgs):
     """nucleus sampling mass"""
     bf16: bool = False
     """bfloat16 autocast for forwards"""
+    cuda_graphs: bool = True
+    """on a GPU, each decode step over a static KV cache replays as one CUDA graph, captured at a
+    rollout's first step in milliseconds (--no_cuda_graphs: one kernel launch per op, as
+    model.generate does; docs/gpu.md)"""
     split: str = "test"
     """'test' (held-out) or 'train'; not used with a data file"""
     num_eval_problems: Optional[int] = None
@@ -425,6 +430,8 @@ def main(args):
         tokenizer = load_tokenizer(args.model_name_or_path)
         policy = load_policy(args.model_name_or_path, device=dist_info.device)
         policy.eval()
+        if args.cuda_graphs:
+            capture_decoding(policy)  # on a GPU; a CPU decodes as before
         # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.
         local = sample_and_grade(policy, tokenizer, env, indices[rank::world], args, max_new_tokens,
                                  is_main)

@@ -97,6 +97,10 @@ class TrainArgs(DataArgs):
     GPU, where an eager step is ~1,700 kernel launches: on an H200, 0.19 s a rollout against 0.71
     (SmolLM2, 32 rows) for ~64 s of compiling a run; it pays from about 7,000 decode steps a run,
     max_steps x max_new_tokens (docs/gpu.md). On a CPU it does not pay"""
+    cuda_graphs: bool = True
+    """on a GPU, each decode step over a static KV cache replays as one CUDA graph, captured at a
+    rollout's first step in milliseconds (--no_cuda_graphs: one kernel launch per op, as
+    model.generate does; docs/gpu.md). --compile goes further, at a minute of compiling"""
     fsdp: bool = False
     """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
     lora_r: int = 0

@@ -19,7 +19,9 @@ against the plain decoder (tests/test_fast_sampler.py):
   rollout;
 - fast_compile.py (--compile): a static KV cache and a compiled decode step, for the models that
   `compile_decoding` was called on (common.models.trained_policy does it under --compile); with
-  `grow_static_cache`, a cache that grows as it fills (off by default).
+  `grow_static_cache`, a cache that grows as it fills (off by default);
+- fast_graphs.py (on a GPU, by default): the same static cache, its eager step captured as a CUDA
+  graph once per rollout, for the models that `capture_decoding` was called on.
 The first three change how the decoder reads prompts and keeps its cache; the model-patching ones
 (attention, fused projections, linears) hold for the `fast_decoding` block.
 """
@@ -109,9 +111,9 @@ def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None):
 class FastDecoder(Decoder):
     """`Decoder`'s prefill and decode steps, the same function of the same tokens, faster: prompts
     that rows share are read once (fast_prompts.py), decode steps append to the cache in place
-    (fast_kv.py), or, for a model that `compile_decoding` was called on, run a compiled step over a
-    static cache (fast_compile.py), where finished rows stay in the batch (dropping them would
-    change the shapes).
+    (fast_kv.py), or, for a model that `compile_decoding` or `capture_decoding` was called on, run
+    a compiled or captured step over a static cache (fast_compile.py, fast_graphs.py), where
+    finished rows stay in the batch (dropping them would change the shapes).
 
     check_every: `generate` reads which rows are done every this many tokens: every token on a CPU,
     where a read costs nothing, and every 8 on a GPU, where it stalls the queue of kernels (finished
@@ -124,7 +126,7 @@ class FastDecoder(Decoder):
         self.prefix_cache = prefix_cache
         self.check_every = check_every or (1 if device.type == "cpu" else 8)
         self.compiled = _COMPILED.get(model)
-        self.drops_rows = speedups.drop_finished and self.compiled is None
+        self.drops_rows = self.speedups.drop_finished and self.compiled is None
         self.left = {}  # row -> its cache layers, for rows that left the batch (`remember`)
 
     def prefill(self, prompt_ids, prompt_mask, max_new_tokens):

@@ -8,8 +8,9 @@ names:
 - "tiny-random": a deterministic 2-layer, hidden-64 Llama with the same tokenizer, for tests.
 
 `trained_policy` and `reference_policy` are what the algorithm files call: whole or LoRA, sharded
-under --fsdp, compiled for decoding under --compile. `ValueHead`, `Critic` and `load_critic` give
-a scalar value per prefix, for the PPO family.
+under --fsdp, compiled for decoding under --compile (else, on a GPU, its decode step captured as a
+CUDA graph). `ValueHead`, `Critic` and `load_critic` give a scalar value per prefix, for the PPO
+family.
 """
 
 import contextlib
@@ -30,6 +31,7 @@ import torch
 from common.distributed import broadcast_parameters
 from common.errors import PathError
 from common.fast_compile import compile_decoding
+from common.fast_graphs import capture_decoding
 from common.hf import decoder_layers, position_ids_from_mask
 from common.fast_prompts import shared_prompt_forward
 from common.sharding import AdapterOff, AdapterOffBody, add_lora, full_state_dict, is_sharded, shard
@@ -325,6 +327,8 @@ def trained_policy(args, resume_from, device):
         shard(policy, decoder_layers(policy), args.bf16)
     if args.compile:
         compile_decoding(policy)
+    elif args.cuda_graphs:
+        capture_decoding(policy)  # on a GPU; a CPU decodes as before
     return policy
 
 

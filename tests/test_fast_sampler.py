@@ -15,6 +15,7 @@ from common.fast_attention import _decode_attention
 from common import fast_compile
 from common.fast_compile import _cache_lengths, compile_decoding
 from common.fast_fused import _fused_projections
+from common.fast_graphs import CapturedStep, capture_decoding
 from common.fast_kv import _append_in_place
 from common.fast_linears import _onednn_linears, _onednn_works
 from common.fast_prompts import PrefixCache, _common_prefix
@@ -240,6 +241,60 @@ def test_compiled_decoding_draws_the_tokens_of_eager_decoding(tok, backend):
         eager_next = fast_generate(twin, tok, prompts, 12, **kw)
         assert eager_next.response_ids.tolist() != eager.response_ids.tolist()
         eager = eager_next
+
+
+def test_the_captured_step_draws_the_tokens_of_eager_decoding(tok):
+    # The GPU default (common/fast_graphs.py): a static KV cache whose step builds its own 4D mask
+    # from the prompts' padding and the cache's count of written columns, so that a CUDA graph can
+    # replay it. Run here without a graph (graphs=False), the same function: eager decoding's
+    # tokens, over two rollouts (a new cache: new buffers) and after an in-place weight update.
+    torch.manual_seed(0)
+    prompts = [torch.randint(10, 400, (n,)).tolist() for n in (7, 11, 4, 9)]
+    kw = dict(temperature=1.0, seeds=[1, 2, 3, 4], stop_strings=("e",))
+    model, twin = load_policy("tiny-random"), load_policy("tiny-random")
+    capture_decoding(model, graphs=False)
+    step = fast_compile._COMPILED[model]
+    assert isinstance(step, CapturedStep) and step.graph is None
+    caches = []
+    for _ in range(2):
+        eager = fast_generate(twin, tok, prompts, 12, **kw)
+        assert len(set(eager.response_mask.sum(1).tolist())) > 1  # rows end at different tokens
+        static = fast_generate(model, tok, prompts, 12, **kw)
+        caches.append(step.cache())
+        assert static.response_ids.tolist() == eager.response_ids.tolist()
+        assert static.response_mask.tolist() == eager.response_mask.tolist()
+        torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+        # the cache: prompts left-padded to 11 columns, room for 12 tokens, in steps of 128
+        assert step.padding.shape == (4, 1, 1, 128)
+        with torch.no_grad():  # the same step on both
+            for a, b in zip(model.parameters(), twin.parameters()):
+                noise = torch.randn(a.shape, generator=torch.Generator().manual_seed(a.numel()))
+                a.add_(noise), b.add_(noise)
+    assert caches[0] is None  # the first rollout's cache was let go: the step holds it weakly
+
+
+def test_capture_decoding_leaves_what_it_cannot_capture_eager(monkeypatch):
+    # On a CPU (nothing to capture), under --compile (it wins), for a sliding-window model (its
+    # cache is not one static block) and for attention that reads an additive mask (eager), the
+    # model decodes as before: nothing is registered.
+    model = load_policy("tiny-random")
+    assert capture_decoding(model) is model and model not in fast_compile._COMPILED
+    compile_decoding(model, backend="eager")
+    capture_decoding(model, graphs=False)
+    assert not isinstance(fast_compile._COMPILED[model], CapturedStep)
+    sliding = load_policy("tiny-random")
+    monkeypatch.setattr(sliding.config, "sliding_window", 4, raising=False)
+    monkeypatch.setattr(sliding.config, "use_sliding_window", True, raising=False)
+    monkeypatch.setattr(sliding.config, "layer_types", None, raising=False)
+    capture_decoding(sliding, graphs=False)
+    assert sliding not in fast_compile._COMPILED
+    additive = load_policy("tiny-random")
+    additive.config._attn_implementation = "eager"
+    capture_decoding(additive, graphs=False)
+    assert additive not in fast_compile._COMPILED
+    additive.config._attn_implementation = "sdpa"
+    capture_decoding(additive, graphs=False)
+    assert isinstance(fast_compile._COMPILED[additive], CapturedStep)
 
 
 def test_cache_lengths_by_hand():
