@@ -325,6 +325,8 @@ def apply_options(module, base, options):
     options = [o for o in options if o != "--micro_batch_size=fit"]
     given = parse_args(module.Args, options)
     flags = {o.split("=")[0].lstrip("-").replace("-", "_") for o in options if o.startswith("--")}
+    # --no_X sets the field X (--no_cuda_graphs)
+    flags = {f[3:] if f.startswith("no_") and hasattr(given, f[3:]) else f for f in flags}
     changed = {name: getattr(given, name) for name in flags if hasattr(given, name)}
     changed.update(micro_batch_size=None) if fit else None
     return replace(base, **changed)

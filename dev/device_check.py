@@ -8,17 +8,21 @@ docs/gpu.md has the two calls that carry the embedded model to a lent GPU and ru
 
 A GPU is lent to this project only sometimes, for 15 minutes in all, so a device check cannot be
 written on the spot: this script is, and a test runs it with --tiny on a CPU so that it still works
-when a GPU comes. The stages, in the order they run (each one a process of its own, stopped at its
-time cap or at the end of --budget_s, whichever is first; a stage that fails or runs out of time
-does not stop the next):
+when a GPU comes. The stages (STAGES runs them by value: env, cuda_graphs, model, trl_pair, grpo,
+then the rest in this list's order), each one a process of its own, stopped at its time cap or at
+the end of --budget_s, whichever is first; a stage that fails or runs out of time does not stop the
+next:
 
 - env: the device, its memory, the versions of torch and transformers;
 - model: the embedded SmolLM2-135M converted once from its GGUF (see dev/carry.py);
-- trl_pair, trl_pair_compile: bench/trl_vs_mathrl.py --device cuda at a GPU's batch (16 prompts
-  x 8 samples, 256 new tokens, 6 steps), grpo.py's default command (micro-batches fitted to
-  memory) against TRL's GRPOTrainer, then with --compile (TRL's wheels come in dev/carry.py's
-  first piece);
-- grpo, grpo_compile: `python grpo.py --bf16` for 20 updates, eager and --compile, held-out
+- cuda_graphs: bench/cuda_graphs.py, eager decoding against its step captured as a CUDA graph (the
+  default on a GPU) at 32 and 128 rows, and the checks that the graph draws the tokens of the
+  same step run without one, also after the weights change (random weights: no model file);
+- trl_pair, trl_pair_eager, trl_pair_compile: bench/trl_vs_mathrl.py --device cuda at a GPU's
+  batch (16 prompts x 8 samples, 256 new tokens, 10 steps), grpo.py's default command
+  (micro-batches fitted to memory, the decode step a CUDA graph) against TRL's GRPOTrainer, then
+  with --no_cuda_graphs and with --compile (TRL's wheels come in dev/carry.py's first piece);
+- grpo, grpo_compile: `python grpo.py --bf16` for 20 updates, as it is and --compile, held-out
   accuracy at updates 0, 10 and 20;
 - two_processes, fsdp, lora, gradient_checkpointing: grpo.py for 3 updates under `torchrun
   --nproc_per_node 2` on the one GPU, under --fsdp (one process), with --lora_r 16, with
@@ -64,10 +68,10 @@ FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in ST
 # grpo.py for 3 updates each way a GPU run can be launched besides the default
 WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing"]
 # bench/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
-BENCHES = ["fused_projections", "roofline", "roofline_grow", "update_mfu"]
-TRL_PAIRS = ["trl_pair", "trl_pair_compile"]
-STAGES = ["env", "model", *TRL_PAIRS, "grpo", *WAYS, "grpo_compile", "grpo_big", *FILES, "eval",
-          *BENCHES]
+BENCHES = ["cuda_graphs", "fused_projections", "roofline", "roofline_grow", "update_mfu"]
+TRL_PAIRS = ["trl_pair", "trl_pair_eager", "trl_pair_compile"]
+STAGES = ["env", "cuda_graphs", "model", "trl_pair", "grpo", *TRL_PAIRS[1:], *WAYS, "grpo_compile",
+          "grpo_big", *FILES, "eval", *BENCHES[1:]]
 
 
 def stage_plan(name, tiny, work):
@@ -85,13 +89,15 @@ def _stage_plan(name, tiny, work):
         sizes = (["--device", "cpu", "--model_name_or_path", "tiny-random", "--num_prompts", "1",
                   "--max_new_tokens", "8", "--steps", "2"] if tiny else
                  ["--device", "cuda", "--num_prompts", "16", "--max_new_tokens", "256",
-                  "--steps", "6"])
+                  "--steps", "10"])
         options = ["--mathrl_option=--micro_batch_size=fit"]  # grpo.py's default command
-        if name == "trl_pair_compile":
-            options.append("--mathrl_option=--compile")
-        # the H200 of 2026-11-27: 6 steps of 3.95 + 3.51 s eager, a 27 s compile, two model loads
+        if name != "trl_pair":  # the default captures its decode step as a CUDA graph
+            options.append("--mathrl_option=" + {"trl_pair_eager": "--no_cuda_graphs",
+                                                 "trl_pair_compile": "--compile"}[name])
+        # the H200's second lease: 117, 103 and 133 s for 6 steps (two of them warm-up) and two
+        # model loads; 10 steps, so that the warm-up weighs less in the median
         return py + [str(ROOT / "bench" / "trl_vs_mathrl.py"), *sizes, *options,
-                     "--out", str(work / name)], 150
+                     "--out", str(work / name)], 200
     if name == "eval":  # the newest checkpoint of a stage before, or the embedded model
         found = sorted(work.glob("*/checkpoint-*/config.json"), key=lambda p: p.stat().st_mtime)
         model = str(found[-1].parent) if found else ("tiny-random" if tiny else
@@ -100,6 +106,11 @@ def _stage_plan(name, tiny, work):
                      "--num_eval_problems", "8" if tiny else "200", "--output",
                      str(work / "eval" / "eval.jsonl")], 90
     if name in BENCHES:
+        if name == "cuda_graphs":  # on random weights, so before the model's second piece
+            sizes = (["--device", "cpu", "--shape", "tiny", "--rows", "8", "--new_tokens", "8",
+                      "--repeat", "1"] if tiny else ["--repeat", "1"])
+            return py + [str(ROOT / "bench" / "cuda_graphs.py"), *sizes, "--out",
+                         str(work / "cuda_graphs.json")], 200  # 120 s did 32 rows, not 128
         if name == "roofline":
             sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
                       "16"] if tiny else

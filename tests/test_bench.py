@@ -149,6 +149,11 @@ def test_the_gpu_pair_puts_both_sides_in_bf16_on_the_gpu_with_the_batch_asked_fo
     importlib.import_module(MATHRL_FILE[algo]).check_args(args, 1)
     assert (args.bf16, args.compile, args.micro_batch_size) == (True, True, None)
     assert (args.num_prompts, args.num_generations, args.max_new_tokens) == (16, g, 256)
+    # the default captures the decode step as a CUDA graph; the eager pair says --no_cuda_graphs
+    assert args.cuda_graphs
+    eager = mathrl_args(argparse.Namespace(**{**vars(bench), "mathrl_option": [
+        "--micro_batch_size=fit", "--no_cuda_graphs"]}))
+    assert (eager.cuda_graphs, eager.compile, eager.micro_batch_size) == (False, False, None)
     cpu = trl_options(argparse.Namespace(**{**vars(bench), "device": "cpu", "num_prompts": None,
                                             "max_new_tokens": 64}))
     assert (cpu["use_cpu"], cpu["bf16"], cpu["max_completion_length"]) == (True, False, 64)

@@ -17,6 +17,7 @@ from common.algorithms import ALGORITHMS
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "dev"))
 from carry import join, split  # noqa: E402
+from device_check import stage_plan  # noqa: E402
 
 
 def digest(path):
@@ -72,8 +73,8 @@ def device_check(tmp_path, *argv):
 
 def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "online_dpo", "roofline",
-                                   "fused_projections", "roofline_grow")
-    assert [r["status"] for r in results.values()] == ["ok"] * 6
+                                   "fused_projections", "roofline_grow", "cuda_graphs")
+    assert [r["status"] for r in results.values()] == ["ok"] * 7
     grpo = results["grpo"]["figures"]
     metrics = [json.loads(line) for line in
                (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
@@ -95,9 +96,12 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert any(line.startswith("| tiny | 8 | 8 |") and line.endswith("| - | - |")
                for line in results["roofline_grow"]["figures"]["table"])
     assert "--grow_static_cache" in results["roofline_grow"]["command"]
+    # the static step of the GPU's default (no graph on a CPU) drew eager decoding's tokens
+    assert any(line.startswith("| 8 |") and line.endswith("rows as eager 8/8 |")
+               for line in results["cuda_graphs"]["figures"]["table"])
     assert "| grpo | ok |" in stdout
     logs = (tmp_path / "out" / "logs.txt").read_text()
-    assert logs.count("=====") == 6 and "\r" not in logs
+    assert logs.count("=====") == 7 and "\r" not in logs
 
 
 def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
@@ -120,6 +124,10 @@ def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
     # eval.py graded the newest full checkpoint a stage wrote (LoRA's is an adapter)
     assert "gradient_checkpointing/checkpoint-1" in results["eval"]["command"]
     assert any(line.startswith("accuracy") for line in results["eval"]["figures"]["lines"])
+    # the eager pair is the default's with --no_cuda_graphs (its parsing: tests/test_bench.py)
+    eager, _ = stage_plan("trl_pair_eager", True, tmp_path)
+    assert eager[eager.index("--mathrl_option=--micro_batch_size=fit") + 1] == (
+        "--mathrl_option=--no_cuda_graphs")
     if pair:
         trl = results["trl_pair"]["figures"]
         assert trl["steps"] == 2 and trl["ratio_mathrl_over_trl"] > 0
