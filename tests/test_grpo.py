@@ -18,6 +18,7 @@ from common import env as envlib
 from common.args import field_docs
 from common.logprobs import token_logprobs
 from common.errors import PathError
+from trl_steps import a_batch, moved_policy, trl_training_step
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -369,96 +370,31 @@ def test_the_kl_in_the_reward_is_the_samplers_to_the_references_once_the_policy_
 
 
 # ---- against TRL's own code -------------------------------------------------------------------
-def trl_grpo_step(tmp_path, prompt_ids, completion_ids, completion_mask, scores, **config):
-    """TRL 1.16's GRPOTrainer.training_step on the batch given: its tokenizer and sampler replaced
-    by the batch's ids and its reward function returning `scores`, so that it computes its
-    advantages, its reference log-probs and its loss on exactly what grpo.py's update gets.
-    -> (TRL's loss, its model, whose .grad hold the gradient)"""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer import add_fused_lm_head
-
-    from common.models import load_policy, load_tokenizer
-
-    beta = config.pop("beta")
-    G = config["num_generations"]
-    args = GRPOConfig(output_dir=str(tmp_path), beta=0.0, report_to="none", use_cpu=True,
-                      bf16=False, gradient_checkpointing=False,
-                      per_device_train_batch_size=len(completion_ids),
-                      max_completion_length=completion_ids.shape[1], **config)
-    trainer = GRPOTrainer(model=moved_policy(), args=args,
-                          reward_funcs=[lambda completions, **kw: scores.tolist()],
-                          train_dataset=Dataset.from_dict({"prompt": ["a"] * len(scores)}),
-                          processing_class=load_tokenizer("tiny-random"))
-    # a model passed as an object has no hub id for TRL to build its reference from: the
-    # reference is the unmoved tiny model, given after, as TRL's __init__ would prepare it
-    trainer.beta, trainer.ref_model = beta, load_policy("tiny-random")
-    add_fused_lm_head(trainer.ref_model, temperature=args.temperature)
-    rows = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
-    trainer._tokenize_prompts = lambda prompts: (prompt_ids.tolist(), None, {})
-    trainer._generate_single_turn = lambda ids, images, fields, n: (rows, None)
-    trainer.current_gradient_accumulation_steps = 1  # what Trainer.train sets: one micro-step
-    groups = [{"prompt": str(i // G)} for i in range(len(scores))]  # G rows a prompt, in turn
-    return trainer.training_step(trainer.model, groups, None), trainer.model
-
-
-def moved_policy():
-    """tiny-random after some training: its weights moved from the reference's, the same way for
-    both sides, so that the KL to the reference is not 0."""
-    from common.models import load_policy
-
-    model = load_policy("tiny-random")
-    with torch.no_grad():
-        for k, p in enumerate(model.parameters()):
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)))
-    return model
-
-
-def grpo_step(prompt_ids, completion_ids, completion_mask, scores, args, bias_corrected=False):
-    """grpo.py's advantages, normaliser and loss on the batch, one micro-batch, as its update runs
-    them (pi_old is the policy itself, detached: one epoch of one minibatch). bias_corrected adds
-    TRL's use_bias_correction_kl (the KL times the ratio, 1 in value, not in gradient).
-    -> (the loss, the policy, whose .grad hold the gradient)"""
+def grpo_step(batch, args, bias_corrected=False):
+    """grpo.py's advantages, normaliser and loss on `batch` (trl_steps.a_batch), one micro-batch,
+    as its update runs them (pi_old is the policy itself, detached: one epoch of one minibatch).
+    bias_corrected adds TRL's use_bias_correction_kl (the KL times the ratio: 1 in value, not in
+    gradient). -> (the loss, the policy, whose .grad hold the gradient)"""
     from common.logprobs import batched_token_logprobs
     from common.models import load_policy
-    from common.sampler import Generation
 
-    n, R = completion_ids.shape
-    gen = Generation(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids),
-                     response_ids=completion_ids, response_mask=completion_mask,
-                     logprobs=torch.zeros(n, R), finished=torch.zeros(n, dtype=torch.bool),
-                     truncated=torch.ones(n, dtype=torch.bool))
-    policy = moved_policy()
-    ref_logprobs = batched_token_logprobs(load_policy("tiny-random"), gen, args.temperature, n)
+    gen, scores, policy = batch.gen(), batch.scores, moved_policy()
+    ref_logprobs = batched_token_logprobs(load_policy("tiny-random"), gen, args.temperature, 8)
     advantages = grpo.group_advantages(scores, args.num_generations,
                                        scale=args.loss_type != "dr_grpo")
-    norm = grpo.loss_normaliser(completion_mask, args, world_size=1)
+    mask = gen.response_mask
+    norm = grpo.loss_normaliser(mask, args, world_size=1)
     input_ids, attention_mask = gen.sequences()
-    logprobs, _ = token_logprobs(policy, input_ids, attention_mask, R, args.temperature)
-    loss, _ = grpo.policy_loss(logprobs, logprobs.detach(), advantages, completion_mask, norm,
-                               args, ref_logprobs, gen.logprobs)
+    logprobs, _ = token_logprobs(policy, input_ids, attention_mask, mask.shape[1], args.temperature)
+    loss, _ = grpo.policy_loss(logprobs, logprobs.detach(), advantages, mask, norm, args,
+                               ref_logprobs, gen.logprobs)
     if bias_corrected:  # + beta KL (rho - 1): 0 in value, beta KL d(log pi) in gradient
         kl = grpo.kl_estimate(logprobs, ref_logprobs, "k3").detach()
         ratio_minus_1 = torch.exp(logprobs - logprobs.detach()) - 1
-        loss = loss + grpo.aggregate(args.beta * kl * ratio_minus_1, completion_mask.float(),
-                                     args.loss_type, norm)
+        loss = loss + grpo.aggregate(args.beta * kl * ratio_minus_1, mask.float(), args.loss_type,
+                                     norm)
     loss.backward()
     return loss, policy
-
-
-def a_grpo_batch():
-    """Two prompts of one length (TRL takes positions from the sequence, grpo.py from the mask:
-    the same without left padding) x 4 responses of uneven lengths, no EOS; rewards with a spread
-    in group 0 and one odd response out in group 1."""
-    g = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(10, 400, (2, 6), generator=g).repeat_interleave(4, 0)  # [8, 6]
-    completion_ids = torch.randint(10, 400, (8, 5), generator=g)
-    completion_mask = torch.ones(8, 5, dtype=torch.long)
-    for j, n in enumerate((5, 3, 4, 2, 5, 1, 4, 3)):
-        completion_mask[j, n:] = 0
-        completion_ids[j, n:] = 0  # tiny-random's pad
-    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
-    return prompt_ids, completion_ids, completion_mask, scores
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
@@ -468,13 +404,18 @@ def test_the_loss_and_gradient_equal_trls_grpo_trainer_on_the_same_batch(tmp_pat
     # temperature 0.7; Dr.GRPO keeps the std out of the advantage, TRL's scale_rewards "none").
     # TRL 1.16's default multiplies the KL by the ratio (use_bias_correction_kl): the test after.
     pytest.importorskip("trl")
-    batch = a_grpo_batch()
+    from trl import GRPOConfig, GRPOTrainer
+
+    batch = a_batch()
     args = replace(grpo.Args(), beta=0.04, temperature=0.7, loss_type=loss_type,
                    num_generations=4, max_new_tokens=5)
-    loss, policy = grpo_step(*batch, args)
-    trl_loss, trl_model = trl_grpo_step(
-        tmp_path, *batch, beta=0.04, temperature=0.7, loss_type=loss_type, num_generations=4,
-        scale_rewards="none" if loss_type == "dr_grpo" else "group", use_bias_correction_kl=False)
+    loss, policy = grpo_step(batch, args)
+    trl_loss, trl_model, trl_advantages = trl_training_step(
+        GRPOTrainer, GRPOConfig, tmp_path, batch, beta=0.04, temperature=0.7,
+        loss_type=loss_type, scale_rewards="none" if loss_type == "dr_grpo" else "group",
+        use_bias_correction_kl=False)
+    advantages = grpo.group_advantages(batch.scores, 4, scale=loss_type != "dr_grpo")
+    torch.testing.assert_close(trl_advantages, advantages, atol=1e-6, rtol=0)
     assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-8)  # fp32 rounding
     for (name, ours), theirs in zip(policy.named_parameters(), trl_model.parameters()):
         # fp32 rounding, and TRL's chunked log-softmax: under 1e-6 of the gradient's norm
@@ -487,13 +428,15 @@ def test_trls_default_kl_differs_from_grpo_py_by_the_ratio_in_the_gradient_only(
     # of the gradient here: grpo.py keeps the GRPO paper's KL term, and this is the one term by
     # which TRL 1.16's default differs.
     pytest.importorskip("trl")
-    batch = a_grpo_batch()
+    from trl import GRPOConfig, GRPOTrainer
+
+    batch = a_batch()
     args = replace(grpo.Args(), beta=0.04, temperature=0.7, loss_type="dapo",
                    num_generations=4, max_new_tokens=5)
-    trl_loss, trl_model = trl_grpo_step(tmp_path, *batch, beta=0.04, temperature=0.7,
-                                        loss_type="dapo", num_generations=4)
-    plain, policy = grpo_step(*batch, args)
-    corrected, corrected_policy = grpo_step(*batch, args, bias_corrected=True)
+    trl_loss, trl_model, _ = trl_training_step(GRPOTrainer, GRPOConfig, tmp_path, batch,
+                                               beta=0.04, temperature=0.7, loss_type="dapo")
+    plain, policy = grpo_step(batch, args)
+    corrected, corrected_policy = grpo_step(batch, args, bias_corrected=True)
     assert plain.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-8)
     assert corrected.item() == pytest.approx(plain.item(), rel=1e-6, abs=1e-9)
     parts = zip(policy.parameters(), corrected_policy.parameters(), trl_model.parameters())

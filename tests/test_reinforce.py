@@ -473,3 +473,52 @@ def test_the_kl_enters_the_return_times_beta(tmp_path, monkeypatch):
     assert kl.abs().max() > 1e-3
     expected = (ep.rewards.sum(1) - 0.5 * kl).mean()
     assert metrics(tmp_path)[1]["return/mean"] == pytest.approx(expected.item(), rel=1e-4)
+
+
+# ---- against TRL's own code -------------------------------------------------------------------
+def test_rloo_loss_and_gradient_equal_trls_rloo_trainer_on_the_same_batch(tmp_path):
+    # reinforce.py --baseline rloo as TRL's RLOOTrainer runs it (the bench's pair): the k1 KL
+    # summed over each response and taken from its reward (beta 0.05), the leave-one-out baseline,
+    # summed log-probs (--no_length_normalize), advantages unnormalised. TRL's loss is the clipped
+    # sequence ratio, which is 1 on the policy's own samples: its gradient is REINFORCE's. The
+    # sampler's log-probs are the policy's own at the temperature, as TRL recomputes them.
+    pytest.importorskip("trl")
+    from trl import RLOOConfig, RLOOTrainer
+
+    from common.logprobs import batched_token_logprobs
+    from common.models import load_policy
+    from common.numerics import kl_estimate
+    from trl_steps import a_batch, moved_policy, trl_training_step
+
+    batch, T = a_batch(), 0.7
+    args = replace(reinforce.Args(), baseline="rloo", beta=0.05, kl_estimator="k1",
+                   kl_penalty="reward", length_normalize=False, temperature=T,
+                   num_generations=batch.group_size)
+    policy = moved_policy()
+    gen = batch.gen()
+    mask = gen.response_mask
+    input_ids, attention_mask = gen.sequences()
+    with torch.no_grad():
+        sampled, _ = token_logprobs(policy, input_ids, attention_mask, mask.shape[1], T)
+    gen = batch.gen(logprobs=sampled)
+    ref_logprobs = batched_token_logprobs(load_policy("tiny-random"), gen, T, 8)
+    kl = reinforce.sequence_logprobs(kl_estimate(gen.logprobs, ref_logprobs, "k1"), mask.float(),
+                                     False)  # [N] summed over each response
+    returns = reinforce.kl_regularised_returns(batch.scores[:, None], kl[:, None],
+                                               torch.ones(len(kl), 1), 1.0, args.beta)[:, 0]
+    advantages = returns - reinforce.compute_baselines(returns, batch.group_size, "rloo")
+    norm = reinforce.loss_normaliser(mask, args, world_size=1)
+    logprobs, _ = token_logprobs(policy, input_ids, attention_mask, mask.shape[1], T)
+    loss, _ = reinforce.policy_loss(logprobs, gen.logprobs, advantages, mask, norm, args, None,
+                                    gen.logprobs)
+    loss.backward()
+    trl_loss, trl_model, trl_advantages = trl_training_step(
+        RLOOTrainer, RLOOConfig, tmp_path, batch, beta=0.05, temperature=T,
+        normalize_advantages=False)
+    # the same advantages (the KL from both sides' log-probs, fp32 rounding); REINFORCE's loss is
+    # -A log pi, TRL's -A rho with rho = 1: equal gradients, not values
+    torch.testing.assert_close(trl_advantages, advantages, atol=1e-6, rtol=0)
+    assert advantages.abs().sum() > 0 and kl.abs().min() > 0
+    assert trl_loss.item() == pytest.approx(-advantages.mean().item(), abs=1e-7)
+    for (name, ours), theirs in zip(policy.named_parameters(), trl_model.parameters()):
+        assert ((ours.grad - theirs.grad).norm() / theirs.grad.norm()).item() < 2e-6, name
