@@ -181,19 +181,24 @@ def _resolve(name):
     return str(Path(name).expanduser()) if os.path.exists(os.path.expanduser(name)) else name
 
 
-def _hub_error(name, err):
-    return PathError(
-        f"Could not load {name!r}: {err}\nIf this machine has no access to the Hugging Face hub, "
-        "use the "
-        f"offline default {EMBEDDED_MODEL!r}, or a local folder written by save_pretrained."
-    )
+def _hub_error(name, err, flag="--model_name_or_path"):
+    """The error of a model or tokenizer that did not load, with what to pass instead offline: the
+    embedded policy, or for the PRM (which SmolLM2 is not) a PRM's own folder or the test PRM."""
+    offline = (f"a process reward model's folder written by save_pretrained (e.g. a copy of "
+               f"peiyi9979/math-shepherd-mistral-7b-prm), or {TINY_RANDOM!r} (a test PRM)"
+               if flag == "--prm_model_name_or_path" else
+               f"the offline default {EMBEDDED_MODEL!r}, or a local folder written by "
+               "save_pretrained")
+    return PathError(f"Could not load {flag} {name!r}: {err}\nIf this machine has no access to "
+                     f"the Hugging Face hub, use {offline}.")
 
 
-def load_tokenizer(name):
-    """Tokenizer with a pad token and left padding (generation appends on the right)."""
+def load_tokenizer(name, flag="--model_name_or_path"):
+    """Tokenizer with a pad token and left padding (generation appends on the right). flag: the
+    option that named it, for the messages."""
     from transformers import AutoTokenizer
 
-    check_model_name(name)
+    check_model_name(name, flag)
     if name in (EMBEDDED_MODEL, TINY_RANDOM):
         path = str(embedded_tokenizer_dir())
     else:
@@ -201,7 +206,7 @@ def load_tokenizer(name):
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except OSError as err:
-        raise _hub_error(name, err) from None
+        raise _hub_error(name, err, flag) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

@@ -28,8 +28,7 @@ from common.errors import UsageError
 from common.fast_prompts import PrefixCache
 from common.fast_sampler import fast_decoding
 from common.hf import position_ids_from_mask
-from common.models import (TINY_RANDOM, check_model_name, load_reference, load_tokenizer,
-                           tiny_random_model)
+from common.models import TINY_RANDOM, load_reference, load_tokenizer, tiny_random_model
 from common.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
                             left_pad)
 from common.tasks import TASKS
@@ -57,8 +56,7 @@ def single_token_id(tokenizer, text, what):
 def load_prm_tokenizer(name, step_tag):
     """The PRM's tokenizer. For "tiny-random" the step tag is added as a new token when the embedded
     tokenizer splits it (it splits 'ки'), as Math-Shepherd's tokenizer has it as one token."""
-    check_model_name(name, "--prm_model_name_or_path")
-    tokenizer = load_tokenizer(name)
+    tokenizer = load_tokenizer(name, "--prm_model_name_or_path")
     if name == TINY_RANDOM and len(tokenizer.encode(step_tag, add_special_tokens=False)) != 1:
         tokenizer.add_tokens([step_tag])
     return tokenizer

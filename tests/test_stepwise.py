@@ -165,3 +165,25 @@ def test_prm_tag_merged_by_the_tokenizer_is_a_clear_error():
     prm = ProcessRewardModel("tiny-random", step_tag=".")
     with pytest.raises(ValueError, match="does not end .* with the step tag's token"):
         prm(["What is 2 + 3?"], [["2 + 3 = 5"]])
+
+
+def test_a_prm_that_does_not_load_offline_is_not_told_to_use_the_policy(monkeypatch):
+    # The embedded SmolLM2 is no process reward model: a PRM hub id that cannot load offline gets
+    # a PRM's folder or the test PRM as its fix; the policy keeps its own advice.
+    import transformers
+
+    from common.errors import PathError
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(PathError) as prm:
+        load_prm_tokenizer("peiyi9979/math-shepherd-mistral-7b-prm", "ки")
+    assert str(prm.value).startswith("Could not load --prm_model_name_or_path "
+                                     "'peiyi9979/math-shepherd-mistral-7b-prm'")
+    assert "'tiny-random' (a test PRM)" in str(prm.value) and "SmolLM2" not in str(prm.value)
+    with pytest.raises(PathError) as policy:
+        load_tokenizer("Qwen/Qwen2.5-0.5B-Instruct")
+    assert "--model_name_or_path 'Qwen/Qwen2.5-0.5B-Instruct'" in str(policy.value)
+    assert "the offline default 'SmolLM2-135M-Instruct'" in str(policy.value)
