@@ -201,6 +201,7 @@ def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_pa
     from common.logprobs import batched_token_logprobs, token_logprobs
     from common.models import load_policy, load_tokenizer
     from common.sampler import Generation
+    from trl_steps import moved_policy  # the same moved weights as the GRPO and RLOO tests
 
     tok = load_tokenizer("tiny-random")
     pad = tok.pad_token_id
@@ -225,15 +226,6 @@ def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_pa
     scores = torch.tensor(scores_trl)[order]
     args = replace(online_dpo.Args(), beta=beta, preference_loss=preference_loss, ties="first")
 
-
-    def moved_policy():
-        """tiny-random after some training: its weights moved from the reference's, the same way
-        for both sides, so that each response's log pi / pi_ref is not 0."""
-        model = load_policy("tiny-random")
-        with torch.no_grad():
-            for k, p in enumerate(model.parameters()):
-                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)))
-        return model
 
     policy, ref = moved_policy(), load_policy("tiny-random")
     chosen, rejected = online_dpo.preference_pairs(scores, 2, args.ties)
