@@ -52,10 +52,14 @@ def test_step_gae_across_an_episode_boundary_inside_the_segment():
     dones = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     adv, ret = appo.compute_advantages(rewards, values, None, torch.tensor([0.6, 5.0]), dones,
                                        gamma=0.5, lam=0.5)
-    # env 0 (gamma lambda = 0.25): A2 = 0.5 + 0.5*0.6 - 0.3 = 0.5 ; A1 = 1 - 0.4 = 0.6 (ends: no
-    # bootstrap, no carry)                              A0 = (0.5*0.4 - 0.2) + 0.25*0.6 = 0.15 env
-    # 1: A2 = -0.1 ; A1 = (0.05 - 0.1) + 0.25*(-0.1) = -0.075 ; A0 = -0.05 + 0.25*(-0.075) =
-    # -0.06875
+    # OpenR's (MAPPO's) GAE, delta_t = r_t + gamma V_t+1 (1 - done_t) - V_t and
+    # A_t = delta_t + gamma lam (1 - done_t) A_t+1, worked by hand (gamma lam = 0.25):
+    #   env 0: A2 = 0.5 + 0.5*0.6 - 0.3 = 0.5
+    #          A1 = 1 - 0.4 = 0.6                         (it ends: no bootstrap, no carry)
+    #          A0 = (0.5*0.4 - 0.2) + 0.25*0.6 = 0.15
+    #   env 1: A2 = 0 - 0.1 = -0.1                        (it ends: 5.0 unused)
+    #          A1 = (0.05 - 0.1) + 0.25*(-0.1) = -0.075
+    #          A0 = (0.05 - 0.1) + 0.25*(-0.075) = -0.06875
     torch.testing.assert_close(adv, torch.tensor([[0.15, 0.6, 0.5], [-0.06875, -0.075, -0.1]]))
     torch.testing.assert_close(ret, adv + values)
 

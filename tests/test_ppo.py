@@ -448,3 +448,155 @@ def test_target_kl_stops_the_remaining_minibatches(tmp_path):
     run([sys.executable, *common, "--target_kl", "1e-6", "--output_dir", str(tmp_path / "stopped")])
     free, stopped = params(tmp_path / "free/checkpoint-1"), params(tmp_path / "stopped/checkpoint-1")
     assert max_diff(free, stopped) > 1e-4  # fewer optimizer steps: other weights
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference: TRL 1.12's PPOTrainer (trl/experimental/ppo/ppo_trainer.py; TRL 1.16 has no PPO), its
+# rollout's steps 3-6 and its loss written out here from its equations, on the same tensors
+# ------------------------------------------------------------------------------------------------
+def trl_112_ppo(logprobs, ref_logprobs, values, scores, lengths, has_eos, new_logprobs, new_values,
+                kl_coef, gamma, lam, cliprange, cliprange_value, vf_coef, missing_eos_penalty):
+    """TRL 1.12's PPO on one minibatch of one micro-batch. logprobs: the sampler's (pi_old);
+    values: V_old [N, R] of every column; lengths: real tokens per row. -> (loss, advantages,
+    returns, pg_loss, vf_loss). TRL's names in the comments."""
+    N, R = logprobs.shape
+    col = torch.arange(R).expand(N, R)
+    last = lengths - 1  # sequence_lengths: the last real token (EOS, or column R - 1)
+    pad = col > last[:, None]  # padding_mask
+    pad_p1 = col > (last + 1)[:, None]  # padding_mask_p1: one state more, past the last token
+    invalid = 1.0  # INVALID_LOGPROB: on padding, so that the KL there is 0
+    logprobs, ref_logprobs = logprobs.masked_fill(pad, invalid), ref_logprobs.masked_fill(pad, invalid)
+    values = values.masked_fill(pad_p1, 0)
+    scores = scores - missing_eos_penalty * (~has_eos).float()
+    rewards = -kl_coef * (logprobs - ref_logprobs)  # k1
+    # the score sits one column past the last real token (sequence_lengths_p1) when there is one
+    end = torch.where(last + 1 < R, last + 1, last)
+    rewards[torch.arange(N), end] += scores
+    # GAE over every column: no end of episode but the zeros of the masked values
+    adv, running = torch.zeros(N, R), torch.zeros(N)
+    for t in reversed(range(R)):
+        next_value = values[:, t + 1] if t < R - 1 else 0.0
+        running = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        adv[:, t] = running
+    returns = adv + values
+
+    def masked_mean(x, keep):
+        return (x * keep).sum() / keep.sum()
+
+    keep = (~pad).float()
+    mean = masked_mean(adv, keep)
+    var = masked_mean((adv - mean) ** 2, keep) * keep.sum() / (keep.sum() - 1)  # unbiased
+    adv = ((adv - mean) * torch.rsqrt(var + 1e-8)).masked_fill(pad, 0)
+    # the loss
+    new_logprobs = new_logprobs.masked_fill(pad, invalid)
+    vpred = new_values.masked_fill(pad_p1, 0)
+    vpred_clipped = torch.clamp(vpred, values - cliprange_value, values + cliprange_value)
+    vf_loss = 0.5 * masked_mean(torch.max((vpred - returns) ** 2, (vpred_clipped - returns) ** 2),
+                                (~pad_p1).float())
+    ratio = torch.exp(new_logprobs - logprobs)
+    pg_loss = masked_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - cliprange, 1 + cliprange)),
+                          keep)
+    return pg_loss + vf_coef * vf_loss, adv, returns, pg_loss, vf_loss
+
+
+def _ppo_reference_batch(lengths):
+    """moved tiny-random and a tiny-random critic on 6 rows of a 5-token prompt and R = 6: the new
+    log-probs and values with their graph, pi_old's and V_old (the new ones moved by fixed noise, so
+    that both clips act), the reference's log-probs, and scores."""
+    from common.logprobs import token_logprobs
+    from common.models import load_critic, load_policy
+    from trl_steps import moved_policy
+
+    policy, ref_policy, critic = moved_policy(), load_policy("tiny-random"), load_critic("tiny-random")
+    with torch.no_grad():  # a non-zero head, so the critic's body gets gradients
+        critic.head.net[-1].weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(0)
+    N, P, R = len(lengths), 5, 6
+    lengths = torch.tensor(lengths)
+    mask = (torch.arange(R)[None] < lengths[:, None]).long()
+    ids = torch.cat([torch.randint(10, 400, (N, P), generator=g),
+                     torch.randint(10, 400, (N, R), generator=g) * mask], 1)
+    attn = torch.cat([torch.ones(N, P, dtype=torch.long), mask], 1)
+    args = replace(ppo.Args(), temperature=0.7)
+    logprobs, _, values = ppo.forward(policy, critic, ids, attn, R, args)
+    with torch.no_grad():
+        ref_logprobs = token_logprobs(ref_policy, ids, attn, R, args.temperature)[0]
+    old_logprobs = logprobs.detach() + 0.3 * torch.randn(N, R, generator=g)
+    old_values = values.detach() + 0.3 * torch.randn(N, R, generator=g)
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    return (policy, critic, mask, logprobs, values, old_logprobs, old_values, ref_logprobs, scores,
+            lengths)
+
+
+def _both_ppo_losses(lengths, gae_lambda):
+    """ppo.py's loss and TRL 1.12's on one batch, each with its gradient."""
+    from common.numerics import kl_estimate
+
+    (policy, critic, mask, logprobs, values, old_logprobs, old_values, ref_logprobs, scores,
+     lengths) = _ppo_reference_batch(lengths)
+    has_eos = lengths < mask.shape[1]  # a row shorter than R stopped with EOS
+    args = replace(ppo.Args(), beta=0.05, kl_penalty="reward", kl_estimator="k1", gamma=1.0,
+                   gae_lambda=gae_lambda, epsilon=0.2, cliprange_value=0.2, vf_coef=0.1,
+                   missing_eos_penalty=1.0, loss_type="dapo")  # TRL's values, but lambda
+    out = {}
+    rewards = ppo.token_rewards(scores, ~has_eos, mask, args,
+                                kl_estimate(old_logprobs, ref_logprobs, "k1"))
+    adv, ret = ppo.compute_advantages(rewards, old_values, mask, args)
+    norm = ppo.loss_normaliser(mask, args, world_size=1)
+    pg, _ = ppo.policy_loss(logprobs, old_logprobs, adv, mask, norm, args)
+    vf, _ = ppo.value_loss(values, old_values, ret, mask, norm, args)
+    trl = trl_112_ppo(old_logprobs, ref_logprobs, old_values, scores, lengths, has_eos, logprobs,
+                      values, kl_coef=0.05, gamma=1.0, lam=gae_lambda, cliprange=0.2,
+                      cliprange_value=0.2, vf_coef=0.1, missing_eos_penalty=1.0)
+    for name, (loss, a, r, p, v) in {"mathrl": (pg + 0.1 * vf, adv, ret, pg, vf), "trl": trl}.items():
+        policy.zero_grad()
+        critic.zero_grad()
+        p.backward(retain_graph=True)
+        pg_grad = torch.cat([q.grad.flatten() for q in policy.parameters()])
+        critic.zero_grad()
+        v.backward(retain_graph=True)
+        vf_grad = torch.cat([q.grad.flatten() for q in critic.parameters()])
+        out[name] = dict(loss=loss.item(), adv=a.detach(), ret=r.detach(), pg=p.item(), vf=v.item(),
+                         pg_grad=pg_grad, vf_grad=vf_grad)
+    return out, mask, values.detach(), old_values, scores, lengths
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_the_loss_and_gradient_equal_trl_112s_ppo_when_every_response_is_cut():
+    # every row sampled all R tokens without EOS: TRL's extra state past the last token does not
+    # exist, so at TRL's lambda 0.95 all of it is the same, the missing-EOS penalty included
+    out, mask, *_ = _both_ppo_losses([6, 6, 6, 6, 6, 6], gae_lambda=0.95)
+    ours, trl = out["mathrl"], out["trl"]
+    keep = mask.bool()
+    torch.testing.assert_close(ours["adv"][keep], trl["adv"][keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours["ret"][keep], trl["ret"][keep], rtol=1e-5, atol=1e-5)
+    assert ours["loss"] == pytest.approx(trl["loss"], rel=1e-5)
+    assert _rel(ours["pg_grad"], trl["pg_grad"]) < 1e-5 and _rel(ours["vf_grad"], trl["vf_grad"]) < 1e-5
+
+
+def test_against_trl_112s_ppo_responses_that_stop_differ_only_by_trls_state_past_the_eos():
+    # TRL puts the score one column past a stopped row's EOS and trains the value of that state
+    # too (its return is the score); ppo.py ends the episode at the EOS. At gamma = lambda = 1 the
+    # advantages, returns and the policy loss with its gradient are the same; the value loss is
+    # TRL's over n tokens plus one state per stopped row, which this test adds by hand.
+    lengths = [6, 3, 4, 1, 6, 2]  # rows 1, 2, 3 and 5 stop with EOS before column R - 1
+    out, mask, values, old_values, scores, lengths = _both_ppo_losses(lengths, gae_lambda=1.0)
+    ours, trl = out["mathrl"], out["trl"]
+    keep = mask.bool()
+    torch.testing.assert_close(ours["adv"][keep], trl["adv"][keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours["ret"][keep], trl["ret"][keep], rtol=1e-5, atol=1e-5)
+    assert ours["pg"] == pytest.approx(trl["pg"], rel=1e-5)
+    assert _rel(ours["pg_grad"], trl["pg_grad"]) < 1e-5
+    stopped = [k for k in range(6) if lengths[k] < 6]
+    extra = 0.0  # the states past the EOS: return = the score, V_old there clips the new value
+    for k in stopped:
+        L = lengths[k].item()
+        v, v_old = values[k, L], old_values[k, L]
+        clipped = v_old + (v - v_old).clamp(-0.2, 0.2)
+        extra += 0.5 * max((v - scores[k]) ** 2, (clipped - scores[k]) ** 2).item()
+    n = mask.sum().item()
+    assert trl["vf"] == pytest.approx((ours["vf"] * n + extra) / (n + len(stopped)), rel=1e-5)
+    assert abs(trl["vf"] - ours["vf"]) > 1e-3  # the difference is real on this batch

@@ -56,16 +56,21 @@ def test_bad_backup_two_steps_of_three_tokens_by_hand():
     dones = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
     adv, ret = tppo.compute_advantages(rewards, values, mask, torch.tensor([0.4, 2.0]), dones,
                                        gamma=0.5, lam=0.8)
-    # env 0, step 1: last  d = 1.0 + 0.5*0.4 - 0.7 = 0.5                 A = 0.5
-    #                 j=1   d = 0.7 - 0.6 = 0.1                           A = 0.1 + 0.8*0.5 = 0.5
-    #                 j=0   d = 0.6 - 0.5 = 0.1                           A = 0.5
-    #        step 0: last  d = 0.2 + 0.5*V(step 1, token 0)=0.5*0.5 - 0.3 = 0.15
-    #                                                                      A = 0.15 + 0.5*0.8*0.5 =
-    # 0.35                 j=1   d = 0.1   A = 0.1 + 0.8*0.35 = 0.38 ;  j=0  d = 0.1   A = 0.1 +
-    # 0.8*0.38 = 0.404 env 1, step 1: last  d = 0 + 0.5*2.0 - 0.8 = 0.2  A = 0.2 ; j=1  A = 0.4 +
-    # 0.8*0.2 = 0.56 ; j=0  A = 0.2 + 0.8*0.56 = 0.648        step 0 (its episode ends, m = 0): last
-    # is j=1   d = 1.0 - 0.6 = 0.4   A = 0.4 (no bootstrap, no carry)                 j=0   d = 0.6
-    # - 0.3 = 0.3   A = 0.3 + 0.8*0.4 = 0.62 ; the padding gets 0
+    # OpenR's BAD backup, by hand (d: the token's TD error; inside a step no reward and no discount,
+    # A_j = d_j + lam A_j+1; the step's last token takes the reward, gamma and the next step's first
+    # value, A = d + gamma lam m A_next, m = 0 where the episode ends):
+    #   env 0, step 1: last  d = 1.0 + 0.5*0.4 - 0.7 = 0.5              A = 0.5
+    #                  j=1   d = 0.7 - 0.6 = 0.1                        A = 0.1 + 0.8*0.5 = 0.5
+    #                  j=0   d = 0.6 - 0.5 = 0.1                        A = 0.5
+    #          step 0: last  d = 0.2 + 0.5*0.5 - 0.3 = 0.15             A = 0.15 + 0.5*0.8*0.5 = 0.35
+    #                  j=1   d = 0.1                                    A = 0.1 + 0.8*0.35 = 0.38
+    #                  j=0   d = 0.1                                    A = 0.1 + 0.8*0.38 = 0.404
+    #   env 1, step 1: last  d = 0 + 0.5*2.0 - 0.8 = 0.2                A = 0.2
+    #                  j=1   d = 0.8 - 0.4 = 0.4                        A = 0.4 + 0.8*0.2 = 0.56
+    #                  j=0   d = 0.4 - 0.2 = 0.2                        A = 0.2 + 0.8*0.56 = 0.648
+    #          step 0 (its episode ends, m = 0): the last is j=1, d = 1.0 - 0.6 = 0.4, A = 0.4
+    #                  j=0   d = 0.6 - 0.3 = 0.3                        A = 0.3 + 0.8*0.4 = 0.62
+    #                  the padding gets 0
     torch.testing.assert_close(adv, torch.tensor([[[0.404, 0.38, 0.35], [0.5, 0.5, 0.5]],
                                                   [[0.62, 0.4, 0.0], [0.648, 0.56, 0.2]]]))
     torch.testing.assert_close(ret, (adv + values) * mask)
