@@ -174,6 +174,11 @@ def loss_normaliser(loss_mask, args, world_size):
     return (all_reduce_sum(pairs) / world_size).clamp(min=1).item()
 
 
+# the statistics of the pairs, logged as NaN (null in metrics.jsonl) on an update without a pair
+PAIR_STATS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+              "logps/chosen", "logps/rejected", "pg_loss", "entropy", "kl_ref")
+
+
 def dpo_loss(logprobs, ref_logprobs, loss_mask, weights, normaliser, args):
     """logprobs, ref_logprobs, loss_mask [2b, R]: the chosen and the rejected response of each pair,
     in turn; weights [b]: 1 for a pair, 0 for one that only keeps ranks in step. -> this
@@ -316,7 +321,7 @@ def main(args):
                     "reward": scores[k].item(), "chosen": k in chosen[:P].tolist(),
                     "rejected": k in rejected[:P].tolist()}
                    for k in range(0, N, max(1, N // 8))]
-        run.log(step + 1, metrics, stats, samples)
+        run.log(step + 1, metrics, stats, samples, stat_keys=PAIR_STATS)
         run.end_update(step + 1)
     return run.finish()
 

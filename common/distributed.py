@@ -80,6 +80,18 @@ def all_reduce_mean(metrics, device=torch.device("cpu")):
     return {k: v / dist.get_world_size() for k, v in zip(keys, t.tolist())}
 
 
+def all_reduce_stats(stats, keys=(), device=torch.device("cpu")):
+    """Micro-batch statistics (a list of dicts) -> each key's mean over every rank's dicts that hold
+    it, NaN where none does. Ranks may hold different keys (online DPO's rank whose pairs all have
+    weight 0 measures nothing), so their union is gathered first; `keys` are always logged."""
+    names = set(keys).union(*stats)
+    names = sorted(set().union(*all_gather_objects(sorted(names))))
+    sums = torch.tensor([[sum(s[k] for s in stats if k in s), sum(k in s for s in stats)]
+                         for k in names], dtype=torch.float64, device=device).reshape(-1, 2)
+    sums = all_reduce_sum(sums).tolist()
+    return {k: total / count if count else float("nan") for k, (total, count) in zip(names, sums)}
+
+
 def all_reduce_sum(x):
     """Tensor summed over ranks (in place), e.g. a global token count for a loss denominator."""
     if dist.is_initialized() and dist.get_world_size() > 1:

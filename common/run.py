@@ -28,11 +28,11 @@ import torch
 
 from common.checkpoints import resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
-from common.distributed import (all_gather_objects, all_reduce_mean, init_distributed, print0,
-                                set_seed)
+from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
+                                init_distributed, print0, set_seed)
 from common.evaluation import evaluate
 from common.grader import grader_counts
-from common.logger import Logger, every, mean_of, report_end
+from common.logger import Logger, every, report_end
 from common.sharding import load_optimizer_state
 
 
@@ -165,10 +165,11 @@ class Run:
         count, self._timeouts = now - self._timeouts, now
         return count
 
-    def log(self, step, metrics, stats=(), samples=()):
-        """One update's line of metrics.jsonl: `metrics` (this rank's numbers) and the mean of the
-        micro-batches' `stats`, averaged over ranks, with the steps the guard skipped. Every
-        --log_interval updates (and after the first) `samples` go to samples.jsonl."""
+    def log(self, step, metrics, stats=(), samples=(), stat_keys=()):
+        """One update's line of metrics.jsonl: `metrics` (this rank's numbers) averaged over ranks,
+        the mean of every rank's micro-batch `stats` (`stat_keys` logged as NaN where no micro-batch
+        measured them), and the steps the guard skipped. Every --log_interval updates (and after the
+        first) `samples` go to samples.jsonl."""
         # the first update's cost sets the micro-batches of the rest (measured once)
         if self.fit is not None and self.fit.tokens is None:
             grads = sum(p.numel() * p.element_size() for module, _ in self.optimizers.values()
@@ -177,7 +178,8 @@ class Run:
                 self.print(f"micro-batches of up to {self.fit.tokens} tokens from update "
                            f"{step + 1} on: {self.fit.fraction:.0%} of free GPU memory "
                            "(--micro_batch_size sets a number of rows)")
-        metrics = all_reduce_mean({**metrics, **mean_of(stats)}, self.device)
+        metrics = {**all_reduce_mean(metrics, self.device),
+                   **all_reduce_stats(stats, stat_keys, self.device)}
         metrics["skipped_steps"] = self.guard.pop()
         self.logger.log(step, metrics)
         if step % self.args.log_interval == 0 or step == 1:

@@ -6,7 +6,9 @@
 - "lowercase": the fraction of the response's characters that are lowercase ASCII letters, which the
   tiny random
   model can learn to raise within a few dozen updates (the learning tests);
-- "nan_at:K": the length reward, except NaN for the K-th response graded in this process (0-based).
+- "nan_at:K": the length reward, except NaN for the K-th response graded in this process (0-based);
+- "tie_on_rank:K": the length reward, except 0.5 for every response of rank K (under torchrun), so
+  that its prompts all tie; "tie": 0.5 everywhere.
 
 usage: TEST_REWARD=lowercase python tests/run_with_test_reward.py grpo --model_name_or_path
 tiny-random ... (torchrun works too)
@@ -36,6 +38,8 @@ def test_reward(action, count=True):
         return float("A" <= action[:1] <= "Z")
     if mode.startswith("nan_at:") and GRADED[0] - 1 == int(mode.split(":")[1]):
         return float("nan")
+    if mode == "tie" or mode == f"tie_on_rank:{os.environ.get('RANK', '0')}":
+        return 0.5
     return (len(action) % 5) / 4
 
 

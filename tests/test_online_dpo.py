@@ -172,6 +172,44 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     assert [m["grad_norm"] for m in m2] == pytest.approx([m["grad_norm"] for m in m1], rel=1e-3)
 
 
+def test_an_update_without_a_pair_logs_its_pair_statistics_as_null_and_takes_no_step(tmp_path):
+    # every response scores 0.5: no prompt gives a pair, so nothing is measured and nothing moves
+    run([sys.executable, "tests/run_with_test_reward.py", "online_dpo", *TINY, "--max_steps", "1",
+         "--no_eval_on_start", "--output_dir", str(tmp_path)], env={**os.environ, "TEST_REWARD": "tie"})
+    (line,) = metrics(tmp_path)
+    assert line["pairs/frac"] == 0.0 and line["grad_norm"] == 0.0
+    assert {k: line[k] for k in online_dpo.PAIR_STATS} == dict.fromkeys(online_dpo.PAIR_STATS)
+    from common.models import tiny_random_model
+
+    start, end = tiny_random_model().state_dict(), params(tmp_path / "checkpoint-1")
+    assert all(torch.equal(start[k], end[k]) for k in end)
+
+
+def test_the_pair_statistics_are_the_keys_the_update_measures():
+    # PAIR_STATS (what an update without a pair logs as null) names what dpo_loss and the loop log
+    args = online_dpo.Args()
+    logprobs = torch.tensor([[-1.0, -2.0], [-3.0, -1.0]])
+    _, stats = online_dpo.dpo_loss(logprobs, logprobs - 0.1, torch.ones(2, 2), torch.ones(1), 1.0,
+                                   args)
+    assert set(online_dpo.PAIR_STATS) == {*stats, "entropy", "kl_ref"}
+
+
+def test_a_rank_without_a_pair_of_its_own_neither_hangs_nor_dilutes_the_statistics(tmp_path):
+    # rank 1's prompts all tie: it runs only pairs of weight 0 and measures nothing, so the logged
+    # statistics are rank 0's pairs alone, those of one process on rank 0's two prompts (a key
+    # missing on one rank used to hang the mean over ranks)
+    common = ["tests/run_with_test_reward.py", "online_dpo", *TINY, "--max_steps", "1",
+              "--temperature", "1.0", "--no_eval_on_start"]
+    run([sys.executable, *common, "--num_prompts", "2", "--output_dir", str(tmp_path / "one")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TEST_REWARD": "tie_on_rank:1"}
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         "29534", *common, "--output_dir", str(tmp_path / "two")], env=env)
+    (one,), (two,) = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert one["pairs/frac"] > 0 and two["pairs/frac"] == pytest.approx(one["pairs/frac"] / 2)
+    for k in online_dpo.PAIR_STATS:
+        assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
+
+
 def test_resume_continues_exactly(tmp_path):
     common = ["tests/run_with_test_reward.py", "online_dpo", *TINY, "--learning_rate", "1e-3",
               "--no_eval_on_start", "--num_eval_problems", "0"]

@@ -496,6 +496,16 @@ def test_log_lines_are_strict_json_with_non_finite_values_null_and_counted(tmp_p
     assert json_line({"step": 3, "x": 0.5}) == '{"step": 3, "x": 0.5}'
 
 
+def test_micro_batch_statistics_average_where_measured_and_are_nan_where_not():
+    # one process: the mean over the micro-batches that hold each key; a named key nothing measured
+    # is NaN (null in the log). Two ranks with different keys: tests/test_online_dpo.py.
+    from common.distributed import all_reduce_stats
+
+    out = all_reduce_stats([{"a": 1.0, "b": 2.0}, {"a": 4.0}], keys=("a", "c"))
+    assert out["a"] == 2.5 and out["b"] == 2.0 and math.isnan(out["c"]) and len(out) == 3
+    assert all_reduce_stats([]) == {}
+
+
 def test_without_tensorboard_the_logger_names_the_extra_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
     logger = Logger(run_args(tmp_path))
