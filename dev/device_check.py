@@ -135,8 +135,11 @@ def _stage_plan(name, tiny, work):
     if tiny and name in WAYS:  # that the launch works, at the least work
         run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "2",
                 "--num_prompts", "2", "--num_generations", "2", "--max_new_tokens", "8"]
-    elif tiny:
-        run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "8"]
+    elif tiny:  # bf16 on a CPU is slow: small batches (grpo_big sets its own below)
+        run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "8",
+                "--max_new_tokens", "8"]
+        run += (["--num_envs", "2"] if name in ("appo", "tppo") else
+                ["--num_prompts", "2", "--num_generations", "2"])
     if name in WAYS:
         run += ["--max_steps", "1" if tiny else "3", "--no_eval_on_start"]
         run += {"fsdp": ["--fsdp"], "lora": ["--lora_r", "16"],
@@ -380,6 +383,8 @@ def main():
                 status, lines = run_process(cmd, min(cap, left), why, log)
                 results[name] = {"status": status, "command": " ".join(cmd[1:])}
                 results[name]["figures"] = figures_of(name, lines, work)
+                if "exit" in results[name]["figures"]:  # the file's own one-line error
+                    results[name]["status"] = f"failed: {results[name]['figures']['exit']}"
             results[name]["seconds"] = time.perf_counter() - t0
             log.flush()
             (out / "device_check.json").write_text(json.dumps(results, indent=1))
