@@ -4,7 +4,6 @@ torchrun with 2 CPU processes, resume, the OpenR command line, LoRA)."""
 
 import json
 import os
-import subprocess
 import sys
 from contextlib import nullcontext
 from dataclasses import fields, replace
@@ -21,6 +20,7 @@ from common.checks import StepGuard
 from common.logprobs import token_logprobs
 from common.models import ValueHead, load_policy
 from common.sampler import Generation
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "6", "--num_envs", "2",
@@ -33,7 +33,7 @@ def run(cmd, env=None):
     # one thread: the tiny model is fastest that way, and two threads on a busy 2-core machine can
     # be 50x slower
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

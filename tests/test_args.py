@@ -16,6 +16,7 @@ import pytest
 from common.algorithms import ALGORITHMS
 from common.args import field_docs, lr_at, parse_args, schedule
 from common.seed_flags import ALIASES
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +169,6 @@ def test_epochs_and_warmup_ratio_once_the_data_is_read():
 def test_a_resumed_run_continues_the_schedule(algo, tmp_path):
     # 3 updates straight against 2 + a resume: the logged learning rates agree, and follow the
     # cosine
-    import subprocess
     import sys
 
     common = ["tests/run_with_test_reward.py", algo, "--model_name_or_path", "tiny-random",
@@ -179,9 +179,8 @@ def test_a_resumed_run_continues_the_schedule(algo, tmp_path):
               "--learning_rate",
               "1e-3"]
     for out, steps in (("straight", ["3"]), ("split", ["2"]), ("split", ["3", "--resume"])):
-        subprocess.run([sys.executable, *common, "--max_steps", *steps, "--output_dir",
-                        str(tmp_path / out)],
-                       cwd=ROOT, check=True, capture_output=True)
+        warm.run([sys.executable, *common, "--max_steps", *steps, "--output_dir",
+                  str(tmp_path / out)], cwd=ROOT, check=True, capture_output=True, text=True)
     lrs = {out: [json.loads(x)["lr"] for x in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
            for out in ("straight", "split")}
     # update 0: warmup 1e-3; then cosine over the 2 remaining updates: 1e-3 (p = 0), 5e-4 (p = 1/2)

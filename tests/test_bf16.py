@@ -8,7 +8,6 @@ import importlib
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from safetensors.torch import load_file
 
 import char_model
 from common.algorithms import ALGORITHMS
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = {"grpo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
@@ -41,7 +41,7 @@ def test_one_bf16_update(algo, model, tmp_path):
            "--learning_rate", "1e-3", "--temperature", "1.0", "--output_dir", str(tmp_path),
            *BATCH[algo]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TEST_REWARD": "lowercase"}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert line["skipped_steps"] == 0 and line["grad_norm"] > 0 and math.isfinite(line["grad_norm"])

@@ -170,6 +170,17 @@ def test_the_docs_count_the_algorithm_files_and_their_lines_right():
     assert stale_counts(texts) == []
 
 
+def test_the_readme_counts_the_slow_tests_right():
+    from conftest import COLLECTED
+
+    if COLLECTED["files"] != {p.name for p in (ROOT / "tests").glob("test_*.py")}:
+        pytest.skip("only part of the suite was collected")
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+             "ten", "eleven", "twelve"]
+    said = re.search(r"(\w+) long runs are marked `slow`", (ROOT / "README.md").read_text())
+    assert said and words.index(said.group(1).lower()) == len(COLLECTED["slow"]), COLLECTED["slow"]
+
+
 def test_a_planted_stale_count_fails():
     n, grpo_lines = len(ALGORITHMS), len((ROOT / "grpo.py").read_text().splitlines())
     texts = {"docs/x.md": f"One name in all {WORDS[n - 1]}\n  files, `grpo.py` is {grpo_lines} "

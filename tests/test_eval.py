@@ -3,7 +3,6 @@ and the real GSM8K / MATH-500 reference solutions), and end-to-end runs on a tin
 process, torchrun)."""
 
 import json
-import subprocess
 import sys
 from dataclasses import fields, replace
 from fractions import Fraction
@@ -17,13 +16,14 @@ from common.env import make_env
 from common.evaluation import evaluate
 from common.errors import UserError
 from common.models import load_policy, load_tokenizer, tiny_random_model
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 
 
 def run(cmd, **kw):
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -133,9 +133,9 @@ def test_bad_arguments_fail_with_the_fix(change, message):
 
 
 def test_a_dataset_name_it_cannot_read_is_one_line_naming_what_it_takes(tmp_path):
-    out = subprocess.run([sys.executable, "eval.py", "--model_name_or_path", "tiny-random",
-                          "--dataset_name", "aime", "--output", str(tmp_path / "e.jsonl")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = warm.run([sys.executable, "eval.py", "--model_name_or_path", "tiny-random",
+                    "--dataset_name", "aime", "--output", str(tmp_path / "e.jsonl")],
+                   cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("error: --dataset_name 'aime': not a task (arithmetic, countdown, "
                                  "gsm8k, math), a MATH subject (prealgebra, algebra, "), out.stderr

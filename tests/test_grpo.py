@@ -4,7 +4,6 @@ model (single process, torchrun with 2 CPU processes, resume)."""
 import json
 import math
 import os
-import subprocess
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from common.args import field_docs
 from common.logprobs import token_logprobs
 from common.errors import PathError
 from trl_steps import a_batch, moved_policy, trl_training_step
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -26,7 +26,7 @@ TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_e
 
 
 def run(cmd, **kw):
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

@@ -17,13 +17,13 @@ happens to sample; that needs a large learning rate (5e-2; at 1e-2 nothing moves
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from common.algorithms import ALGORITHMS
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, and its updates
@@ -43,8 +43,8 @@ def test_reward_rises_to_near_1(algo, tmp_path):
            "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0", "--temperature", "1.0",
            "--learning_rate", "5e-2",
            "--output_dir", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TEST_REWARD": "first_upper"})
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                   env={**os.environ, "TEST_REWARD": "first_upper"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # logged by every file

@@ -5,13 +5,13 @@ finished is not run again; the plot command runs on it)."""
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from common.algorithms import ALGORITHMS
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -60,7 +60,7 @@ def test_one_tiny_run_through_the_script_and_no_rerun(tmp_path):
                "--files", "grpo", "--grpo_seeds", "3", "--", "--model_name_or_path", "tiny-random",
                "--max_steps", "1", "--num_prompts", "2", "--num_generations", "2",
                "--max_new_tokens", "8", "--num_eval_problems", "4"]
-    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    first = warm.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = tmp_path / "harder" / "grpo-seed3"
     record = json.loads((run_dir / "run.json").read_text())
@@ -79,7 +79,7 @@ def test_one_tiny_run_through_the_script_and_no_rerun(tmp_path):
     else:
         assert "pip install matplotlib" in first.stderr
     # finished runs are kept: a second call only rewrites the table
-    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    second = warm.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and "harder / grpo / seed 3" not in second.stdout
     assert json.loads((run_dir / "run.json").read_text()) == record
 

@@ -5,7 +5,6 @@ the verifier's scores, pairs of weight 0 that keep ranks in step, and end-to-end
 import json
 import math
 import os
-import subprocess
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from safetensors.torch import load_file
 
 import online_dpo
 from common.args import field_docs
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -24,7 +24,7 @@ TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_e
 
 
 def run(cmd, **kw):
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

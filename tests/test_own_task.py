@@ -6,7 +6,6 @@ import json
 import math
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from common.errors import PathError, UsageError
 from common.rewards import load_reward_fn
 from common.tasks import TASKS, Task, register
 from grpo import Args
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own_task"
@@ -247,8 +247,8 @@ def test_every_command_of_the_page_runs(tmp_path):
         else:
             quick += ["--max_steps", "1", "--num_eval_problems", "4", "--output_dir",
                       str(tmp_path / f"run{k}")]
-        out = subprocess.run([sys.executable, *argv, *quick], cwd=ROOT, capture_output=True,
-                             text=True, timeout=600)
+        out = warm.run([sys.executable, *argv, *quick], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
         assert out.returncode == 0, (argv, out.stdout[-2000:], out.stderr[-2000:])
     line = json.loads((tmp_path / "run0" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"rewards/verifier/mean", "rewards/names_the_unit/mean"} <= set(line)
@@ -264,7 +264,7 @@ def test_the_examples_own_reward_rises(tmp_path):
            "--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
            "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0",
            "--temperature", "1.0", "--learning_rate", "5e-2", "--output_dir", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rewards = [x["rewards/starts_with_capital/mean"] for x in lines]

@@ -5,7 +5,6 @@ with 2 CPU processes, resume, the shared critic)."""
 import json
 import math
 import os
-import subprocess
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from common import env as envlib
 from common.args import field_docs, parse_args
 from common.numerics import explained_variance, masked_whiten
 from common.errors import PathError
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -26,7 +26,7 @@ TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_e
 
 
 def run(cmd, **kw):
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

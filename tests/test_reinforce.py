@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from common.models import load_tokenizer
 from common.stepwise import calculator, play_episodes, sample_line
 from common.tasks import TASKS, load_few_shot
 from common.errors import PathError
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -36,7 +36,7 @@ LN = {x: replace(reinforce.Args(), length_normalize=x) for x in (True, False)}  
 
 
 def run(cmd, **kw):
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

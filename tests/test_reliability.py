@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from common.checks import StepGuard, check_rewards
 from common.logger import Logger, json_line
 from common.models import load_tokenizer, tiny_random_model
 from common.errors import PathError, UsageError
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -29,7 +29,9 @@ TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_e
 
 
 def run(cmd, ok=True, **kw):
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+    # a run meant to fail under torchrun is read for torchrun's own report: the real launcher
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                   real_torchrun=not ok, **kw)
     assert (out.returncode == 0) == ok, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -539,9 +541,9 @@ def test_killed_at_random_moments_and_resumed_ends_like_an_uninterrupted_run(alg
     sys.path.insert(0, str(ROOT / "bench"))
     from kill_resume import kill_and_resume
 
-    # 8 updates, a checkpoint after each (bench/kill_resume.py makes 20 kills in 84 updates)
-    summary = kill_and_resume(algo, kills=3, max_steps=8, seed=0, out=tmp_path)
-    assert summary["kills"] == 3 and summary["crashes"] == []
+    # 6 updates, a checkpoint after each (bench/kill_resume.py makes 20 kills in 84 updates)
+    summary = kill_and_resume(algo, kills=2, max_steps=6, seed=0, out=tmp_path)
+    assert summary["kills"] == 2 and summary["crashes"] == []
     assert summary["max_abs_weight_diff"] == 0.0
     assert summary["logs_match"] == {"metrics.jsonl": True, "eval.jsonl": True,
                                      "samples.jsonl": True}

@@ -11,13 +11,13 @@ its translations.
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import char_model
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,9 +28,8 @@ def model(tmp_path_factory):
 
 
 def run(algo, argv, cwd):
-    out = subprocess.run([sys.executable, str(ROOT / f"{algo}.py"), *argv, "--max_steps", "1"],
-                         cwd=cwd,
-                         capture_output=True, text=True, timeout=600)
+    out = warm.run([sys.executable, str(ROOT / f"{algo}.py"), *argv, "--max_steps", "1"],
+                   cwd=cwd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 

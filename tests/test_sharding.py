@@ -23,6 +23,7 @@ from common.models import load_policy, load_tokenizer, tiny_random_model
 from common.sampler import encode_prompts
 from common.sharding import AdapterOff, add_lora, shard
 from sampling import fast_generate
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def run(argv, processes=1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                "--master_port", str(free_port()), TINY[0], argv[0], *TINY[1:], *argv[1:], "--fsdp"]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
