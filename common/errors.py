@@ -40,8 +40,9 @@ def _print_user_errors(kind, error, traceback):
     if rank != "0":
         # An option error stops every rank at once, and rank 0 says why: torchrun ends the others
         # during this pause, so the message is printed once. An error of this rank alone (a NaN
-        # reward in its batch) outlives the pause and is printed, naming the rank.
-        time.sleep(2.0)
+        # reward in its batch) outlives the pause and is printed, naming the rank. 2 s was too
+        # short for rank 0's exit on a busy machine, and the message came twice.
+        time.sleep(10.0)
         print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
         return
     print(f"error: {error}", file=sys.stderr, flush=True)

@@ -39,7 +39,8 @@ def test_a_forked_run_gives_what_python_gives(tmp_path, mode):
     env = {**os.environ, "TEST_REWARD": "tie"}
     forked = warm.run(cmd, cwd=tmp_path / "here", env=env, capture_output=True, text=True)
     real = subprocess.run(cmd, cwd=tmp_path / "here", env=env, capture_output=True, text=True)
-    assert forked.returncode == real.returncode == {"ok": 0, "message": 1, "code": 3, "raise": 1}[mode]
+    code = {"ok": 0, "message": 1, "code": 3, "raise": 1}[mode]
+    assert forked.returncode == real.returncode == code
     assert forked.stdout == real.stdout == f"argv ['{mode}'] cwd here reward tie\n"
     # the traceback names the same lines; only the frames above the script's differ (runpy's)
     assert forked.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
@@ -75,7 +76,9 @@ if sys.argv[1] == "fail" and rank == 1:
     sys.exit("error (rank 1): bad here")
 x = torch.tensor([float(rank + 1)])
 dist.all_reduce(x)  # rank 0 waits here for a failed rank 1 until it is stopped
-print(f"rank {rank} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']}: {x.item()}")
+# one write (print makes two, which the other rank's can come between)
+local = os.environ["LOCAL_RANK"]
+sys.stdout.write(f"rank {rank} of {dist.get_world_size()} local {local}: {x.item()}\n")
 dist.destroy_process_group()
 '''
 

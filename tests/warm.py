@@ -1,4 +1,4 @@
-"""`subprocess.run` for the tests' `python X.py ...` and `torchrun` runs, forked from a warm process.
+"""`subprocess.run` for the tests' `python X.py` and `torchrun` runs, forked from a warm process.
 
 Most of a tiny end-to-end run is Python importing torch and transformers (about 8 of the 13 s of
 three grpo.py updates on tiny-random). So each pytest worker starts one *warm* process that imports
