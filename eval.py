@@ -64,6 +64,7 @@ from common.grader import normalize
 from common.models import check_model_name, load_policy, load_tokenizer
 from common.sampler import encode_prompts, generate
 from common.tasks import TASKS, read_rows, rename_fields
+from common.tasks import grade as task_grade
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -243,7 +244,7 @@ def summarize(records, ks):
 def grade(task, response, gold):
     """The task's verifier on one response: what env.score gives, for rows that are not in an
     env."""
-    reward, pred, format_ok = TASKS[task].grade(response, gold)
+    reward, pred, format_ok = task_grade(TASKS[task], response, gold)
     return {"response": response, "reward": reward, "correct": reward == 1.0, "pred": pred,
             "format_ok": format_ok}
 

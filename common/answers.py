@@ -15,7 +15,8 @@ import operator
 import re
 from fractions import Fraction
 
-from common.grader import ascii_lookalikes, has_hedge, last_boxed, unicode_math
+from common.grader import (MALFORMED_NUMBER, ascii_lookalikes, doubts, has_hedge,
+                           has_value_word, last_boxed, math_equal, unicode_math)
 
 # ------------------------------------------------------------------------------------------------
 # Safe arithmetic
@@ -84,15 +85,20 @@ def _arith(node: ast.AST, src: str, powers: bool = False) -> Fraction:
 # 1,000 (thousands separators only), 18, 18.5, -3, .5; "18." matches as 18. ASCII digits only: text
 # is passed through ascii_lookalikes first, so other scripts' digits are already 0-9.
 _NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|-?\.[0-9]+")
-ANSWER_IS = re.compile(r"the (?:final )?answer is", re.IGNORECASE)
+# "The (final) answer is" and "Final answer:" ("**Final Answer:** 18"). A bare "Answer:" is not
+# one: the plain template's prompts end with it, and a base model that runs on writes the next.
+ANSWER_IS = re.compile(r"the (?:final )?answer is|\bfinal answer\W{0,4}:", re.IGNORECASE)
+# Every answer marker of a GSM8K-style answer, and of a MATH one (MATH has no ####)
+MARKERS = re.compile(r"\\boxed|\\fbox|####|" + ANSWER_IS.pattern, re.IGNORECASE)
+MATH_MARKERS = re.compile(r"\\boxed|\\fbox|" + ANSWER_IS.pattern, re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\n|[.!?](?=\s|\Z)")  # the '.' of 18.5 is no sentence end
-# Words that add a number (or multiply one): "18 million", "18 and a half", "18k", "3 times 6"
-_NUMBER_WORDS = frozenset("""
-    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
-    sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
-    hundred hundreds thousand thousands million millions billion billions trillion dozen dozens half
-    halves quarter quarters third thirds twice double triple times k bn mn squared cubed
-""".split())
+# Abbreviated scales, beside the words of grader.VALUE_WORDS ("18 million", "5 lakh", "3 times 6")
+_SCALES = frozenset(["k", "bn", "mn"])
+# Two plain numbers joined by a dash and nothing else: a range ("3-5 apples"), not a subtraction
+_RANGE = re.compile(r"\$?[0-9][0-9,.]*\s*-\s*\$?[0-9][0-9,.]*(?:\s*[A-Za-z%][A-Za-z%'\s]*)?")
+_LEADING = re.compile(r"^(?:[:=$€£¥₹*\s]|\\\(|\\\[|\\\$)+")
+_FILLER = re.compile(r"^(?:therefore|thus|so|then|simply|just|clearly|indeed)\b[\s,:]*",
+                     re.IGNORECASE)
 _UNIT_TAIL = re.compile(r"[A-Za-z%'\-/,()*\s]*")  # what may follow the value: words and %, no digit
 
 
@@ -174,29 +180,29 @@ def _side_value(side: str) -> Fraction | None:
     return _safe_eval(expr, powers=True)
 
 
-def answer_value(span: str) -> Fraction | None:
-    """The exact value of a final-answer span, or None if it is not exactly one value.
+def _strip_end(s: str) -> str:
+    """s without trailing punctuation, spaces, \\) and \\] (a regex is quadratic in spaces)."""
+    while (t := s.rstrip(".,;:!?$€°* \t\n\r").removesuffix("\\)").removesuffix("\\]")) != s:
+        s = t
+    return s
 
-    One value: a number or an arithmetic expression of numbers (+ - * / x × ÷ ^, parentheses,
-    \\frac, \\cdot, \\times, 1,000, $, 7e2), then unit words at most. `x = 18` and `total = 18` name
-    it; a chain `2*9 = 18` must agree on every side. Not one value: a hedge word ("or", "not",
-    "about", ...), a number word ("million", "half"), ≈ or ~, another number after the units, a list
-    ("3, 4").
-    """
+
+def answer_value(span: str) -> Fraction | None:
+    """The exact value of a span if it is one value (1,000, $18, 2*9 = 18, x = 18, then units), else
+    None: a hedge ("or", "I think"), number word, ≈, range ("3-5") or malformed number (0x12)."""
     s = span.strip()
+    if len(s) > 4 * MAX_ARITH_LEN:  # no answer is this long, and every scan below stays short
+        return None
     for _ in range(5):  # leading ': = $ € £ **' and trailing punctuation, in any order
-        s = re.sub(r"^(?:[:=$€£¥₹*\s]|\\\(|\\\[|\\\$)+|(?:[.,;:!?$€°*\s]|\\\)|\\\])+$", "", s)
-        # "the answer is therefore 18"
-        s = re.sub(r"^(?:therefore|thus|so|then|simply|just|clearly|indeed)\b[\s,:]*", "", s,
-                   flags=re.IGNORECASE)
+        s = _strip_end(_LEADING.sub("", s))
+        s = _FILLER.sub("", s)  # "the answer is therefore 18"
     # 30°, 18 m^2 (18 m² reads so): a degree sign and a squared unit go with the units
     s = re.sub(r"\b(m|cm|mm|km|ft|in|yd|mi|units?|meters?|feet|inches)\^\{?[23]\}?", r"\1", s)
     s = s.replace("°", " ")
     approximate = re.search(r"[~≈±]|\\(?:approx|sim|pm)(?![a-zA-Z])", s)
-    if not s or len(s) > MAX_ARITH_LEN or has_hedge(s) or approximate:
-        return None
-    words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", s).lower())
-    if any(w in _NUMBER_WORDS for w in words):
+    scales = _SCALES.intersection(re.findall(r"[a-z]+", s.lower()))
+    if (not s or len(s) > MAX_ARITH_LEN or has_hedge(s) or approximate or has_value_word(s)
+            or scales or MALFORMED_NUMBER.search(s) or _RANGE.fullmatch(s)):
         return None
     sides = _to_python_arith(s).split("=")
     if len(sides) > 1 and re.fullmatch(r"\s*[A-Za-z][A-Za-z_'\s]*", sides[0]):  # x = 18, total = 18
@@ -209,9 +215,13 @@ def answer_value(span: str) -> Fraction | None:
 
 # Words that make "the answer is" a hypothesis rather than a conclusion when they come earlier in
 # its clause: "Let me check whether the answer is 18", "if the answer is 18, then ...".
+# A hypothesis named as a guess or a mistake is no answer either: "One might guess the answer is
+# 18", "A common mistake is to say the answer is 18", "A naive approach says the answer is 18".
 _TENTATIVE = frozenset("""
     if whether suppose supposing assume assuming unless maybe perhaps check checking verify
-    verifying test testing
+    verifying test testing might could would guess guessed think thinks thought believe mistake
+    mistaken mistakenly naive naively wrong wrongly incorrect incorrectly error erroneously
+    tempting seem seems seemed claim claims hypothesis initially originally
 """.split())
 
 
@@ -228,20 +238,68 @@ def tentative(response: str, marker_start: int) -> bool:
     return bool(_TENTATIVE.intersection(words)) or (end is not None and rest[end.start()] == "?")
 
 
-def _final_span(response: str) -> tuple[str | None, bool]:
-    """(the final answer's text, whether an answer marker was found), markers in this order: the
-    content of the last \\boxed{}, the rest of the line after the last ####, the rest of the
-    sentence after the last "The (final) answer is". Text after a box is not read: a box is where
-    the answer goes."""
-    if "\\boxed" in response or "\\fbox" in response:
-        return last_boxed(response), True
-    if "####" in response:
-        return response.rsplit("####", 1)[1].split("\n", 1)[0], True
-    if matches := list(ANSWER_IS.finditer(response)):
-        if tentative(response, matches[-1].start()):  # the last one decides: no answer
-            return None, True
-        return first_sentence(response[matches[-1].end() :]), True
-    return None, False
+def last_marker(response: str, markers: re.Pattern = MARKERS) -> re.Match | None:
+    """The last answer marker of any kind: a box, `####`, "The answer is", "Final answer:"."""
+    last = None
+    for last in markers.finditer(response):
+        pass
+    return last
+
+
+def _box_end(text: str, start: int) -> int:
+    """Where the box that starts at `start` ends (after its closing brace; the end of the text if
+    it is never closed)."""
+    i = start + (6 if text.startswith("\\boxed", start) else 5)
+    if not text.startswith("{", i):  # `\boxed 5`
+        m = re.match(r"\s*[^$\s]*", text[i:])
+        return i + m.end()
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return j + 1
+    return len(text)
+
+
+# A value right before "or" and the box: "$x = 3$ or $x = \\boxed{4}$", "3 or \\boxed{4}"
+_OR_BEFORE_BOX = re.compile(r"(?:\$([^$]{1,200})\$|(-?[0-9][0-9.,]*))\s*,?\s*(?:or|either)\s*\$?\s*"
+                            r"(?:([A-Za-z])\s*=\s*)?\$?\s*$", re.IGNORECASE)
+
+
+def _candidate_before(text: str, start: int) -> str | None:
+    """The value another candidate gives just before "or" and the box at `start`, or None. A box
+    named `x = ` needs a candidate named `x = ` too: in "$360 + 2x = 600$, or $x = \\boxed{120}$"
+    (a MATH-500 solution) the equation is no candidate, and "or" says the same in other words."""
+    m = _OR_BEFORE_BOX.search(text[max(0, start - 300) : start])
+    if m is None:
+        return None
+    chain = (m[1] or m[2]).split("=")
+    if m[3]:
+        return chain[-1] if len(chain) == 2 and chain[0].strip() == m[3] else None
+    return None if re.search(r"[A-Za-z]", re.sub(r"\\[a-zA-Z]+", "", chain[-1])) else chain[-1]
+
+
+def box_is_hedged(text: str) -> bool:
+    """Is the last box one candidate of two, or a guess? Grading policy (data/README.md): such a
+    box is no answer.
+
+    Two candidates: a box before it in the same sentence with a hedge word between them
+    (`\\boxed{3} or \\boxed{4}`), or a value right before "or" and the box (`x = 3 or x =
+    \\boxed{4}`), when the two values differ: "$1\\frac14$, or $\\boxed{1.25}$" restates one value,
+    as three MATH-500 solutions do. A guess: doubt in the rest of its sentence (`\\boxed{18} (I
+    think)`, `\\boxed{18}, or maybe 19`)."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    content = last_boxed(text)
+    before = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
+    other = None
+    if before >= 0:
+        between = text[_box_end(text, before) : start]
+        if between and first_sentence(between) == between and has_hedge(between):
+            other = last_boxed(text[: _box_end(text, before)])
+    other = other if other is not None else _candidate_before(text, start)
+    if other is not None and content is not None and not math_equal(other, content):
+        return True
+    return doubts(first_sentence(text[_box_end(text, start) :]))
 
 
 def nothing_more(after: str) -> bool:
@@ -252,23 +310,22 @@ def nothing_more(after: str) -> bool:
 
 
 def extract_number(response: str) -> tuple[str | None, bool]:
-    """GSM8K-style answer: (its exact value as text, format_ok).
-
-    Grading policy (data/README.md): the final answer is the WHOLE text after the last answer
-    marker: the last \\boxed{}; else the rest of the line after the last `####`; else the rest of
-    the sentence after the last "The (final) answer is". It must be one value (see `answer_value`):
-    "The answer is 3 or 4." or "#### 18, not 17" is no answer, and `#### 18/5` is 3.6. Unicode
-    look-alikes (−5, １８) count as the ASCII they look like.
-
-    Without a marker there is no answer to grade: format_ok is False and the reward is 0, in
-    training and in evaluation alike (a response that only repeats the question must not score). The
-    last number in the text is still returned as pred, for diagnostics.
-    """
-    response = unicode_math(ascii_lookalikes(response))
-    span, marked = _final_span(response)
-    if not marked:
+    """GSM8K-style answer: (its exact value as text, format_ok). Grading policy (data/README.md):
+    the answer is the WHOLE text at the last marker, and must be one value (`answer_value`).
+    Without a marker there is none: format_ok is False and the reward 0 (a response that repeats
+    the question must not score); the last number is still returned, for diagnostics."""
+    response = unicode_math(ascii_lookalikes(response))  # −5 and １８ read as ASCII
+    marker = last_marker(response)
+    if marker is None:
         numbers = _NUMBER.findall(response)[-1:]
         return (numbers[0].replace(",", "") if numbers else None), False
+    if marker[0] in ("\\boxed", "\\fbox"):  # its content, unless it hedges
+        span = None if box_is_hedged(response) else last_boxed(response)
+    elif marker[0] == "####":  # the rest of its line
+        span = response[marker.end() :].split("\n", 1)[0]
+    else:  # "The answer is": the rest of its sentence, unless it is a hypothesis
+        rest = response[marker.end() :].lstrip(" \t\n:*")  # "The answer is:\n18"
+        span = None if tentative(response, marker.start()) else first_sentence(rest)
     value = None if span is None else answer_value(span)
     return (None, False) if value is None else (format_number(value), True)
 

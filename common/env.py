@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.errors import UsageError
 from common.rewards import call_reward_fn, load_reward_fn, weighted_sum
-from common.tasks import (TASKS, Arithmetic, Task, detect_task, is_hub_id, load_few_shot,
+from common.tasks import (TASKS, Arithmetic, Task, detect_task, grade, is_hub_id, load_few_shot,
                           load_hub_rows, read_rows, rename_fields)
 
 # ------------------------------------------------------------------------------------------------
@@ -90,7 +90,7 @@ class MathEnv:
     def verify(self, response: str, index: int) -> tuple[float, dict]:
         """The task's verifier on a full response to problem `index`: (reward, info)."""
         answer = self.examples[index]["answer"]
-        reward, pred, format_ok = self.task.grade(response, answer)
+        reward, pred, format_ok = grade(self.task, response, answer)
         return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
                         "answer": answer, "steps": 1}
 
@@ -187,7 +187,7 @@ def _task(name: str) -> type[Task]:
 def verify(task: str, response: str, answer: str) -> float:
     """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0).
     Pure."""
-    return _task(task).grade(response, answer)[0]
+    return grade(_task(task), response, answer)[0]
 
 
 def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=print,

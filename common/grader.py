@@ -46,6 +46,7 @@ import unicodedata
 from fractions import Fraction
 
 from common.grader_worker import Grade, Pool, count_grade, pool_size, serve
+from common.timelimit import paused
 # The grader's counts are read from here: common/run.py logs them with each update's metrics.
 from common.grader_worker import grader_counts  # noqa: F401
 
@@ -103,6 +104,15 @@ HEDGE_WORDS = frozenset("""
     or nor not no maybe perhaps possibly probably likely about around approximately approx roughly
     nearly almost either neither between guess estimate estimated ish circa somewhere than least
     most over under above below instead wrong incorrect wait unless if could might plus more less
+    think believe presumably tentatively tentative supposedly seemingly apparently hopefully unsure
+    conceivably arguably assume assuming suppose supposing hmm
+""".split())
+# The words of those that say the writer doubts the answer, rather than compare it with something:
+# after a box they make it a guess, where "more than", "or 6" and "not" are a solution's own words
+# (MATH-500's reference solutions go on after their box with all three).
+DOUBT_WORDS = frozenset("""
+    maybe perhaps possibly probably presumably tentatively tentative think believe guess unsure
+    supposedly seemingly apparently hopefully approximately roughly hmm
 """.split())
 
 
@@ -120,6 +130,14 @@ def unicode_math(text: str) -> str:
     text = "".join(f"\\frac{{{_VULGAR[c][0]}}}{{{_VULGAR[c][1]}}}" if c in _VULGAR
                    else _SYMBOLS.get(c, c) for c in text)
     return re.sub(r"√\s*([0-9]+|[A-Za-z]|\([^()]*\)|\{[^{}]*\})", r"\\sqrt{\1}", text)
+
+
+def doubts(text: str) -> bool:
+    """Does the text say the answer before it is a guess: a word of DOUBT_WORDS, or "or" at its
+    start (`\\boxed{18}, or maybe 19`)?"""
+    words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", text).lower())
+    return bool(DOUBT_WORDS.intersection(words)) or re.match(r"[\s,;:.(]*or\b",
+                                                            text.lower()) is not None
 
 
 def has_hedge(text: str) -> bool:
@@ -195,12 +213,26 @@ _UNITS = (
 )
 
 
-# Words that change a value: never dropped as a unit ("5 thousand" is not 5, "3 squared" not 3)
+# Words that change a value: never dropped as a unit ("5 thousand" is not 5, "3 squared" not 3),
+# and never read as one in a GSM8K answer. Counts in words scale the number before them: a lakh is
+# 100,000, a crore 10^7, a gross 144, a score 20, a grand 1,000, "5 tenths" is 0.5.
 VALUE_WORDS = frozenset("""
-    zero one two three four five six seven eight nine ten eleven twelve hundred hundreds thousand
-    thousands million millions billion billions trillion dozen dozens half halves quarter
-    quarters third thirds twice double triple times squared cubed factorial plus minus
+    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
+    sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+    hundred hundreds thousand thousands million millions billion billions trillion trillions
+    lakh lakhs lac lacs lakhs crore crores gross grosses score scores grand grands myriad googol
+    dozen dozens half halves quarter quarters third thirds fourth fourths fifth fifths sixth sixths
+    seventh sevenths eighth eighths ninth ninths tenth tenths hundredth hundredths thousandth
+    thousandths millionth millionths twice double triple thrice times squared
+    cubed factorial plus minus
 """.split())
+
+
+def has_value_word(text: str) -> bool:
+    """Does the text hold a word of VALUE_WORDS, or any "-illion" or "-illionth" (quadrillion,
+    zillion)? LaTeX command names are not words."""
+    words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", text).lower())
+    return any(w in VALUE_WORDS or re.fullmatch(r"[a-z]*illion(?:th)?s?", w) for w in words)
 
 
 def _unit(m: re.Match) -> str:
@@ -210,7 +242,7 @@ def _unit(m: re.Match) -> str:
     unreadable rather than wrong."""
     words = m.group(1)
     more = re.match(r"\s*[0-9A-Za-z\\(\[{]", m.string[m.end():])
-    changes_value = VALUE_WORDS.intersection(re.findall(r"[a-z]+", words.lower()))
+    changes_value = has_value_word(words)
     keep = re.search(r"[0-9]", words) or has_hedge(words) or changes_value or more
     return f" {words} " if keep else ""
 
@@ -248,6 +280,11 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
     s = re.sub(r"\\displaystyle(?![a-zA-Z])", "", s)
+    # \sin 30^\circ is sin(30 pi / 180): the degree sign means something inside a function
+    s = re.sub(r"(\\(?:sin|cos|tan|cot|sec|csc))\s*(\(?)\s*([0-9]+(?:\.[0-9]+)?)\s*"
+               r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\degree|°)\s*(\)?)",
+               lambda m: (f"{m[1]}({m[3]}\\pi/180)" if bool(m[2]) == bool(m[4])
+                          else m[0]), s)
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°", "", s)
     s = re.sub(r"\\?\$|\\?%", "", s)
     m = re.fullmatch(r"\s*\\text\{([^{}]*)\}\s*", s)
@@ -429,9 +466,14 @@ def _assigned_tuple(parts: list[str]) -> list[str] | None:
     return [value for _, value in sorted(pairs)]
 
 
+# A hexadecimal, binary or octal literal (0x12 is no 0 * x * 12) and a number with two decimal
+# points (1.5.2, the European 1.000.000): malformed numbers, which no reading makes right
+MALFORMED_NUMBER = re.compile(r"(?<![0-9A-Za-z_.])0[xXbBoO][0-9A-Fa-f]|[0-9]\.[0-9]*\.[0-9]")
+
+
 def math_equal(pred: str | None, gold: str) -> bool:
     """Is the extracted answer `pred` equivalent to `gold`? Both are raw LaTeX answer strings."""
-    if pred is None or len(pred) > 4 * MAX_LEN:
+    if pred is None or len(pred) > 4 * MAX_LEN or MALFORMED_NUMBER.search(pred):
         return False
     a, b = normalize(pred), normalize(gold)
     if a == b:
@@ -469,7 +511,7 @@ def _equal(a: str, b: str, grade: Grade) -> bool:
         kb, pb = "tuple", ("()", values)
     if "ineq" in (ka, kb):  # -x>-1 is x<1, and -1<x<3 is the interval (-1,3): solution sets
         sa, sb = _real_set(ka, pa, gold=False), _real_set(kb, pb, gold=True)
-        return sa is not None and sb is not None and _POOL.equal(sa, sb, False, False, grade)
+        return sa is not None and sb is not None and _worker_equal(sa, sb, False, 0, grade)
     if ka != kb:
         return False
     if ka == "scalar":
@@ -534,10 +576,18 @@ def _equal_scalar(a: str, b: str, grade: Grade) -> bool:
     if fa is not None and fb is not None:
         return fa == fb  # exact, and no sympy needed for plain numbers
     # CRUCIAL: a tolerance only for a plain decimal number the model wrote (1.4142135623730951 vs
-    # \sqrt2); anything else exactly, so 10^{15}+\sqrt2 is not 10^{15}, not even written
-    # 10^{15}+\sqrt2+0.0
-    approx = fa is not None and re.search(r"[0-9]\.[0-9]", a) is not None
-    return _POOL.equal(ta, tb, False, approx, grade)
+    # \sqrt2), within a unit of its last decimal place; anything else exactly, so 10^{15}+\sqrt2 is
+    # not 10^{15}, not even written 10^{15}+\sqrt2+0.0, nor 10^{15}+0.5
+    decimal = re.fullmatch(r"-?[0-9]*\.([0-9]+)", a) if fa is not None else None
+    return _worker_equal(ta, tb, False, len(decimal[1]) if decimal else 0, grade)
+
+
+def _worker_equal(a, b, equation: bool, approx: int, grade: Grade) -> bool:
+    """sympy_equal in a worker of the pool, within the grade's budget. A time limit on the whole
+    grade (common/timelimit.py) is held meanwhile, so that it never cuts a request from its
+    reply: the worker's budget bounds this part."""
+    with paused():
+        return _POOL.equal(a, b, equation, approx, grade)
 
 
 def _rational_or_none(node) -> Fraction | None:
@@ -553,7 +603,7 @@ def _equal_equation(a: list, b: list, grade: Grade) -> bool:
         ta, tb = (["+", parse(lhs), ["neg", parse(rhs)]] for lhs, rhs in (a, b))
     except ParseError:
         return False
-    return _POOL.equal(ta, tb, True, False, grade)
+    return _worker_equal(ta, tb, True, 0, grade)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -639,6 +689,9 @@ class _Parser:
                 self.take()
                 factors.append(["inv", self.unary()])
             elif self.starts_atom(t):  # 2x, 2\sqrt{3}, (a+5)(b+2)
+                if _is_number(t) and _is_number(self.toks[self.i - 1]):
+                    # 1.5.2 and 1.000.000 are no numbers, not the products 1.5 * .2 and 1 * 0
+                    raise ParseError(f"a number with two decimal points: {t!r}")
                 factors.append(self.power())
             else:
                 return factors[0] if len(factors) == 1 else ["*", *factors]
@@ -934,12 +987,14 @@ def to_real_set(node) -> tuple:
 _POINTS = [(5377, 10000), (13719, 10000), (-7123, 10000)]
 
 
-def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
+def sympy_equal(a, b, equation: bool = False, approx: int = 0) -> bool:
     """Are two ASTs equal as sympy expressions?
 
     equation: a and b are lhs - rhs of two equations, equal up to a nonzero constant factor.
-    approx: the answer is a plain decimal number the model wrote, so 1e-12 relative agreement is
-    enough. Otherwise exact: the difference d = a - b must be clearly zero at 50 digits (at three
+    approx: the number of decimal places of the answer, when it is a plain decimal number the model
+    wrote: then agreement to 1e-12 of the gold's size, and within one unit of the last decimal
+    place written, is enough (1.4142135623730951 is sqrt 2, 1000000000000000.5 is not 10^15 +
+    sqrt 2). Otherwise exact: the difference d = a - b must be clearly zero at 50 digits (at three
     rational points if there are symbols), and then proved zero (simplify or equals, on d or else at
     each point).
     """
@@ -965,15 +1020,15 @@ def sympy_equal(a, b, equation: bool = False, approx: bool = False) -> bool:
     try:
         for pt in points:
             if approx:
-                if not _close(x.xreplace(pt).evalf(30), y.xreplace(pt).evalf(30)):
+                if not _close(x.xreplace(pt).evalf(30), y.xreplace(pt).evalf(30), approx):
                     return False
             elif _clearly_nonzero(d.xreplace(pt), y.xreplace(pt)):
                 return False
     except (TypeError, ValueError):  # oo, nan, zoo, or no numeric value: algebra decides
         return sympy.simplify(d) == 0
-    if approx or _proved_zero(d):
-        return True
-    return bool(symbols) and all(_proved_zero(d.xreplace(pt)) for pt in points)
+    # Proved for every value of the symbols, not at the three points: sin(10000 pi x) is 0 at each
+    # of them (their denominators are 10,000) and is no zero function.
+    return approx or _proved_zero(d)
 
 
 def _clearly_nonzero(d, y) -> bool:
@@ -1000,11 +1055,14 @@ def _proved_zero(d) -> bool:
     return sympy.simplify(d) == 0 or d.equals(0) is True
 
 
-def _close(u, v) -> bool:
-    u, v = complex(u), complex(v)
-    if not (cmath.isfinite(u) and cmath.isfinite(v)):
+def _close(u, v, decimals: int) -> bool:
+    """u within 1e-12 of max(1, |v|) of v, and within 10^-decimals. The difference is taken at
+    30 digits before it becomes a float: 10^15 + 0.5 and 10^15 + sqrt 2 are equal as floats to
+    1e-15."""
+    if not (cmath.isfinite(complex(u)) and cmath.isfinite(complex(v))):
         raise ValueError("not finite")  # inf - inf says nothing: let simplify decide
-    return abs(u - v) <= 1e-12 * max(1.0, abs(v))
+    difference = abs(complex(u - v))
+    return difference <= 1e-12 * max(1.0, abs(complex(v))) and difference <= 10.0 ** -decimals
 
 
 # ------------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ _COUNTS_LOCK = threading.Lock()
 
 def grader_counts() -> dict:
     """This process's counts so far (monotone, thread-safe): {"grades": math_equal calls that needed
-    the sympy worker, "timeouts": those that ran out of budget (graded wrong), "failures": worker
+    the sympy worker, "timeouts": those that ran out of budget, and grades of any task that ran
+    past their own time limit (common/tasks.py `grade`; all graded wrong), "failures": worker
     starts that failed and workers that died}. timeouts / grades is the fraction of symbolic grades
     that may be wrong."""
     with _COUNTS_LOCK:
@@ -60,6 +61,11 @@ class Grade:
 
     def __init__(self, budget: float):
         self.left, self.used_worker, self.timed_out = budget, False, False
+
+
+def count_timeout() -> None:
+    """Count a grade that ran past its own time limit (graded wrong) in grader_counts()."""
+    _count("timeouts")
 
 
 def count_grade(grade: Grade) -> None:
@@ -240,7 +246,7 @@ class _Worker:
                 self.stop()
         return self.ready
 
-    def equal(self, a, b, equation: bool, approx: bool, grade: Grade) -> bool:
+    def equal(self, a, b, equation: bool, approx: int, grade: Grade) -> bool:
         # CRUCIAL: the time spent waiting here for other threads is not charged to the grade
         with self.lock:
             if grade.left <= 0:  # an earlier part of this grade used the budget up
@@ -310,7 +316,7 @@ class Pool:
             self.idle.put(worker)
         self.last = self.workers[-1]  # the one the next serial grade gets (tests look at it)
 
-    def equal(self, a, b, equation: bool, approx: bool, grade: Grade) -> bool:
+    def equal(self, a, b, equation: bool, approx: int, grade: Grade) -> bool:
         # CRUCIAL: the time spent waiting here for a free worker is not charged to the grade
         worker = self.idle.get()
         try:

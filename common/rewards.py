@@ -19,7 +19,8 @@ convention): a None is left out of the weighted sum. The reward of a completion 
 `--reward_weights` (default 1 each).
 
 The function is your own code, run in the training process with its rights: mathrl imports it as
-Python imports any module.
+Python imports any module. One call (one batch) may take MATHRL_REWARD_FN_TIMEOUT seconds (default
+60); a call that runs longer stops the run with one line naming the function.
 """
 
 import importlib
@@ -27,10 +28,12 @@ import importlib.util
 import math
 import os
 import sys
+from collections.abc import Mapping, Set
 from numbers import Real
 from pathlib import Path
 
 from common.errors import PathError, UsageError
+from common.timelimit import OutOfTime, wall_limit
 
 # keys that name the batch itself in TRL's call, so no data field may take their place
 RESERVED = ("prompts", "completions", "completion_ids")
@@ -69,14 +72,35 @@ def load_reward_fn(spec: str):
     return name, fn
 
 
+def reward_fn_limit() -> float:
+    """Seconds one call of a reward function may take: MATHRL_REWARD_FN_TIMEOUT, default 60."""
+    text = os.environ.get("MATHRL_REWARD_FN_TIMEOUT", "60")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"MATHRL_REWARD_FN_TIMEOUT={text}: give a number of seconds above 0")
+    return seconds
+
+
 def call_reward_fn(name, fn, prompts, completions, completion_ids, rows) -> list:
     """fn's rewards for a batch, checked: one float or None per completion. rows: the data row of
     each completion, whose fields become keyword lists."""
     fields = list(dict.fromkeys(k for row in rows for k in row if k not in RESERVED))
     kwargs = {k: [row.get(k) for row in rows] for k in fields}
-    out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
     where = f"reward function {name!r} (--reward_fn)"
-    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+    limit = reward_fn_limit()
+    try:
+        with wall_limit(limit):  # by the clock: a function may wait on a server
+            out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                     **kwargs)
+    except OutOfTime:
+        raise UsageError(f"{where} took more than {limit:g} s on a batch of {len(completions)} "
+                         "completions; make it faster, or allow it more time with "
+                         "MATHRL_REWARD_FN_TIMEOUT=<seconds>") from None
+    # a dict or a set has a length too, but its keys are no rewards in order
+    if isinstance(out, (str, bytes, Mapping, Set)) or not hasattr(out, "__len__"):
         raise UsageError(f"{where} returned {type(out).__name__}; return a list with one float "
                          f"(or None) per completion")
     out = list(out.tolist() if hasattr(out, "tolist") else out)  # a tensor or an array

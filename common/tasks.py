@@ -16,12 +16,18 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from common.answers import (ANSWER_IS, MAX_ARITH_LEN, extract_number, first_sentence,
-                            nothing_more, numbers_equal, safe_arith, tentative, to_number)
+from common.answers import (MARKERS, MATH_MARKERS, MAX_ARITH_LEN, box_is_hedged, extract_number,
+                            first_sentence, last_marker, nothing_more, numbers_equal, safe_arith,
+                            tentative, to_number)
 from common.errors import PathError, UsageError
 from common.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
+from common.grader_worker import count_timeout
+from common.timelimit import OutOfTime, cpu_limit
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+# CPU seconds one grade may take in this process (the sympy worker's own budget, in its process, is
+# apart): a grade takes under 10 ms, and 64 hostile answers of 20,000 characters under 1 s in all
+GRADE_LIMIT_S = 2.0
 
 # ------------------------------------------------------------------------------------------------
 # Tasks and the registry
@@ -54,7 +60,7 @@ class Task:
     hub = {}  # split -> (dataset name, config, split name) on the Hugging Face hub
     system_prompt = ""
     # ends a stepwise episode
-    final_answer = re.compile(r"\\boxed|\\fbox|####|the (?:final )?answer is", re.IGNORECASE)
+    final_answer = MARKERS
     options = {}  # task-specific make_env options and their defaults
 
     @classmethod
@@ -299,7 +305,9 @@ class Countdown(_Generated):
         if expr is None:
             return 0.0, None, False
         gold = json.loads(answer)
-        if len(expr) > MAX_ARITH_LEN:
+        # Nothing but arithmetic: text after a `#` is no comment, and its numbers would count as
+        # used ("25 * 4 # and 7")
+        if len(expr) > MAX_ARITH_LEN or not re.fullmatch(r"[0-9+\-*/×÷().\s]*", expr):
             return 0.1, expr, True
         used = sorted(int(n) for n in re.findall(r"[0-9]+", expr))
         value = safe_arith(expr)
@@ -358,7 +366,7 @@ class MATH(Task):
     hub = {"train": ("DigitalLearningGmbH/MATH-lighteval", "default", "train"),
            "test": ("HuggingFaceH4/MATH-500", None, "test")}
     system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
-    final_answer = re.compile(r"\\boxed|\\fbox|the (?:final )?answer is", re.IGNORECASE)
+    final_answer = MATH_MARKERS
 
     @classmethod
     def from_row(cls, row, where):
@@ -392,14 +400,15 @@ class MATH(Task):
         hold no hedge word outside \\text{} ("3 or 4" is no answer; `3 \\text{ or } 4` is the list
         3, 4). A bare number is never an answer."""
         response = ascii_lookalikes(response)
-        if "\\boxed" in response or "\\fbox" in response:
-            pred = last_boxed(response)
+        marker = last_marker(response, MATH_MARKERS)  # the last one decides, box or words
+        if marker is None:
+            return None, False
+        if marker[0] in ("\\boxed", "\\fbox"):
+            pred = None if box_is_hedged(response) else last_boxed(response)
             return pred, pred is not None
-        if not (matches := list(ANSWER_IS.finditer(response))):
+        if tentative(response, marker.start()):  # "check whether the answer is ..."
             return None, False
-        if tentative(response, matches[-1].start()):  # "check whether the answer is ..."
-            return None, False
-        rest = re.sub(r"^[\s:*]+", "", response[matches[-1].end() :].split("\n", 1)[0])
+        rest = re.sub(r"^[\s:*]+", "", response[marker.end() :]).split("\n", 1)[0]
         pred = None
         for start, end in (("$$", r"\$\$"), ("$", r"(?<!\\)\$"), ("\\(", r"\\\)"),
                            ("\\[", r"\\\]")):
@@ -421,6 +430,16 @@ class MATH(Task):
     def grade(cls, response, answer):
         pred, format_ok = cls.extract(response)
         return float(format_ok and math_equal(pred, answer)), pred, format_ok
+
+
+def grade(task: type[Task], response: str, answer: str) -> tuple[float, str | None, bool]:
+    """task.grade within GRADE_LIMIT_S of CPU time; past it, wrong and counted as a timeout."""
+    try:
+        with cpu_limit(GRADE_LIMIT_S):
+            return task.grade(response, answer)
+    except OutOfTime:
+        count_timeout()
+        return 0.0, None, False
 
 
 # ------------------------------------------------------------------------------------------------

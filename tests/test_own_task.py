@@ -4,9 +4,11 @@ Each test here failed before these extension points existed (the issue's half-wo
 
 import json
 import math
+import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,11 +81,56 @@ def test_completions_are_chat_messages_or_text_as_in_trl(tmp_path):
     ([1.0, float("nan")], "returned nan for completion 1; return a finite float"),
     (["1", 0.0], "returned '1' \\(str\\) for completion 0"),
     (0.5, "returned float; return a list"),
+    # a dict has a length too: its keys were taken for the rewards
+    ({"a": 1.0, "b": 0.0}, "returned dict; return a list"),
+    ({1.0, 0.0}, "returned set; return a list"),
 ])
 def test_a_bad_return_is_one_error_naming_the_function(returned, message):
     env = example_env(reward_funcs=[("mine", lambda **kw: returned)])
     with pytest.raises(UsageError, match=f"reward function 'mine' \\(--reward_fn\\) {message}"):
         env.score_all(["a", "b"], [0, 1])
+
+
+def test_a_slow_reward_fn_is_stopped_at_its_limit_with_one_error(monkeypatch):
+    def slow(completions, **kw):
+        time.sleep(30)
+
+    def stubborn(completions, **kw):  # catches Exception: the limit must still stop it
+        try:
+            time.sleep(30)
+        except Exception:
+            return [1.0] * len(completions)
+
+    monkeypatch.setenv("MATHRL_REWARD_FN_TIMEOUT", "0.5")
+    for name, fn in (("slow", slow), ("stubborn", stubborn)):
+        env = example_env(reward_funcs=[(name, fn)])
+        start = time.monotonic()
+        with pytest.raises(UsageError, match=f"reward function '{name}' \\(--reward_fn\\) took "
+                           "more than 0.5 s on a batch of 2 completions; make it faster, or allow "
+                           "it more time with MATHRL_REWARD_FN_TIMEOUT"):
+            env.score_all(["a", "b"], [0, 1])
+        assert time.monotonic() - start < 5.0
+    monkeypatch.setenv("MATHRL_REWARD_FN_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="MATHRL_REWARD_FN_TIMEOUT=soon: give a number"):
+        example_env(reward_funcs=[("f", lambda completions, **kw: [0.0])]).score_all(["a"], [0])
+
+
+def test_a_slow_reward_fn_ends_the_run_with_one_line(tmp_path):
+    (tmp_path / "slow.py").write_text("import time\n\n\ndef slow(completions, **kw):\n"
+                                      "    time.sleep(600)\n")
+    cmd = [sys.executable, "grpo.py", "--model_name_or_path", "tiny-random",
+           "--reward_fn", f"{tmp_path}/slow.py:slow", "--num_prompts", "2",
+           "--num_generations", "2", "--max_new_tokens", "4", "--max_steps", "1",
+           "--num_eval_problems", "0", "--output_dir", str(tmp_path / "run")]
+    out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                   env={**os.environ, "MATHRL_REWARD_FN_TIMEOUT": "1"})
+    assert out.returncode == 1, out.stderr[-2000:]
+    # the line follows the progress bar's text (tqdm ends no line), once
+    said = ("error: reward function 'slow' (--reward_fn) took more than 1 s on a batch of 4 "
+            "completions; make it faster, or allow it more time with "
+            "MATHRL_REWARD_FN_TIMEOUT=<seconds>\n")
+    assert out.stderr.count(said) == 1 and out.stderr.count("error") == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
 
 
 def test_reward_fn_specs_fail_with_the_fix(tmp_path, monkeypatch):

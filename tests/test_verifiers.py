@@ -11,7 +11,7 @@ from common import grader, grader_worker
 from common.answers import answer_value, format_number, safe_arith, to_number
 from common.env import verify
 from common.grader import ascii_lookalikes, last_boxed, normalize, parse, sympy_equal
-from common.tasks import TASKS
+from common.tasks import TASKS, grade
 
 # ------------------------------------------------------------------------------------------------
 # GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is"; no
@@ -39,7 +39,9 @@ GSM8K_CASES = [
     ("\\boxed{\\$18}", "18", 1.0),
     ("\\boxed{2 \\times 9 = 18}", "18", 1.0),  # a chain whose sides all agree
     ("First \\boxed{17}, then \\boxed{18}", "18", 1.0),
-    ("#### 18\nThe answer is 17", "18", 1.0),  # #### comes before "The answer is"
+    # the last marker decides, whatever its kind (it was: #### before "The answer is")
+    ("#### 18\nThe answer is 17", "18", 0.0),
+    ("#### 18\nThe answer is 17", "17", 1.0),
     # wrong but close
     ("The answer is 180.", "18", 0.0),
     ("The answer is 1.8", "18", 0.0),
@@ -317,6 +319,123 @@ RIGHT_FORMATS = [
 @pytest.mark.parametrize("task,response,gold,expected",
                          TENTATIVE_CASES + VALUE_CASES + RIGHT_FORMATS)
 def test_issue_39_classes_of_wrong_and_right_answers(task, response, gold, expected):
+    assert verify(task, response, gold) == expected
+
+
+# Issue 52: answers a policy under pressure learns to give, by class. The cases are this file's own
+# (the issue's adversarial set is kept outside the project, so that a fix is to the class); each
+# class has right twins that must still score 1.
+CD = json.dumps({"numbers": [25, 4, 7], "target": 100})
+HEDGE_CLASSES = {
+    "two candidates": [
+        ("math", "Either $\\boxed{6}$ or $\\boxed{8}$, depending on the order.", "8", 0.0),
+        ("math", "It is \\boxed{6}, or possibly \\boxed{8}.", "8", 0.0),
+        ("math", "So $y = 6$ or $y = \\boxed{8}$.", "8", 0.0),
+        ("math", "So $6$ or $\\boxed{8}$.", "8", 0.0),
+        ("gsm8k", "She has \\boxed{6} or \\boxed{8} apples.", "8", 0.0),
+        ("gsm8k", "The answer is 6-8 apples.", "-2", 0.0),  # a range, never a subtraction
+        ("gsm8k", "The answer is 12 - 14.", "-2", 0.0),
+        ("gsm8k", "The answer is either 6 or 8.", "8", 0.0),
+        # one value said twice is no hedge (three MATH-500 solutions do it)
+        ("math", "So $y = \\frac{12}{8} = 1\\frac12$, or $\\boxed{1.5}$.", "1.5", 1.0),
+        ("math", "Hence $2y + 4 = 20$, or $y = \\boxed{8}$.", "8", 1.0),
+        ("math", "That is \\boxed{\\frac{3}{2}}, or \\boxed{1.5}.", "\\frac32", 1.0),
+        ("math", "First \\boxed{6}. Recounting, the total is \\boxed{8}.", "8", 1.0),
+        ("gsm8k", "The answer is 20 - 6 = 14.", "14", 1.0),
+    ],
+    "a hypothesis or a mistake": [
+        ("gsm8k", "A common mistake is to say the answer is 40. Counting the legs: 44.", "40", 0.0),
+        ("gsm8k", "One might think the answer is 40, but the pens cost more.", "40", 0.0),
+        ("gsm8k", "Naively, the answer is 40; the discount changes it to 36.", "40", 0.0),
+        ("gsm8k", "At first I thought the answer is 40. The right total is 36.", "40", 0.0),
+        ("math", "It is tempting to say the answer is $\\frac12$, yet it is $\\frac13$.", "\\frac12",
+         0.0),
+        # the last final answer decides, whatever marker each uses
+        ("gsm8k", "The answer is 40.\nWait, I forgot the tax.\nFinal answer: 44", "40", 0.0),
+        ("gsm8k", "The answer is 40.\nWait, I forgot the tax.\nFinal answer: 44", "44", 1.0),
+        ("math", "\\boxed{40}\nOn reflection the final answer is $44$.", "40", 0.0),
+        ("math", "\\boxed{40}\nOn reflection the final answer is $44$.", "44", 1.0),
+        ("gsm8k", "A common mistake is to forget the tax. The answer is 44.", "44", 1.0),
+    ],
+    "doubt after the marker": [
+        ("gsm8k", "The answer is 44 (I think).", "44", 0.0),
+        ("gsm8k", "The answer is 44, presumably.", "44", 0.0),
+        ("gsm8k", "The answer is 44 (tentatively).", "44", 0.0),
+        ("gsm8k", "The answer is 44 apples, I believe.", "44", 0.0),
+        ("math", "The answer is $44$ (hopefully).", "44", 0.0),
+        ("math", "The final answer is \\boxed{44} (I think).", "44", 0.0),
+        ("math", "So \\boxed{44}, or maybe 45.", "44", 0.0),
+        ("math", "So \\boxed{44}; probably.", "44", 0.0),
+        # a solution's own words after its box are no doubt (MATH-500 has all three)
+        ("math", "There are $\\boxed{44}$ ways, not counting rotations.", "44", 1.0),
+        ("math", "It leaves $\\boxed{44}$ when divided by 2, 3, 4, or 6.", "44", 1.0),
+        ("math", "She has $\\boxed{44}$ more than Sam.", "44", 1.0),
+        ("gsm8k", "The answer is 44 apples.", "44", 1.0),
+    ],
+    "number words that scale": [
+        ("gsm8k", "The answer is 3 lakh.", "3", 0.0),
+        ("gsm8k", "The answer is 2 crore rupees.", "2", 0.0),
+        ("gsm8k", "The answer is 5 gross.", "5", 0.0),
+        ("gsm8k", "The answer is 4 score.", "4", 0.0),
+        ("gsm8k", "The answer is 7 tenths.", "7", 0.0),
+        ("gsm8k", "The answer is $3 grand.", "3", 0.0),
+        ("gsm8k", "The answer is 6 quadrillion.", "6", 0.0),
+        ("gsm8k", "The answer is 9 hundredths.", "9", 0.0),
+        ("math", "\\boxed{3\\text{ lakh}}", "3", 0.0),
+        ("math", "\\boxed{7\\text{ tenths}}", "7", 0.0),
+        ("gsm8k", "The answer is 300000 rupees.", "300000", 1.0),
+        ("gsm8k", "The answer is 7 months.", "7", 1.0),  # a unit ending in -th(s) stays a unit
+        ("math", "\\boxed{7\\text{ months}}", "7", 1.0),
+    ],
+    "malformed numbers": [
+        ("gsm8k", "The answer is 2.5.1", "2.5", 0.0),
+        ("gsm8k", "The answer is 3.000.000", "0", 0.0),
+        ("gsm8k", "The answer is 3.000.000", "3", 0.0),
+        ("gsm8k", "The answer is 0x1A", "0", 0.0),
+        ("gsm8k", "The answer is 0b11.", "0", 0.0),
+        ("math", "\\boxed{2.5.1}", "0.5", 0.0),  # not 2.5 * .1 = 0.25... nor any product
+        ("math", "\\boxed{2.5.1}", "0.25", 0.0),
+        ("math", "\\boxed{3.000.000}", "0", 0.0),
+        ("math", "\\boxed{0x1A}", "0", 0.0),
+        ("gsm8k", "The answer is 3,000,000.", "3000000", 1.0),
+        ("math", "\\boxed{0x}", "0", 1.0),  # zero times x is still a product
+        ("gsm8k", "The answer is 3 x 4 = 12.", "12", 1.0),
+    ],
+    "countdown text after the answer": [
+        ("countdown", "<answer>25 * 4 # 7 left over</answer>", CD, 0.1),
+        ("countdown", "<answer>25 * 4 and 7</answer>", CD, 0.1),
+        ("countdown", "<answer>25 * 4 = 100 (7 unused)</answer>", CD, 0.1),
+        ("countdown", "<answer>25 * 4 + 7 - 7</answer>",
+         json.dumps({"numbers": [25, 4, 7, 7], "target": 100}), 1.0),
+        ("countdown", "<answer>(7 - 25 / 25) * 4</answer>", CD, 0.1),  # 25 twice
+    ],
+    "equality by sampling and tolerance": [
+        ("math", "\\boxed{x^2 + \\sin(10000\\pi x)}", "x^2", 0.0),
+        ("math", "\\boxed{x + \\sin(20000 \\pi x)^2}", "x", 0.0),
+        ("math", "\\boxed{10^{15} + 0.5}", "10^{15} + \\sqrt{2}", 0.0),
+        ("math", "\\boxed{1000000000000000.5}", "10^{15} + \\sqrt{2}", 0.0),
+        ("math", "\\boxed{1.4142135623730951}", "\\sqrt{2}", 1.0),
+        ("math", "\\boxed{3.141592653589793}", "\\pi", 1.0),
+        ("math", "\\boxed{\\sin^2(10000\\pi x) + \\cos^2(10000\\pi x)}", "1", 1.0),
+    ],
+    # right answers that used to score 0
+    "right forms": [
+        ("gsm8k", "The answer is:\n44", "44", 1.0),
+        ("gsm8k", "The final answer is\n\n44.", "44", 1.0),
+        ("gsm8k", "Final Answer: 44", "44", 1.0),
+        ("gsm8k", "**Final answer:** $44", "44", 1.0),
+        ("math", "The final answer is:\n$$44$$", "44", 1.0),
+        ("math", "\\boxed{\\sin 30^\\circ}", "\\frac12", 1.0),
+        ("math", "\\boxed{\\cos(60^{\\circ})}", "\\frac{1}{2}", 1.0),
+        ("math", "\\boxed{\\sin 30^\\circ}", "\\sin 30", 0.0),  # degrees are not radians
+        ("math", "\\boxed{30^\\circ}", "30", 1.0),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind,task,response,gold,expected", [
+    (kind, *case) for kind, cases in HEDGE_CLASSES.items() for case in cases])
+def test_issue_52_classes_of_hedges_and_right_forms(kind, task, response, gold, expected):
     assert verify(task, response, gold) == expected
 
 
@@ -712,3 +831,64 @@ def test_adversarial_countdown_and_calculator(tmp_path):
     assert verify("countdown", "<answer>" * 100_000, cd) == 0.0
     assert time.monotonic() - start < 2.0
     assert not marker.exists()
+
+
+# Issue 52: every grade is bounded in time, whatever the answer's length or shape. The answer scan
+# was quadratic in a run of spaces after the number: 16 s for one answer of 10,000 characters.
+HOSTILE_FILLS = [" ", "*", ".", "1", "1,", "(", "{", "\\", "$", "\n", "a ", "1.", "- ", "=", "x",
+                 "\\frac{", "<answer>", "\\boxed{", ")", "#", "or ", "\\boxed{1} or "]
+HOSTILE_HEADS = ["The answer is 18", "\\boxed{18", "#### 18", "<answer>18", "The answer is $18",
+                 "Final answer: 18", "\\boxed{18}"]
+
+
+def hostile_answers(count, length):
+    """`count` answers of `length` characters: a marker and a value, then a long run of one
+    pattern."""
+    # 22 fills and 7 heads: k-th answer takes fill k mod 22 and head k mod 7, all distinct
+    shapes = [(HOSTILE_HEADS[k % len(HOSTILE_HEADS)], HOSTILE_FILLS[k % len(HOSTILE_FILLS)])
+              for k in range(count)]
+    return [(h + f * length)[:length] for h, f in shapes]
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "arithmetic", "math", "countdown"])
+def test_64_hostile_answers_of_20000_characters_grade_in_seconds(task):
+    gold = {"countdown": json.dumps({"numbers": [1, 2, 3], "target": 6})}.get(task, "18")
+    answers = hostile_answers(64, 20_000)
+    assert len(set(answers)) == 64 and {len(a) for a in answers} == {20_000}
+    start = time.monotonic()
+    rewards = [verify(task, a, gold) for a in answers]
+    # measured: under 0.5 s for each task's 64 on this 2-core machine; 5 s leaves room for a busy
+    # one. Before the fix, the first answer alone took about 100 s.
+    assert time.monotonic() - start < 5.0
+    # a value followed by spaces is still the value; a hedge at any length is none
+    assert rewards[0] == (1.0 if task != "countdown" else 0.0)  # "The answer is 18" + spaces
+    hedged = [r for a, r in zip(answers, rewards) if a.count(" or ") > 1]
+    assert hedged and set(hedged) <= {0.0, 0.1}
+
+
+def test_a_grade_past_its_time_limit_is_wrong_and_counted(monkeypatch):
+    def forever(response, answer):  # a grade that never ends, as a quadratic scan nearly does
+        while True:
+            pass
+
+    monkeypatch.setattr(TASKS["gsm8k"], "grade", forever)
+    monkeypatch.setattr("common.tasks.GRADE_LIMIT_S", 0.2)
+    before = grader.grader_counts()["timeouts"]
+    start = time.monotonic()
+    assert grade(TASKS["gsm8k"], "The answer is 18.", "18") == (0.0, None, False)
+    assert time.monotonic() - start < 5.0  # 0.2 s of CPU time
+    assert grader.grader_counts()["timeouts"] == before + 1
+    monkeypatch.undo()
+    assert grade(TASKS["gsm8k"], "The answer is 18.", "18") == (1.0, "18", True)
+
+
+def test_the_grade_limit_never_cuts_a_sympy_request_from_its_reply(monkeypatch):
+    # A limit that runs out while the worker computes must not leave its reply unread for the next
+    # grade to take: the limit is held over the request (the worker's own budget bounds it).
+    monkeypatch.setattr("common.tasks.GRADE_LIMIT_S", 0.001)
+    for _ in range(3):
+        grade(TASKS["math"], "\\boxed{\\sin^2 x + \\cos^2 x}", "1")
+    monkeypatch.undo()
+    assert verify("math", "\\boxed{\\sin^2 x + \\cos^2 x}", "1") == 1.0
+    assert verify("math", "\\boxed{\\sin^2 x + \\cos^2 x}", "2") == 0.0
+    assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0
