@@ -1,0 +1,641 @@
+"""PS1's checks: for each exercise, the project's function it asks for (the oracle), the inputs both
+are run on, cases worked by hand, and the common mistakes the checker names.
+
+The oracles are the algorithm files' own functions, adapted only where an exercise asks for one
+piece of a larger function (the per-token loss of `policy_loss`, one pair's `dpo_loss`): nothing
+here is a second copy of a solution. The mistakes are wrong on purpose.
+"""
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+import appo
+import grpo
+import online_dpo
+import ppo
+import reinforce
+import tppo
+from common import numerics
+from common.logprobs import token_logprobs
+from common.sampler import inverse_cdf
+from exercises.check import Exercise
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _padded_mask(lengths, R):
+    """[B, R] right-padding mask of rows of the given lengths."""
+    return (torch.arange(R)[None, :] < torch.tensor(lengths)[:, None]).float()
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.1 masked mean
+
+
+def _mean_cases():
+    g = _gen(11)
+    x = torch.randn(3, 5, generator=g)
+    mask = _padded_mask([5, 2, 0], 5)
+    return [("x [3, 5] with rows of 5, 2 and 0 real tokens, dim=None", dict(x=x, mask=mask)),
+            ("the same along dim=1 (the third row is all padding)", dict(x=x, mask=mask, dim=1)),
+            ("x [2, 4] along dim=0", dict(x=x[:2, :4], mask=mask[:2, :4], dim=0))]
+
+
+MASKED_MEAN = Exercise(
+    "1.1", "masked mean", "exercises.ps1.e01_masked_mean", "masked_mean",
+    oracle=numerics.masked_mean, cases=_mean_cases,
+    worked=[("x = [[1, 2, 3, 4]], mask = [[1, 1, 0, 0]]",
+             dict(x=torch.tensor([[1.0, 2, 3, 4]]), mask=torch.tensor([[1.0, 1, 0, 0]])),
+             torch.tensor(1.5))],
+    mistakes=[
+        ("that is the mean over every entry: the padding was counted (multiply by the mask and "
+         "divide by the mask's sum)",
+         lambda x, mask, dim=None: x.mean() if dim is None else x.mean(dim)),
+        ("the sum is masked but it is divided by the number of entries, padding included, not by "
+         "the mask's sum", lambda x, mask, dim=None: (x * mask).sum() / x.numel() if dim is None
+         else (x * mask).sum(dim) / x.shape[dim]),
+        ("a row without real tokens gave NaN (0 / 0): clamp the count to at least 1",
+         lambda x, mask, dim=None: (x * mask).sum() / mask.sum() if dim is None
+         else (x * mask).sum(dim) / mask.sum(dim)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.2 masked whitening
+
+
+def _whiten_cases():
+    g = _gen(12)
+    x = 3 + 2 * torch.randn(3, 6, generator=g)
+    mask = _padded_mask([6, 3, 1], 6)
+    x = x + 50 * (1 - mask)  # padding far from the real values, so that counting it shows
+    return [("x [3, 6] with padding of value ~50", dict(x=x, mask=mask)),
+            ("the same, shift_mean=False", dict(x=x, mask=mask, shift_mean=False))]
+
+
+def _whiten_biased(x, mask, shift_mean=True, eps=1e-8):
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = ((x - mean) ** 2 * mask).sum() / n
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return (out if shift_mean else out + mean) * mask
+
+
+def _whiten_padding_kept(x, mask, shift_mean=True, eps=1e-8):
+    mean, var = numerics.masked_mean_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return out if shift_mean else out + mean
+
+
+def _whiten_unmasked(x, mask, shift_mean=True, eps=1e-8):
+    mean, var = x.mean(), x.var()
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return (out if shift_mean else out + mean) * mask
+
+
+MASKED_WHITEN = Exercise(
+    "1.2", "masked whitening", "exercises.ps1.e02_masked_whiten", "masked_whiten",
+    oracle=lambda x, mask, shift_mean=True, eps=1e-8: numerics.masked_whiten(x, mask, shift_mean,
+                                                                             eps),
+    cases=_whiten_cases,
+    worked=[("x = [[1, 3, 9]], mask = [[1, 1, 0]]: mean 2, unbiased var 2",
+             dict(x=torch.tensor([[1.0, 3, 9]]), mask=torch.tensor([[1.0, 1, 0]]), eps=0.0),
+             torch.tensor([[-(0.5 ** 0.5), 0.5 ** 0.5, 0.0]]))],
+    mistakes=[
+        ("the variance divides by n; the unbiased one divides by n - 1", _whiten_biased),
+        ("the mean and variance were taken over the padding too: take them over the masked "
+         "entries only", _whiten_unmasked),
+        ("the padding is not 0 in the output: multiply the result by the mask",
+         _whiten_padding_kept),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.3 KL estimates
+
+
+def _kl_cases():
+    g = _gen(13)
+    logp = -torch.rand(2, 5, generator=g) * 3
+    ref = -torch.rand(2, 5, generator=g) * 3
+    return [(f"{k} on log-probs [2, 5]", dict(logp=logp, ref_logp=ref, estimator=k))
+            for k in ("k1", "k2", "k3")]
+
+
+def _kl_inverted(logp, ref_logp, estimator):
+    return numerics.kl_estimate(ref_logp, logp, estimator)
+
+
+KL = Exercise(
+    "1.3", "KL estimates k1, k2, k3", "exercises.ps1.e03_kl_estimates", "kl_estimate",
+    oracle=numerics.kl_estimate, cases=_kl_cases,
+    worked=[("k3 with pi = 0.5, pi_ref = 0.25: 0.5 - 1 - log 0.5",
+             dict(logp=torch.tensor([0.5]).log(), ref_logp=torch.tensor([0.25]).log(),
+                  estimator="k3"), torch.tensor([0.5 - 1 + 0.6931472]))],
+    mistakes=[
+        ("the ratio is inverted: log pi_ref / pi where the estimate needs log pi / pi_ref (k1) or "
+         "pi_ref / pi (k3)", _kl_inverted),
+        ("k3 is r - 1 - log r with r = pi_ref / pi: the - 1 is missing",
+         lambda logp, ref_logp, estimator: numerics.kl_estimate(logp, ref_logp, estimator) + (
+             1.0 if estimator == "k3" else 0.0)),
+        ("k2 is half the squared log-ratio: the 1/2 is missing",
+         lambda logp, ref_logp, estimator: (logp - ref_logp) ** 2),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.4 response log-probs
+
+
+class _Logits:
+    """A stand-in model whose forward returns fixed logits, so that token_logprobs (the oracle)
+    runs its own lines on them."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def __call__(self, input_ids, attention_mask, position_ids, logits_to_keep,
+                 output_hidden_states=False):
+        return SimpleNamespace(logits=self.logits[:, -logits_to_keep:], hidden_states=None)
+
+
+def _logprobs_oracle(logits, input_ids, response_len, temperature=1.0):
+    return token_logprobs(_Logits(logits), input_ids, torch.ones_like(input_ids), response_len,
+                          temperature, fast=False)[0]
+
+
+def _logprobs_cases():
+    g = _gen(14)
+    logits = torch.randn(2, 7, 11, generator=g) * 2
+    ids = torch.randint(0, 11, (2, 7), generator=g)
+    return [("logits [2, 7, 11], a response of 3 tokens",
+             dict(logits=logits, input_ids=ids, response_len=3)),
+            ("the same at temperature 0.7",
+             dict(logits=logits, input_ids=ids, response_len=3, temperature=0.7))]
+
+
+def _no_shift(logits, input_ids, response_len, temperature=1.0):
+    logp = F.log_softmax(logits[:, -response_len:].float() / temperature, dim=-1)
+    return logp.gather(-1, input_ids[:, -response_len:, None])[..., 0]
+
+
+LOGPROBS = Exercise(
+    "1.4", "response log-probs and the one-token shift", "exercises.ps1.e04_response_logprobs",
+    "response_logprobs", oracle=_logprobs_oracle, cases=_logprobs_cases,
+    mistakes=[
+        ("the logits at position t were used to score token t; they predict token t + 1 (slice "
+         "them one position earlier)", _no_shift),
+        ("the softmax was taken over the wrong axis: normalise over the vocabulary (dim=-1)",
+         lambda logits, input_ids, response_len, temperature=1.0: F.log_softmax(
+             logits[:, -response_len - 1:-1] / temperature, dim=1).gather(
+                 -1, input_ids[:, -response_len:, None])[..., 0]),
+        ("the temperature is missing: divide the logits by it before the softmax",
+         lambda logits, input_ids, response_len, temperature=1.0: _logprobs_oracle(
+             logits, input_ids, response_len)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.5 group advantages
+
+
+def _group_cases():
+    g = _gen(15)
+    return [("3 groups of 4 rewards in {0, 1}, scale=True",
+             dict(rewards=torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1]), group_size=4)),
+            ("2 groups of 3 real-valued rewards, scale=True",
+             dict(rewards=torch.randn(6, generator=g), group_size=3)),
+            ("the same, scale=False (Dr.GRPO)",
+             dict(rewards=torch.randn(6, generator=g), group_size=3, scale=False))]
+
+
+def _whole_batch(rewards, group_size, scale=True):
+    a = rewards - rewards.mean()
+    return a / (rewards.std() + 1e-4) if scale else a
+
+
+def _group_means(kwargs, got):
+    means = got.view(-1, kwargs["group_size"]).mean(1)
+    k = int(means.abs().argmax())
+    return (f"group {k}'s advantages average {means[k].item():.3g}, not 0: did you normalise over "
+            "the whole batch instead of each group?")
+
+
+GROUP = Exercise(
+    "1.5", "GRPO's group advantages and Dr.GRPO's", "exercises.ps1.e05_group_advantages",
+    "group_advantages", oracle=grpo.group_advantages, cases=_group_cases,
+    worked=[("one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577",
+             dict(rewards=torch.tensor([1.0, 0, 0, 1]), group_size=4),
+             torch.tensor([1.0, -1, -1, 1]) * 0.5 / (3 ** -0.5 * 1 + 1e-4))],
+    mistakes=[
+        (_group_means, _whole_batch),
+        ("the std is the biased one (divided by G); GRPO, torch and TRL take the unbiased one "
+         "(G - 1)", lambda rewards, group_size, scale=True: (
+             (lambda r: ((r - r.mean(1, keepdim=True)) / (r.std(1, unbiased=False, keepdim=True)
+                                                          + 1e-4) if scale
+                         else r - r.mean(1, keepdim=True)).reshape(-1))(
+                 rewards.view(-1, group_size)))),
+        ("the advantages are not divided by the group's std (that is Dr.GRPO, scale=False)",
+         lambda rewards, group_size, scale=True: grpo.group_advantages(rewards, group_size, False)),
+        ("the groups are strided (row i in group i % N); they are consecutive rows: view(-1, G)",
+         lambda rewards, group_size, scale=True: grpo.group_advantages(
+             rewards.view(group_size, -1).t().reshape(-1), group_size, scale).view(
+                 -1, group_size).t().reshape(-1)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.6 aggregate
+
+
+def _aggregate_cases():
+    g = _gen(16)
+    per_token = torch.randn(3, 5, generator=g)
+    mask = _padded_mask([5, 1, 3], 5)
+    return [(f"loss_type {t!r}, rows of 5, 1 and 3 tokens, normaliser {n}",
+             dict(per_token=per_token, mask=mask, loss_type=t, normaliser=n))
+            for t, n in (("grpo", 3.0), ("bnpo", 9.0), ("dr_grpo", 15.0))]
+
+
+AGGREGATE = Exercise(
+    "1.6", "per-sequence and per-token loss normalisation", "exercises.ps1.e06_aggregate",
+    "aggregate", oracle=grpo.aggregate, cases=_aggregate_cases,
+    worked=[("grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2",
+             dict(per_token=torch.tensor([[1.0, 3], [6, 100]]),
+                  mask=torch.tensor([[1.0, 1], [1, 0]]), loss_type="grpo", normaliser=2.0),
+             torch.tensor(4.0))],
+    mistakes=[
+        ("every loss type summed tokens; \"grpo\" first takes each sequence's mean over its own "
+         "tokens", lambda per_token, mask, loss_type, normaliser:
+         (per_token * mask).sum() / normaliser),
+        ("every loss type took sequence means; only \"grpo\" does, the others sum tokens",
+         lambda per_token, mask, loss_type, normaliser: grpo.aggregate(per_token, mask, "grpo",
+                                                                       normaliser)),
+        ("the mask was left out: padding tokens added their losses",
+         lambda per_token, mask, loss_type, normaliser: grpo.aggregate(
+             per_token, torch.ones_like(mask), loss_type, normaliser)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.7 RLOO baseline
+
+
+RLOO = Exercise(
+    "1.7", "RLOO's leave-one-out baseline", "exercises.ps1.e07_rloo_baseline", "rloo_baselines",
+    oracle=lambda episode_returns, group_size: reinforce.compute_baselines(
+        episode_returns, group_size, "rloo"),
+    cases=lambda: [("2 groups of 4 returns", dict(episode_returns=torch.tensor(
+        [1.0, 0, 0, 1, 0.5, 2, -1, 0]), group_size=4)),
+        ("3 groups of 2", dict(episode_returns=torch.tensor([1.0, 0, 3, 3, -2, 5]),
+                               group_size=2))],
+    worked=[("one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3",
+             dict(episode_returns=torch.tensor([1.0, 0, 0, 1]), group_size=4),
+             torch.tensor([1.0, 2, 2, 1]) / 3)],
+    mistakes=[
+        ("that is the group mean, sample i included: leave it out, (sum - r_i) / (k - 1)",
+         lambda episode_returns, group_size: episode_returns.view(-1, group_size).mean(
+             1, keepdim=True).expand(-1, group_size).reshape(-1)),
+        ("sample i is left out but the sum is divided by k, not by the k - 1 others",
+         lambda episode_returns, group_size: ((lambda r: (r.sum(1, keepdim=True) - r) / group_size)(
+             episode_returns.view(-1, group_size))).reshape(-1)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.8 token GAE
+
+
+def _gae_cases():
+    g = _gen(18)
+    mask = _padded_mask([4, 2, 5], 5)
+    rewards = torch.zeros(3, 5)
+    rewards[0, 3], rewards[1, 1], rewards[2, 4] = 1.0, -1.0, 0.5
+    values = torch.randn(3, 5, generator=g)
+    return [("rows of 4, 2 and 5 tokens, gamma 1, lam 0.95",
+             dict(rewards=rewards, values=values, mask=mask, gamma=1.0, lam=0.95)),
+            ("the same, gamma 0.9, lam 0.8",
+             dict(rewards=rewards, values=values, mask=mask, gamma=0.9, lam=0.8))]
+
+
+def _gae_no_bootstrap(rewards, values, mask, gamma, lam):
+    advantages, _ = numerics.token_gae(rewards, values, mask, gamma, lam)
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        adv[:, t] = last = (rewards[:, t] - values[:, t] + gamma * lam * last) * mask[:, t]
+    return adv, (adv + values) * mask
+
+
+GAE = Exercise(
+    "1.8", "GAE and returns over tokens", "exercises.ps1.e08_token_gae", "token_gae",
+    oracle=numerics.token_gae, cases=_gae_cases,
+    worked=[("one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1",
+             dict(rewards=torch.tensor([[0.0, 1]]), values=torch.tensor([[0.5, 0.25]]),
+                  mask=torch.ones(1, 2), gamma=1.0, lam=1.0),
+             (torch.tensor([[0.5, 0.75]]), torch.tensor([[1.0, 1.0]])))],
+    mistakes=[
+        ("V_{t+1} is missing from delta: delta_t = r_t + gamma V_{t+1} (1 - done_t) - V_t",
+         _gae_no_bootstrap),
+        ("the returns are A, not A + V", lambda rewards, values, mask, gamma, lam: (
+            numerics.token_gae(rewards, values, mask, gamma, lam)[0],) * 2),
+        ("gamma and lam are swapped", lambda rewards, values, mask, gamma, lam:
+         numerics.token_gae(rewards, values, mask, lam, gamma)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.9 clipped surrogate, 1.10 clipped value loss: the per-token terms of ppo.py's losses
+
+
+def _each_token(loss_of_mask, shape):
+    """The per-token terms of a loss that sums mask * term / 1: one token of the mask at a time."""
+    out = torch.zeros(shape)
+    for i in range(shape[0]):
+        for j in range(shape[1]):
+            mask = torch.zeros(shape)
+            mask[i, j] = 1.0
+            out[i, j] = loss_of_mask(mask)
+    return out
+
+
+def _surrogate_oracle(logprobs, old_logprobs, advantages, epsilon):
+    args = SimpleNamespace(epsilon=epsilon, tis_cap=0, loss_type="bnpo", kl_estimator="k3",
+                           beta=0.0)
+    return _each_token(lambda m: ppo.policy_loss(logprobs, old_logprobs, advantages, m, 1.0,
+                                                 args)[0].detach(), logprobs.shape)
+
+
+def _surrogate_cases():
+    g = _gen(19)
+    old = -torch.rand(3, 4, generator=g) * 2
+    logprobs = old + torch.tensor([[-0.5, -0.1, 0.1, 0.5]]).expand(3, 4)  # ratios in and out
+    advantages = torch.tensor([[1.0], [-1.0], [0.5]]).expand(3, 4).clone()
+    return [("ratios 0.61, 0.90, 1.11, 1.65 with advantages +1, -1, +0.5, epsilon 0.2",
+             dict(logprobs=logprobs, old_logprobs=old, advantages=advantages, epsilon=0.2))]
+
+
+SURROGATE = Exercise(
+    "1.9", "PPO's clipped surrogate", "exercises.ps1.e09_clipped_surrogate", "clipped_surrogate",
+    oracle=_surrogate_oracle, cases=_surrogate_cases,
+    worked=[("ratio 1.5, A = 1, epsilon 0.2: max(-1.5, -1.2)",
+             dict(logprobs=torch.tensor([[1.5]]).log(), old_logprobs=torch.zeros(1, 1),
+                  advantages=torch.ones(1, 1), epsilon=0.2), torch.tensor([[-1.2]]))],
+    mistakes=[
+        ("the ratio is inverted: pi_old / pi, where the surrogate needs pi / pi_old",
+         lambda logprobs, old_logprobs, advantages, epsilon: _surrogate_oracle(
+             old_logprobs, logprobs, advantages, epsilon)),
+        ("min where it is max: of -A * ratio and -A * clip(ratio) the loss takes the larger (the "
+         "pessimistic objective)", lambda logprobs, old_logprobs, advantages, epsilon: torch.min(
+             -advantages * (logprobs - old_logprobs).exp(),
+             -advantages * (logprobs - old_logprobs).exp().clamp(1 - epsilon, 1 + epsilon))),
+        ("the ratio was clipped alone, -A * clip(ratio), without the unclipped term",
+         lambda logprobs, old_logprobs, advantages, epsilon:
+         -advantages * (logprobs - old_logprobs).exp().clamp(1 - epsilon, 1 + epsilon)),
+        ("the sign is wrong: the loss is -A * ratio, so that minimising it raises A * ratio",
+         lambda logprobs, old_logprobs, advantages, epsilon: -_surrogate_oracle(
+             logprobs, old_logprobs, advantages, epsilon)),
+    ])
+
+
+def _value_oracle(values, old_values, returns, clip):
+    args = SimpleNamespace(cliprange_value=clip, loss_type="bnpo")
+    return _each_token(lambda m: ppo.value_loss(values, old_values, returns, m, 1.0, args)[0],
+                       values.shape)
+
+
+def _value_cases():
+    old = torch.tensor([[0.0, 0.0, 1.0], [0.5, -0.5, 0.0]])
+    values = old + torch.tensor([[0.5, -0.05, -0.4], [0.5, 0.3, -0.3]])
+    returns = torch.tensor([[1.0, -1.0, 0.0], [0.0, 1.0, -2.0]])
+    return [("values moved 0.05 to 0.5 from old values, towards their returns and away, clip 0.2",
+             dict(values=values, old_values=old, returns=returns, clip=0.2))]
+
+
+VALUE = Exercise(
+    "1.10", "PPO's clipped value loss", "exercises.ps1.e10_value_loss", "clipped_value_loss",
+    oracle=_value_oracle, cases=_value_cases,
+    worked=[("V = 0.5 from 0, return 1, clip 0.2: 0.5 max(0.25, 0.64)",
+             dict(values=torch.tensor([[0.5]]), old_values=torch.zeros(1, 1),
+                  returns=torch.ones(1, 1), clip=0.2), torch.tensor([[0.32]]))],
+    mistakes=[
+        ("no clipping: 0.5 (V - R)^2 alone",
+         lambda values, old_values, returns, clip: 0.5 * (values - returns) ** 2),
+        ("min where it is max: the clipped value loss takes the larger of the two",
+         lambda values, old_values, returns, clip: 0.5 * torch.min(
+             (values - returns) ** 2,
+             (old_values + (values - old_values).clamp(-clip, clip) - returns) ** 2)),
+        ("the 1/2 is missing", lambda values, old_values, returns, clip:
+         2 * _value_oracle(values, old_values, returns, clip)),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.11 DPO and IPO, 1.12 pairs
+
+
+def _preference_oracle(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
+                       beta, loss_type):
+    P = len(chosen_logps)
+    logprobs = torch.stack([chosen_logps, rejected_logps], 1).reshape(2 * P, 1)
+    ref = torch.stack([ref_chosen_logps, ref_rejected_logps], 1).reshape(2 * P, 1)
+    args = SimpleNamespace(beta=beta, preference_loss=loss_type)
+    return torch.stack([online_dpo.dpo_loss(logprobs, ref, torch.ones(2 * P, 1),
+                                            F.one_hot(torch.tensor(k), P).float(), 1.0, args)[0]
+                        for k in range(P)])
+
+
+def _preference_cases():
+    g = _gen(21)
+    logps = [-torch.rand(4, generator=g) * 10 for _ in range(4)]
+    names = ("chosen_logps", "rejected_logps", "ref_chosen_logps", "ref_rejected_logps")
+    return [(f"4 pairs, {t}, beta {b}", dict(zip(names, logps), beta=b, loss_type=t))
+            for t, b in (("sigmoid", 0.1), ("ipo", 0.5))]
+
+
+def _swap(fn):
+    return lambda chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, \
+        loss_type: fn(rejected_logps, chosen_logps, ref_rejected_logps, ref_chosen_logps, beta,
+                      loss_type)
+
+
+PREFERENCE = Exercise(
+    "1.11", "the DPO and IPO losses", "exercises.ps1.e11_preference_loss", "preference_loss",
+    oracle=_preference_oracle, cases=_preference_cases,
+    worked=[("h = 0 (policy = reference), DPO: -log sigmoid(0) = log 2",
+             dict(chosen_logps=torch.tensor([-3.0]), rejected_logps=torch.tensor([-5.0]),
+                  ref_chosen_logps=torch.tensor([-3.0]), ref_rejected_logps=torch.tensor([-5.0]),
+                  beta=0.1, loss_type="sigmoid"), torch.tensor([0.6931472]))],
+    mistakes=[
+        ("the reference log-probs were not subtracted: h compares log pi / pi_ref of the chosen "
+         "and the rejected response",
+         lambda chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta,
+         loss_type: _preference_oracle(chosen_logps, rejected_logps, 0 * chosen_logps,
+                                       0 * rejected_logps, beta, loss_type)),
+        ("chosen and rejected are swapped: h is the chosen response's log-ratio minus the "
+         "rejected one's", _swap(_preference_oracle)),
+        ("IPO's target for h is 1 / (2 beta), not 1 / beta",
+         lambda chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta,
+         loss_type: ((chosen_logps - ref_chosen_logps - rejected_logps + ref_rejected_logps)
+                     - 1 / beta) ** 2),
+    ])
+
+
+def _pairs_last_of_equals(scores, group_size):
+    s = scores.view(-1, group_size).flip(1)  # the last of equals comes first
+    best, worst = group_size - 1 - s.argmax(1), group_size - 1 - s.argmin(1)
+    keep = s.max(1).values > s.min(1).values
+    first = torch.arange(len(s)) * group_size
+    return (first + best)[keep], (first + worst)[keep]
+
+
+PAIRS = Exercise(
+    "1.12", "online DPO's preference pairs", "exercises.ps1.e12_preference_pairs",
+    "preference_pairs",
+    oracle=lambda scores, group_size: online_dpo.preference_pairs(scores, group_size, "skip"),
+    cases=lambda: [("3 prompts of 4 responses, the second all tied",
+                    dict(scores=torch.tensor([0.0, 1, 0, 1, 1, 1, 1, 1, 0.5, 0, 1, 0.5]),
+                         group_size=4)),
+                   ("2 prompts of 2", dict(scores=torch.tensor([1.0, 0, 0, 1]), group_size=2))],
+    worked=[("[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none",
+             dict(scores=torch.tensor([0.0, 1, 0, 1, 1, 1, 1, 1]), group_size=4),
+             (torch.tensor([1]), torch.tensor([0])))],
+    mistakes=[
+        ("a prompt whose responses all tie gave a pair; it gives none (ties='skip')",
+         lambda scores, group_size: online_dpo.preference_pairs(scores, group_size, "first")),
+        ("the rows are positions inside each group; they are rows of scores (add group * G)",
+         lambda scores, group_size: tuple(
+             r % group_size for r in online_dpo.preference_pairs(scores, group_size, "skip"))),
+        ("the last of equal scores was taken; argmax and argmin take the first",
+         _pairs_last_of_equals),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.13 step-level GAE (appo.py), 1.14 the BAD backup (tppo.py)
+
+
+def _step_cases():
+    g = _gen(23)
+    rewards = torch.tensor([[0.0, 1, 0, 0.5], [0, 0, -1, 0]])
+    dones = torch.tensor([[0.0, 1, 0, 0], [0, 0, 1, 0]])
+    values = torch.randn(2, 4, generator=g)
+    return [("2 envs of 4 steps, an episode ending inside each segment",
+             dict(rewards=rewards, values=values, next_values=torch.tensor([0.3, -0.2]),
+                  dones=dones, gamma=0.9, lam=0.8))]
+
+
+def _step_oracle(rewards, values, next_values, dones, gamma, lam):
+    return appo.compute_advantages(rewards, values, None, next_values, dones, gamma, lam)
+
+
+STEP = Exercise(
+    "1.13", "step-level advantages across episodes", "exercises.ps1.e13_step_gae",
+    "step_advantages", oracle=_step_oracle, cases=_step_cases,
+    worked=[("one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], "
+             "V_next = 2, gamma = lam = 1",
+             dict(rewards=torch.tensor([[1.0, 0]]), values=torch.tensor([[0.0, 0.5]]),
+                  next_values=torch.tensor([2.0]), dones=torch.tensor([[1.0, 0]]), gamma=1.0,
+                  lam=1.0), (torch.tensor([[1.0, 1.5]]), torch.tensor([[1.0, 2.0]])))],
+    mistakes=[
+        ("an episode's end was ignored: the step where done = 1 bootstrapped from the next "
+         "observation (a new problem)",
+         lambda rewards, values, next_values, dones, gamma, lam: _step_oracle(
+             rewards, values, next_values, torch.zeros_like(dones), gamma, lam)),
+        ("the segment's last step was not bootstrapped with next_values",
+         lambda rewards, values, next_values, dones, gamma, lam: _step_oracle(
+             rewards, values, torch.zeros_like(next_values), dones, gamma, lam)),
+        ("the returns are A, not A + V", lambda rewards, values, next_values, dones, gamma, lam: (
+            _step_oracle(rewards, values, next_values, dones, gamma, lam)[0],) * 2),
+    ])
+
+
+def _bad_cases():
+    g = _gen(24)
+    mask = torch.tensor([[[1.0, 1, 1], [1, 1, 0]], [[1, 0, 0], [1, 1, 1]]])  # [E=2, T=2, R=3]
+    values = torch.randn(2, 2, 3, generator=g) * mask
+    return [("2 envs, 2 steps of 3, 2, 1 and 3 tokens, the first env's episode ends at step 0",
+             dict(rewards=torch.tensor([[1.0, 0.5], [0, -1]]), values=values,
+                  response_mask=mask, next_values=torch.tensor([0.4, -0.3]),
+                  dones=torch.tensor([[1.0, 0], [0, 0]]), gamma=0.9, lam=0.8))]
+
+
+def _bad_gamma_every_token(rewards, values, response_mask, next_values, dones, gamma, lam):
+    """A token-level GAE that treats every token as a step: gamma and lam at every token."""
+    E, T, R = values.shape
+    flat_mask = response_mask.reshape(E, T * R)
+    flat_r = torch.zeros(E, T * R)
+    flat_d = torch.zeros(E, T * R)
+    last = response_mask.sum(-1).long() - 1
+    for t in range(T):
+        flat_r[torch.arange(E), t * R + last[:, t]] = rewards[:, t]
+        flat_d[torch.arange(E), t * R + last[:, t]] = dones[:, t]
+    keep = flat_mask > 0
+    out_a, out_r = torch.zeros(E, T * R), torch.zeros(E, T * R)
+    for e in range(E):
+        idx = keep[e].nonzero()[:, 0]
+        a, r = numerics.step_gae(flat_r[e, idx][None], values.reshape(E, -1)[e, idx][None],
+                                 next_values[e:e + 1], flat_d[e, idx][None], gamma, lam)
+        out_a[e, idx], out_r[e, idx] = a[0], r[0]
+    return out_a.view(E, T, R), out_r.view(E, T, R)
+
+
+BAD = Exercise(
+    "1.14", "tppo's BAD backup", "exercises.ps1.e14_bad_backup", "bad_advantages",
+    oracle=tppo.compute_advantages, cases=_bad_cases,
+    worked=[("one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 0, done, "
+             "gamma = 0.9, lam = 1: A = [0.5, 0.75]",
+             dict(rewards=torch.tensor([[1.0]]), values=torch.tensor([[[0.5, 0.25]]]),
+                  response_mask=torch.ones(1, 1, 2), next_values=torch.tensor([0.0]),
+                  dones=torch.tensor([[1.0]]), gamma=0.9, lam=1.0),
+             (torch.tensor([[[0.5, 0.75]]]), torch.tensor([[[1.0, 1.0]]])))],
+    mistakes=[
+        ("gamma was applied at every token; inside a step there is no discount (delta = V[j+1] - "
+         "V[j], A = delta + lam A_after), only at the step's last token", _bad_gamma_every_token),
+        ("the episode's end was ignored at the last token of a done step",
+         lambda rewards, values, response_mask, next_values, dones, gamma, lam:
+         tppo.compute_advantages(rewards, values, response_mask, next_values,
+                                 torch.zeros_like(dones), gamma, lam)),
+        ("the returns are A, not (A + V) on real tokens",
+         lambda rewards, values, response_mask, next_values, dones, gamma, lam: (
+             tppo.compute_advantages(rewards, values, response_mask, next_values, dones, gamma,
+                                     lam)[0],) * 2),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.15 the seeded inverse-CDF draw
+
+
+def _cdf_cases():
+    probs = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.3, 0.0, 0.3]])
+    return [("u at a step of the cdf, on a flat part and past a row's mass of 0.6",
+             dict(probs=probs, uniforms=torch.tensor([0.5, 0.05, 0.4]))),
+            ("u = 0 and u near 1", dict(probs=probs, uniforms=torch.tensor([0.0, 0.999, 0.999])))]
+
+
+INVERSE_CDF = Exercise(
+    "1.15", "the seeded inverse-CDF draw", "exercises.ps1.e15_inverse_cdf", "inverse_cdf",
+    oracle=inverse_cdf, cases=_cdf_cases,
+    worked=[("probs [0.25, 0.25, 0.5], u = 0.6: cdf [0.25, 0.5, 1] first exceeds 0.6 at 2",
+             dict(probs=torch.tensor([[0.25, 0.25, 0.5]]), uniforms=torch.tensor([0.6])),
+             torch.tensor([2]))],
+    mistakes=[
+        ("the draw took the first token whose cdf reaches u x mass (right=False); it must exceed "
+         "it, or a cdf step at exactly u picks the token before",
+         lambda probs, uniforms: torch.searchsorted(
+             probs.double().cumsum(-1), (uniforms.double() * probs.double().sum(-1))[:, None],
+             right=False)[:, 0].clamp(max=probs.shape[1] - 1)),
+        ("u was not scaled by the row's mass; probs need not sum to 1 (top-p zeroes some)",
+         lambda probs, uniforms: torch.searchsorted(
+             probs.double().cumsum(-1), uniforms.double()[:, None], right=True)[:, 0].clamp(
+                 max=probs.shape[1] - 1)),
+    ])
+
+
+EXERCISES = [MASKED_MEAN, MASKED_WHITEN, KL, LOGPROBS, GROUP, AGGREGATE, RLOO, GAE, SURROGATE, VALUE,
+             PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF]

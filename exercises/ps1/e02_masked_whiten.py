@@ -1,0 +1,18 @@
+"""PS1.2: whitening over the real tokens (common/numerics.py `masked_whiten`; ppo.py whitens its
+rewards and advantages with it).
+
+    mean = masked mean of x,   var = sum(mask * (x - mean)^2) / (n - 1),   n = sum(mask)
+    whiten(x) = (x - mean) / sqrt(var + eps)            (shift_mean=True)
+    whiten(x) = (x - mean) / sqrt(var + eps) + mean     (shift_mean=False: TRL's reward whitening)
+
+and 0 on the padding. The variance is the unbiased one (n - 1), as torch.var and TRL take it; with
+a single real entry (n = 1) divide by 1.
+
+Hint: compute mean and var from the masked entries only, then multiply the result by the mask.
+Check: python -m exercises.check 1.2
+"""
+import torch  # noqa: F401
+
+
+def masked_whiten(x, mask, shift_mean=True, eps=1e-8):
+    raise NotImplementedError("PS1.2: write masked_whiten")

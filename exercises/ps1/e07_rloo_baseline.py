@@ -1,0 +1,18 @@
+"""PS1.7: the leave-one-out baseline of RLOO (reinforce.py `compute_baselines`, --baseline rloo).
+
+episode_returns holds groups of k = group_size consecutive samples of the same prompt. Sample i's
+baseline is the mean of the OTHER k - 1 samples of its group:
+
+    b_i = (sum_j r_j - r_i) / (k - 1)
+
+so that b_i does not depend on sample i itself and the gradient estimate stays unbiased.
+
+Hint: view as [N / k, k]; one sum per group, minus each sample.
+Check: python -m exercises.check 1.7
+"""
+import torch  # noqa: F401
+
+
+def rloo_baselines(episode_returns, group_size):
+    """[N] returns -> [N] baselines."""
+    raise NotImplementedError("PS1.7: write rloo_baselines")

@@ -1,0 +1,24 @@
+"""PS1.14: tppo's BAD backup: token-level GAE inside multi-token steps (tppo.py `compute_advantages`).
+
+An action (a step) is R tokens; the step's reward arrives after its last token. values [E, T, R] is
+V of the prefix before each token; mask [E, T, R] is 1 on real tokens (a step may be shorter than
+R); rewards, dones [E, T]; next_values [E] is V of the observation after the segment. Backwards over
+steps t and, inside each, over tokens j:
+
+    at a step's last real token:  delta = r_t + gamma * V_next * (1 - done_t) - V[t, j]
+                                  A     = delta + gamma * lam * (1 - done_t) * A_after
+    at any other real token:      delta = V[t, j+1] - V[t, j]
+                                  A     = delta + lam * A_after
+
+V_next is V of the next step's first token (next_values after the last step) and A_after is the
+advantage of the next real token (across the step boundary too). Inside a step there is no reward
+and no discount. Padding gets 0 and passes A_after through. returns = (A + V) * mask.
+
+Check: python -m exercises.check 1.14
+"""
+import torch  # noqa: F401
+
+
+def bad_advantages(rewards, values, response_mask, next_values, dones, gamma, lam):
+    """-> (advantages [E, T, R], returns [E, T, R])"""
+    raise NotImplementedError("PS1.14: write bad_advantages")

@@ -1,0 +1,114 @@
+"""The exercises' checker (exercises/check.py, docs/course.md): it passes the project's own
+functions, fails every stub naming its file, and names each common mistake in its own words."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from exercises.check import Wrong, all_exercises, check, run_checks
+from exercises.ps1.checks import EXERCISES as PS1
+
+ROOT = Path(__file__).resolve().parents[1]
+BY_ID = {e.id: e for e in PS1}
+
+
+def test_ps1_has_at_least_12_exercises_over_all_six_files():
+    assert len(PS1) >= 12 and len(set(BY_ID)) == len(PS1)
+    text = "\n".join((ROOT / e.path).read_text() for e in PS1)
+    for algo in ("grpo.py", "ppo.py", "reinforce.py", "online_dpo.py", "appo.py", "tppo.py"):
+        assert algo in text, algo
+
+
+@pytest.mark.parametrize("exercise", PS1, ids=lambda e: e.id)
+def test_the_projects_own_function_passes(exercise):
+    assert check(exercise, solution=True) is None
+
+
+@pytest.mark.parametrize("exercise", PS1, ids=lambda e: e.id)
+def test_a_stub_fails_naming_its_file(exercise):
+    # the stubs as shipped: nothing written yet
+    assert check(exercise) == f"not written yet: fill in {exercise.name} in {exercise.path}"
+
+
+MISTAKES = [(e, k) for e in PS1 for k in range(len(e.mistakes))]
+
+
+@pytest.mark.parametrize("exercise,k", MISTAKES, ids=[f"{e.id}-{k}" for e, k in MISTAKES])
+def test_each_common_mistake_fails_with_its_own_words(exercise, k):
+    words, wrong = exercise.mistakes[k]
+    with pytest.raises(Wrong) as said:
+        run_checks(exercise, wrong)
+    if callable(words):  # words that quote the student's numbers: their fixed part
+        assert "did you normalise over the whole batch instead of each group?" in str(said.value)
+    else:
+        assert str(said.value).endswith(": " + words)
+
+
+def test_every_ps1_exercise_names_at_least_two_mistakes():
+    assert all(len(e.mistakes) >= 2 for e in PS1)
+
+
+def test_the_group_advantage_message_quotes_the_students_numbers():
+    # the case [1, 0, 0, 1 | 1, 1, 1, 1 | 0, 0, 0, 1] normalised over the batch: mean 7/12, std
+    # 0.515, so group 1's four advantages are (1 - 0.583) / 0.515 = 0.809 each
+    def whole_batch(rewards, group_size, scale=True):
+        centred = rewards - rewards.mean()
+        return centred / (rewards.std() + 1e-4) if scale else centred
+
+    with pytest.raises(Wrong, match="group 1's advantages average 0.809, not 0: did you normalise "
+                                    "over the whole batch instead of each group?"):
+        run_checks(BY_ID["1.5"], whole_batch)
+
+
+def test_a_students_own_code_passes_where_it_is_right():
+    # written as a student would, with loops: different code, the same numbers
+    def masked_mean(x, mask, dim=None):
+        if dim is None:
+            return (x * mask).sum() / max(1.0, mask.sum().item())
+        rows = zip(x.unbind(1 - dim), mask.unbind(1 - dim))  # 2-D: a mean along dim per row
+        return torch.stack([masked_mean(a, m) for a, m in rows])
+
+    def rloo_baselines(episode_returns, group_size):
+        out = []
+        for g in episode_returns.split(group_size):
+            out += [(g.sum() - r) / (group_size - 1) for r in g]
+        return torch.stack(out)
+
+    run_checks(BY_ID["1.1"], masked_mean)
+    run_checks(BY_ID["1.7"], rloo_baselines)
+
+
+def test_a_function_that_changes_its_input_in_place_is_told():
+    def masked_mean(x, mask, dim=None):
+        x.mul_(mask)
+        return x.sum() / mask.sum().clamp(min=1) if dim is None else x.sum(dim) / mask.sum(
+            dim).clamp(min=1)
+
+    with pytest.raises(Wrong, match="changed its input x in place"):
+        run_checks(BY_ID["1.1"], masked_mean)
+
+
+def test_a_wrong_shape_and_an_unknown_mistake_are_said_plainly():
+    with pytest.raises(Wrong, match=r"the output has shape \[4\], it should have \[\]"):
+        run_checks(BY_ID["1.1"], lambda x, mask, dim=None: (x * mask).sum(0))
+    with pytest.raises(Wrong, match=r"expected tensor of shape \[\]: \[1.5\], got tensor of "
+                                    r"shape \[\]: \[2\]"):
+        run_checks(BY_ID["1.1"], lambda x, mask, dim=None: torch.tensor(2.0))
+
+
+def test_the_command_line(tmp_path):
+    run = [sys.executable, "-m", "exercises.check"]
+    ok = subprocess.run(run + ["--solution"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+    assert ok.returncode == 0 and ok.stdout.strip().endswith(f"{len(PS1)} of {len(PS1)} passed")
+    stub = subprocess.run(run + ["1.5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert stub.returncode == 1 and stub.stdout.splitlines() == [
+        "PS1.5 GRPO's group advantages and Dr.GRPO's: not written yet: fill in group_advantages "
+        "in exercises/ps1/e05_group_advantages.py", "0 of 1 passed"]
+    unknown = subprocess.run(run + ["9.9"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: no exercise 9.9; the "
+                                                                 "exercises are 1.1, 1.2")
+    assert set(all_exercises()) == set(BY_ID)
