@@ -112,3 +112,78 @@ def test_the_command_line(tmp_path):
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: no exercise 9.9; the "
                                                                  "exercises are 1.1, 1.2")
     assert set(all_exercises()) == set(BY_ID)
+
+
+# ---- PS2: the files trained with the students' functions (exercises/train.py) -------------------
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "0",
+        "--num_prompts", "2", "--num_generations", "4", "--max_steps", "2",
+        "--learning_rate", "1e-2", "--save_steps", "2"]
+
+
+def test_every_plug_names_a_function_of_its_file():
+    import importlib
+
+    from exercises.train import PLUGS
+    assert {"grpo", "ppo", "reinforce", "online_dpo"} <= set(PLUGS)
+    for algo, plugs in PLUGS.items():
+        module = importlib.import_module(algo)
+        for id, (name, _) in plugs.items():
+            assert id in BY_ID and callable(getattr(module, name)), (algo, id, name)
+
+
+def test_the_adapters_call_the_students_function_where_the_file_calls_its_own():
+    import appo
+    import online_dpo
+    import reinforce
+
+    from exercises.train import PLUGS
+    returns = torch.tensor([1.0, 0, 0, 1, 0.5, 2])
+    for baseline in ("rloo", "mean", "none"):
+        rloo = PLUGS["reinforce"]["1.7"][1](BY_ID["1.7"].oracle, reinforce.compute_baselines)
+        assert torch.equal(rloo(returns, 3, baseline),
+                           reinforce.compute_baselines(returns, 3, baseline))
+    pairs = PLUGS["online_dpo"]["1.12"][1](lambda scores, group_size: "student's",
+                                            online_dpo.preference_pairs)
+    assert pairs(returns, 3) == "student's" and pairs(returns, 3, "skip") == "student's"
+    assert torch.equal(pairs(returns, 3, "first")[0],
+                       online_dpo.preference_pairs(returns, 3, "first")[0])
+    step = PLUGS["appo"]["1.13"][1](BY_ID["1.13"].oracle, appo.compute_advantages)
+    _, case = BY_ID["1.13"].cases()[0]
+    mine = step(case["rewards"], case["values"], None, case["next_values"], case["dones"], 0.9, 0.8)
+    theirs = appo.compute_advantages(case["rewards"], case["values"], None, case["next_values"],
+                                     case["dones"], 0.9, 0.8)
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def test_ps2_with_the_projects_functions_is_the_plain_run(tmp_path):
+    """--solution binds the oracles in place of the file's functions: the same numbers, so the
+    weights after two updates are the plain run's, bit for bit."""
+    from safetensors.torch import load_file
+
+    import warm  # tests/warm.py: `python X.py` runs forked from a warm process
+    algo = "grpo"
+    plain = warm.run([sys.executable, f"{algo}.py", *TINY, "--output_dir",
+                      str(tmp_path / "plain")], cwd=ROOT, capture_output=True, text=True,
+                     timeout=600)
+    plugged = subprocess.run([sys.executable, "-m", "exercises.train", f"{algo}.py", "--solution",
+                              "--", *TINY, "--output_dir", str(tmp_path / "plugged")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert plain.returncode == 0 and plugged.returncode == 0, plain.stderr[-2000:] + \
+        plugged.stderr[-2000:]
+    assert plugged.stdout.startswith(f"{algo}.py with the project functions: masked_mean (PS1.1)")
+    a, b = (load_file(str(tmp_path / run / "checkpoint-2" / "model.safetensors"))
+            for run in ("plain", "plugged"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ps2_stops_on_a_stub_with_one_line():
+    out = subprocess.run([sys.executable, "-m", "exercises.train", "grpo.py", "--plug", "1.5",
+                          "1.6", "--", *TINY], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "error: PS1.5 not written yet: fill in group_advantages in "
+        "exercises/ps1/e05_group_advantages.py; or train without it: --plug 1.6")
+    other = subprocess.run([sys.executable, "-m", "exercises.train", "grpo.py", "--plug", "1.8"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert other.returncode == 1 and other.stderr.strip() == (
+        "error: grpo.py calls no function of PS1.8; it calls those of 1.1, 1.3, 1.5, 1.6")
