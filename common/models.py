@@ -321,9 +321,10 @@ def trained_policy(args, resume_from, device):
         policy = load_policy(args.model_name_or_path, device=device,
                              dtype=torch.bfloat16 if args.bf16 else torch.float32,
                              gradient_checkpointing=args.gradient_checkpointing)
-        policy = add_lora(policy, args.lora_r, args.lora_alpha or 2 * args.lora_r,
-                          args.lora_target_modules, base_model_path(args.model_name_or_path),
-                          resume_from)
+        # `is None`, not `or`: a --lora_alpha 0 once became 2 * lora_r here (checks.py refuses it)
+        alpha = 2 * args.lora_r if args.lora_alpha is None else args.lora_alpha
+        policy = add_lora(policy, args.lora_r, alpha, args.lora_target_modules,
+                          base_model_path(args.model_name_or_path), resume_from)
     else:
         policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                              gradient_checkpointing=args.gradient_checkpointing)

@@ -1,0 +1,106 @@
+"""Bad input never hangs, lies or writes outside its run (issue 52): a number out of range, a data
+file that is too big, not UTF-8 or repeats its rows, a checkpoint of another file or kind, a link
+planted in the run folder, a path given with ~. Each is one line, `error: ...`, naming the flag or
+file and the fix, with exit status 1, no traceback, and before any model loads where it can be found
+that early. tests/test_reliability.py holds the earlier checks of the same kind."""
+
+import importlib
+import math
+import sys
+import time
+import typing
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
+
+from common.algorithms import ALGORITHMS
+from common.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
+        "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
+
+
+def fails_in_one_line(cmd, says, within=60):
+    """Run `cmd` (python X.py ...): it must exit 1 within `within` seconds with the one line
+    `error: <says>...` on stderr, nothing else there, and no traceback. -> the line."""
+    start = time.time()
+    out = warm.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    took = time.time() - start
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr[-3000:]
+    assert out.stderr.startswith(f"error: {says}"), out.stderr
+    assert took < within, f"{took:.0f} s"
+    return out.stderr.strip()
+
+
+# ---- numbers: every one in its range, every real one finite, sizes that memory holds ----------------------
+@pytest.mark.parametrize("flags,says", [
+    # a flat distribution sampled, and the run exited 0
+    (["--temperature", "inf"], "--temperature inf: must be a finite number (the default is 0.7)."),
+    # weights of 1e30 after two updates, exit 0
+    (["--learning_rate", "1e30"], "--learning_rate 1e+30: must be in [0, 1] (the default is 5e-06)."),
+    # merged weights of 2e8 after two updates, exit 0
+    (["--lora_r", "4", "--lora_alpha", "1000000000000"],
+     ("--lora_alpha 1000000000000: adapters are scaled by lora_alpha / lora_r = 2.5e+11, which must be at "
+      "most 64 (the default, 2 * lora_r, scales by 2); pass --lora_alpha 256 or less.")),
+    # silently became 2 * lora_r
+    (["--lora_r", "4", "--lora_alpha", "0"], "--lora_alpha 0: must be >= 1 (leave it out for its default)."),
+    # 8 GB in a minute
+    (["--num_prompts", "1000000000000"], "--num_prompts 1000000000000: must be in [1, 65536] (the default is 4)."),
+    (["--num_generations", "1000000000000"],
+     "--num_generations 1000000000000: must be in [1, 4096] (the default is 8)."),
+    # each within its bound, the product beyond any memory
+    (["--num_prompts", "65536", "--num_generations", "4096"],
+     "--num_prompts 65536 x --num_generations 4096 over 1 process(es) is 268435456 sequences a rank"),
+    # tracebacks from peft and from the sampling loop
+    (["--lora_r", "-1"], "--lora_r -1: must be in [0, 4096] (the default is 0)."),
+    (["--max_sampling_rounds", "0", "--dynamic_sampling"],
+     "--max_sampling_rounds 0: must be in [1, 64] (the default is 4)."),
+])
+def test_a_number_out_of_range_is_one_line_before_any_model_loads(flags, says, tmp_path):
+    fails_in_one_line(["grpo.py", *TINY, *flags, "--output_dir", str(tmp_path / "run")], says, within=30)
+    assert not (tmp_path / "run").exists()  # refused before the run wrote anything
+
+
+def _float_fields(args_class):
+    """The options that hold a real number or a list of them (float, Optional[float], list[float]...)."""
+    hints = typing.get_type_hints(args_class)
+    return [f.name for f in fields(args_class) if "float" in str(hints[f.name])]
+
+
+@pytest.mark.parametrize("algo", [*ALGORITHMS, "eval"])
+def test_every_real_valued_option_of_every_file_must_be_finite(algo, tmp_path):
+    # a class check: an option added later is covered without a line of its own
+    module = importlib.import_module(algo)
+    args = replace(module.Args(), model_name_or_path="tiny-random")
+    if algo == "eval":
+        args = replace(args, output=str(tmp_path / "out.jsonl"))
+        check = module.check_args
+    else:
+        args = replace(args, output_dir=str(tmp_path))
+
+
+        def check(a):
+            module.check_args(a, world_size=1)
+    names = _float_fields(module.Args)
+    assert {"temperature", "top_p", "reward_weights"} <= set(names)
+    for name in names:
+        value = [1.0, math.nan] if name == "reward_weights" else math.inf
+        if name == "max_grad_norm":  # inf is its "no clipping"
+            value = math.nan
+        with pytest.raises(UsageError, match=rf"^--{name} ") as e:
+            check(replace(args, **{name: value}))
+        assert "finite" in str(e.value) or "must be" in str(e.value), e.value
+
+
+def test_help_shows_each_number_option_s_range():
+    from common.args import make_parser
+    from grpo import Args
+
+    text = " ".join(make_parser(Args).format_help().split())
+    assert "prompts per update, over all ranks (default: 4; in [1, 65536])" in text
+    assert "(default: 5e-06; in [0, 1])" in text  # --learning_rate
+    assert "lora_alpha / lora_r, at most 64 (None: 2 * lora_r) (default: None; >= 1)" in text
