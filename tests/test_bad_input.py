@@ -104,3 +104,49 @@ def test_help_shows_each_number_option_s_range():
     assert "prompts per update, over all ranks (default: 4; in [1, 65536])" in text
     assert "(default: 5e-06; in [0, 1])" in text  # --learning_rate
     assert "lora_alpha / lora_r, at most 64 (None: 2 * lora_r) (default: None; >= 1)" in text
+
+
+# ---- data files: a size per row, UTF-8 named where it breaks ------------------------------------------------
+ROW = '{"question": "What is 2 + 3?", "answer": "5", "level": 1}'
+
+
+def test_a_data_line_too_long_to_be_a_row_is_one_line_naming_the_file_and_line(tmp_path):
+    from common.tasks import MAX_LINE_BYTES
+
+    data = tmp_path / "train.jsonl"
+    # a 200 MB line took over 14 GB and two minutes before this; one byte over the limit will do
+    data.write_text(ROW + "\n" + '{"question": "' + "x" * MAX_LINE_BYTES + '", "answer": "1"}\n')
+    fails_in_one_line(["grpo.py", *TINY, "--dataset_path", str(data), "--output_dir", str(tmp_path / "run")],
+                      f"{data}, line 2: longer than 8 MB, the most one row may take", within=30)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_data_file_that_is_not_utf8_names_the_line_and_the_byte(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes((ROW + "\n").encode() + '{"question": "Combien font 2 + 3, café?", "answer": "5"}\n'
+                     .encode("latin-1"))
+    byte = len(ROW) + 1 + len('{"question": "Combien font 2 + 3, caf')
+    fails_in_one_line(["grpo.py", *TINY, "--dataset_path", str(data), "--output_dir", str(tmp_path / "run")],
+                      f"{data}, line 2: not UTF-8 (byte 0xe9 at byte {byte} of the file): save it as UTF-8, "
+                      "e.g. iconv -f latin1 -t utf-8 train.jsonl > fixed.jsonl.", within=30)
+
+
+def test_data_files_too_big_nested_or_not_parquet_are_refused_and_a_bom_is_read(tmp_path, monkeypatch):
+    from common import tasks
+
+    json_file = tmp_path / "train.json"
+    json_file.write_text("[" + ",".join([ROW] * 20_000) + "]")  # 1.11 MB
+    assert len(tasks.read_rows(json_file, "arithmetic")) == 20_000
+    monkeypatch.setattr(tasks, "MAX_JSON_BYTES", 2**20)  # parsed whole: a size for the file
+    with pytest.raises(UsageError, match=r"train.json: 1.11 MB, beyond the 1 MB a .json file, parsed at once, "
+                                         r"may take: write it as .jsonl"):
+        tasks.read_rows(json_file, "arithmetic")
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "\n")
+    with pytest.raises(UsageError, match=r"deep.jsonl, line 1: JSON nested too deeply"):
+        tasks.read_rows(tmp_path / "deep.jsonl", "arithmetic")
+    (tmp_path / "bad.parquet").write_text(ROW)
+    with pytest.raises(UsageError, match=r"bad.parquet: not a parquet file that pyarrow reads"):
+        tasks.read_rows(tmp_path / "bad.parquet", "arithmetic")
+    # a byte-order mark (Windows editors write one) is not part of the first row
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + (ROW + "\n" + ROW).encode())
+    assert [r["answer"] for r in tasks.read_rows(tmp_path / "bom.jsonl", "arithmetic")] == ["5", "5"]
