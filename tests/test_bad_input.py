@@ -150,3 +150,36 @@ def test_data_files_too_big_nested_or_not_parquet_are_refused_and_a_bom_is_read(
     # a byte-order mark (Windows editors write one) is not part of the first row
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + (ROW + "\n" + ROW).encode())
     assert [r["answer"] for r in tasks.read_rows(tmp_path / "bom.jsonl", "arithmetic")] == ["5", "5"]
+
+
+# ---- a data file's held-out fifth: no question on both sides --------------------------------------------------
+def _rows(questions):
+    return "".join(f'{{"question": "What is {q} + 1?", "answer": "{q + 1}", "level": 1}}\n' for q in questions)
+
+
+def test_a_repeated_question_is_held_out_or_trained_on_with_all_its_copies(tmp_path):
+    from common.env import make_envs
+    from grpo import Args
+
+    path = tmp_path / "train.jsonl"
+    # 20 questions, the first 10 three times over: they leaked into both halves
+    path.write_text(_rows(list(range(10)) * 3 + list(range(10, 20))))
+    said = []
+    train, held = make_envs(Args(dataset_path=str(path), num_eval_problems=200), say=said.append)
+    trained = {ex["question"] for ex in train.examples}
+    evaluated = [ex["question"] for ex in held.examples]
+    assert len(evaluated) == 4 == len(set(evaluated))  # a fifth of the 20 questions, once each
+    assert not trained & set(evaluated)
+    assert len(trained) == 16 and len(train) + sum(3 if int(q.split()[2]) < 10 else 1 for q in evaluated) == 40
+    assert said[-1] == (f"{path}: no --eval_dataset_path, so 4 of its 20 distinct questions are held out "
+                        f"for evaluation and {len(train)} rows of the others train (40 rows: a repeated "
+                        "question is held out or trained on with all its copies)")
+    # a file without repeats splits as it did when rows were drawn: the same seeded sample of rows
+    import random
+
+    path.write_text(_rows(range(20)))
+    said = []
+    train, held = make_envs(Args(dataset_path=str(path), num_eval_problems=200), say=said.append)
+    drawn = sorted(random.Random(0).sample(range(20), 4))
+    assert [ex["question"] for ex in held.examples] == [f"What is {i} + 1?" for i in drawn]
+    assert said[-1] == f"{path}: no --eval_dataset_path, so 4 of its 20 rows are held out for evaluation and 16 train"
