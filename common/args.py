@@ -119,7 +119,12 @@ class TrainArgs(DataArgs):
 
     def __post_init__(self):
         if self.output_dir is None:  # runs/grpo for grpo.py, and so on
-            self.output_dir = f"runs/{Path(inspect.getfile(type(self))).stem}"
+            self.output_dir = f"runs/{algorithm_of(self)}"
+
+
+def algorithm_of(args):
+    """The file whose Args `args` are, without .py: "grpo" for grpo.py's (run as __main__ too)."""
+    return Path(inspect.getfile(type(args))).stem
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ that early. tests/test_reliability.py holds the earlier checks of the same kind.
 
 import importlib
 import math
+import os
 import sys
 import time
 import typing
@@ -23,17 +24,20 @@ TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_e
         "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
 
 
-def fails_in_one_line(cmd, says, within=60):
+def fails_in_one_line(cmd, says, within=60, loading=False):
     """Run `cmd` (python X.py ...): it must exit 1 within `within` seconds with the one line
-    `error: <says>...` on stderr, nothing else there, and no traceback. -> the line."""
+    `error: <says>...` on stderr, nothing else there, and no traceback. -> the line. loading: the
+    error comes while a model loads, after the loaders' progress bars and warnings on stderr; the
+    error is then its last line."""
     start = time.time()
     out = warm.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=600)
     took = time.time() - start
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr[-3000:]
-    assert out.stderr.startswith(f"error: {says}"), out.stderr
+    said = out.stderr.splitlines()[-1:] if loading else out.stderr.splitlines()
+    assert "Traceback" not in out.stderr and len(said) == 1 and out.stderr.endswith("\n"), out.stderr[-3000:]
+    assert said[0].startswith(f"error: {says}"), out.stderr
     assert took < within, f"{took:.0f} s"
-    return out.stderr.strip()
+    return said[0]
 
 
 # ---- numbers: every one in its range, every real one finite, sizes that memory holds ----------------------
@@ -183,3 +187,133 @@ def test_a_repeated_question_is_held_out_or_trained_on_with_all_its_copies(tmp_p
     drawn = sorted(random.Random(0).sample(range(20), 4))
     assert [ex["question"] for ex in held.examples] == [f"What is {i} + 1?" for i in drawn]
     assert said[-1] == f"{path}: no --eval_dataset_path, so 4 of its 20 rows are held out for evaluation and 16 train"
+
+
+# ---- checkpoints: only the file and the kind of model that wrote one resumes it ----------------------------
+def _checkpoint(run_dir, algorithm=None, lora=False, step=1, state=None):
+    """run_dir/checkpoint-{step} as a run of `algorithm` writes it (None: as checkpoints were written
+    before they named their file); lora: a LoRA policy's adapter. state: the trainer state to plant
+    instead, with the manifest made to agree."""
+    import json
+
+    import torch
+
+    from common.checkpoints import save_checkpoint
+    from common.models import base_model_path, load_tokenizer, tiny_random_model
+    from common.sharding import add_lora
+
+    model = tiny_random_model()
+    if lora:
+        model = add_lora(model, 4, 8, "all-linear", base_model_path("tiny-random"))
+    path = run_dir / f"checkpoint-{step}"
+    if state is None or not path.exists():
+        save_checkpoint(path, model, load_tokenizer("tiny-random"), step, algorithm=algorithm)
+    if state is not None or algorithm is None:
+        torch.save(state or {"step": step, "optimizers": {"policy": {}}, "extra": {}}, path / "trainer_state.pt")
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["trainer_state.pt"] = (path / "trainer_state.pt").stat().st_size
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+CRITIC_STATE = {"step": 1, "optimizers": {"policy": {}, "critic": {}}, "extra": {"critic": {}}}
+
+
+@pytest.mark.parametrize("file,written,flags,says", [
+    # trained on from ppo's policy, silently
+    ("grpo.py", {"algorithm": "ppo"}, [],
+     ("--resume: {ckpt} was written by ppo.py, not grpo.py: resume it with python ppo.py --resume, or pass "
+     "another --output_dir.")),
+    # KeyError: 'critic'
+    ("ppo.py", {"algorithm": "grpo"}, [], "--resume: {ckpt} was written by grpo.py, not ppo.py"),
+    # a checkpoint from before they named their file: its critic says the family
+    ("ppo.py", {}, [], ("--resume: {ckpt} holds no critic, which ppo.py trains: another algorithm file "
+     "wrote it. Resume it with that file, or pass another --output_dir.")),
+    ("grpo.py", {"state": CRITIC_STATE}, [], "--resume: {ckpt} holds a critic, which grpo.py does not train"),
+    # ValueError: optimizer got an empty parameter list
+    ("grpo.py", {"algorithm": "grpo", "lora": True}, [],
+     ("--resume: {ckpt} holds LoRA adapters of rank 4 and alpha 8: resume with --lora_r 4 (and --lora_alpha 8, "
+     "or none), as it was trained.")),
+    ("grpo.py", {"algorithm": "grpo", "lora": True}, ["--lora_r", "8"], "--resume: {ckpt} holds LoRA adapters of rank 4"),
+    ("grpo.py", {"algorithm": "grpo", "lora": True}, ["--lora_r", "4", "--lora_alpha", "16"],
+     "--resume: {ckpt} holds LoRA adapters of rank 4 and alpha 8"),
+    # ValueError: Can't find 'adapter_config.json'
+    ("grpo.py", {"algorithm": "grpo"}, ["--lora_r", "4"],
+     ("--resume: {ckpt} holds a whole model (full fine-tuning), not LoRA adapters: resume without --lora_r, as "
+     "it was trained.")),
+])
+def test_a_checkpoint_of_another_file_or_kind_is_refused_before_any_model_loads(file, written, flags, says,
+                                                                                   tmp_path):
+    ckpt = _checkpoint(tmp_path / "run", **written)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    fails_in_one_line([file, *TINY, "--max_steps", "2", "--output_dir", str(tmp_path / "run"), "--resume", *flags],
+                      says.format(ckpt=ckpt), within=30)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before  # nothing written
+
+
+def test_a_checkpoint_from_before_they_named_their_file_still_resumes_under_its_own(tmp_path):
+    from common.checkpoints import load_trainer_state
+
+    def grpo(max_steps, *flags):
+        out = warm.run([sys.executable, "grpo.py", *TINY, "--max_steps", str(max_steps), "--output_dir",
+                        str(tmp_path / "run"), *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    grpo(1)
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    state = load_trainer_state(ckpt)
+    assert state.pop("algorithm") == "grpo"  # recorded now; as checkpoints were before, without it
+    _checkpoint(tmp_path / "run", algorithm="grpo", state=state)
+    assert "algorithm" not in load_trainer_state(ckpt)
+    assert f"resuming from {ckpt} at update 1" in grpo(2, "--resume").stdout
+
+
+class Payload:
+    """What a poisoned weights file carries: unpickling it calls os.system."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_poisoned_pickled_weights_are_one_line_and_run_nothing(lora, tmp_path):
+    import torch
+
+    ckpt = _checkpoint(tmp_path / "run", algorithm="grpo", lora=lora)
+    (ckpt / ("adapter_model" if lora else "model")).with_suffix(".safetensors").unlink()
+    (ckpt / "manifest.json").unlink()
+    marker = tmp_path / "payload-ran"
+    name = "adapter_model" if lora else "pytorch_model"  # the names transformers and peft load
+    torch.save({"x": Payload(marker)}, ckpt / f"{name}.bin")
+    lora_flags = ["--lora_r", "4"] if lora else []
+    # --resume: refused before any model loads
+    fails_in_one_line(["grpo.py", *TINY, *lora_flags, "--max_steps", "2", "--output_dir", str(tmp_path / "run"),
+                       "--resume"],
+                      f"--resume: {ckpt} holds {name}.bin, a pickled weights file, where mathrl writes "
+                      "safetensors: loading it could run code, so it is refused.", within=30)
+    # as the model to start from (eval.py loads it the same way): refused as torch reads it
+    what = f"the adapter in {ckpt}" if lora else f"the weights file of {ckpt}"
+    fails_in_one_line(["eval.py", "--model_name_or_path", str(ckpt), "--num_eval_problems", "2",
+                       "--max_new_tokens", "4", "--output", str(tmp_path / "e.jsonl")],
+                      f"{what} holds more than tensors and numbers (it names posix.system); loading it "
+                      "could run code, so it is refused. Load weights saved as safetensors", within=30,
+                      loading=True)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_cut_short_without_its_manifest_is_named_and_passed_over(tmp_path, capsys):
+    from common.checkpoints import resume_point
+
+    first = _checkpoint(tmp_path, algorithm="grpo", step=1)
+    second = _checkpoint(tmp_path, algorithm="grpo", step=2)
+    (second / "manifest.json").unlink()
+    whole = (second / "model.safetensors").stat().st_size
+    os.truncate(second / "model.safetensors", whole - 1000)  # a copy that stopped early
+    step, path, _ = resume_point(tmp_path, True, 5)  # it failed deep in safetensors, with a traceback
+    assert (step, path) == (1, first)
+    assert (f"--resume: {second} is corrupt (ValueError: model.safetensors has {whole - 1000} bytes, its "
+            f"header says {whole}); falling back to the previous checkpoint") in capsys.readouterr().out
