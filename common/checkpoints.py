@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from common.args import algorithm_of
 from common.distributed import all_gather_objects, print0
 from common.errors import NonFiniteError, PathError, UsageError, UserError
-from common.logger import LOG_FILES
+from common.logger import LOG_FILES, RUN_FILES
 from common.models import load_policy, refuse_code
 from common.sharding import full_state_dict, optimizer_state, untied
 
@@ -41,8 +42,10 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
 
     Every rank calls it (under --fsdp the weights and optimizer states are gathered); rank 0 writes.
     A kill at any moment leaves either the previous checkpoint or the new one whole: the files are
-    written into `path.tmp`, which `checkpoints` ignores, and renamed into place only when complete.
-    Weights holding NaN or inf are never written."""
+    written into a new folder `path.<random>.tmp`, which `checkpoints` ignores, and renamed into
+    place only when complete. The folder is made here, so that no link planted in the run folder
+    (a checkpoint-N.tmp pointing elsewhere) receives the checkpoint. Weights holding NaN or inf are
+    never written."""
     path = Path(path)
     weights = untied(model, full_state_dict(model))
     optimizer_states = {k: optimizer_state(m, o) for k, (m, o) in (optimizers or {}).items()}
@@ -56,8 +59,11 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
                              f"The previous checkpoint is intact; --resume continues from it.")
     if not main:
         return
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for left in path.parent.glob(f"{path.name}.*tmp"):  # by a save that was killed
+        if not left.is_symlink():
+            shutil.rmtree(left, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
     model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if merge_base:
@@ -68,10 +74,11 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
     sizes = {str(f.relative_to(tmp)): f.stat().st_size
              for f in sorted(tmp.rglob("*")) if f.is_file()}
     (tmp / "manifest.json").write_text(json.dumps(sizes, indent=1))
+    if path.is_symlink():  # planted while the run went: the link goes, never what it names
+        path.unlink()
     # the same step saved again: swap by renames, so that a whole copy exists at every moment
     if path.exists():
-        old = path.with_name(path.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+        old = tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".old")
         os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old)
@@ -144,6 +151,7 @@ def resume_point(output_dir, resume, max_steps, args=None):
     finished, and the process exits. Under torchrun every rank must find the same checkpoint
     (same_checkpoint_on_every_rank). args: the run's options, which the checkpoint must suit
     (check_resumable)."""
+    check_run_folder(output_dir)
     found = checkpoints(output_dir)
     if not resume:
         if found:
@@ -175,6 +183,21 @@ def resume_point(output_dir, resume, max_steps, args=None):
         raise SystemExit(0)
     print0(f"resuming from {path} at update {state['step']}")
     return state["step"], path, state
+
+
+def check_run_folder(output_dir):
+    """Stop, before any model loads, if a name the run writes in its folder (args.json, the logs,
+    tb/, checkpoint-N and its temporary folders) is a symbolic link: the run writes only what it
+    made there, and a link planted by someone sharing the folder (args.json -> a file of yours)
+    would take its writes elsewhere."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() and (entry.name in RUN_FILES or entry.name.startswith("checkpoint-")):
+            raise PathError(f"--output_dir {output_dir}: {entry.name} there is a symbolic link (to "
+                            f"{os.readlink(entry)}), and a run follows no link in its folder: "
+                            f"remove it (rm {entry}), or pass another --output_dir.")
 
 
 def check_resumable(path, state, args):

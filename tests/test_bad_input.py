@@ -317,3 +317,62 @@ def test_a_checkpoint_cut_short_without_its_manifest_is_named_and_passed_over(tm
     assert (step, path) == (1, first)
     assert (f"--resume: {second} is corrupt (ValueError: model.safetensors has {whole - 1000} bytes, its "
             f"header says {whole}); falling back to the previous checkpoint") in capsys.readouterr().out
+
+
+# ---- the run folder: nothing written through a link planted there ------------------------------------------
+@pytest.mark.parametrize("name,resume", [("args.json", True), ("args.json", False), ("metrics.jsonl", True),
+                                         ("samples.jsonl", False), ("checkpoint-2.tmp", True), ("tb", False),
+                                         ("checkpoint-2", True)])
+def test_a_link_planted_in_the_run_folder_is_refused_and_its_target_untouched(name, resume, tmp_path):
+    run_dir, victim = tmp_path / "run", tmp_path / "yours"
+    victim.mkdir()
+    (victim / "file.txt").write_text("precious")
+    if resume:
+        _checkpoint(run_dir, algorithm="grpo")
+    run_dir.mkdir(exist_ok=True)
+    target = victim / "file.txt" if name.endswith(("json", "jsonl")) else victim
+    (run_dir / name).symlink_to(target)
+    # args.json was overwritten on --resume; checkpoint-2.tmp received the whole checkpoint
+    fails_in_one_line(["grpo.py", *TINY, "--max_steps", "2", "--output_dir", str(run_dir),
+                       *(["--resume"] if resume else [])],
+                      f"--output_dir {run_dir}: {name} there is a symbolic link (to {target}), and a run follows no "
+                      f"link in its folder: remove it (rm {run_dir / name}), or pass another --output_dir.", within=30)
+    assert sorted(p.name for p in victim.iterdir()) == ["file.txt"]
+    assert (victim / "file.txt").read_text() == "precious"
+
+
+def test_links_planted_while_a_run_goes_are_replaced_or_refused_never_followed(tmp_path):
+    # after the check at the start: the writes themselves make new files and follow no link
+    from common.checkpoints import checkpoints, load_trainer_state
+    from common.errors import PathError
+    from common.logger import Logger
+    from grpo import Args
+
+    victim = tmp_path / "yours"
+    victim.mkdir()
+    (victim / "file.txt").write_text("precious")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "args.json").symlink_to(victim / "file.txt")
+    (run_dir / "checkpoint-1.tmp").symlink_to(victim)
+    (run_dir / "checkpoint-2").symlink_to(victim)
+    Logger(Args(output_dir=str(run_dir)), initial_step=0).close()  # args.json: a new file in place of the link
+    assert not (run_dir / "args.json").is_symlink() and '"output_dir"' in (run_dir / "args.json").read_text()
+    _checkpoint(run_dir, algorithm="grpo", step=1)  # written into a folder of its own, then renamed
+    _checkpoint(run_dir, algorithm="grpo", step=2)  # the link goes, not what it names
+    assert checkpoints(run_dir) == [run_dir / "checkpoint-2", run_dir / "checkpoint-1"]
+    assert not (run_dir / "checkpoint-2").is_symlink() and load_trainer_state(run_dir / "checkpoint-2")["step"] == 2
+    # a resumed run's logs are rewritten by a rename: the link is replaced
+    (run_dir / "metrics.jsonl").unlink()
+    (run_dir / "metrics.jsonl").symlink_to(victim / "file.txt")
+    logger = Logger(Args(output_dir=str(run_dir)), initial_step=1)
+    logger.log(2, {"x": 1.0})
+    logger.close()
+    assert not (run_dir / "metrics.jsonl").is_symlink() and '"x": 1.0' in (run_dir / "metrics.jsonl").read_text()
+    # a log opened to append is refused
+    (run_dir / "eval.jsonl").unlink()
+    (run_dir / "eval.jsonl").symlink_to(victim / "empty.txt")
+    with pytest.raises(PathError, match=r"eval.jsonl is a symbolic link \(to .*empty.txt\): a run follows no link"):
+        Logger(Args(output_dir=str(run_dir)), initial_step=0)
+    assert sorted(p.name for p in victim.iterdir()) == ["file.txt"]
+    assert (victim / "file.txt").read_text() == "precious"
