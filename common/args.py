@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import textwrap
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -298,9 +298,29 @@ def parse_args(args_class, argv=None):
     given = {options[t].dest for t in native if t in options}
     args = replace(args, **apply_rules(algo, args, seed, given, say,
                                        int(os.environ.get("WORLD_SIZE", 1))))
+    args = expand_home(args)
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
     return args
+
+
+# Options that name a file or folder, where ~ is the home folder. A shell makes it so for a bare
+# word, but not after "=" (--output_dir=~/runs) nor inside quotes, and a folder named ~ appeared.
+PATH_OPTIONS = ("dataset_name", "reward_fn", "output", "responses")  # and every *_path, *_dir
+
+
+def expand_home(args):
+    """args with a leading ~ (or ~user) of every path option made the home folder's path."""
+    changes = {}
+    for name in (f.name for f in fields(args)):
+        value = getattr(args, name)
+        if value is None or not (name.endswith(("_path", "_dir")) or name in PATH_OPTIONS):
+            continue
+        expanded = ([os.path.expanduser(v) for v in value] if isinstance(value, list)
+                    else os.path.expanduser(value))
+        if expanded != value:
+            changes[name] = expanded
+    return replace(args, **changes)
 
 
 def _drop_seed_values(native, dest, options, from_seed):

@@ -376,3 +376,36 @@ def test_links_planted_while_a_run_goes_are_replaced_or_refused_never_followed(t
         Logger(Args(output_dir=str(run_dir)), initial_step=0)
     assert sorted(p.name for p in victim.iterdir()) == ["file.txt"]
     assert (victim / "file.txt").read_text() == "precious"
+
+
+# ---- ~ in a path option is the home folder ---------------------------------------------------------------
+@pytest.mark.parametrize("algo", [*ALGORITHMS, "eval"])
+def test_every_path_option_of_every_file_takes_a_home_folder(algo, tmp_path, monkeypatch):
+    from common.args import PATH_OPTIONS, parse_args
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    module = importlib.import_module(algo)
+    paths = [f.name for f in fields(module.Args) if f.name.endswith(("_path", "_dir")) or f.name in PATH_OPTIONS]
+    assert {"dataset_path", "model_name_or_path"} <= set(paths)
+    argv = [x for name in paths for x in (f"--{name}={'~/' + name}",)]
+    args = parse_args(module.Args, argv)
+    for name in paths:
+        expected = str(tmp_path / name)
+        assert getattr(args, name) == ([expected] if name == "reward_fn" else expected), name
+    assert parse_args(module.Args, ["--dataset_name", "arithmetic"]).dataset_name == "arithmetic"
+
+
+def test_an_output_dir_given_with_a_home_folder_is_there_not_a_folder_named_tilde(tmp_path):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    from common.models import cache_dir
+
+    # the model cache stays where it is (under the real home it would be fetched again)
+    env = {**os.environ, "HOME": str(home), "MATHRL_CACHE": str(cache_dir())}
+    out = warm.run([sys.executable, str(ROOT / "grpo.py"), *TINY, "--max_steps", "1", "--output_dir=~/run"],
+                   cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (home / "run" / "checkpoint-1" / "model.safetensors").is_file()
+    assert list(cwd.iterdir()) == []  # there was a folder literally named ~ here
+    assert sorted(p.name for p in home.iterdir()) == ["run"]
