@@ -202,14 +202,20 @@ def _resolve(name):
 
 
 def _hub_error(name, err, flag="--model_name_or_path"):
-    """The error of a model or tokenizer that did not load, with what to pass instead offline: the
-    embedded policy, or for the PRM (which SmolLM2 is not) a PRM's own folder or the test PRM."""
+    """The error of a model or tokenizer that did not load: for a local folder, what it must hold;
+    else what to pass instead offline, the embedded policy, or for the PRM (which SmolLM2 is not) a
+    PRM's own folder or the test PRM."""
+    said = " ".join(str(err).split())  # one line, as every user error is: transformers' run over
+    if os.path.isdir(os.path.expanduser(name)):
+        return PathError(f"Could not load {flag} {name!r}: {said} Pass a folder written by "
+                         "save_pretrained (a checkpoint-N folder), which holds config.json, the "
+                         "weights and the tokenizer's files.")
     offline = (f"a process reward model's folder written by save_pretrained (e.g. a copy of "
                f"peiyi9979/math-shepherd-mistral-7b-prm), or {TINY_RANDOM!r} (a test PRM)"
                if flag == "--prm_model_name_or_path" else
                f"the offline default {EMBEDDED_MODEL!r}, or a local folder written by "
                "save_pretrained")
-    return PathError(f"Could not load {flag} {name!r}: {err}\nIf this machine has no access to "
+    return PathError(f"Could not load {flag} {name!r}: {said} If this machine has no access to "
                      f"the Hugging Face hub, use {offline}.")
 
 
@@ -225,7 +231,8 @@ def load_tokenizer(name, flag="--model_name_or_path"):
         path = _resolve(name)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except OSError as err:
+    # ValueError: a folder without the tokenizer's files (transformers tries to convert one)
+    except (OSError, ValueError) as err:
         raise _hub_error(name, err, flag) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -311,7 +318,7 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
         with refuse_code(f"the weights file of {name}", WEIGHTS_FIX):
             try:
                 model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
-            except OSError as err:
+            except (OSError, ValueError) as err:  # ValueError: a config transformers can't read
                 raise _hub_error(name, err) from None
     # Weights read from a safetensors file can sit at any offset in memory (40 bytes past a 64-byte
     # boundary here), and CPU matmuls round differently for unaligned operands: a run resumed from a
