@@ -194,7 +194,8 @@ def check_run_folder(output_dir):
     if not folder.is_dir():
         return
     for entry in sorted(folder.iterdir()):
-        if entry.is_symlink() and (entry.name in RUN_FILES or entry.name.startswith("checkpoint-")):
+        written = entry.name in RUN_FILES or re.fullmatch(r"checkpoint-\d+(\..*)?", entry.name)
+        if entry.is_symlink() and written:  # a checkpoint-best -> checkpoint-20 of yours may stay
             raise PathError(f"--output_dir {output_dir}: {entry.name} there is a symbolic link (to "
                             f"{os.readlink(entry)}), and a run follows no link in its folder: "
                             f"remove it (rm {entry}), or pass another --output_dir.")

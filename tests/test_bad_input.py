@@ -17,7 +17,7 @@ import pytest
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 from common.algorithms import ALGORITHMS
-from common.errors import UsageError
+from common.errors import PathError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -356,7 +356,6 @@ def test_a_link_planted_in_the_run_folder_is_refused_and_its_target_untouched(na
 def test_links_planted_while_a_run_goes_are_replaced_or_refused_never_followed(tmp_path):
     # after the check at the start: the writes themselves make new files and follow no link
     from common.checkpoints import checkpoints, load_trainer_state
-    from common.errors import PathError
     from common.logger import Logger
     from grpo import Args
 
@@ -432,3 +431,15 @@ def test_a_model_folder_that_does_not_load_is_one_line_naming_what_it_must_hold(
                              f"Could not load --model_name_or_path '{tmp_path / 'model'}': ", loading=True)
     assert said.endswith("Pass a folder written by save_pretrained (a checkpoint-N folder), which holds "
                          "config.json, the weights and the tokenizer's files.")
+
+
+def test_a_link_the_run_never_writes_may_stay_in_its_folder(tmp_path):
+    from common.checkpoints import check_run_folder
+
+    _checkpoint(tmp_path, algorithm="grpo", step=20)
+    (tmp_path / "checkpoint-best").symlink_to(tmp_path / "checkpoint-20")  # a reader's shortcut
+    (tmp_path / "notes.txt").symlink_to(tmp_path / "checkpoint-20" / "config.json")
+    check_run_folder(tmp_path)
+    (tmp_path / "checkpoint-21.x.tmp").symlink_to(tmp_path / "checkpoint-20")
+    with pytest.raises(PathError, match="checkpoint-21.x.tmp there is a symbolic link"):
+        check_run_folder(tmp_path)
