@@ -16,7 +16,7 @@ import torch.distributed as dist
 from common.args import algorithm_of
 from common.distributed import all_gather_objects, print0
 from common.errors import NonFiniteError, PathError, UsageError, UserError
-from common.logger import LOG_FILES, RUN_FILES
+from common.logger import LOG_FILES, RUN_FILES, plain_mode
 from common.models import load_policy, refuse_code
 from common.sharding import full_state_dict, optimizer_state, untied
 
@@ -64,6 +64,7 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
         if not left.is_symlink():
             shutil.rmtree(left, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
+    plain_mode(tmp, 0o777)
     model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if merge_base:

@@ -44,12 +44,21 @@ def json_line(record):
     return json.dumps(record, allow_nan=False)
 
 
+def plain_mode(path, mode):
+    """mkstemp and mkdtemp make a 0600 file, a 0700 folder; a run's files and checkpoints get the
+    mode open() and mkdir() give under the umask, so that others may read a shared run folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
 def replace_file(path, text):
     """Write `text` to `path` by a rename of a new file made beside it: a kill leaves the old file
     or the new one whole, and a symbolic link planted at `path` is replaced, never followed."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    plain_mode(tmp, 0o666)
     os.replace(tmp, path)
 
 

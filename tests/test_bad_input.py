@@ -372,6 +372,11 @@ def test_links_planted_while_a_run_goes_are_replaced_or_refused_never_followed(t
     _checkpoint(run_dir, algorithm="grpo", step=1)  # written into a folder of its own, then renamed
     _checkpoint(run_dir, algorithm="grpo", step=2)  # the link goes, not what it names
     assert checkpoints(run_dir) == [run_dir / "checkpoint-2", run_dir / "checkpoint-1"]
+    # made as mkdir and open make them: others may read a shared run folder
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (run_dir / "checkpoint-1").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (run_dir / "args.json").stat().st_mode & 0o777 == 0o666 & ~umask
     assert not (run_dir / "checkpoint-2").is_symlink() and load_trainer_state(run_dir / "checkpoint-2")["step"] == 2
     # a resumed run's logs are rewritten by a rename: the link is replaced
     (run_dir / "metrics.jsonl").unlink()
