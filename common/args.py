@@ -172,6 +172,8 @@ RANGES = {
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
     # 0 would scale every adapter to nothing, and the run would train nothing
     "lora_alpha": (1, math.inf, "[)"),
+    # numpy's range; --seed 1e30 overflowed torch.manual_seed, with a traceback
+    "seed": (0, 2**32 - 1, "[]"),
     **{name: (1, MOST.get(name, math.inf), "[]" if name in MOST else "[)") for name in POSITIVE},
     **{name: (0, MOST.get(name, math.inf), "[]" if name in MOST else "[)")
        for name in NON_NEGATIVE},

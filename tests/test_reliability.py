@@ -79,7 +79,7 @@ BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5,
                ("huber_delta", 0.0, "must be > 0"), ("missing_eos_penalty", -1.0, "must be >= 0"),
                ("max_sampling_rounds", 0, r"must be in \[1, 64\]"), ("lora_r", -1, r"must be in \[0, 4096\]"),
                ("critic_num_layers", -1, r"must be in \[0, 16\]"), ("critic_hidden_size", 0, r"must be in \[1, 16384\]"),
-               ("ref_model_sync_steps", -1, "must be >= 0"),
+               ("ref_model_sync_steps", -1, "must be >= 0"), ("seed", 10**30, r"must be in \[0, 4294967295\]"),
                # sizes that memory holds have a top: a typo of 1e12 filled 8 GB in a minute
                ("num_prompts", 10**12, r"must be in \[1, 65536\]"), ("num_generations", 10**12, r"must be in \[1, 4096\]"),
                ("num_envs", 10**12, r"must be in \[1, 65536\]"), ("max_new_tokens", 10**9, r"must be in \[1, 131072\]"),
