@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 
 from common.answers import to_number
 from common.args import DataArgs, parse_args
-from common.checks import check_output_dir
+from common.checks import check_output_dir, check_ranges
 from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
 from common.env import MATH_SUBJECTS, filter_math, make_env, make_env_options, resolve_task
 from common.errors import PathError, UsageError
@@ -120,8 +120,8 @@ def check_args(args):
     """Every argument error before any data or model loads, each with the fix."""
     if args.split not in ("train", "test"):
         raise UsageError(f"--split must be 'train' or 'test', got {args.split!r}")
-    if args.num_generations < 1:
-        raise UsageError("--n must be >= 1.")
+    # the ranges training has (sizes >= 1 and within what memory holds, every real number finite)
+    check_ranges(args)
     if args.num_generations > 1 and args.temperature == 0:
         raise UsageError(f"--n {args.num_generations} with --temperature 0 gives "
                          f"{args.num_generations} copies of the greedy answer; "
@@ -130,8 +130,6 @@ def check_args(args):
         raise UsageError("--temperature must be >= 0 and --top_p in (0, 1].")
     if args.num_eval_problems is not None and args.num_eval_problems < 1:
         raise UsageError("--num_eval_problems must be >= 1 (leave it out for all problems).")
-    if args.eval_batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
-        raise UsageError("--eval_batch_size and --max_new_tokens must be >= 1.")
     if args.responses is not None and args.reward_fn:
         raise UsageError("--reward_fn scores the completions eval.py samples; --responses regrades "
                          "saved ones with the task's verifier alone: leave one of them out.")

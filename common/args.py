@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import textwrap
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -106,7 +106,8 @@ class TrainArgs(DataArgs):
     lora_r: int = 0
     """LoRA rank: train adapters on frozen weights (needs peft); 0: full fine-tuning"""
     lora_alpha: Optional[int] = None
-    """LoRA scale numerator: adapters are scaled by lora_alpha / lora_r (default: 2 * lora_r)"""
+    """LoRA scale numerator: adapters are scaled by lora_alpha / lora_r, at most 64 (None: 2 *
+    lora_r)"""
     lora_target_modules: str = "all-linear"
     """modules that get adapters: 'all-linear' or a comma list such as 'q_proj,v_proj'"""
     merge_lora: bool = False
@@ -118,7 +119,77 @@ class TrainArgs(DataArgs):
 
     def __post_init__(self):
         if self.output_dir is None:  # runs/grpo for grpo.py, and so on
-            self.output_dir = f"runs/{Path(inspect.getfile(type(self))).stem}"
+            self.output_dir = f"runs/{algorithm_of(self)}"
+
+
+def algorithm_of(args):
+    """The file whose Args `args` are, without .py: "grpo" for grpo.py's (run as __main__ too)."""
+    return Path(inspect.getfile(type(args))).stem
+
+
+# ------------------------------------------------------------------------------------------------
+# The range of every number option, checked before any model loads (common/checks.py) and shown by
+# --help
+# ------------------------------------------------------------------------------------------------
+# Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
+POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval",
+            "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
+            "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
+            "critic_hidden_size")
+NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
+                "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps")
+# The most a size that memory holds may be: far above any run that fits one machine, far below a
+# typo such as --num_prompts 1000000000000, which filled 8 GB in a minute before anything failed.
+MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_steps": 2**16,
+        "max_new_tokens": 2**17, "eval_max_new_tokens": 2**17, "max_episode_steps": 4096,
+        "micro_batch_size": 2**16, "eval_batch_size": 4096, "max_sampling_rounds": 64,
+        "lora_r": 4096, "critic_hidden_size": 16384, "critic_num_layers": 16}
+# What one rank's rollout holds at once, in sequences and in sampled tokens: the sampler decodes
+# every row in one batch (16,384 rows of SmolLM2's 49,152-word vocabulary are 3.2 GB of logits a
+# step), and the update keeps each token's log-probs.
+MOST_ROWS, MOST_TOKENS = 2**14, 2**24
+# The most lora_alpha / lora_r may be (the default scales by 2): --lora_alpha 1e12 at --lora_r 4
+# merged into weights of 2e8 within two updates, and the run exited 0.
+MOST_LORA_SCALE = 64
+# The range of each option, in whichever file defines it: (low, high, brackets), "(" leaving the
+# end out and "[" keeping it in. NaN lies outside every range, and a real-valued option that no
+# range names must still be finite (check_ranges). A value outside them does not fail later: a
+# negative --max_grad_norm reverses every update while the logged norm looks normal, a negative
+# --epsilon clips every token, --learning_rate 1e30 writes weights of 1e30 and exits 0.
+RANGES = {
+    # a learning rate of 0 is allowed: the tests use it to read gradients without moving weights.
+    # AdamW moves every weight by about the learning rate each step, and these models' weights are
+    # at most about 1: at 1e30 they were 1e30 after two updates, and the run exited 0 (the largest
+    # rate the tests use is 0.05).
+    "learning_rate": (0, 1, "[]"), "critic_learning_rate": (0, 1, "[]"),
+    "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
+    "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
+    "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
+    "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
+    "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
+    "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
+    "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
+    "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
+    # 0 would scale every adapter to nothing, and the run would train nothing
+    "lora_alpha": (1, math.inf, "[)"),
+    # numpy's range; --seed 1e30 overflowed torch.manual_seed, with a traceback
+    "seed": (0, 2**32 - 1, "[]"),
+    **{name: (1, MOST.get(name, math.inf), "[]" if name in MOST else "[)") for name in POSITIVE},
+    **{name: (0, MOST.get(name, math.inf), "[]" if name in MOST else "[)")
+       for name in NON_NEGATIVE},
+}
+
+
+def in_range(value, low, high, brackets):
+    above = value >= low if brackets[0] == "[" else value > low
+    below = value <= high if brackets[1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def range_text(low, high, brackets):
+    if high == math.inf:
+        return f"{'>=' if brackets[0] == '[' else '>'} {low}"
+    return f"in {brackets[0]}{low}, {high}{brackets[1]}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -146,7 +217,8 @@ def make_parser(args_class):
     docs = field_docs(args_class)
     for action in parser._actions:
         if action.dest in docs:
-            action.help = docs[action.dest].replace("%", "%%") + " (default: %(default)s)"
+            bounds = f"; {range_text(*RANGES[action.dest])}" if action.dest in RANGES else ""
+            action.help = docs[action.dest].replace("%", "%%") + f" (default: %(default)s{bounds})"
     return parser
 
 
@@ -228,9 +300,29 @@ def parse_args(args_class, argv=None):
     given = {options[t].dest for t in native if t in options}
     args = replace(args, **apply_rules(algo, args, seed, given, say,
                                        int(os.environ.get("WORLD_SIZE", 1))))
+    args = expand_home(args)
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
     return args
+
+
+# Options that name a file or folder, where ~ is the home folder. A shell makes it so for a bare
+# word, but not after "=" (--output_dir=~/runs) nor inside quotes, and a folder named ~ appeared.
+PATH_OPTIONS = ("dataset_name", "reward_fn", "output", "responses")  # and every *_path, *_dir
+
+
+def expand_home(args):
+    """args with a leading ~ (or ~user) of every path option made the home folder's path."""
+    changes = {}
+    for name in (f.name for f in fields(args)):
+        value = getattr(args, name)
+        if value is None or not (name.endswith(("_path", "_dir")) or name in PATH_OPTIONS):
+            continue
+        expanded = ([os.path.expanduser(v) for v in value] if isinstance(value, list)
+                    else os.path.expanduser(value))
+        if expanded != value:
+            changes[name] = expanded
+    return replace(args, **changes)
 
 
 def _drop_seed_values(native, dest, options, from_seed):

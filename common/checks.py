@@ -5,64 +5,31 @@ import importlib.util
 import math
 import os
 import tempfile
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from common.args import (
+    MOST_LORA_SCALE,
+    MOST_ROWS,
+    MOST_TOKENS,
+    RANGES,
+    in_range,
+    range_text,
+)
 from common.distributed import collective_device, print0
 from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models import check_model_name
-
-# Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
-POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval",
-            "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
-            "num_steps", "max_episode_steps", "eval_max_new_tokens")
-NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
-                "num_few_shot")
-# The range of each option, in whichever file defines it: (low, high, brackets), "(" leaving the
-# end out and "[" keeping it in. NaN lies outside every range. A value outside them does not fail
-# later: a negative --max_grad_norm reverses every update while the logged norm looks normal, a
-# negative --epsilon clips every token.
-RANGES = {
-    # a learning rate of 0 is allowed: the tests use it to read gradients without moving weights
-    "learning_rate": (0, math.inf, "[)"), "critic_learning_rate": (0, math.inf, "[)"),
-    "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
-    "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
-    "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
-    "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
-    "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
-    "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
-    "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
-    "huber_delta": (0, math.inf, "()"),
-    **{name: (1, math.inf, "[)") for name in POSITIVE},
-    **{name: (0, math.inf, "[)") for name in NON_NEGATIVE},
-}
-
-
-def in_range(value, low, high, brackets):
-    above = value >= low if brackets[0] == "[" else value > low
-    below = value <= high if brackets[1] == "]" else value < high
-    return above and below  # both False for NaN
-
-
-def range_text(low, high, brackets):
-    if high == math.inf:
-        return f"{'>=' if brackets[0] == '[' else '>'} {low}"
-    return f"in {brackets[0]}{low}, {high}{brackets[1]}"
 
 
 def check_common_args(args, world_size=1):
     """The checks every algorithm file shares, before any model loads, each naming the fix: sizes
     (and, in the files that sample num_generations responses to num_prompts prompts, how they split
     over ranks and minibatches), sampling, the output folder, the model's path, wandb."""
-    defaults = {f.name: f.default for f in fields(args)}
-    for name, (low, high, brackets) in RANGES.items():
-        value = getattr(args, name, None)
-        if value is not None and not in_range(value, low, high, brackets):
-            raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} (the "
-                             f"default is {defaults[name]}).")
+    check_ranges(args)
+    check_rollout_size(args, world_size)
     if not args.temperature > 0 or not 0 < args.top_p <= 1:
         raise UsageError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
                          "need a "
@@ -73,6 +40,14 @@ def check_common_args(args, world_size=1):
     if args.lora_r and importlib.util.find_spec("peft") is None:
         raise PackageError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
                            "fine-tuning)")
+    if args.lora_alpha is not None and not args.lora_r:
+        raise UsageError("--lora_alpha scales LoRA adapters, but --lora_r is 0 (full fine-tuning): "
+                         "drop --lora_alpha or set --lora_r.")
+    if args.lora_alpha is not None and args.lora_alpha / args.lora_r > MOST_LORA_SCALE:
+        raise UsageError(f"--lora_alpha {args.lora_alpha}: adapters are scaled by lora_alpha / "
+                         f"lora_r = {args.lora_alpha / args.lora_r:g}, which must be at most "
+                         f"{MOST_LORA_SCALE} (the default, 2 * lora_r, scales by 2); pass "
+                         f"--lora_alpha {MOST_LORA_SCALE * args.lora_r} or less.")
     if args.merge_lora and not args.lora_r:
         raise UsageError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
                          "saves whole models already): drop --merge_lora or set --lora_r.")
@@ -87,6 +62,49 @@ def check_common_args(args, world_size=1):
                            "-r requirements-extra.txt (wandb and tensorboard), or drop --track "
                            "(metrics.jsonl is written anyway, TensorBoard logs when installed).")
     check_model_name(args.model_name_or_path)
+
+
+def check_ranges(args):
+    """Every number option of `args` within its range (RANGES), and every real-valued one a finite
+    number, whether or not a range names it: the check covers an option added later too
+    (--temperature inf sampled from a flat distribution and exited 0). eval.py's options too."""
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
+                for f in fields(args)}
+    for name, (low, high, brackets) in RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not in_range(value, low, high, brackets):
+            raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} "
+                             f"{default_text(defaults[name])}.")
+    for f in fields(args):
+        value = getattr(args, f.name)
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers) \
+                and f.name not in RANGES:  # those in RANGES passed, inf allowed (max_grad_norm)
+            shown = " ".join(map(str, numbers)) if isinstance(value, (list, tuple)) else value
+            raise UsageError(f"--{f.name} {shown}: must be a finite number "
+                             f"{default_text(defaults[f.name])}.")
+
+
+def default_text(default):
+    return "(leave it out for its default)" if default is None else f"(the default is {default})"
+
+
+def check_rollout_size(args, world_size):
+    """What one rank's rollout holds at once fits a machine (MOST_ROWS sequences, MOST_TOKENS
+    sampled tokens), or the fix, before any memory is taken: each size may be within its own
+    bound and their product still far beyond any memory."""
+    if hasattr(args, "num_prompts"):
+        rows = -(-args.num_prompts // world_size) * args.num_generations
+        sizes = f"--num_prompts {args.num_prompts} x --num_generations {args.num_generations}"
+    else:  # appo, tppo: every episode's steps of an update
+        rows = -(-args.num_envs // world_size) * args.num_steps
+        sizes = f"--num_envs {args.num_envs} x --num_steps {args.num_steps}"
+    tokens = rows * (args.max_new_tokens or 1)  # appo, tppo: None is a task's own, at most 96
+    if rows > MOST_ROWS or tokens > MOST_TOKENS:
+        raise UsageError(f"{sizes} over {world_size} process(es) is {rows} sequences a rank, "
+                         f"{tokens} new tokens with --max_new_tokens {args.max_new_tokens}: one "
+                         f"rank's rollout holds at most {MOST_ROWS} sequences and {MOST_TOKENS} "
+                         "tokens, so lower them, or run on more processes.")
 
 
 def check_output_dir(path, flag="--output_dir"):

@@ -333,19 +333,32 @@ def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
 
 
 def hold_out(train, evaluation, num_eval_problems, seed, path, say=print):
-    """Split one file's problems, in place: a seeded random fifth of them (at most
-    num_eval_problems) for evaluation, the rest for training. train and evaluation hold the same
-    rows in the same order (both read `path`)."""
-    n = min(num_eval_problems, len(train) // 5)
+    """Split one file's problems, in place: a seeded random fifth of its distinct questions (at most
+    num_eval_problems) for evaluation, once each, and the rows of the others for training. A
+    question that repeats goes one way with all its copies: a copy left in training would be graded
+    as held out after being trained on. train and evaluation hold the same rows in the same order
+    (both read `path`); a file without repeats splits as it did when rows were drawn."""
+    rows = len(train)
+    questions = list(dict.fromkeys(ex["question"] for ex in train.examples))
+    n = min(num_eval_problems, len(questions) // 5)
     if n == 0:
-        say(f"{path}: {len(train)} rows are too few to hold a fifth out, so evaluation reads the "
+        say(f"{path}: {rows} rows are too few to hold a fifth out, so evaluation reads the "
             "training rows (--eval_dataset_path for a held-out file)")
         return
-    held = set(random.Random(seed).sample(range(len(train)), n))
-    evaluation.examples = [ex for i, ex in enumerate(evaluation.examples) if i in held]
-    train.examples = [ex for i, ex in enumerate(train.examples) if i not in held]
-    say(f"{path}: no --eval_dataset_path, so {n} of its {len(train) + n} rows are held out for "
-        f"evaluation and {len(train)} train")
+    held = {questions[i] for i in random.Random(seed).sample(range(len(questions)), n)}
+    first = {}  # held question -> its first row, the one evaluated
+    for ex in evaluation.examples:
+        if ex["question"] in held:
+            first.setdefault(ex["question"], ex)
+    evaluation.examples = list(first.values())
+    train.examples = [ex for ex in train.examples if ex["question"] not in held]
+    if len(questions) == rows:
+        say(f"{path}: no --eval_dataset_path, so {n} of its {rows} rows are held out for "
+            f"evaluation and {len(train)} train")
+    else:
+        say(f"{path}: no --eval_dataset_path, so {n} of its {len(questions)} distinct questions "
+            f"are held out for evaluation and {len(train)} rows of the others train ({rows} rows: "
+            "a repeated question is held out or trained on with all its copies)")
 
 
 def filter_math(env, subject, levels, say):

@@ -4,14 +4,18 @@ TensorBoard when installed and wandb with --track; the run's last line."""
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from common.distributed import print0
+from common.errors import PathError
 
 
 LOG_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")  # in the run's output_dir
+# What the Logger writes in the run's output_dir; checkpoint-N/ are common/checkpoints.py's.
+RUN_FILES = ("args.json", *LOG_FILES, "tb")
 # The key of a log line that counts its NaN and inf values, each written as null (absent when 0).
 NONFINITE = "nonfinite"
 
@@ -38,6 +42,37 @@ def json_line(record):
     if count:
         record[NONFINITE] = count
     return json.dumps(record, allow_nan=False)
+
+
+def plain_mode(path, mode):
+    """mkstemp and mkdtemp make a 0600 file, a 0700 folder; a run's files and checkpoints get the
+    mode open() and mkdir() give under the umask, so that others may read a shared run folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
+def replace_file(path, text):
+    """Write `text` to `path` by a rename of a new file made beside it: a kill leaves the old file
+    or the new one whole, and a symbolic link planted at `path` is replaced, never followed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    plain_mode(tmp, 0o666)
+    os.replace(tmp, path)
+
+
+def open_log(path):
+    """`path` opened to append lines, created if missing; a symbolic link there is refused, not
+    followed (the run would write through it, outside its folder)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if not path.is_symlink():
+            raise
+        raise PathError(f"{path} is a symbolic link (to {os.readlink(path)}): a run follows no "
+                        "link in its folder; remove it, or pass another --output_dir.") from e
+    return os.fdopen(fd, "a")
 
 
 def mean_of(stats):
@@ -85,14 +120,14 @@ class Logger:
         self.dir = Path(args.output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         config = asdict(args)
-        (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str))
+        replace_file(self.dir / "args.json", json.dumps(config, indent=2, default=str))
         files = [self.dir / name for name in LOG_FILES]
         for path in files:
             if initial_step > 0:
                 _keep_lines_up_to(path, initial_step)
             else:  # a run from update 0 never writes over the lines of an earlier one
                 _set_aside(path)
-        self.metrics_file, self.eval_file, self.samples_file = (open(path, "a") for path in files)
+        self.metrics_file, self.eval_file, self.samples_file = (open_log(path) for path in files)
         self.start = time.time()
         self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates",
                         dynamic_ncols=True)
@@ -198,17 +233,17 @@ def _set_aside(path):
     """Rename a non-empty log to the first free name.k.jsonl, and start an empty one."""
     if path.exists() and path.stat().st_size:
         k = 1
-        while (aside := path.with_name(f"{path.stem}.{k}{path.suffix}")).exists():
+        while os.path.lexists(aside := path.with_name(f"{path.stem}.{k}{path.suffix}")):
             k += 1
         os.replace(path, aside)
         print0(f"{path.name}: the earlier run's lines are kept in {aside.name}")
-    path.touch()
+    open_log(path).close()
 
 
 def _keep_lines_up_to(path, step):
     """Rewrite a jsonl log keeping the whole lines whose "step" is <= step."""
     if not path.exists():
-        path.touch()
+        open_log(path).close()
         return
     kept = []
     for line in path.read_text().splitlines():
@@ -217,6 +252,4 @@ def _keep_lines_up_to(path, step):
                 kept.append(line + "\n")
         except (ValueError, KeyError, TypeError):
             pass  # cut short by a kill
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)  # a kill during the rewrite must not lose the lines
+    replace_file(path, "".join(kept))  # a kill during the rewrite must not lose the lines

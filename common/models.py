@@ -20,6 +20,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -174,6 +176,24 @@ def check_model_name(name, flag="--model_name_or_path"):
                             "folder itself.")
 
 
+@contextlib.contextmanager
+def refuse_code(what, fix):
+    """A pickled file that names a Python object other than tensors and numbers (a planted
+    pytorch_model.bin, adapter_model.bin or trainer_state.pt), which torch's weights_only loading
+    refuses with a traceback, becomes one line: `what` holds more than tensors..., then `fix`."""
+    try:
+        yield
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        found = f"it names {named.group(1)}" if named else "an object torch will not rebuild"
+        raise PathError(f"{what} holds more than tensors and numbers ({found}); loading it could "
+                        f"run code, so it is refused. {fix}") from None
+
+
+WEIGHTS_FIX = ("Load weights saved as safetensors (save_pretrained writes them), such as the "
+               "checkpoints mathrl writes.")
+
+
 def _resolve(name):
     check_model_name(name)
     if name == EMBEDDED_MODEL:
@@ -182,14 +202,20 @@ def _resolve(name):
 
 
 def _hub_error(name, err, flag="--model_name_or_path"):
-    """The error of a model or tokenizer that did not load, with what to pass instead offline: the
-    embedded policy, or for the PRM (which SmolLM2 is not) a PRM's own folder or the test PRM."""
+    """The error of a model or tokenizer that did not load: for a local folder, what it must hold;
+    else what to pass instead offline, the embedded policy, or for the PRM (which SmolLM2 is not) a
+    PRM's own folder or the test PRM."""
+    said = " ".join(str(err).split())  # one line, as every user error is: transformers' run over
+    if os.path.isdir(os.path.expanduser(name)):
+        return PathError(f"Could not load {flag} {name!r}: {said} Pass a folder written by "
+                         "save_pretrained (a checkpoint-N folder), which holds config.json, the "
+                         "weights and the tokenizer's files.")
     offline = (f"a process reward model's folder written by save_pretrained (e.g. a copy of "
                f"peiyi9979/math-shepherd-mistral-7b-prm), or {TINY_RANDOM!r} (a test PRM)"
                if flag == "--prm_model_name_or_path" else
                f"the offline default {EMBEDDED_MODEL!r}, or a local folder written by "
                "save_pretrained")
-    return PathError(f"Could not load {flag} {name!r}: {err}\nIf this machine has no access to "
+    return PathError(f"Could not load {flag} {name!r}: {said} If this machine has no access to "
                      f"the Hugging Face hub, use {offline}.")
 
 
@@ -205,7 +231,8 @@ def load_tokenizer(name, flag="--model_name_or_path"):
         path = _resolve(name)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except OSError as err:
+    # ValueError: a folder without the tokenizer's files (transformers tries to convert one)
+    except (OSError, ValueError) as err:
         raise _hub_error(name, err, flag) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -284,12 +311,15 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
             raise PathError(f"{name} holds a LoRA adapter on {base}, which is not on this "
                             f"machine: set base_model_name_or_path in {name}/adapter_config.json "
                             "to the base model's folder or hub id.")
-        model = PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
+        with refuse_code(f"the adapter in {name}", WEIGHTS_FIX):
+            model = PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
     else:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
-        except OSError as err:
-            raise _hub_error(name, err) from None
+        # outside the try: PathError is an OSError, and is not the hub's
+        with refuse_code(f"the weights file of {name}", WEIGHTS_FIX):
+            try:
+                model = AutoModelForCausalLM.from_pretrained(_resolve(name), dtype=dtype)
+            except (OSError, ValueError) as err:  # ValueError: a config transformers can't read
+                raise _hub_error(name, err) from None
     # Weights read from a safetensors file can sit at any offset in memory (40 bytes past a 64-byte
     # boundary here), and CPU matmuls round differently for unaligned operands: a run resumed from a
     # checkpoint drifted from the uninterrupted run by an ulp a few updates later. A copy puts them
@@ -321,9 +351,11 @@ def trained_policy(args, resume_from, device):
         policy = load_policy(args.model_name_or_path, device=device,
                              dtype=torch.bfloat16 if args.bf16 else torch.float32,
                              gradient_checkpointing=args.gradient_checkpointing)
-        policy = add_lora(policy, args.lora_r, args.lora_alpha or 2 * args.lora_r,
-                          args.lora_target_modules, base_model_path(args.model_name_or_path),
-                          resume_from)
+        # `is None`, not `or`: a --lora_alpha 0 once became 2 * lora_r here (checks.py refuses it)
+        alpha = 2 * args.lora_r if args.lora_alpha is None else args.lora_alpha
+        with refuse_code(f"the adapter in {resume_from}", WEIGHTS_FIX):
+            policy = add_lora(policy, args.lora_r, alpha, args.lora_target_modules,
+                              base_model_path(args.model_name_or_path), resume_from)
     else:
         policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                              gradient_checkpointing=args.gradient_checkpointing)

@@ -26,6 +26,7 @@ import contextlib
 
 import torch
 
+from common.args import algorithm_of
 from common.checkpoints import resume_point, save_checkpoint
 from common.checks import StepGuard, check_rewards
 from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
@@ -123,7 +124,7 @@ class Run:
         """(first update, checkpoint folder or None): where this run starts; the checkpoint's
         trainer state (optimizers and any extra state) is kept in self.state."""
         self.start_step, resume_from, self.state = resume_point(
-            self.args.output_dir, self.args.resume, self.args.max_steps)
+            self.args.output_dir, self.args.resume, self.args.max_steps, self.args)
         return self.start_step, resume_from
 
     def start(self, policy, tokenizer, eval_env, optimizers, extra_state=None,
@@ -203,7 +204,8 @@ class Run:
         args = self.args
         save_checkpoint(f"{args.output_dir}/checkpoint-{step}", self.policy, self.tokenizer, step,
                         self.optimizers, extra=self.extra_state(),
-                        merge_base=args.merge_lora and args.model_name_or_path)
+                        merge_base=args.merge_lora and args.model_name_or_path,
+                        algorithm=algorithm_of(args))
 
     def end_update(self, step):
         """After update `step`: the held-out accuracy and a checkpoint, at their intervals (the

@@ -349,7 +349,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
         put("num_generations", 1, "  one episode per problem")
         put("baseline", "none", f"  and {LLM_RL} has no baseline")
     if "sys_prompt_path" in seed:
-        path = Path(seed["sys_prompt_path"])
+        path = Path(seed["sys_prompt_path"]).expanduser()
         if not path.is_file():
             raise PathError(f"--sys_prompt_path {path}: no such file.")
         put("system_prompt", path.read_text().strip(),

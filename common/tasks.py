@@ -486,8 +486,17 @@ def rename_fields(row: dict, keys) -> dict:
     return row
 
 
+# The most bytes a data file's row may take: a .jsonl line, read a line at a time, and a whole .json
+# file, which is parsed at once. The longest row in data/ is 329 bytes and a MATH solution a few KB;
+# a 200 MB line took over 6 GB of memory to parse.
+MAX_LINE_BYTES = 8 * 2**20
+MAX_JSON_BYTES = 256 * 2**20
+
+
 def read_rows(path, task: str) -> list[dict]:
-    """Rows of a .jsonl, .json (a list of objects) or .parquet file."""
+    """Rows of a .jsonl, .json (a list of objects) or .parquet file. A file that is not UTF-8, a
+    .jsonl line over MAX_LINE_BYTES or a .json file over MAX_JSON_BYTES is refused, naming the line
+    (and the byte where the UTF-8 breaks)."""
     path = Path(path)
     if not path.is_file():
         hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
@@ -496,36 +505,90 @@ def read_rows(path, task: str) -> list[dict]:
             f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
             f"path=... (--dataset_path on the command line){alt}."
         )
-    if path.suffix == ".jsonl":
-        rows = []
-        # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as
-        # it is
-        for number, line in enumerate(path.read_text().split("\n"), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise UsageError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
-                                     f"{e.colno}): "
-                                     f"{line[:80]!r}. Each line of a .jsonl file is one JSON "
-                                     "object.") from None
-    elif path.suffix == ".json":
-        try:
-            rows = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}, line {e.lineno}: not valid JSON ({e.msg}, column "
-                             f"{e.colno}).") from None
-        rows = rows.get("data", rows) if isinstance(rows, dict) else rows
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet  # installed with datasets
-
-        rows = pyarrow.parquet.read_table(path).to_pylist()
-    else:
-        raise UsageError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
-                         ".parquet")
+    try:
+        if path.suffix == ".jsonl":
+            rows = _jsonl_rows(path)
+        elif path.suffix == ".json":
+            rows = _json_rows(path)
+        elif path.suffix == ".parquet":
+            rows = _parquet_rows(path)
+        else:
+            raise UsageError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
+                             ".parquet")
+    except OSError as e:  # a file it may not read, a folder named x.jsonl...
+        raise PathError(f"{path} can't be read ({e.strerror or e}): pass a data file you can "
+                        "read.") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
         raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
     return rows
+
+
+def _jsonl_rows(path):
+    rows, offset = [], 0
+    with open(path, "rb") as f:
+        # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as
+        # it is. readline's limit keeps a line that is too long from being read whole.
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            text = raw.removesuffix(b"\n")
+            if len(text) > MAX_LINE_BYTES:
+                raise UsageError(f"{path}, line {number}: longer than "
+                                 f"{MAX_LINE_BYTES / 2**20:.3g} MB, the most one row may take; "
+                                 "each line of a .jsonl file is one problem (is this the right "
+                                 "file?).")
+            line = _utf8(text, path, number, offset)
+            offset += len(raw)
+            if line.strip():
+                rows.append(_json(line, path, number))
+    return rows
+
+
+def _json_rows(path):
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise UsageError(f"{path}: {path.stat().st_size / 2**20:.3g} MB, beyond the "
+                         f"{MAX_JSON_BYTES / 2**20:.3g} MB a .json file, parsed at once, may take: "
+                         "write it as .jsonl, one row a line, which is read a line at a time.")
+    data = path.read_bytes()
+    rows = _json(_utf8(data, path), path)
+    return rows.get("data", rows) if isinstance(rows, dict) else rows
+
+
+def _parquet_rows(path):
+    import pyarrow  # installed with datasets
+    import pyarrow.parquet
+
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except pyarrow.ArrowException as e:
+        raise UsageError(f"{path}: not a parquet file that pyarrow reads ({e}).") from None
+
+
+def _utf8(raw: bytes, path, line=None, offset=0) -> str:
+    """raw decoded as UTF-8 (a byte-order mark at the file's start is dropped), or the error naming
+    the line and the byte. line: the line number that raw is (None: raw is the whole file); offset:
+    where raw starts in the file."""
+    mark = 3 if offset == 0 and raw.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return raw[mark:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = mark + e.start
+        number = line if line is not None else raw.count(b"\n", 0, bad) + 1
+        raise UsageError(f"{path}, line {number}: not UTF-8 (byte 0x{raw[bad]:02x} at byte "
+                         f"{offset + bad} of the file): save it as UTF-8, e.g. iconv -f latin1 -t "
+                         f"utf-8 {path.name} > fixed{path.suffix}.") from None
+
+
+def _json(text: str, path, line=None):
+    """text parsed as JSON, or the error naming the line. line: the .jsonl line that text is."""
+    where = f"{path}, line {line}" if line is not None else f"{path}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        number = line if line is not None else e.lineno
+        shown = f": {text[:80]!r}. Each line of a .jsonl file is one JSON object" if line else ""
+        raise UsageError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
+                         f"{e.colno}){shown}.") from None
+    except RecursionError:
+        raise UsageError(f"{where}: JSON nested too deeply to be a row of fields.") from None
 
 
 

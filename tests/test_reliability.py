@@ -60,21 +60,30 @@ SIZES = ["max_steps", "max_new_tokens", "micro_batch_size", "num_prompts", "num_
 def test_sizes_below_one_name_the_flag_and_its_default(algo, size, tmp_path):
     module, args = algo_args(algo, output_dir=str(tmp_path))
     default = getattr(args, size)
-    with pytest.raises(ValueError, match=rf"--{size} 0: must be >= 1 \(the default is {default}\)"):
+    says = "leave it out for its default" if default is None else f"the default is {default}"
+    with pytest.raises(ValueError, match=rf"--{size} 0: must be (>= 1|in \[1, \d+\]) \({says}\)"):
         module.check_args(replace(args, **{size: 0}), world_size=1)
 
 
 # (option, a bad value, what the message says); each fails in every file that has the option
-BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5, "must be >= 0"),
-               ("learning_rate", math.nan, "must be >= 0"), ("learning_rate", math.inf, "must be >= 0"),
-               ("critic_learning_rate", -1.0, "must be >= 0"), ("warmup_ratio", 1.5, r"must be in \[0, 1\]"),
+BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5, r"must be in \[0, 1\]"),
+               ("learning_rate", math.nan, r"must be in \[0, 1\]"), ("learning_rate", math.inf, r"must be in \[0, 1\]"),
+               ("learning_rate", 1e30, r"must be in \[0, 1\]"), ("critic_learning_rate", 2.0, r"must be in \[0, 1\]"),
+               ("critic_learning_rate", -1.0, r"must be in \[0, 1\]"), ("warmup_ratio", 1.5, r"must be in \[0, 1\]"),
                ("warmup_ratio", -0.1, r"must be in \[0, 1\]"), ("num_train_epochs", 0.0, "must be > 0"),
                ("epsilon", -0.2, "must be > 0"), ("epsilon_high", 0.0, "must be > 0"),
                ("beta", -0.1, "must be >= 0"), ("tis_cap", -2.0, "must be >= 0"),
                ("cliprange_value", 0.0, "must be > 0"), ("vf_coef", -1.0, "must be >= 0"),
                ("gamma", 1.01, r"must be in \[0, 1\]"), ("gae_lambda", -0.5, r"must be in \[0, 1\]"),
                ("entropy_coef", -0.01, "must be >= 0"), ("target_kl", math.nan, "must be >= 0"), ("skip_kl", -1.0, "must be >= 0"),
-               ("huber_delta", 0.0, "must be > 0")]
+               ("huber_delta", 0.0, "must be > 0"), ("missing_eos_penalty", -1.0, "must be >= 0"),
+               ("max_sampling_rounds", 0, r"must be in \[1, 64\]"), ("lora_r", -1, r"must be in \[0, 4096\]"),
+               ("critic_num_layers", -1, r"must be in \[0, 16\]"), ("critic_hidden_size", 0, r"must be in \[1, 16384\]"),
+               ("ref_model_sync_steps", -1, "must be >= 0"), ("seed", 10**30, r"must be in \[0, 4294967295\]"),
+               # sizes that memory holds have a top: a typo of 1e12 filled 8 GB in a minute
+               ("num_prompts", 10**12, r"must be in \[1, 65536\]"), ("num_generations", 10**12, r"must be in \[1, 4096\]"),
+               ("num_envs", 10**12, r"must be in \[1, 65536\]"), ("max_new_tokens", 10**9, r"must be in \[1, 131072\]"),
+               ("eval_batch_size", 10**6, r"must be in \[1, 4096\]")]
 
 
 @pytest.mark.parametrize("algo,name,bad,says", [
@@ -83,11 +92,11 @@ BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5,
     if hasattr(importlib.import_module(a).Args, n) and (a, n) != ("online_dpo", "beta")])
 def test_numbers_outside_their_range_name_the_flag_and_the_range(algo, name, bad, says, tmp_path):
     module, args = algo_args(algo, output_dir=str(tmp_path))
-    with pytest.raises(UsageError, match=rf"--{name} {bad}: {says} \(") as e:
+    with pytest.raises(UsageError, match=rf"--{name} {re.escape(str(bad))}: {says} \(") as e:
         module.check_args(replace(args, **{name: bad}), world_size=1)
     assert isinstance(e.value, ValueError)  # what `except ValueError` expects
-    for good in {"max_grad_norm": [0.0, math.inf], "warmup_ratio": [0.0, 1.0],
-                 "beta": [0.0], "gamma": [0.0, 1.0]}.get(name, []):  # the ends that are allowed
+    for good in {"max_grad_norm": [0.0, math.inf], "warmup_ratio": [0.0, 1.0], "learning_rate": [0.0, 1.0],
+                 "beta": [0.0], "gamma": [0.0, 1.0], "num_prompts": [2048]}.get(name, []):  # the ends allowed
         module.check_args(replace(args, **{name: good}), world_size=1)
 
 
