@@ -99,19 +99,19 @@ def test_a_wrong_shape_and_an_unknown_mistake_are_said_plainly():
         run_checks(BY_ID["1.1"], lambda x, mask, dim=None: torch.tensor(2.0))
 
 
-def test_the_command_line(tmp_path):
-    run = [sys.executable, "-m", "exercises.check"]
-    ok = subprocess.run(run + ["--solution"], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
-    assert ok.returncode == 0 and ok.stdout.strip().endswith(f"{len(PS1)} of {len(PS1)} passed")
-    stub = subprocess.run(run + ["1.5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_the_command_line(capsys):
+    from exercises.check import main
+    assert main(["--solution"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"{len(PS1)} of {len(PS1)} passed")
+    assert main(["9.9"]) == 2
+    assert capsys.readouterr().err.startswith("error: no exercise 9.9; the exercises are 1.1, 1.2")
+    assert set(all_exercises()) == set(BY_ID)
+    # as a student runs it: one process, the stub as shipped
+    stub = subprocess.run([sys.executable, "-m", "exercises.check", "1.5"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert stub.returncode == 1 and stub.stdout.splitlines() == [
         "PS1.5 GRPO's group advantages and Dr.GRPO's: not written yet: fill in group_advantages "
         "in exercises/ps1/e05_group_advantages.py", "0 of 1 passed"]
-    unknown = subprocess.run(run + ["9.9"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert unknown.returncode == 2 and unknown.stderr.startswith("error: no exercise 9.9; the "
-                                                                 "exercises are 1.1, 1.2")
-    assert set(all_exercises()) == set(BY_ID)
 
 
 # ---- PS2: the files trained with the students' functions (exercises/train.py) -------------------
@@ -177,13 +177,13 @@ def test_ps2_with_the_projects_functions_is_the_plain_run(tmp_path):
 
 
 def test_ps2_stops_on_a_stub_with_one_line():
-    out = subprocess.run([sys.executable, "-m", "exercises.train", "grpo.py", "--plug", "1.5",
-                          "1.6", "--", *TINY], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 1 and out.stderr.strip() == (
+    from exercises.train import main
+    with pytest.raises(SystemExit) as stub:  # SystemExit(text): Python prints it, exit status 1
+        main(["grpo.py", "--plug", "1.5", "1.6", "--", *TINY])
+    assert stub.value.code == (
         "error: PS1.5 not written yet: fill in group_advantages in "
         "exercises/ps1/e05_group_advantages.py; or train without it: --plug 1.6")
-    other = subprocess.run([sys.executable, "-m", "exercises.train", "grpo.py", "--plug", "1.8"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert other.returncode == 1 and other.stderr.strip() == (
+    with pytest.raises(SystemExit) as other:
+        main(["grpo.py", "--plug", "1.8"])
+    assert other.value.code == (
         "error: grpo.py calls no function of PS1.8; it calls those of 1.1, 1.3, 1.5, 1.6")
