@@ -55,8 +55,6 @@ def fails_in_one_line(cmd, says, within=120, loading=False):
     (["--lora_r", "4", "--lora_alpha", "0"], "--lora_alpha 0: must be >= 1 (leave it out for its default)."),
     # 8 GB in a minute
     (["--num_prompts", "1000000000000"], "--num_prompts 1000000000000: must be in [1, 65536] (the default is 4)."),
-    (["--num_generations", "1000000000000"],
-     "--num_generations 1000000000000: must be in [1, 4096] (the default is 8)."),
     # each within its bound, the product beyond any memory
     (["--num_prompts", "65536", "--num_generations", "4096"],
      "--num_prompts 65536 x --num_generations 4096 over 1 process(es) is 268435456 sequences a rank"),
@@ -332,9 +330,10 @@ def test_a_checkpoint_cut_short_without_its_manifest_is_named_and_passed_over(tm
 
 
 # ---- the run folder: nothing written through a link planted there ------------------------------------------
-@pytest.mark.parametrize("name,resume", [("args.json", True), ("args.json", False), ("metrics.jsonl", True),
-                                         ("samples.jsonl", False), ("checkpoint-2.tmp", True), ("tb", False),
-                                         ("checkpoint-2", True)])
+# one name of each kind (a file rewritten on --resume, a log appended to, a checkpoint's temporary, a folder):
+# each case is a run of grpo.py, and the suite's time is counted
+@pytest.mark.parametrize("name,resume", [("args.json", True), ("metrics.jsonl", True), ("checkpoint-2.tmp", True),
+                                         ("tb", False)])
 def test_a_link_planted_in_the_run_folder_is_refused_and_its_target_untouched(name, resume, tmp_path):
     run_dir, victim = tmp_path / "run", tmp_path / "yours"
     victim.mkdir()
