@@ -15,7 +15,7 @@ import operator
 import re
 from fractions import Fraction
 
-from common.grader import (MALFORMED_NUMBER, ascii_lookalikes, doubts, has_hedge,
+from common.grader import (MALFORMED_NUMBER, ascii_lookalikes, box_end, doubts, has_hedge,
                            has_value_word, last_boxed, math_equal, unicode_math)
 
 # ------------------------------------------------------------------------------------------------
@@ -247,18 +247,9 @@ def last_marker(response: str, markers: re.Pattern = MARKERS) -> re.Match | None
 
 
 def _box_end(text: str, start: int) -> int:
-    """Where the box that starts at `start` ends (after its closing brace; the end of the text if
-    it is never closed)."""
-    i = start + (6 if text.startswith("\\boxed", start) else 5)
-    if not text.startswith("{", i):  # `\boxed 5`
-        m = re.match(r"\s*[^$\s]*", text[i:])
-        return i + m.end()
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return j + 1
-    return len(text)
+    """grader.box_end, or the end of the text for a box never closed."""
+    end = box_end(text, start)
+    return len(text) if end is None else end
 
 
 # A value right before "or" and the box: "$x = 3$ or $x = \\boxed{4}$", "3 or \\boxed{4}"

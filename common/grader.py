@@ -187,19 +187,29 @@ def _open_box_around(text: str, start: int) -> int | None:
     return boxes[0][1] if boxes else None
 
 
-def _box_content(text: str, start: int) -> str | None:
+def box_end(text: str, start: int) -> int | None:
+    """Where the box that starts at `start` ends (after its closing brace, or after the token of
+    `\\boxed 5`); None if it has neither braces nor a space, or never closes."""
     i = start + (6 if text.startswith("\\boxed", start) else 5)
     if text.startswith(" ", i):  # `\boxed 5` (no braces), used by some MATH solutions
-        content = re.match(r" ([^$\s]*)", text[i:]).group(1)
-        return content.strip() or None
+        return i + re.match(r" [^$\s]*", text[i:]).end()
     if not text.startswith("{", i):
         return None
     depth = 0
     for j in range(i, len(text)):  # a loop, not recursion: 10 000 nested braces must not crash
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1 : j].strip() or None
+            return j + 1
     return None  # unbalanced
+
+
+def _box_content(text: str, start: int) -> str | None:
+    end = box_end(text, start)
+    if end is None:
+        return None
+    i = start + (6 if text.startswith("\\boxed", start) else 5)
+    braces = text.startswith("{", i)
+    return text[i + 1 : end - 1 if braces else end].strip() or None
 
 
 # ------------------------------------------------------------------------------------------------
