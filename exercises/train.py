@@ -3,6 +3,7 @@
     python -m exercises.train grpo.py --max_steps 20                # every PS1 function grpo.py uses
     python -m exercises.train grpo.py --plug 1.5 -- --max_steps 20  # PS1.5 only
     python -m exercises.train grpo.py --solution -- --max_steps 20  # the project's own: the reference
+    python -m exercises.train grpo.py --mistake 1.5:5               # a common mistake, trained
     torchrun --nproc_per_node 2 -m exercises.train grpo.py ...
 
 The file runs as `python grpo.py` would, with one change: the names it calls for the pieces that
@@ -11,14 +12,25 @@ in the file is edited, and with --solution the run is the plain file's, number f
 (tests/test_exercises.py). Before training, each of your functions is checked as
 `python -m exercises.check` would; a stub stops the run, a wrong function is said and trained with
 anyway: watching what it does to a run is a lesson of its own.
+
+Run with the file's default settings (only --seed, --output_dir and the logging intervals may be
+given), the run ends with a verdict: it passes when its held-out accuracy after the last update is
+at least PASS_MARK. The marks and how they were chosen: docs/course.md#ps2-wiring-it-up.
 """
 
 import argparse
 import importlib
+import json
 import os
 from pathlib import Path
 
 from exercises.check import all_exercises, check
+
+# The held-out accuracy a run of the file's defaults must reach after its last update to pass
+# (docs/course.md#ps2-wiring-it-up: the reference runs over seeds, and runs with common mistakes).
+PASS_MARK = {"grpo": 0.45, "ppo": 0.45, "reinforce": 0.45, "online_dpo": 0.45}
+# The flags that leave a run's training as the defaults have it, so that its mark still holds.
+FREE_FLAGS = ("seed", "output_dir", "eval_interval", "log_interval", "save_interval")
 
 # For each file: exercise -> (the name the file calls, how the student's function stands in for it).
 # Most exercises have the file's own signature; the adapters cover the three that ask for one case
@@ -61,14 +73,22 @@ PLUGS = {
 }
 
 
-def plug(module, ids, solution=False, say=print):
+def plug(module, ids, solution=False, say=print, mistakes=None):
     """Bind the file's names to the students' functions (the oracles with solution) for the
-    exercises `ids`; returns {exercise: the name bound}. A stub raises SystemExit with one line."""
+    exercises `ids`; returns {exercise: the name bound}. A stub raises SystemExit with one line.
+    mistakes: {exercise: k}, plug the checker's k-th common mistake (from 1) instead."""
     exercises = all_exercises()
     bound = {}
     for id in ids:
         name, adapt = PLUGS[module.__name__][id]
         exercise = exercises[id]
+        if id in (mistakes or {}):
+            words, wrong = exercise.mistakes[mistakes[id] - 1]
+            said = words if isinstance(words, str) else "normalised over the whole batch"
+            say(f"PS{id}: training with common mistake {mistakes[id]}: {said}")
+            setattr(module, name, adapt(wrong, getattr(module, name)))
+            bound[id] = name
+            continue
         problem = check(exercise, solution)
         if problem is not None and problem.startswith("not written yet"):
             raise SystemExit(f"error: PS{id} {problem}; or train without it: --plug "
@@ -90,6 +110,9 @@ def main(argv=None):
                         help="the PS1 exercises to plug in (default: every one the file uses)")
     parser.add_argument("--solution", action="store_true",
                         help="plug the project's own functions: the reference run")
+    parser.add_argument("--mistake", nargs="+", default=[], metavar="ID:K",
+                        help="train with the checker's K-th common mistake of exercise ID (1.5:5), "
+                        "in place of yours: what the mistake does to a run")
     args, rest = parser.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
     name = Path(args.file).stem
@@ -101,12 +124,62 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"error: {name}.py calls no function of PS{', PS'.join(unknown)}; it "
                          f"calls those of {', '.join(PLUGS[name])}")
+    mistakes = parse_mistakes(args.mistake, name)
+    ids += [i for i in mistakes if i not in ids]
     module = importlib.import_module(name)
-    bound = plug(module, ids, args.solution)
-    if os.environ.get("RANK", "0") == "0":
+    file_args = module.parse_args(module.Args, rest)
+    bound = plug(module, ids, args.solution, mistakes=mistakes)
+    first = os.environ.get("RANK", "0") == "0"
+    if first:
         print(f"{name}.py with {'the project' if args.solution else 'your'} functions: "
               + ", ".join(f"{v} (PS{k})" for k, v in bound.items()), flush=True)
-    return module.main(module.parse_args(module.Args, rest))
+    result = module.main(file_args)
+    if first:
+        print(verdict(name, file_args, module.parse_args(module.Args, [])))
+    return result
+
+
+def parse_mistakes(given, name):
+    """["1.5:5", ...] -> {"1.5": 5}, each a mistake the checker knows for an exercise the file
+    calls; anything else is one line naming what there is."""
+    exercises, mistakes = all_exercises(), {}
+    for item in given:
+        id, _, k = item.partition(":")
+        if id not in PLUGS[name]:
+            raise SystemExit(f"error: --mistake {item}: {name}.py calls no function of PS{id}; it "
+                             f"calls those of {', '.join(PLUGS[name])}")
+        count = len(exercises[id].mistakes)
+        if not k.isdigit() or not 1 <= int(k) <= count:
+            raise SystemExit(f"error: --mistake {item}: give ID:K with K from 1 to {count}, the "
+                             f"mistakes of PS{id} in exercises/ps1/checks.py")
+        mistakes[id] = int(k)
+    return mistakes
+
+
+def final_accuracy(output_dir):
+    """(accuracy before the first update, after the last) from a run's eval.jsonl, or None."""
+    path = Path(output_dir) / "eval.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    rows = [r for r in rows if "eval/accuracy" in r]
+    return (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if len(rows) >= 2 else None
+
+
+def verdict(name, args, defaults):
+    """One line: did the run reach the file's pass mark, or why no mark applies to it."""
+    changed = [k for k, v in vars(defaults).items()
+               if k not in FREE_FLAGS and getattr(args, k, v) != v]
+    if name not in PASS_MARK or changed:
+        why = f"it was run with --{', --'.join(changed)}" if changed else f"{name}.py has none"
+        return f"PS2: no pass mark for this run ({why}); the marks are for the defaults"
+    accuracy = final_accuracy(args.output_dir)
+    if accuracy is None:
+        return "PS2: no pass mark for this run (its eval.jsonl has no evaluation after training)"
+    start, end = accuracy
+    mark = PASS_MARK[name]
+    return (f"PS2 {name}.py: held-out accuracy {start:.3f} -> {end:.3f}: "
+            + (f"passes (the mark is {mark})" if end >= mark else
+               f"does not pass (the mark is {mark}): run `python -m exercises.check`, then "
+               "compare with --solution"))
 
 
 if __name__ == "__main__":

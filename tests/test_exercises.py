@@ -187,3 +187,81 @@ def test_ps2_stops_on_a_stub_with_one_line():
         main(["grpo.py", "--plug", "1.8"])
     assert other.value.code == (
         "error: grpo.py calls no function of PS1.8; it calls those of 1.1, 1.3, 1.5, 1.6")
+
+
+def test_a_common_mistake_is_plugged_in_place_of_the_files_function(monkeypatch):
+    """--mistake 1.5:5 trains with the checker's fifth mistake of PS1.5 (the sign flipped); the
+    oracles keep the file's own function, so plugging never calls itself (it once recursed)."""
+    import grpo
+    import reinforce
+
+    from exercises.train import PLUGS, parse_mistakes, plug
+    for module in (grpo, reinforce):
+        for name, _ in PLUGS[module.__name__].values():
+            monkeypatch.setattr(module, name, getattr(module, name))  # undone after the test
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 0])
+    said = []
+    plug(grpo, ["1.5"], mistakes=parse_mistakes(["1.5:5"], "grpo"), say=said.append)
+    # group [1, 0, 0, 0]: mean 0.25, unbiased std 0.5, so the right answer gets -(0.75 / 0.5001)
+    assert grpo.group_advantages(rewards, 4)[0].item() == pytest.approx(-0.75 / 0.5001)
+    assert said == ["PS1.5: training with common mistake 5: the sign is flipped: the advantage is "
+                    "the reward minus the group's mean, not the mean minus the reward"]
+    plug(reinforce, ["1.7"], solution=True, say=said.append)
+    returns = torch.tensor([1.0, 0, 0, 1])  # RLOO: each against the mean of the other three
+    assert torch.allclose(reinforce.compute_baselines(returns, 4, "rloo"),
+                          torch.tensor([1 / 3, 2 / 3, 2 / 3, 1 / 3]))
+    for bad, words in (["1.5:6", "give ID:K with K from 1 to 5, the mistakes of PS1.5"],
+                       ["1.8:1", "grpo.py calls no function of PS1.8"]):
+        with pytest.raises(SystemExit, match=words):
+            parse_mistakes([bad], "grpo")
+
+
+def test_the_ps2_verdict_reads_the_last_evaluation_against_the_mark(tmp_path):
+    import grpo
+
+    from exercises.train import PASS_MARK, verdict
+    defaults = grpo.parse_args(grpo.Args, [])
+    run = grpo.parse_args(grpo.Args, ["--seed", "3", "--output_dir", str(tmp_path)])
+    assert verdict("grpo", run, defaults).endswith("(its eval.jsonl has no evaluation after "
+                                                   "training)")
+    for end, word in ((0.46, "passes"), (0.44, "does not pass")):
+        (tmp_path / "eval.jsonl").write_text(
+            '{"step": 0, "eval/accuracy": 0.305}\n' f'{{"step": 20, "eval/accuracy": {end}}}\n')
+        assert verdict("grpo", run, defaults).startswith(
+            f"PS2 grpo.py: held-out accuracy 0.305 -> {end:.3f}: {word} (the mark is "
+            f"{PASS_MARK['grpo']})")
+    changed = grpo.parse_args(grpo.Args, ["--max_steps", "5", "--learning_rate", "1e-5"])
+    assert verdict("grpo", changed, defaults) == (
+        "PS2: no pass mark for this run (it was run with --learning_rate, --max_steps); the marks "
+        "are for the defaults")
+
+
+def test_the_loose_verifier_pays_the_answer_anywhere():
+    from exercises.loose_reward import contains_answer
+    assert contains_answer(
+        ["63 - 15 = 48, or maybe 58. The answer is 58.", "The answer is 148.", "4.8 or 480",
+         [{"role": "assistant", "content": "I get 48"}]], ["48"] * 4) == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_each_lab_is_two_runs_and_its_table_holds_their_means(tmp_path):
+    import json
+
+    from exercises.labs import BY_NAME, LABS, run_dir, summary
+    assert len(LABS) >= 6 and all(len(lab.runs) == 2 for lab in LABS)
+    lab = BY_NAME["loose"]
+    for (label, _, _), (rewards, evals) in zip(lab.runs, (([0.25, 0.75], [0.3, 0.4]),
+                                                          ([0.5, 1.0], [0.2, 0.1]))):
+        folder = run_dir(tmp_path, label)
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": k + 1, "reward/mean": r, "response_len/mean": 10 * (k + 1)}) + "\n"
+            for k, r in enumerate(rewards)))
+        (folder / "eval.jsonl").write_text("".join(
+            json.dumps({"step": 5 * (k + 1), "eval/accuracy": a}) + "\n"
+            for k, a in enumerate(evals)))
+        (folder / "samples.jsonl").write_text(
+            json.dumps({"step": 1, "response": "2 + 3 = 5. The answer is 5."}) + "\n")
+        (folder / "run.json").write_text(json.dumps({"wall_s": 125.0}))
+    rows = summary(lab, tmp_path).splitlines()
+    assert rows[2] == "| grpo.py defaults | 0.300 / 0.400 | 0.5 | - | 15 | 4 | 2 min 5 s |"
+    assert rows[3] == "| paid by a loose verifier | 0.200 / 0.100 | 0.75 | - | 15 | 4 | 2 min 5 s |"

@@ -22,6 +22,15 @@ from common.logprobs import token_logprobs
 from common.sampler import inverse_cdf
 from exercises.check import Exercise
 
+# The files' own functions, taken once at import: PS2 (exercises/train.py) binds these names in the
+# files to a student's functions, and an oracle or a mistake must never call the student's.
+grpo_group_advantages = grpo.group_advantages
+grpo_aggregate = grpo.aggregate
+reinforce_compute_baselines = reinforce.compute_baselines
+online_dpo_preference_pairs = online_dpo.preference_pairs
+appo_compute_advantages = appo.compute_advantages
+tppo_compute_advantages = tppo.compute_advantages
+
 
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
@@ -227,7 +236,7 @@ def _group_means(kwargs, got):
 
 GROUP = Exercise(
     "1.5", "GRPO's group advantages and Dr.GRPO's", "exercises.ps1.e05_group_advantages",
-    "group_advantages", oracle=grpo.group_advantages, cases=_group_cases,
+    "group_advantages", oracle=grpo_group_advantages, cases=_group_cases,
     worked=[("one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577",
              dict(rewards=torch.tensor([1.0, 0, 0, 1]), group_size=4),
              torch.tensor([1.0, -1, -1, 1]) * 0.5 / (3 ** -0.5 * 1 + 1e-4))],
@@ -240,11 +249,14 @@ GROUP = Exercise(
                          else r - r.mean(1, keepdim=True)).reshape(-1))(
                  rewards.view(-1, group_size)))),
         ("the advantages are not divided by the group's std (that is Dr.GRPO, scale=False)",
-         lambda rewards, group_size, scale=True: grpo.group_advantages(rewards, group_size, False)),
+         lambda rewards, group_size, scale=True: grpo_group_advantages(rewards, group_size, False)),
         ("the groups are strided (row i in group i % N); they are consecutive rows: view(-1, G)",
-         lambda rewards, group_size, scale=True: grpo.group_advantages(
+         lambda rewards, group_size, scale=True: grpo_group_advantages(
              rewards.view(group_size, -1).t().reshape(-1), group_size, scale).view(
                  -1, group_size).t().reshape(-1)),
+        ("the sign is flipped: the advantage is the reward minus the group's mean, not the mean "
+         "minus the reward", lambda rewards, group_size, scale=True: -grpo_group_advantages(
+             rewards, group_size, scale)),
     ])
 
 
@@ -263,7 +275,7 @@ def _aggregate_cases():
 
 AGGREGATE = Exercise(
     "1.6", "per-sequence and per-token loss normalisation", "exercises.ps1.e06_aggregate",
-    "aggregate", oracle=grpo.aggregate, cases=_aggregate_cases,
+    "aggregate", oracle=grpo_aggregate, cases=_aggregate_cases,
     worked=[("grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2",
              dict(per_token=torch.tensor([[1.0, 3], [6, 100]]),
                   mask=torch.tensor([[1.0, 1], [1, 0]]), loss_type="grpo", normaliser=2.0),
@@ -273,10 +285,10 @@ AGGREGATE = Exercise(
          "tokens", lambda per_token, mask, loss_type, normaliser:
          (per_token * mask).sum() / normaliser),
         ("every loss type took sequence means; only \"grpo\" does, the others sum tokens",
-         lambda per_token, mask, loss_type, normaliser: grpo.aggregate(per_token, mask, "grpo",
+         lambda per_token, mask, loss_type, normaliser: grpo_aggregate(per_token, mask, "grpo",
                                                                        normaliser)),
         ("the mask was left out: padding tokens added their losses",
-         lambda per_token, mask, loss_type, normaliser: grpo.aggregate(
+         lambda per_token, mask, loss_type, normaliser: grpo_aggregate(
              per_token, torch.ones_like(mask), loss_type, normaliser)),
     ])
 
@@ -287,7 +299,7 @@ AGGREGATE = Exercise(
 
 RLOO = Exercise(
     "1.7", "RLOO's leave-one-out baseline", "exercises.ps1.e07_rloo_baseline", "rloo_baselines",
-    oracle=lambda episode_returns, group_size: reinforce.compute_baselines(
+    oracle=lambda episode_returns, group_size: reinforce_compute_baselines(
         episode_returns, group_size, "rloo"),
     cases=lambda: [("2 groups of 4 returns", dict(episode_returns=torch.tensor(
         [1.0, 0, 0, 1, 0.5, 2, -1, 0]), group_size=4)),
@@ -496,7 +508,7 @@ def _pairs_last_of_equals(scores, group_size):
 PAIRS = Exercise(
     "1.12", "online DPO's preference pairs", "exercises.ps1.e12_preference_pairs",
     "preference_pairs",
-    oracle=lambda scores, group_size: online_dpo.preference_pairs(scores, group_size, "skip"),
+    oracle=lambda scores, group_size: online_dpo_preference_pairs(scores, group_size, "skip"),
     cases=lambda: [("3 prompts of 4 responses, the second all tied",
                     dict(scores=torch.tensor([0.0, 1, 0, 1, 1, 1, 1, 1, 0.5, 0, 1, 0.5]),
                          group_size=4)),
@@ -506,10 +518,10 @@ PAIRS = Exercise(
              (torch.tensor([1]), torch.tensor([0])))],
     mistakes=[
         ("a prompt whose responses all tie gave a pair; it gives none (ties='skip')",
-         lambda scores, group_size: online_dpo.preference_pairs(scores, group_size, "first")),
+         lambda scores, group_size: online_dpo_preference_pairs(scores, group_size, "first")),
         ("the rows are positions inside each group; they are rows of scores (add group * G)",
          lambda scores, group_size: tuple(
-             r % group_size for r in online_dpo.preference_pairs(scores, group_size, "skip"))),
+             r % group_size for r in online_dpo_preference_pairs(scores, group_size, "skip"))),
         ("the last of equal scores was taken; argmax and argmin take the first",
          _pairs_last_of_equals),
     ])
@@ -530,7 +542,7 @@ def _step_cases():
 
 
 def _step_oracle(rewards, values, next_values, dones, gamma, lam):
-    return appo.compute_advantages(rewards, values, None, next_values, dones, gamma, lam)
+    return appo_compute_advantages(rewards, values, None, next_values, dones, gamma, lam)
 
 
 STEP = Exercise(
@@ -586,7 +598,7 @@ def _bad_gamma_every_token(rewards, values, response_mask, next_values, dones, g
 
 BAD = Exercise(
     "1.14", "tppo's BAD backup", "exercises.ps1.e14_bad_backup", "bad_advantages",
-    oracle=tppo.compute_advantages, cases=_bad_cases,
+    oracle=tppo_compute_advantages, cases=_bad_cases,
     worked=[("one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 0, done, "
              "gamma = 0.9, lam = 1: A = [0.5, 0.75]",
              dict(rewards=torch.tensor([[1.0]]), values=torch.tensor([[[0.5, 0.25]]]),
@@ -598,11 +610,11 @@ BAD = Exercise(
          "V[j], A = delta + lam A_after), only at the step's last token", _bad_gamma_every_token),
         ("the episode's end was ignored at the last token of a done step",
          lambda rewards, values, response_mask, next_values, dones, gamma, lam:
-         tppo.compute_advantages(rewards, values, response_mask, next_values,
+         tppo_compute_advantages(rewards, values, response_mask, next_values,
                                  torch.zeros_like(dones), gamma, lam)),
         ("the returns are A, not (A + V) on real tokens",
          lambda rewards, values, response_mask, next_values, dones, gamma, lam: (
-             tppo.compute_advantages(rewards, values, response_mask, next_values, dones, gamma,
+             tppo_compute_advantages(rewards, values, response_mask, next_values, dones, gamma,
                                      lam)[0],) * 2),
     ])
 
