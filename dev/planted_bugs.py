@@ -89,14 +89,19 @@ BUGS = {
 
 
 def copy_tree(dest):
+    # bugs/: the copies of PS4's exercises (exercises/bug.py), a student's work, not the tree's
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out"))
+        ".git", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out", "bugs"))
+
+
+def run_test(tree, test):
+    """pytest on one test of the tree: the finished process, its output captured."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          cwd=tree, capture_output=True, text=True)
 
 
 def passes(tree, test):
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-                         cwd=tree, capture_output=True, text=True)
-    return out.returncode == 0
+    return run_test(tree, test).returncode == 0
 
 
 def main():
