@@ -15,8 +15,8 @@ real file when you ask for it, and --check runs the project's own test on your c
 solution is the real file itself and nothing here can drift from it.
 
 Why it works this way:
-- The copy keeps the file's name, in a folder per exercise (bugs/4.3/ppo.py): three exercises are
-  in ppo.py, and a traceback or a diff names the file you know.
+- The copy keeps the file's name, in a folder per exercise (bugs/4.3/ppo.py): two exercises share
+  ppo.py and two grpo.py, and a traceback or a diff names the file you know.
 - --run executes the copy as `python ppo.py` would, as __main__, with the repository's root on the
   path, since the copy imports common/ and `python bugs/4.3/ppo.py` would not find it. Without
   --output_dir its logs go to runs/bugs/4.3/run-N, a new folder each time, so that runs before
@@ -90,7 +90,7 @@ class BugExercise:
 
 TINY = "--model_name_or_path tiny-random --num_eval_problems 0 --max_new_tokens 8"
 # a reward that the tiny random model earns now and then, so that rewards differ within a batch
-CAPITAL = ("--reward_fn examples/own_task/reward.py:starts_with_capital --reward_weights 0 1")
+CAPITAL = "--reward_fn examples/own_task/reward.py:starts_with_capital --reward_weights 0 1"
 EXERCISES = [
     BugExercise(
         "4.1", "group_of_the_wrong_size",
@@ -254,7 +254,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
-    parser = Parser(description=__doc__.split("\n\n")[0],
+    # no abbreviations: a file's flag such as --fre must not pass for --fresh
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                     epilog="With --run, the flags after -- go to the file as its own.")
     parser.add_argument("id", nargs="?", help="the exercise (4.3); none: list them")
     what = parser.add_mutually_exclusive_group()
