@@ -3,10 +3,10 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # every bug, about 3 minutes on 2 cores
+    python dev/planted_bugs.py                 # all 12: 10 min on 2 cores another job kept busy
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
-The working tree is never changed.
+The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
 """
 
 import argparse
@@ -63,6 +63,23 @@ BUGS = {
         "critic(hidden[:, -R - 1:-1])  # [b, R]",
         "critic(hidden[:, -R:])  # [b, R]",
         "tests/test_ppo.py::test_values_are_read_at_the_position_before_each_token"),
+    "reference_is_the_policy": (
+        "online_dpo.py",
+        "ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb)",
+        "ref_logprobs = batched_token_logprobs(policy, pairs, 1.0, 2 * mb)",
+        ("tests/test_online_dpo.py::"
+         "test_the_reference_is_the_starting_policy_once_the_policy_moved")),
+    "old_logprobs_of_other_rows": (
+        "appo.py",
+        "loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],",
+        "loss, s = policy_loss(logprobs, old_logprobs[in_batch], advantages[in_batch],",
+        ("tests/test_appo.py::"
+         "test_each_micro_batch_is_compared_with_the_sampling_log_probs_of_its_own_rows")),
+    "step_mean_copied_into_the_token_loss": (
+        "tppo.py",
+        "    return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()",
+        "    return float(loss_mask.shape[0])",
+        "tests/test_tppo.py::test_both_losses_are_token_means_over_the_minibatch"),
     "grads_summed": (
         "common/distributed.py",
         "        g.div_(world)\n",
@@ -72,14 +89,19 @@ BUGS = {
 
 
 def copy_tree(dest):
+    # bugs/: the copies of PS4's exercises (exercises/bug.py), a student's work, not the tree's
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out"))
+        ".git", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out", "bugs"))
+
+
+def run_test(tree, test):
+    """pytest on one test of the tree: the finished process, its output captured."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          cwd=tree, capture_output=True, text=True)
 
 
 def passes(tree, test):
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-                         cwd=tree, capture_output=True, text=True)
-    return out.returncode == 0
+    return run_test(tree, test).returncode == 0
 
 
 def main():

@@ -127,12 +127,12 @@ def main(argv=None):
     mistakes = parse_mistakes(args.mistake, name)
     ids += [i for i in mistakes if i not in ids]
     module = importlib.import_module(name)
-    file_args = module.parse_args(module.Args, rest)
     bound = plug(module, ids, args.solution, mistakes=mistakes)
     first = os.environ.get("RANK", "0") == "0"
     if first:
         print(f"{name}.py with {'the project' if args.solution else 'your'} functions: "
               + ", ".join(f"{v} (PS{k})" for k, v in bound.items()), flush=True)
+    file_args = module.parse_args(module.Args, rest)
     result = module.main(file_args)
     if first:
         print(verdict(name, file_args, module.parse_args(module.Args, [])))

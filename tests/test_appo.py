@@ -160,6 +160,24 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     assert (moved == 0.0) if skipped else (moved > 1e-4)
 
 
+def test_each_micro_batch_is_compared_with_the_sampling_log_probs_of_its_own_rows():
+    # A minibatch is rows of the rollout in any order (env_minibatches draws them), split into
+    # micro-batches: a micro-batch's old log-probs are its rows' (old_logprobs[rows]) and its
+    # advantages are at its positions in the minibatch (advantages[in_batch]). Rows 3 and 1 in
+    # micro-batches of 1, on the policy's own log-probs: every ratio is exactly 1, so approx_kl is
+    # 0 and the step is taken.
+    policy = load_policy("tiny-random")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in policy.parameters()]
+    args = replace(appo.Args(), micro_batch_size=1, skip_kl=0.02)
+    stats = appo.update_policy(policy, optimizer, *_tiny_batch(policy, 0.0), torch.tensor([3, 1]),
+                               1, args, SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
+                                                        device=torch.device("cpu"), world=1))
+    moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["clipfrac"] == 0.0 and stats["early_stop_frac"] == 0.0 and moved > 1e-4
+
+
 # ---- minibatches and arguments ---------------------------------------------------------------------------------
 def test_minibatches_take_the_same_steps_from_every_env_on_any_number_of_ranks():
     one = appo.env_minibatches(step=3, epoch=0, num_envs=4, first_env=0, num_steps=4,

@@ -1,6 +1,7 @@
 """The exercises' checker (exercises/check.py, docs/course.md): it passes the project's own
 functions, fails every stub naming its file, and names each common mistake in its own words."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -265,3 +266,101 @@ def test_each_lab_is_two_runs_and_its_table_holds_their_means(tmp_path):
     rows = summary(lab, tmp_path).splitlines()
     assert rows[2] == "| grpo.py defaults | 0.300 / 0.400 | 0.5 | - | 15 | 4 | 2 min 5 s |"
     assert rows[3] == "| paid by a loose verifier | 0.200 / 0.100 | 0.75 | - | 15 | 4 | 2 min 5 s |"
+# ---- PS4: find the bug (exercises/bug.py) -------------------------------------------------------
+@pytest.fixture
+def copies(tmp_path, monkeypatch):
+    """exercises.bug with its copies and runs under tmp_path: a test never writes in the tree."""
+    from exercises import bug
+    monkeypatch.setattr(bug, "COPIES", tmp_path / "bugs")
+    monkeypatch.setattr(bug, "RUNS", tmp_path / "runs")
+    return bug
+
+
+def test_ps4_has_a_bug_in_each_of_the_six_files(copies):
+    from common.algorithms import ALGORITHMS
+    ids = [e.id for e in copies.EXERCISES]
+    assert ids == [f"4.{k}" for k in range(1, len(ids) + 1)]
+    assert {e.path for e in copies.EXERCISES} == {f"{a}.py" for a in ALGORITHMS}
+
+
+def test_each_bug_is_one_place_of_its_file_and_the_copy_differs_only_there(copies, capsys):
+    from dev.planted_bugs import BUGS
+    for ex in copies.EXERCISES:
+        path, right, wrong, _ = BUGS[ex.bug]
+        real = (ROOT / path).read_text()
+        assert real.count(right) == 1 and wrong not in real, ex.id
+        assert copies.main([ex.id]) == 0
+        assert capsys.readouterr().out.startswith(
+            f"PS{ex.id}: {os.path.relpath(ex.copy)} is {path} with one bug in it\n")
+        copy, at = ex.copy.read_text(), real.index(right)
+        after = real[at + len(right):]
+        assert copy[:at] == real[:at] and copy.endswith(after), ex.id
+        assert copy[at:len(copy) - len(after)] == wrong, ex.id
+
+
+def test_the_list_says_each_symptom_without_naming_the_bug(copies, capsys):
+    assert copies.main([]) == 0
+    out = capsys.readouterr().out
+    for ex in copies.EXERCISES:
+        assert f"PS{ex.id} in {ex.path}: {ex.symptom[:40]}" in out
+        assert ex.bug not in out and ex.hint[:40] not in out
+    assert copies.main(["4.6", "--hint"]) == 0
+    assert capsys.readouterr().out == f"PS4.6 hint: {copies.BY_ID['4.6'].hint}\n"
+
+
+def test_an_edited_copy_is_kept_until_fresh(copies, capsys):
+    ex = copies.BY_ID["4.3"]
+    assert copies.main(["4.3"]) == 0
+    ex.copy.write_text("# my fix\n")
+    assert copies.main(["4.3"]) == 0 and ex.copy.read_text() == "# my fix\n"
+    assert "is already there with your edits: kept (--fresh writes the buggy copy again)" in \
+        capsys.readouterr().out
+    assert copies.main(["4.3", "--fresh"]) == 0 and ex.copy.read_text() == ex.buggy_text()
+
+
+def test_ps4_errors_are_one_line_naming_the_fix(copies, capsys):
+    no_copy = ("no copy of PS4.7 yet: python -m exercises.bug 4.7 writes "
+               + os.path.relpath(copies.BY_ID["4.7"].copy))
+    for argv, said in [
+            (["4.99"], ("no exercise 4.99; the exercises are 4.1, 4.2, 4.3, 4.4, 4.5, 4.6, "
+                        "4.7, 4.8")),
+            (["4.7", "--check"], no_copy),
+            (["4.7", "--run", "--", "--max_steps", "1"], no_copy),
+            (["4.7", "--max_steps", "1"], "--max_steps 1: a file's flags go after --run --"),
+            (["4.7", "--run", "--check"], ("argument --check: not allowed with argument --run "
+                                           "(python -m exercises.bug --help)"))]:
+        assert copies.main(argv) == 2, argv
+        assert capsys.readouterr().err == f"error: {said}\n"
+
+
+def test_run_executes_the_copy_as_the_file_with_the_root_on_the_path(copies, capsys, monkeypatch):
+    # the copy, marked so that its own run shows, prints the file's --help: it ran as __main__
+    # (the file's name in the usage) and found common/ (its imports)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    ex = copies.BY_ID["4.7"]
+    copies.main(["4.7"])
+    ex.copy.write_text('print("the copy runs")\n' + ex.copy.read_text())
+    with pytest.raises(SystemExit) as done:
+        copies.main(["4.7", "--run", "--", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "the copy runs\nusage: tppo.py" in out
+    # a run folder of its own each time, unless the student names one
+    (copies.RUNS / "4.7" / "run-1").mkdir(parents=True)
+    assert copies.run_flags(ex, ["--max_steps", "1"])[-2:] == [
+        "--output_dir", os.path.relpath(copies.RUNS / "4.7" / "run-2")]
+    assert copies.run_flags(ex, ["--output-dir=mine"]) == ["--output-dir=mine"]
+
+
+def test_check_fails_on_the_buggy_copy_and_passes_on_the_real_files_text(copies, capsys):
+    # PS4.7, whose aimed test is pure tensors: --check copies the tree, puts the copy in place of
+    # tppo.py and runs the test; the working tree is left as it was
+    ex, real = copies.BY_ID["4.7"], (ROOT / "tppo.py").read_text()
+    copies.main(["4.7"])
+    assert copies.main(["4.7", "--check"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"PS4.7: not fixed yet: {ex.test} fails: assert 2.0 == 4.0")
+    ex.copy.write_text(real)
+    assert copies.main(["4.7", "--check"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"PS4.7: fixed: {ex.test} passes"
+    assert (ROOT / "tppo.py").read_text() == real

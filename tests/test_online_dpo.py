@@ -222,6 +222,44 @@ def test_resume_continues_exactly(tmp_path):
     assert [x["step"] for x in metrics(tmp_path / "split")] == [1, 2, 3]
 
 
+# ---- the update loop's wiring ------------------------------------------------------------------
+def test_the_reference_is_the_starting_policy_once_the_policy_moved(tmp_path, monkeypatch):
+    # Update 2 pairs the samples of a policy that update 1 moved (learning rate 1e-2): the loss
+    # still measures them against the starting model, so the reference log-probs it gets are the
+    # starting model's own on those pairs, and the logged kl_ref, the k1 mean of log pi - log
+    # pi_ref over the pairs' tokens, is not 0.
+    import run_with_test_reward  # tests/ is on sys.path under pytest: a reward that gives pairs
+
+    from common import env as envlib
+    from common.logprobs import batched_token_logprobs
+    from common.models import load_policy
+    from common.numerics import masked_mean
+
+    monkeypatch.setattr(envlib, "make_env", run_with_test_reward.make_env)
+    refs, losses = [], []
+
+    def spy(name, record):  # online_dpo.name, with each call's arguments and result recorded
+        real = getattr(online_dpo, name)
+
+        def call(*a):
+            out = real(*a)
+            record(a, out)
+            return out
+        monkeypatch.setattr(online_dpo, name, call)
+    spy("batched_token_logprobs", lambda a, out: refs.append((a[1], out)))  # (pairs, log-probs)
+    spy("dpo_loss", lambda a, out: losses.append(a[:3]))  # (logprobs, ref_logprobs, loss_mask)
+    online_dpo.main(replace(online_dpo.Args(), model_name_or_path="tiny-random", max_new_tokens=6,
+                            num_eval_problems=0, num_prompts=4, micro_batch_size=8, max_steps=2,
+                            learning_rate=1e-2, temperature=1.0, output_dir=str(tmp_path)))
+    pairs, ref = refs[1]
+    logprobs, _, mask = losses[1]
+    start = batched_token_logprobs(load_policy("tiny-random"), pairs, 1.0, 8)
+    torch.testing.assert_close(ref, start, atol=1e-5, rtol=1e-5)
+    kl = masked_mean(logprobs.detach() - start, mask.float()).item()
+    assert abs(kl) > 1e-3  # the policy moved: a reference taken from it would give 0
+    assert metrics(tmp_path)[1]["kl_ref"] == pytest.approx(kl, rel=1e-4)
+
+
 # ---- against TRL's own code -------------------------------------------------------------------
 @pytest.mark.parametrize("preference_loss", ["sigmoid", "ipo"])
 def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_path, preference_loss):

@@ -140,6 +140,23 @@ def test_clipped_huber_value_loss_is_a_token_mean():
     torch.testing.assert_close(values.grad, torch.tensor([[0.25, 0.0, 0.0]]))
 
 
+def test_both_losses_are_token_means_over_the_minibatch():
+    # loss_normaliser counts the minibatch's tokens (APPO's counts its steps): steps of 3 tokens
+    # and of 1 make 4. At ratio 1 the policy loss is then minus the mean advantage over those 4
+    # tokens, -(1 + 2 + 3 + 6) / 4 = -3, and the value loss the mean of their squared errors / 2.
+    args = replace(tppo.Args(), entropy_coef=0.0, cliprange_value=10.0)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    normaliser = tppo.loss_normaliser(mask, args, world_size=1)
+    assert normaliser == 4.0
+    zeros = torch.zeros(2, 3)
+    loss, _ = tppo.policy_loss(zeros, zeros, torch.tensor([[1.0, 2, 3], [6, 9, 9]]), mask, zeros,
+                               normaliser, args)
+    assert loss.item() == pytest.approx(-3.0)
+    loss, _ = tppo.value_loss(zeros, zeros, torch.tensor([[1.0, 2, 1], [2, 5, 5]]), mask,
+                              normaliser, args)
+    assert loss.item() == pytest.approx((1 + 4 + 1 + 4) / 2 / 4)  # Huber: x^2 / 2 below delta 10
+
+
 def test_advantages_are_standardised_over_non_pad_tokens():
     adv = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
     mask = torch.tensor([[1, 1], [1, 0]])
