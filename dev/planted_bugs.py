@@ -91,7 +91,7 @@ BUGS = {
 def copy_tree(dest):
     # bugs/: the copies of PS4's exercises (exercises/bug.py), a student's work, not the tree's
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out", "bugs"))
+        ".git", ".dev", "runs", "outputs", "__pycache__", ".pytest_cache", ".venv*", "out", "bugs"))
 
 
 def run_test(tree, test):
