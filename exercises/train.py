@@ -19,6 +19,7 @@ at least PASS_MARK. The marks and how they were chosen: docs/course.md#ps2-wirin
 """
 
 import argparse
+import copy
 import importlib
 import json
 import os
@@ -133,9 +134,10 @@ def main(argv=None):
         print(f"{name}.py with {'the project' if args.solution else 'your'} functions: "
               + ", ".join(f"{v} (PS{k})" for k, v in bound.items()), flush=True)
     file_args = module.parse_args(module.Args, rest)
+    given = copy.deepcopy(file_args)  # main derives some options (the micro-batch) in place
     result = module.main(file_args)
     if first:
-        print(verdict(name, file_args, module.parse_args(module.Args, [])))
+        print(verdict(name, given, module.parse_args(module.Args, [])))
     return result
 
 

@@ -237,6 +237,25 @@ def test_the_ps2_verdict_reads_the_last_evaluation_against_the_mark(tmp_path):
         "are for the defaults")
 
 
+def test_a_run_of_the_defaults_gets_its_verdict_though_main_derives_options(monkeypatch, capsys,
+                                                                          tmp_path):
+    """grpo.py's main sets the micro-batch size in its args; the verdict reads the options as
+    given, so a default run is still judged (a fresh-clone run of PS1.1 was not, at first)."""
+    import grpo
+
+    from exercises.train import main
+
+    def fake_main(args):  # what grpo.main does to its args, and the evaluations a run writes
+        args.micro_batch_size = 8
+        (tmp_path / "eval.jsonl").write_text('{"step": 0, "eval/accuracy": 0.305}\n'
+                                             '{"step": 20, "eval/accuracy": 0.55}\n')
+    monkeypatch.setattr(grpo, "main", fake_main)
+    monkeypatch.setattr(grpo, "masked_mean", grpo.masked_mean)
+    main(["grpo.py", "--solution", "--plug", "1.1", "--", "--output_dir", str(tmp_path)])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "PS2 grpo.py: held-out accuracy 0.305 -> 0.550: passes (the mark is 0.45)")
+
+
 def test_the_loose_verifier_pays_the_answer_anywhere():
     from exercises.loose_reward import contains_answer
     assert contains_answer(
