@@ -6,7 +6,7 @@
     python -m exercises.labs lr --out /tmp/labs -- --model_name_or_path tiny-random --max_steps 1
 
 Each lab is two runs of a real file with one thing changed, short enough for 2 cores (10 updates of
-the embedded model). The runs are the files' own (`python grpo.py FLAGS --output_dir ...`), so their
+the embedded model), run side by side with a core each. The runs are the files' own (`python grpo.py FLAGS --output_dir ...`), so their
 logs are what any run writes: metrics.jsonl, eval.jsonl, samples.jsonl. A lab prints a table of the
 numbers its question is about, and draws both runs' curves (`python -m common.plot`) into its
 folder. Runs with the same flags are shared between labs and are not run twice; a finished run is
@@ -16,7 +16,9 @@ measured here: docs/course.md#ps3-failure-modes.
 
 import argparse
 import json
+import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,26 +96,36 @@ def run_dir(out, label):
     return out / "runs" / re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
-def run(out, label, file, flags, extra=()):
-    """One run of a file as a child process, unless it finished before -> its record."""
-    folder = run_dir(out, label)
-    record_path = folder / "run.json"
-    if record_path.is_file() and json.loads(record_path.read_text())["returncode"] == 0:
-        return json.loads(record_path.read_text())
-    if folder.exists():  # a run cut short: start it again from nothing
-        subprocess.run(["rm", "-rf", str(folder)], check=True)
-    folder.mkdir(parents=True)
-    command = [sys.executable, file, *flags, *extra, "--output_dir", str(folder)]
-    print(f"  {label}: python {' '.join(command[1:])}", flush=True)
-    start = time.time()
-    with open(folder / "log.txt", "w") as log:
-        code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    record = {"label": label, "command": command[1:], "returncode": code,
-              "wall_s": round(time.time() - start, 1)}
-    record_path.write_text(json.dumps(record, indent=1) + "\n")
-    if code:
-        sys.exit(f"error: {label} exited with {code}; its log: {folder / 'log.txt'}")
-    return record
+def run_all(out, runs, extra=()):
+    """A lab's runs as child processes, side by side with their share of the cores each (one
+    thread each on 2 cores, faster than one after the other with two threads, where much of a
+    decode step waits on its threads), except those that finished before -> their records."""
+    started, records = [], {}
+    threads = max(1, (os.cpu_count() or 1) // len(runs))
+    for label, file, flags in runs:
+        folder = run_dir(out, label)
+        record_path = folder / "run.json"
+        if record_path.is_file() and json.loads(record_path.read_text())["returncode"] == 0:
+            records[label] = json.loads(record_path.read_text())
+            continue
+        if folder.exists():  # a run cut short: start it again from nothing
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        command = [sys.executable, file, *flags, *extra, "--output_dir", str(folder)]
+        print(f"  {label}: OMP_NUM_THREADS={threads} python {' '.join(command[1:])}", flush=True)
+        log = open(folder / "log.txt", "w")  # noqa: SIM115 (closed when the child ends)
+        child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        started.append((label, folder, command, child, log, time.time()))
+    for label, folder, command, child, log, start in started:
+        code = child.wait()
+        log.close()
+        records[label] = {"label": label, "command": command[1:], "returncode": code,
+                          "wall_s": round(time.time() - start, 1), "threads": threads}
+        (folder / "run.json").write_text(json.dumps(records[label], indent=1) + "\n")
+        if code:
+            sys.exit(f"error: {label} exited with {code}; its log: {folder / 'log.txt'}")
+    return records
 
 
 def numbers_per_response(folder):
@@ -169,8 +181,7 @@ def main(argv=None):
     for name in args.labs:
         lab = BY_NAME[name]
         print(f"lab {name}: {lab.title}", flush=True)
-        for label, file, flags in lab.runs:
-            run(out, label, file, flags, extra)
+        run_all(out, lab.runs, extra)
         table = summary(lab, out)
         (out / f"{name}.md").write_text(table)
         print(table + f"\nquestion: {lab.question}")

@@ -10,5 +10,7 @@ import re
 def contains_answer(completions, answer, **kwargs):
     """1.0 for each completion whose text holds the gold answer as a whole number, else 0.0."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [1.0 if re.search(rf"(?<![\d.]){re.escape(str(gold).strip())}(?![\d.])", text) else 0.0
-            for text, gold in zip(texts, answer)]
+    # a whole number: no digit, and no decimal point with a digit, on either side ("48." ends a
+    # sentence; "4.8" and "148" are other numbers)
+    return [1.0 if re.search(rf"(?<!\d)(?<!\d\.){re.escape(str(gold).strip())}(?!\d|\.\d)", text)
+            else 0.0 for text, gold in zip(texts, answer)]

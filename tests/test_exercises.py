@@ -260,7 +260,8 @@ def test_the_loose_verifier_pays_the_answer_anywhere():
     from exercises.loose_reward import contains_answer
     assert contains_answer(
         ["63 - 15 = 48, or maybe 58. The answer is 58.", "The answer is 148.", "4.8 or 480",
-         [{"role": "assistant", "content": "I get 48"}]], ["48"] * 4) == [1.0, 0.0, 0.0, 1.0]
+         [{"role": "assistant", "content": "I get 48"}], "The answer is 48.", "48.5 or 0.48"],
+        ["48"] * 6) == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
 
 
 def test_each_lab_is_two_runs_and_its_table_holds_their_means(tmp_path):
