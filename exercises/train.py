@@ -85,7 +85,8 @@ def plug(module, ids, solution=False, say=print, mistakes=None):
         exercise = exercises[id]
         if id in (mistakes or {}):
             words, wrong = exercise.mistakes[mistakes[id] - 1]
-            said = words if isinstance(words, str) else "normalised over the whole batch"
+            # words made from a student's numbers have no text of their own: the list has them
+            said = words if isinstance(words, str) else "its words are in exercises/ps1/checks.py"
             say(f"PS{id}: training with common mistake {mistakes[id]}: {said}")
             setattr(module, name, adapt(wrong, getattr(module, name)))
             bound[id] = name
