@@ -38,6 +38,8 @@ SHORT = ["--difficulty", "1-3", "--max_steps", "10", "--eval_interval", "5", "--
          "--log_interval", "1"]
 # The run most labs compare against: grpo.py's defaults on that task.
 BASE = ("grpo.py defaults", "grpo.py", SHORT)
+# The step too large of the first lab, which the second lab tries to hold back with a KL penalty.
+TOO_LARGE = ("lr 2e-5", "grpo.py", [*SHORT, "--learning_rate", "2e-5"])
 LOOSE = "exercises/loose_reward.py:contains_answer"
 # One update of 2 prompts x 8 and no evaluation: bf16 is about 10 times slower than fp32 on a CPU.
 ONE_UPDATE = [*SHORT[:2], "--max_steps", "1", "--num_prompts", "2", "--num_eval_problems", "0"]
@@ -57,13 +59,12 @@ class Lab:
 
 LABS = [
     Lab("lr", "a learning rate too large",
-        [BASE, ("lr 2e-5", "grpo.py", [*SHORT, "--learning_rate", "2e-5"])],
+        [BASE, TOO_LARGE],
         ["reward/mean", "zero_std_frac", "entropy", "grad_norm"],
         "The default was 2e-5 until the runs of this lab. What happens to held-out accuracy at 2e-5, "
         "and which logged number shows it first?"),
     Lab("kl", "no KL penalty against a large one",
-        [("lr 2e-5", "grpo.py", [*SHORT, "--learning_rate", "2e-5"]),
-         ("lr 2e-5, beta 0.5", "grpo.py", [*SHORT, "--learning_rate", "2e-5", "--beta", "0.5"])],
+        [TOO_LARGE, ("lr 2e-5, beta 0.5", "grpo.py", [*TOO_LARGE[2], "--beta", "0.5"])],
         ["reward/mean", "kl_ref", "entropy", "grad_norm"],
         "Does a KL penalty to the reference keep a too-large step from doing harm? How large is "
         "the KL term against the policy loss?"),
@@ -167,8 +168,8 @@ def main(argv=None):
     parser.add_argument("labs", nargs="*", help=f"labs to run: {', '.join(BY_NAME)}")
     parser.add_argument("--out", default="runs/labs", help="folder for the runs and the tables")
     argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:len(argv) - len(extra) - bool(extra or "--" in argv)])
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]
     unknown = [name for name in args.labs if name not in BY_NAME]
     if unknown:
         sys.exit(f"error: no lab {', '.join(unknown)}; the labs are {', '.join(BY_NAME)}")

@@ -21,10 +21,10 @@ at least PASS_MARK. The marks and how they were chosen: docs/course.md#ps2-wirin
 import argparse
 import copy
 import importlib
-import json
 import os
 from pathlib import Path
 
+from common.plot import read_log
 from exercises.check import all_exercises, check
 
 # The held-out accuracy a run of the file's defaults must reach after its last update to pass
@@ -161,9 +161,7 @@ def parse_mistakes(given, name):
 
 def final_accuracy(output_dir):
     """(accuracy before the first update, after the last) from a run's eval.jsonl, or None."""
-    path = Path(output_dir) / "eval.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    rows = [r for r in rows if "eval/accuracy" in r]
+    rows = [r for r in read_log(Path(output_dir) / "eval.jsonl") if "eval/accuracy" in r]
     return (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if len(rows) >= 2 else None
 
 
