@@ -170,6 +170,7 @@ RANGES = {
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
+    "reward_weight": (0, math.inf, "[)"),
     # 0 would scale every adapter to nothing, and the run would train nothing
     "lora_alpha": (1, math.inf, "[)"),
     # numpy's range; --seed 1e30 overflowed torch.manual_seed, with a traceback
