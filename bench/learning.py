@@ -12,7 +12,8 @@ The tasks: "default" is each file's own default (arithmetic levels 1-2), "harder
 `python X.py --eval_interval 5 --seed S --output_dir OUT/TASK/X-seedS`, plus the task's flags and
 whatever follows `--`, so its logs are the file's own (metrics.jsonl, eval.jsonl, samples.jsonl).
 grpo.py runs once per --grpo_seeds seed and its table row is the mean and standard error over them;
-the other files run with the first seed.
+the other files run with the first seed. distill.py's teacher is the last checkpoint of grpo.py's
+run of the first seed on the same task (so grpo.py runs first, in the same --out).
 
 Wall time and peak RSS are the child process's own (`os.wait4`, as `/usr/bin/time -v` reads them):
 model loading and the evaluations are included. A run that finished (run.json with exit status 0)
@@ -47,7 +48,18 @@ def run_dir_of(out, record):
     return out / record["task"] / f"{record['file']}-seed{record['seed']}"
 
 
-def run_one(file, task, seed, out, extra):
+def teacher_of(out, task, seed):
+    """distill.py's teacher: the last checkpoint of grpo.py's run with `seed` on `task`."""
+    grpo_dir = run_dir_of(out, {"task": task, "file": "grpo", "seed": seed})
+    found = sorted(grpo_dir.glob("checkpoint-*/config.json"),
+                   key=lambda p: int(p.parent.name.split("-")[1]))
+    if not found:
+        sys.exit(f"distill.py learns from grpo.py's run of seed {seed} on {task}, and "
+                 f"{grpo_dir} holds no checkpoint: run with --files grpo distill")
+    return str(found[-1].parent)
+
+
+def run_one(file, task, seed, out, extra, teacher_seed=0):
     """One training run as a child process -> its run.json record (written next to its logs)."""
     run_dir = run_dir_of(out, {"task": task, "file": file, "seed": seed})
     record_path = run_dir / "run.json"
@@ -58,6 +70,8 @@ def run_one(file, task, seed, out, extra):
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, f"{file}.py", "--eval_interval", "5", "--seed", str(seed),
                "--output_dir", str(run_dir), *TASKS[task], *extra]
+    if file == "distill":
+        command += ["--teacher_model_name_or_path", teacher_of(out, task, teacher_seed)]
     print(f"{task} / {file} / seed {seed}: {' '.join(command[1:])}", flush=True)
     start = time.time()
     with open(run_dir / "log.txt", "w") as log:
@@ -154,7 +168,7 @@ def main():
     for task in a.tasks:
         for file in a.files:
             for seed in a.grpo_seeds if file == "grpo" else a.grpo_seeds[:1]:
-                records.append(run_one(file, task, seed, out, a.extra))
+                records.append(run_one(file, task, seed, out, a.extra, a.grpo_seeds[0]))
                 results["tables"][task] = table(records, out, task)
                 path.write_text(json.dumps({"runs": results["runs"] + records,
                                             "tables": results["tables"]}, indent=1) + "\n")

@@ -165,11 +165,16 @@ def _stage_plan(name, tiny, work):
         # caps from the H100 run of 2026-11-27 (92, 140 and ~25 s an update), with some room
         cap = {"grpo": 120, "grpo_compile": 170, "grpo_big": 110}[name]
     else:
-        # these five show that each file trains and saves in bf16 on the device: no learning
-        # curve, so no evaluation before the first update and a small one after the last
+        # these show that each file trains and saves in bf16 on the device: no learning curve,
+        # so no evaluation before the first update and a small one after the last
         run += ["--max_steps", "2" if tiny else "5", "--no_eval_on_start"]
         if not tiny:
             run += ["--num_eval_problems", "64"]
+        if name == "distill":  # the teacher: the grpo stage's last checkpoint, or the student
+            found = sorted((work / "grpo").glob("checkpoint-*/config.json"),
+                           key=lambda p: p.stat().st_mtime)
+            run += ["--teacher_model_name_or_path", str(found[-1].parent) if found else
+                    "tiny-random" if tiny else "SmolLM2-135M-Instruct"]
         cap = 60
     child = [str(ROOT / "dev" / "device_check.py"), "--child", str(work / f"{name}.child.json"),
              "--", str(ROOT / f"{file}.py")]

@@ -3,7 +3,7 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # all 12: 10 min on 2 cores another job kept busy
+    python dev/planted_bugs.py                 # all 13: 10 min on 2 cores another job kept busy
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
 The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
@@ -80,6 +80,12 @@ BUGS = {
         "    return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()",
         "    return float(loss_mask.shape[0])",
         "tests/test_tppo.py::test_both_losses_are_token_means_over_the_minibatch"),
+    "teacher_at_another_temperature": (
+        "distill.py",
+        "                        teacher, input_ids[rows], attention_mask[rows], R, args.temperature,",
+        "                        teacher, input_ids[rows], attention_mask[rows], R, 1.0,",
+        "tests/test_distill.py::"
+        "test_a_run_whose_teacher_is_the_student_measures_a_kl_of_0_and_moves_no_weight"),
     "grads_summed": (
         "common/distributed.py",
         "        g.div_(world)\n",

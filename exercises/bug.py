@@ -166,6 +166,15 @@ EXERCISES = [
         flags=f"{TINY} --max_steps 3 --learning_rate 1e-4 {CAPITAL}",
         hint="DPO's implicit reward is beta log(pi / pi_ref), against the frozen starting "
              "policy. Which model scores the pairs before the update?"),
+    BugExercise(
+        "4.9", "teacher_at_another_temperature",
+        symptom="The teacher here is the student itself (tiny-random), so the student has "
+                "nothing to learn: yet kl_teacher is 0.00047, -0.0015 and 0.0025, pg_loss the "
+                "same, and grad_norm 0.077-0.082 in every update (the real file: exactly 0 each, "
+                "and the weights never move).",
+        flags=f"{TINY} --max_steps 3 --teacher_model_name_or_path tiny-random",
+        hint="Both distributions are compared at the temperature the student sampled at "
+             "(docs/distill.md). Which temperature does each model's forward in the update use?"),
 ]
 BY_ID = {e.id: e for e in EXERCISES}
 

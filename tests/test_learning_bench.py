@@ -15,7 +15,7 @@ import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from learning import mean_se, table  # noqa: E402
+from learning import mean_se, table, teacher_of  # noqa: E402
 
 
 def test_mean_and_standard_error_by_hand():
@@ -55,6 +55,16 @@ def test_table_averages_seeds_and_keeps_one_row_per_file(tmp_path):
     assert len(lines) == 4
 
 
+def test_distills_teacher_is_the_last_checkpoint_of_grpos_run_of_the_first_seed(tmp_path):
+    grpo = tmp_path / "harder" / "grpo-seed3"
+    for step in (5, 20):  # by number: "checkpoint-5" sorts after "checkpoint-20" as text
+        (grpo / f"checkpoint-{step}").mkdir(parents=True)
+        (grpo / f"checkpoint-{step}" / "config.json").write_text("{}")
+    assert teacher_of(tmp_path, "harder", 3) == str(grpo / "checkpoint-20")
+    with pytest.raises(SystemExit, match="run with --files grpo distill"):
+        teacher_of(tmp_path, "default", 3)
+
+
 def test_one_tiny_run_through_the_script_and_no_rerun(tmp_path):
     command = [sys.executable, "bench/learning.py", "--out", str(tmp_path), "--tasks", "harder",
                "--files", "grpo", "--grpo_seeds", "3", "--", "--model_name_or_path", "tiny-random",
@@ -90,7 +100,7 @@ def test_the_docs_show_the_tables_the_bench_wrote_with_a_row_for_every_file():
     results = json.loads((ROOT / "docs" / "results" / "results.json").read_text())
     for task in ("default", "harder"):
         lines = (ROOT / "docs" / "results" / f"{task}.md").read_text().splitlines()
-        assert len(lines) == 2 + 6 and all(line in readme for line in lines)
+        assert len(lines) == 2 + len(ALGORITHMS) and all(line in readme for line in lines)
         assert set(results["tables"][task]) == set(ALGORITHMS)
         for row in results["tables"][task].values():  # every file ends above where it started
             assert row["accuracy"][-1] > row["accuracy"][0]
