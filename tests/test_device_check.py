@@ -103,10 +103,12 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert logs.count("=====") == 5 and "\r" not in logs
 
 
+@pytest.mark.slow  # ~56 s; the slow test of every stage runs these stages too
 def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
     # the stages a lease adds for the GPU paths never run there: two processes on one device,
     # LoRA, eval.py on a checkpoint. FSDP2's and gradient checkpointing's stages run in the slow
     # test of every stage (the suite's time: each stage is a run of grpo.py), their paths in
+    # tests/test_sharding.py, and two processes and LoRA in tests/test_grpo.py and
     # tests/test_sharding.py.
     ways = ["two_processes", "lora"]
     results, _ = device_check(tmp_path, "--stages", *ways, "eval")
@@ -123,6 +125,7 @@ def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
     assert any(line.startswith("accuracy") for line in results["eval"]["figures"]["lines"])
 
 
+@pytest.mark.slow  # ~45 s; bench/trl_vs_mathrl.py's parsing is tests/test_bench.py's
 def test_the_default_s_trl_pair_runs_on_a_cpu(tmp_path):
     # the pairs with TRL (bench/trl_vs_mathrl.py): the default's runs here, where TRL is installed
     pytest.importorskip("trl")
