@@ -26,7 +26,11 @@ BATCH = {"grpo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch
                   "--micro_batch_size", "1", "--critic_hidden_size", "16", "--critic_num_layers", "1"],
          "tppo": ["--num_envs", "2", "--num_steps", "2", "--num_mini_batches", "2",
                   "--micro_batch_size", "1", "--critic_hidden_size", "16", "--critic_num_layers", "1"],
-         "online_dpo": ["--num_prompts", "2", "--micro_batch_size", "2"]}
+         "online_dpo": ["--num_prompts", "2", "--micro_batch_size", "2"],
+         # the full form, with the model as its own teacher (its divergence is 0) and the test
+         # reward's group advantage, so that the update has something to learn
+         "distill": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2",
+                     "--loss_form", "full", "--reward_weight", "1"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +44,8 @@ def test_one_bf16_update(algo, model, tmp_path):
            "--bf16", "--max_steps", "1", "--max_new_tokens", "8", "--num_eval_problems", "0",
            "--learning_rate", "1e-3", "--temperature", "1.0", "--output_dir", str(tmp_path),
            *BATCH[algo]]
+    if algo == "distill":
+        cmd += ["--teacher_model_name_or_path", model]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TEST_REWARD": "lowercase"}
     out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

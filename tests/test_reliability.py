@@ -45,6 +45,8 @@ def run_args(output_dir, **changes):
 
 def algo_args(algo, **changes):
     module = importlib.import_module(algo)
+    if algo == "distill":  # it has no default teacher: one is given, as a run must
+        changes = {"teacher_model_name_or_path": "tiny-random", **changes}
     return module, replace(module.Args(), model_name_or_path="tiny-random", **changes)
 
 
