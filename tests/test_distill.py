@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import distill
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
+from trl_steps import a_batch, moved_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -112,13 +113,6 @@ def test_the_loss_is_a_token_mean_of_the_clipped_term_and_the_divergence():
 
 
 # ---- the tiny model ---------------------------------------------------------------------------
-def _batch():
-    sys.path.insert(0, str(ROOT / "tests"))
-    from trl_steps import a_batch
-
-    return a_batch()
-
-
 def _loss_and_grad(policy, teacher, batch, args):
     """distill.py's update on `batch`, one micro-batch: (loss, {name: grad})."""
     from common.hf import backbone_and_head
@@ -152,15 +146,14 @@ def _loss_and_grad(policy, teacher, batch, args):
 @pytest.mark.parametrize("loss_form,beta", [("sampled", 1.0), ("full", 1.0), ("full", 0.5)])
 def test_a_teacher_equal_to_the_student_gives_a_loss_and_gradient_of_0(loss_form, beta):
     from common.models import load_policy
-    from trl_steps import moved_policy
 
     args = replace(distill.Args(), loss_form=loss_form, beta=beta, temperature=0.7)
-    loss, grads, stats = _loss_and_grad(load_policy("tiny-random"), load_policy("tiny-random"),
-                                        _batch(), args)
+    loss, grads, _ = _loss_and_grad(load_policy("tiny-random"), load_policy("tiny-random"),
+                                        a_batch(), args)
     norm = torch.stack([g.norm() for g in grads.values()]).norm().item()
     # a teacher that differs (the moved copy of the GRPO tests) gives both
     moved_loss, moved_grads, _ = _loss_and_grad(load_policy("tiny-random"), moved_policy(),
-                                                _batch(), args)
+                                                a_batch(), args)
     moved_norm = torch.stack([g.norm() for g in moved_grads.values()]).norm().item()
     assert abs(moved_loss.item()) > 1e-3 and moved_norm > 1e-2
     if loss_form == "sampled":  # every advantage is 0 - 0: exactly
@@ -182,9 +175,8 @@ def test_the_full_form_equals_trls_distillation_trainer_on_the_same_batch(tmp_pa
     from trl import DistillationConfig, DistillationTrainer
 
     from common.models import load_policy, load_tokenizer
-    from trl_steps import moved_policy
 
-    batch = _batch()
+    batch = a_batch()
     n = len(batch.prompt_ids)
     args = replace(distill.Args(), loss_form="full", beta=beta, temperature=0.7)
     # the student: the tiny model; the teacher: its moved copy, so that the two differ
@@ -291,15 +283,11 @@ def near_teacher(path):
     """A teacher near the tiny student: its weights moved by noise of s.d. 0.02, about their own
     size. At temperature 0.1 the student's distribution starts 1.3-1.8 nats (sampled reverse KL)
     away from it. A teacher of unrelated random weights is hundreds of words away from a student
-    that holds its mass on a few of 49k: 64 sampled tokens an update find nothing to move to (the
+    that holds its mass on a few of 49k: 256 sampled tokens an update find nothing to move to (the
     full form still learned from it; the sampled did not, in 30 updates)."""
-    from common.models import load_tokenizer, tiny_random_model
+    from common.models import load_tokenizer
 
-    model = tiny_random_model()
-    with torch.no_grad():
-        for k, p in enumerate(model.parameters()):
-            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)))
-    model.save_pretrained(path)
+    moved_policy(0.02).save_pretrained(path)
     load_tokenizer("tiny-random").save_pretrained(path)
     return path
 

@@ -13,13 +13,13 @@ from common.models import load_policy, load_tokenizer
 from common.sampler import Generation
 
 
-def moved_policy():
-    """tiny-random after some training: its weights moved from the reference's, the same way for
-    both sides, so that the KL to the reference is not 0."""
+def moved_policy(scale=0.05):
+    """tiny-random after some training: its weights moved from the reference's by noise of s.d.
+    `scale`, the same way for both sides, so that the KL to the reference is not 0."""
     model = load_policy("tiny-random")
     with torch.no_grad():
         for k, p in enumerate(model.parameters()):
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)))
+            p.add_(scale * torch.randn(p.shape, generator=torch.Generator().manual_seed(k)))
     return model
 
 
