@@ -38,8 +38,8 @@ class DataArgs:
     answer_key: Optional[str] = None
     """field of the data rows that holds the gold answer (default: the task's usual names)"""
     difficulty: str = "1-2"
-    """arithmetic: level 1..5, a range '1-2' or 'mixed' (1: 2-digit addition ... 5: word
-    problems)"""
+    """arithmetic: level 1..6, a range '1-2' or 'mixed' (1: 2-digit addition ... 5: word
+    problems; 6: word problems with 3-digit numbers, for tools.py; mixed: 1-5)"""
     levels: Optional[str] = None
     """math: keep these MATH levels only, e.g. '1-3' or '4,5' (default: all)"""
     template: Literal["chat", "plain"] = "chat"
@@ -132,7 +132,7 @@ def algorithm_of(args):
 # --help
 # ------------------------------------------------------------------------------------------------
 # Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
-POSITIVE = ("max_steps", "max_new_tokens", "micro_batch_size", "eval_batch_size", "log_interval",
+POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eval_batch_size", "log_interval",
             "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
             "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
             "critic_hidden_size")

@@ -216,7 +216,7 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=prin
         calc_annotations=False  keep the <<expr>> calculator spans of the few-shot solutions
                              ("4 * 7 = <<4*7>>28"), for a policy that has a calculator; by default
                              they are removed
-        difficulty="mixed"   arithmetic only: 1..5 (see Arithmetic), a range "1-2", a list "1,3",
+        difficulty="mixed"   arithmetic only: 1..6 (see Arithmetic), a range "1-2", a list "1,3",
                              or "mixed"
         num_examples=10000   generated tasks only: size of the train split
     """

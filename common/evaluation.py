@@ -14,10 +14,11 @@ from common.stepwise import play_episodes, policy_sampler
 
 
 def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
-             autocast=contextlib.nullcontext(), return_records=False):
+             autocast=contextlib.nullcontext(), return_records=False, respond=None):
     """Greedy pass@1 on a fixed subset of `num_problems` problems of `env`. Under torchrun each rank
-    grades a strided share and the accuracy is over all of them. Returns the accuracy (and
-    per-problem records)."""
+    grades a strided share and the accuracy is over all of them. respond(prompts) -> (texts,
+    truncated): how a batch of prompts (token-id lists) is answered greedily, when not by one call
+    of `generate` (tools.py: with its tools). Returns the accuracy (and per-problem records)."""
     if env.stepwise and not return_records:  # one line per step, as the policy was trained to
         return evaluate_stepwise(model, tokenizer, env, num_problems, max_new_tokens, batch_size,
                                  autocast)
@@ -29,23 +30,27 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
     records = []
     with unsharded(model):  # FSDP2: ranks may hold different numbers of batches
         records = _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size,
-                                autocast)
+                                autocast, respond)
     records = [r for part in all_gather_objects(records) for r in part]
     accuracy = sum(r["correct"] for r in records) / max(1, len(records))
     return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy
 
 
-def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, autocast):
+def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, autocast,
+                  respond=None):
     """One record per problem of `indices`: its greedy response, reward and grade."""
     records = []
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
         prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
-        with autocast, fast_decoding(model) as decoder:
-            gen = generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
-                           decoder=decoder)
-        for i, text, truncated in zip(chunk, gen.texts(tokenizer),
-                                      gen.truncated.tolist()):
+        if respond is not None:
+            texts, truncated = respond(prompts)
+        else:
+            with autocast, fast_decoding(model) as decoder:
+                gen = generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
+                               decoder=decoder)
+            texts, truncated = gen.texts(tokenizer), gen.truncated.tolist()
+        for i, text, truncated in zip(chunk, texts, truncated):
             reward, info = env.score(text, i)
             records.append({"index": i, "response": text, "reward": reward,
                             "correct": bool(info["correct"]),

@@ -1085,6 +1085,43 @@ def _warm_up():
     sympy_equal(parse("\\sqrt{2}+\\sqrt{3}"), parse("\\sqrt{5+2\\sqrt{6}}"))
 
 
+SYMPY_TOOLS = ("solve", "simplify", "factor")  # tools.py's tools that run here, in a worker
+MAX_TOOL_TEXT = 200  # characters of a tool's answer given back to the model
+
+
+def sympy_tool(name: str, a) -> str:
+    """A sympy tool on the AST `a` (runs in the worker): solve (for its symbols, = 0), simplify or
+    factor, as sympy prints the result."""
+    import sympy
+
+    expr = to_sympy(a)
+    if name == "solve":
+        return str(sympy.solve(expr, sorted(expr.free_symbols, key=str) or None))
+    return str({"simplify": sympy.simplify, "factor": sympy.factor}[name](expr))
+
+
+def run_sympy_tool(name: str, text: str) -> str:
+    """tools.py's sympy tool `name` on the model's text, in a worker of the pool within the
+    grader's budget (TIMEOUT_S of CPU time): the answer as text, or a line that starts with
+    "error:". Never raises. The text is parsed by this file's whitelisted parser, never by sympy's
+    (which would eval it); `solve` takes "lhs = rhs" or an expression equal to 0."""
+    if name not in SYMPY_TOOLS:
+        return f"error: no tool {name!r}"
+    try:
+        sides = normalize(text.replace("**", "^")).split("=")  # Python's power, written as TeX's
+        if len(sides) > 2 or (len(sides) == 2 and name != "solve"):
+            return "error: one = at most, and only for solve"
+        a = parse(sides[0]) if len(sides) == 1 else ["+", parse(sides[0]), ["neg", parse(sides[1])]]
+    except ParseError as e:
+        return f"error: cannot read {text.strip()[:40]!r} ({e})"
+    grade = Grade(TIMEOUT_S)
+    with paused():
+        reply = _POOL.tool(name, a, grade)
+    if reply is None or reply["timeout"] or reply["text"] is None:
+        return "error: out of time" if grade.timed_out else "error: the tool failed"
+    return reply["text"][:MAX_TOOL_TEXT]
+
+
 _POOL = Pool(pool_size(), os.path.abspath(__file__))
 atexit.register(lambda: _POOL.stop())
 
@@ -1099,4 +1136,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 if __name__ == "__grader_worker__":  # a worker: common/grader_worker.py's Pool started it
-    serve(int(sys.argv[3]), sympy_equal, _warm_up)
+    serve(int(sys.argv[3]), sympy_equal, _warm_up, sympy_tool)

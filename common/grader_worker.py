@@ -103,10 +103,12 @@ def _watch_parent(parent: int) -> None:
     os._exit(0)
 
 
-def serve(parent: int, equal, warm_up) -> None:
+def serve(parent: int, equal, warm_up, tool=None) -> None:
     """Worker loop: one JSON request {a, b, equation, approx, budget} per line on stdin, answered
     by equal(a, b, equation, approx) within `budget` CPU seconds; one JSON reply {ok, timeout, cpu}
-    per line on stdout. warm_up() runs once before the worker says it is ready."""
+    per line on stdout. A request {tool, a, budget} is answered by tool(name, a), a text, in the
+    reply's "text" (tools.py's sympy tools). warm_up() runs once before the worker says it is
+    ready."""
     global _ARMED
     import signal
 
@@ -123,23 +125,27 @@ def serve(parent: int, equal, warm_up) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        start, ok, timeout = time.process_time(), False, False
+        start, ok, timeout, text = time.process_time(), False, False, None
         try:
             try:
                 _ARMED = True
                 # CPU time, not wall
                 signal.setitimer(signal.ITIMER_PROF, max(float(req["budget"]), 0.001))
-                ok = bool(equal(req["a"], req["b"], req["equation"], req["approx"]))
+                if "tool" in req:
+                    text = str(tool(req["tool"], req["a"]))
+                    ok = True
+                else:
+                    ok = bool(equal(req["a"], req["b"], req["equation"], req["approx"]))
             finally:
                 _ARMED = False
                 signal.setitimer(signal.ITIMER_PROF, 0)
         except _OutOfTime:
             timeout = True
-        except Exception:  # ParseError, TypeError on oo/nan, RecursionError, MemoryError: not equal
-            pass
+        except Exception as e:  # ParseError, TypeError on oo/nan, RecursionError, MemoryError: not equal
+            text = f"error: {type(e).__name__}"  # a tool's failure, told to the model
         _ARMED = False
-        print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start}),
-              flush=True)
+        print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start,
+                          "text": text}), flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -247,16 +253,21 @@ class _Worker:
         return self.ready
 
     def equal(self, a, b, equation: bool, approx: int, grade: Grade) -> bool:
+        reply = self.ask({"a": a, "b": b, "equation": equation, "approx": approx}, grade)
+        return reply is not None and reply["ok"] is True
+
+    def ask(self, request: dict, grade: Grade) -> dict | None:
+        """One request within what is left of the grade's budget: the reply, or None (the worker
+        died, ran away, or the budget was already used up)."""
         # CRUCIAL: the time spent waiting here for other threads is not charged to the grade
         with self.lock:
             if grade.left <= 0:  # an earlier part of this grade used the budget up
                 grade.timed_out = True
-                return False
+                return None
             grade.used_worker = True
             if not self._live():
-                return False
-            request = json.dumps({"a": a, "b": b, "equation": equation, "approx": approx,
-                                  "budget": grade.left})
+                return None
+            request = json.dumps({**request, "budget": grade.left})
             try:
                 data = (request + "\n").encode()
                 while data:
@@ -264,14 +275,14 @@ class _Worker:
             except OSError:
                 _failure("the sympy worker died; starting a new one at the next grade")
                 self.stop()
-                return False
+                return None
             reply = self._reply(grade)
             if reply is None:
-                return False
+                return None
             grade.left -= reply["cpu"]
             if reply["timeout"]:
                 grade.timed_out, grade.left = True, 0.0
-            return reply["ok"] is True
+            return reply
 
     def _reply(self, grade: Grade) -> dict | None:
         """The worker's answer to one request; None (graded wrong) if it died or ran away."""
@@ -285,7 +296,7 @@ class _Worker:
                 try:
                     reply = json.loads(line)
                     return {"ok": reply["ok"], "timeout": reply["timeout"],
-                            "cpu": float(reply["cpu"])}
+                            "cpu": float(reply["cpu"]), "text": reply.get("text")}
                 except (ValueError, KeyError, TypeError):
                     _failure("the sympy worker died while grading; starting a new one at the next "
                              "grade")
@@ -317,10 +328,18 @@ class Pool:
         self.last = self.workers[-1]  # the one the next serial grade gets (tests look at it)
 
     def equal(self, a, b, equation: bool, approx: int, grade: Grade) -> bool:
+        reply = self.ask({"a": a, "b": b, "equation": equation, "approx": approx}, grade)
+        return reply is not None and reply["ok"] is True
+
+    def tool(self, name: str, a, grade: Grade) -> dict | None:
+        """A sympy tool (`serve`'s tool) on the AST `a`: the reply, with its "text", or None."""
+        return self.ask({"tool": name, "a": a}, grade)
+
+    def ask(self, request: dict, grade: Grade) -> dict | None:
         # CRUCIAL: the time spent waiting here for a free worker is not charged to the grade
         worker = self.idle.get()
         try:
-            return worker.equal(a, b, equation, approx, grade)
+            return worker.ask(request, grade)
         finally:
             self.last = worker
             self.idle.put(worker)

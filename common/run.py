@@ -128,16 +128,17 @@ class Run:
         return self.start_step, resume_from
 
     def start(self, policy, tokenizer, eval_env, optimizers, extra_state=None,
-              eval_max_new_tokens=None):
+              eval_max_new_tokens=None, respond=None):
         """Once the models are built: a resumed run's optimizer states, the logs, the NaN guard,
         and the held-out accuracy before the first update.
 
         optimizers: {name: (module, optimizer)}, saved and restored under that name.
         extra_state(): what else each checkpoint keeps (a critic's weights...), called on every
         rank at each save. eval_max_new_tokens: the evaluation's token limit (default
-        args.max_new_tokens)."""
+        args.max_new_tokens). respond(prompts) -> (texts, truncated): how the evaluation answers,
+        when not by one greedy `generate` (common/evaluation.py)."""
         args = self.args
-        self.policy, self.tokenizer, self.eval_env = policy, tokenizer, eval_env
+        self.policy, self.tokenizer, self.eval_env, self.respond = policy, tokenizer, eval_env, respond
         self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
         self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
         if self.state is not None:
@@ -192,7 +193,8 @@ class Run:
             return None
         args = self.args
         acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
-                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast)
+                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
+                       respond=self.respond)
         self.logger.log_eval(step, {"eval/accuracy": acc})
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's

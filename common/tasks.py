@@ -144,7 +144,8 @@ _ITEMS = ["apples", "marbles", "stickers", "cookies", "pencils", "cards"]
 @register
 class Arithmetic(_Generated):
     """Generated integer arithmetic, from 2-digit addition (level 1) to two-step word problems
-    (level 5)."""
+    (level 5); level 6 is level 5's word problems with 3-digit numbers, where a calculator helps
+    (tools.py). "mixed" is levels 1-5."""
 
     name = "arithmetic"
     fields = "'question' and 'answer' (an integer)"
@@ -154,7 +155,7 @@ class Arithmetic(_Generated):
 
     @staticmethod
     def levels(difficulty) -> list[int]:
-        """1..5, "mixed" (all five), a range "1-2", or a list "1,3" -> the list of levels to draw
+        """1..6, "mixed" (levels 1-5), a range "1-2", or a list "1,3" -> the list of levels to draw
         from."""
         text = str(difficulty).strip()
         try:
@@ -167,8 +168,8 @@ class Arithmetic(_Generated):
                 levels = [int(x) for x in text.split(",")]
         except ValueError:
             levels = []
-        if not levels or any(lv not in range(1, 6) for lv in levels):
-            raise UsageError("difficulty must be 1, 2, 3, 4, 5, a range such as '1-2', a list "
+        if not levels or any(lv not in range(1, 7) for lv in levels):
+            raise UsageError("difficulty must be 1, ..., 6, a range such as '1-2', a list "
                              "such as '1,3', "
                              f"or 'mixed', got {difficulty!r}")
         return levels
@@ -189,7 +190,9 @@ class Arithmetic(_Generated):
         two, one = (lambda: rng.randint(10, 99)), (lambda: rng.randint(2, 9))
         while True:  # redraw the rare problem with a negative answer
             a, b, c = two(), two(), one()
-            if level == 5:
+            if level == 6:  # the same word problems, with numbers a calculator is for
+                a, b, c = rng.randint(100, 999), rng.randint(100, 999), rng.randint(11, 99)
+            if level >= 5:
                 question, answer = cls.word_problem(rng, a, b, c)
             else:
                 expr = rng.choice({

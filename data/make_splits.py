@@ -2,8 +2,9 @@
 
     python data/make_splits.py
 
-writes data/arithmetic_test.jsonl (100 problems per difficulty level, 500 in all) and
-data/countdown_test.jsonl (500 problems, 3 or 4 numbers). The seed is fixed, so the files come out
+writes data/arithmetic_test.jsonl (100 problems per difficulty level, 600 in all) and
+data/countdown_test.jsonl (500 problems, 3 or 4 numbers). Level 6 came later: its problems are
+drawn after countdown's, so that the files' older rows stayed as they were. The seed is fixed, so the files come out
 byte-identical; the train split (make_env(..., split="train")) skips every question found here.
 """
 
@@ -43,10 +44,11 @@ def main():
     arithmetic = []
     for level in range(1, 6):
         arithmetic += unique(lambda: Arithmetic.generate(rng, difficulty=level), PER_LEVEL)
-    write("arithmetic_test.jsonl", arithmetic)
     # Only the numbers, target and one solution are stored: the prompt text lives in common/tasks.py
     countdown = unique(lambda: Countdown.generate(rng), NUM_COUNTDOWN)
     write("countdown_test.jsonl", [{k: ex[k] for k in ("numbers", "target", "solution")} for ex in countdown])
+    arithmetic += unique(lambda: Arithmetic.generate(rng, difficulty=6), PER_LEVEL)
+    write("arithmetic_test.jsonl", arithmetic)
 
 
 if __name__ == "__main__":
