@@ -15,9 +15,9 @@ Two details make or break it:
 - which tokens train: the tool's ids get m_it = 0 (TRL's tool_mask, verl's response_mask): the model
   did not choose them, so their log-probs must not move, yet they stay in the sequence, where the
   model reads them;
-- which ids the trainer sees: token in, token out. The training sequence is exactly the ids that were
-  sampled plus the tool's ids, never the transcript decoded and tokenised again (which can split a
-  word differently and train the model on tokens it never drew).
+- which ids the trainer sees: token in, token out. The training sequence is exactly the ids that
+  were sampled plus the tool's ids, never the transcript decoded and tokenised again (which can
+  split a word differently and train the model on tokens it never drew).
 The reward grades the model's own text only: a tool's output is not the model's answer.
 
 Simplified versus the papers and TRL:
@@ -154,7 +154,7 @@ def show_tools(env, tools, num_few_shot):
     if tools and env.system_prompt == env.task.system_prompt:
         env.system_prompt = system_prompt(env.task.system_prompt, tools)
     if num_few_shot and (not tools or "calc" in tools):
-        env.few_shot = [{**EXAMPLE, "solution": WITH_CALC if tools else WITHOUT}]
+        env.few_shot = [dict(EXAMPLE, solution=WITH_CALC if tools else WITHOUT)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,13 +173,13 @@ def turn_seed(seed, turn):
     return seed if turn == 0 else sample_seed(seed, turn, 0)
 
 
-def play(policy, tokenizer, prompts, seeds, tools, args, temperature, autocast):
+def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
     """Multi-turn responses to `prompts` (token-id lists): sample until EOS, the token budget or a
     closed tool call; run the tool and append its answer AS TOKEN IDS; sample again from the whole
     context. -> (Generation of every row's ids, tool_mask [N, R], the model's own texts, calls [N],
     failures [N]). The Generation's response_mask is 1 on the tools' tokens too (the model reads
     them); its log-probs are 0 there."""
-    n, budget = len(prompts), args.max_new_tokens
+    n, budget, tools = len(prompts), args.max_new_tokens, parse_tools(args.tools)
     eos = set(eos_token_ids(policy, tokenizer))
     ids = [[] for _ in range(n)]  # each response so far: the model's ids and the tools', in order
     own = [[] for _ in range(n)]  # 1 on the model's ids, 0 on the tools'
@@ -202,13 +202,14 @@ def play(policy, tokenizer, prompts, seeds, tools, args, temperature, autocast):
             own[i] += [1] * len(new)
             logprobs[i] += gen.logprobs[j, :len(new)].tolist()
             ended[i] = bool(new) and new[-1] in eos
-            closed = bool(stops) and bool(gen.finished[j]) and not ended[i] and len(sampled) <= room[j]
-            call = find_call(tokenizer.decode(new), tools) if closed else None
+            # a call is closed where the stop string, not EOS or the budget, ended the turn
+            closed = bool(stops) and bool(gen.finished[j]) and not ended[i]
+            call = find_call(tokenizer.decode(new), tools) if closed and new == sampled else None
             if call is None:  # EOS, the budget, or the last turn: the response is done
                 continue
             answer = run_tool(*call)  # never raises: an error is a text the model reads
             calls[i], failures[i] = calls[i] + 1, failures[i] + answer.startswith("error:")
-            # CRUCIAL: the tool's ids go in with mask 0: the model reads them, it did not choose them
+            # CRUCIAL: the tool's ids go in with mask 0: the model reads them, it did not pick them
             out = tokenizer.encode(output_text(answer), add_special_tokens=False)
             out = out[:budget - len(ids[i])]
             ids[i] += out
@@ -245,7 +246,7 @@ def right_pad(rows, value, dtype=torch.long):
     return out, mask
 
 
-def rollout(policy, tokenizer, env, position, first, local_prompts, tools, args, autocast):
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each, with their tool calls, and grade them. Each
     response's seed follows its global sample index, so 1 process and N processes draw the same
@@ -256,7 +257,7 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, tools, args,
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, tools, args,
+    gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, args,
                                                   args.temperature, autocast)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
@@ -364,7 +365,8 @@ def main(args):
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
-    run.print(f"GRPO with tools ({', '.join(tools) or 'none'}, {args.max_turns} turns) | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
+    run.print(f"GRPO with tools ({', '.join(tools) or 'none'}, {args.max_turns} turns) | "
+              f"{run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
               f"samples per update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x "
               f"{args.num_mini_batches} minibatch(es) of micro-batches of {args.micro_batch_size} "
               f"| {len(env)} problems | {args.max_steps} updates")
@@ -378,7 +380,7 @@ def main(args):
                                   lr=args.learning_rate, weight_decay=0.0)
 
     def respond(prompts):  # tools: the held-out evaluation answers greedily, with the tools
-        gen, _, texts, _, _ = play(policy, tokenizer, prompts, [0] * len(prompts), tools, args, 0.0,
+        gen, _, texts, _, _ = play(policy, tokenizer, prompts, [0] * len(prompts), args, 0.0,
                                    run.autocast)
         return texts, gen.truncated.tolist()
 
@@ -389,8 +391,7 @@ def main(args):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first, local_prompts, tools, args,
-                        run.autocast)
+        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args, run.autocast)
         run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -467,7 +468,8 @@ def main(args):
             "zero_std_frac": zero_std.float().mean().item(),
             # tools: TRL's names; calls per response, and the share of calls that failed
             "tools/call_frequency": batch.calls.float().mean().item(),
-            "tools/failure_frequency": (batch.failures.sum() / batch.calls.sum().clamp(min=1)).item(),
+            "tools/failure_frequency": (batch.failures.sum()
+                                        / batch.calls.sum().clamp(min=1)).item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,

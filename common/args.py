@@ -132,7 +132,8 @@ def algorithm_of(args):
 # --help
 # ------------------------------------------------------------------------------------------------
 # Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
-POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eval_batch_size", "log_interval",
+POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eval_batch_size",
+            "log_interval",
             "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
             "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
             "critic_hidden_size")

@@ -138,7 +138,8 @@ class Run:
         args.max_new_tokens). respond(prompts) -> (texts, truncated): how the evaluation answers,
         when not by one greedy `generate` (common/evaluation.py)."""
         args = self.args
-        self.policy, self.tokenizer, self.eval_env, self.respond = policy, tokenizer, eval_env, respond
+        self.policy, self.tokenizer, self.eval_env = policy, tokenizer, eval_env
+        self.respond = respond
         self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
         self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
         if self.state is not None:

@@ -21,16 +21,18 @@ from common.grader import SYMPY_TOOLS, run_sympy_tool
 MAX_ARGUMENT = 300  # characters of a call's argument: calculator expressions are short
 
 
-def calculator(text: str) -> str:
+def calc(text: str) -> str:
     """The exact value of an arithmetic expression, as an integer or a reduced fraction."""
     value = safe_arith(text.replace(",", ""))  # 1,234 is a thousand and more, not a tuple
     if value is None:
         return f"error: not arithmetic (+ - * / and brackets): {text.strip()[:40]!r}"
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{value.numerator}/{value.denominator}"
 
 
 # name -> (what the system prompt says it does, the function)
-TOOLS = {"calc": ("a calculator: <calc>214 + 23 * 105</calc> gives its value", calculator)}
+TOOLS = {"calc": ("a calculator: <calc>214 + 23 * 105</calc> gives its value", calc)}
 for _name in SYMPY_TOOLS:
     TOOLS[_name] = (f"sympy's {_name}: <{_name}>x^2 - 4</{_name}>",
                     lambda text, name=_name: run_sympy_tool(name, text))

@@ -3,7 +3,7 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # all 13: 10 min on 2 cores another job kept busy
+    python dev/planted_bugs.py                 # all 14: 10 min on 2 cores another job kept busy
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
 The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
@@ -86,6 +86,11 @@ BUGS = {
         "                        teacher, input_ids[rows], attention_mask[rows], R, 1.0,",
         "tests/test_distill.py::"
         "test_a_run_whose_teacher_is_the_student_measures_a_kl_of_0_and_moves_no_weight"),
+    "tool_answers_in_the_loss": (
+        "tools.py",
+        "        loss_mask = own_mask  # [N, R] the tokens that count in the loss",
+        "        loss_mask = response_mask  # [N, R] the tokens that count in the loss",
+        "tests/test_tools.py::test_an_update_trains_on_the_model_s_tokens_only"),
     "grads_summed": (
         "common/distributed.py",
         "        g.div_(world)\n",

@@ -58,6 +58,8 @@ class BugExercise:
     symptom: what the buggy copy's logs show, measured with `flags` on the tiny model.
     flags: the file's own flags that show the symptom in seconds.
     hint: where to look, for a student who is stuck.
+    tool_model: the flags name bugs/tool-model, a random model that calls the calculator by chance
+        (tests/tool_model.py), written with the copy: tiny-random never calls a tool.
     """
 
     id: str
@@ -65,6 +67,7 @@ class BugExercise:
     symptom: str
     flags: str
     hint: str
+    tool_model: bool = False
 
     @property
     def path(self) -> str:
@@ -175,6 +178,20 @@ EXERCISES = [
         flags=f"{TINY} --max_steps 3 --teacher_model_name_or_path tiny-random",
         hint="Both distributions are compared at the temperature the student sampled at "
              "(docs/distill.md). Which temperature does each model's forward in the update use?"),
+    BugExercise(
+        "4.10", "tool_answers_in_the_loss",
+        symptom="Rewarded (exercises/tool_reward.py) for a response that calls the calculator and "
+                "then writes on, a random model learns to call it (tools/call_frequency 0.94-1.0 "
+                "from update 4), yet reward/mean stays at 0.34-0.69 through update 8 and "
+                "response_len/mean falls to 8.8 tokens: it stops writing after the tool's answer. "
+                "(The real file: reward 1.0 from update 6, 11.0 tokens.)",
+        flags="--model_name_or_path bugs/tool-model --max_new_tokens 24 --max_turns 2 "
+              "--num_prompts 4 --num_generations 8 --max_steps 8 --learning_rate 5e-2 "
+              "--temperature 1.0 --num_few_shot 0 --system_prompt Answer. --num_eval_problems 0 "
+              "--reward_fn exercises/tool_reward.py:called_then_wrote --reward_weights 0 1",
+        hint="A response holds the model's tokens and the tool's answers, and both are in the "
+             "sequence the update reads (docs/tools.md). Which of them should the loss count?",
+        tool_model=True),
 ]
 BY_ID = {e.id: e for e in EXERCISES}
 
@@ -202,6 +219,10 @@ def write(ex, fresh=False) -> str:
                 "again)")
     ex.copy.parent.mkdir(parents=True, exist_ok=True)
     ex.copy.write_text(text)
+    if ex.tool_model:  # the model the flags name (tests/tool_model.py builds it)
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tool_model import build
+        build(COPIES / "tool-model")
     return f"{where} is {ex.path} with one bug in it"
 
 

@@ -6,6 +6,8 @@
 - "lowercase": the fraction of the response's characters that are lowercase ASCII letters, which the
   tiny random
   model can learn to raise within a few dozen updates (the learning tests);
+- "tool_then_text": 1 where the response closed a tool call (tools.py ran it) and then wrote on,
+  else 0 (the response is the model's own text: the tool's answer is not in it);
 - "nan_at:K": the length reward, except NaN for the K-th response graded in this process (0-based);
 - "tie_on_rank:K": the length reward, except 0.5 for every response of rank K (under torchrun), so
   that its prompts all tie; "tie": 0.5 everywhere.
@@ -36,6 +38,8 @@ def test_reward(action, count=True):
         return sum("A" <= c <= "Z" for c in action) / max(1, len(action))
     if mode == "first_upper":
         return float("A" <= action[:1] <= "Z")
+    if mode == "tool_then_text":
+        return float(action.partition("</calc>")[2].strip() != "")
     if mode.startswith("nan_at:") and GRADED[0] - 1 == int(mode.split(":")[1]):
         return float("nan")
     if mode == "tie" or mode == f"tie_on_rank:{os.environ.get('RANK', '0')}":

@@ -84,7 +84,8 @@ def test_a_planted_upward_or_sideways_import_fails():
 
 
 # ---- one name per concept ---------------------------------------------------------------------
-SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("appo", "tppo")]
+SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("grpo", "tools"),
+            ("appo", "tppo")]
 # a name the files used for the same concept as another, now retired: (retired, the name to use)
 RETIRED = [("action_mask", "response_mask")]
 
