@@ -141,10 +141,8 @@ def serve(parent: int, equal, warm_up, tool=None) -> None:
                 signal.setitimer(signal.ITIMER_PROF, 0)
         except _OutOfTime:
             timeout = True
-        # ParseError, TypeError on oo/nan, RecursionError, MemoryError: not equal (a tool: its error,
-        # told to the model)
-        except Exception as e:
-            text = f"error: {type(e).__name__}"
+        except Exception as e:  # ParseError, TypeError on oo/nan, RecursionError...: not equal
+            text = f"error: {type(e).__name__}"  # a tool's failure, which the model is told
         _ARMED = False
         print(json.dumps({"ok": ok, "timeout": timeout, "cpu": time.process_time() - start,
                           "text": text}), flush=True)
