@@ -53,7 +53,7 @@ from common.numerics import kl_estimate, masked_mean, mismatch_stats
 from common.run import Run
 from common.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
                             left_pad)
-from common.sharding import clip_grad_norm
+from common.sharding import clip_grad_norm, unsharded
 from common.tasks import TASKS
 from common.tools import (find_call, output_text, parse_tools, run_tool, stop_strings,
                           system_prompt)
@@ -257,8 +257,9 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, args,
-                                                  args.temperature, autocast)
+    with unsharded(policy):  # FSDP2: the whole weights for every turn (ranks take different counts)
+        gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, args,
+                                                      args.temperature, autocast)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)

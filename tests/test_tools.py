@@ -404,3 +404,39 @@ def test_a_random_model_learns_to_call_the_tool_and_then_answer(tmp_path):
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-5:]) / 5 > 0.8, rewards
     assert calls[0] < 0.2 and sum(calls[-5:]) / 5 > 0.8, calls  # it calls the tool
+
+
+def test_torchrun_two_sharded_processes_match_one_process(tmp_path):
+    # the model that calls by chance, so that ranks take different numbers of turns: under --fsdp
+    # the weights are gathered once for every turn of a rollout, or a rank would wait for another
+    # that has no turn left (a hang). 2 processes x 2 prompts draw what 1 process x 4 draws.
+    import socket
+
+    from safetensors.torch import load_file
+    from tool_model import build
+
+    model = build(tmp_path / "model")
+    common = ["tests/run_with_test_reward.py", "tools", "--model_name_or_path", model,
+              "--max_new_tokens", "24", "--max_turns", "2", "--num_prompts", "4",
+              "--num_generations", "4", "--max_steps", "2", "--learning_rate", "1e-3",
+              "--temperature", "1.0", "--num_eval_problems", "8", "--num_few_shot", "0",
+              "--system_prompt", "Answer.", "--micro_batch_size", "4"]
+    env = {**os.environ, "TEST_REWARD": "tool_then_text"}
+    out = warm.run([sys.executable, *common, "--output_dir", str(tmp_path / "one")], cwd=ROOT,
+                   capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with socket.socket() as sock:  # a port no other test listens on (pytest -n 2)
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    out = warm.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                    "--master_port", port, *common, "--fsdp", "--output_dir", str(tmp_path / "two")],
+                   cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+            for d in ("one", "two")]
+    for key in ("reward/mean", "tools/call_frequency", "response_len/mean"):
+        assert [m[key] for m in logs[0]] == pytest.approx([m[key] for m in logs[1]]), key
+    assert max(m["tools/call_frequency"] for m in logs[0]) > 0  # some responses called the tool
+    one, two = (load_file(str(tmp_path / d / "checkpoint-2" / "model.safetensors"))
+                for d in ("one", "two"))
+    assert max((one[n] - two[n]).abs().max().item() for n in one) < 1e-5
