@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import ALGORITHMS
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from learning import mean_se, table, teacher_of  # noqa: E402
+from learning import FILES, mean_se, table, teacher_of  # noqa: E402
 
 
 def test_mean_and_standard_error_by_hand():
@@ -100,8 +99,8 @@ def test_the_docs_show_the_tables_the_bench_wrote_with_a_row_for_every_file():
     results = json.loads((ROOT / "docs" / "results" / "results.json").read_text())
     for task in ("default", "harder"):
         lines = (ROOT / "docs" / "results" / f"{task}.md").read_text().splitlines()
-        assert len(lines) == 2 + len(ALGORITHMS) and all(line in readme for line in lines)
-        assert set(results["tables"][task]) == set(ALGORITHMS)
+        assert len(lines) == 2 + len(FILES) and all(line in readme for line in lines)
+        assert set(results["tables"][task]) == set(FILES)
         for row in results["tables"][task].values():  # every file ends above where it started
             assert row["accuracy"][-1] > row["accuracy"][0]
         assert f"img/learning/{task}/curves_step.png" in readme

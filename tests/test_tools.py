@@ -224,13 +224,13 @@ def test_the_tool_s_tokens_get_exactly_zero_gradient(monkeypatch, tiny):
                                                            -1.0 / own[0].sum().item() / 2))
 
 
-@pytest.mark.parametrize("flags", [[], ["--loss_type", "dapo", "--beta", "0.1"]])
-def test_a_run_whose_tool_never_fires_trains_exactly_what_grpo_py_trains(tmp_path, flags):
-    # tiny-random never writes </calc>: tools.py's rollout is then grpo.py's, token for token
+def test_a_run_whose_tool_never_fires_trains_exactly_what_grpo_py_trains(tmp_path):
+    # tiny-random never writes </calc>: tools.py's rollout is then grpo.py's, token for token, and
+    # so are its loss (a token mean, with the k3 KL to the reference) and its weights, bit for bit
     common = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "12", "--max_steps", "2",
               "--num_prompts", "2", "--num_generations", "4", "--learning_rate", "1e-2",
               "--num_eval_problems", "4", "--system_prompt", "Answer.", "--num_few_shot", "0",
-              *flags]
+              "--loss_type", "dapo", "--beta", "0.1"]
     for name in ("grpo", "tools"):  # the length reward, which varies within a group
         out = warm.run([sys.executable, "tests/run_with_test_reward.py", name, *common,
                         "--output_dir", str(tmp_path / name)], cwd=ROOT, capture_output=True,
@@ -240,7 +240,8 @@ def test_a_run_whose_tool_never_fires_trains_exactly_what_grpo_py_trains(tmp_pat
                    .splitlines()] for name in ("grpo", "tools")}
     assert [x["tools/call_frequency"] for x in logs["tools"]] == [0.0, 0.0]
     for ours, theirs in zip(logs["tools"], logs["grpo"]):
-        for key in ("reward/mean", "response_len/mean", "pg_loss", "grad_norm", "entropy"):
+        for key in ("reward/mean", "response_len/mean", "pg_loss", "kl_ref", "grad_norm",
+                    "entropy"):
             assert ours[key] == theirs[key], key
         assert ours["grad_norm"] > 0
     from safetensors.torch import load_file
