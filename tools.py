@@ -54,7 +54,6 @@ from common.run import Run
 from common.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
                             left_pad)
 from common.sharding import clip_grad_norm, unsharded
-from common.tasks import TASKS
 from common.tools import (find_call, output_text, parse_tools, run_tool, stop_strings,
                           system_prompt)
 
