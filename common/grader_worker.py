@@ -252,10 +252,6 @@ class _Worker:
                 self.stop()
         return self.ready
 
-    def equal(self, a, b, equation: bool, approx: int, grade: Grade) -> bool:
-        reply = self.ask({"a": a, "b": b, "equation": equation, "approx": approx}, grade)
-        return reply is not None and reply["ok"] is True
-
     def ask(self, request: dict, grade: Grade) -> dict | None:
         """One request within what is left of the grade's budget: the reply, or None (the worker
         died, ran away, or the budget was already used up)."""
