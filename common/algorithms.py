@@ -4,6 +4,7 @@ every algorithm file at the root, and that the docs give its length when they co
 
 # grpo.py first, as the reading order has it (docs/reading.md), then its siblings; distill.py last,
 # as its teacher is a run of another (bench/learning.py trains grpo.py's first)
-ALGORITHMS = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo", "tools", "distill")
+ALGORITHMS = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo", "tools", "async_grpo",
+              "distill")
 # the files whose action is one line of an episode (a reasoning step), not a whole response
 STEPWISE = ("appo", "tppo")

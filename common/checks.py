@@ -19,7 +19,7 @@ from common.args import (
     in_range,
     range_text,
 )
-from common.distributed import collective_device, print0
+from common.distributed import collective_device, print0, world_size
 from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models import check_model_name
 
@@ -156,7 +156,7 @@ class StepGuard:
     def ok(self, *values):
         bad = torch.tensor([0.0 if all(math.isfinite(float(v)) for v in values) else 1.0])
         # one rank's NaN skips the step everywhere
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if world_size() > 1:
             bad = bad.to(collective_device())
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         if bad.item() == 0:

@@ -65,6 +65,23 @@ def init_distributed():
     return DistInfo(rank, world, local, device)
 
 
+# async_grpo.py's two processes share no collective once they part ways: one trains, one samples,
+# and each is then the only rank its collectives (metrics, checkpoints, evaluation) wait for.
+_APART = False
+
+
+def part_ways():
+    """From here on this process's collectives are its own (async_grpo.py's trainer or sampler)."""
+    global _APART
+    _APART = True
+
+
+def world_size():
+    """The ranks this process's collectives meet: torchrun's world, or 1 (one process, or one of
+    async_grpo.py's pair after part_ways)."""
+    return 1 if _APART or not dist.is_initialized() else dist.get_world_size()
+
+
 def print0(*args, **kwargs):
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, **kwargs, flush=True)
@@ -72,12 +89,12 @@ def print0(*args, **kwargs):
 
 def all_reduce_mean(metrics, device=torch.device("cpu")):
     """Dict of floats -> the same dict averaged over ranks (one collective for all keys)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if world_size() == 1:
         return dict(metrics)
     keys = sorted(metrics)
     t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return {k: v / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+    return {k: v / world_size() for k, v in zip(keys, t.tolist())}
 
 
 def all_reduce_stats(stats, keys=(), device=torch.device("cpu")):
@@ -94,23 +111,23 @@ def all_reduce_stats(stats, keys=(), device=torch.device("cpu")):
 
 def all_reduce_sum(x):
     """Tensor summed over ranks (in place), e.g. a global token count for a loss denominator."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if world_size() > 1:
         dist.all_reduce(x)
     return x
 
 
 def all_gather_objects(obj):
     """Python object from every rank -> list of them (rank order)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if world_size() == 1:
         return [obj]
-    out = [None] * dist.get_world_size()
+    out = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
 
 
 def broadcast_parameters(module):
     """Every rank starts from rank 0's weights, whatever its own initialisation did."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if world_size() > 1:
         for p in module.parameters():
             dist.broadcast(p.data, src=0)
 
@@ -119,9 +136,9 @@ def average_gradients(module):
     """What DDP does, done once per optimizer step: after all micro-batches have accumulated their
     gradients, average them over ranks. Doing it here, rather than in backward hooks, means gradient
     accumulation needs no `no_sync` and cannot sync too often or too rarely."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if world_size() == 1:
         return
-    world = dist.get_world_size()
+    world = world_size()
     # sharded (FSDP2) gradients were already reduce-scattered and averaged in backward
     grads = [p.grad for p in module.parameters()
              if p.requires_grad and p.grad is not None and not is_dtensor(p.grad)]

@@ -6,7 +6,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from common.distributed import all_gather_objects
+from common.distributed import all_gather_objects, world_size
 from common.fast_sampler import fast_decoding
 from common.sampler import encode_prompts, eos_token_ids, generate
 from common.sharding import unsharded
@@ -22,7 +22,7 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
     if env.stepwise and not return_records:  # one line per step, as the policy was trained to
         return evaluate_stepwise(model, tokenizer, env, num_problems, max_new_tokens, batch_size,
                                  autocast)
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    rank, world = (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
     # A fixed random subset: test files are often ordered (by level, by subject), so the first N
     # would be biased.
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
@@ -64,7 +64,7 @@ def evaluate_stepwise(policy, tokenizer, env, num_problems, max_new_tokens, batc
     """Greedy pass@1 of stepwise episodes, on the same fixed subset as `evaluate`, which
     calls this for a stepwise env; with the calculator if the env's worked examples show it (as
     reinforce.py --sym_calc sets it); under torchrun each rank plays a strided share."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    rank, world = (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
     indices = sorted(chosen.tolist())[rank::world]
     sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast)

@@ -1,0 +1,460 @@
+"""Off-policy GRPO: the sampler runs up to k updates behind the trainer, each token weighted back
+toward the trainer's policy. Docs: docs/async_grpo.md
+
+Papers: asynchronous RLHF (Noukhovitch et al. 2024, arXiv:2410.18252) and AReaL's decoupled PPO (Fu
+et al. 2025, arXiv:2505.24298); the corrections: TIS (Yao et al. 2025, "Your efficient RL framework
+secretly brings you off-policy RL training"), IcePop (Ling team 2025) and sequence-level masked
+importance sampling (Liu, Li et al. 2025, "When speed kills stability"). The loss is grpo.py's
+(DeepSeekMath, Shao et al. 2024, arXiv:2402.03300).
+
+Update n trains on a batch that the weights of update n - k sampled (k = --max_staleness; the first
+k updates' batches come from the starting weights), so sampling the next batch can run while this
+one trains. Three policies meet in the loss:
+    mu       the sampler: the weights of update n - k, whose log-probs came with the batch
+    pi_prox  the trainer's weights at update n (its log-probs recomputed): PPO's pi_old
+    pi       the weights being trained
+and with A_i the group advantage and rho_it = pi / pi_prox, exactly as grpo.py's,
+    L = agg_it [ w_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i) + beta KL_it ]
+where w_it corrects for mu != pi_prox, from r_it = pi_prox(o_it) / mu(o_it)
+(--off_policy_correction):
+    none      w = 1
+    tis       w = min(r_it, C)                                 (truncated importance sampling)
+    icepop    w = r_it where low <= r_it <= high, else 0      (tokens far off are masked)
+    seq_mis   w = R_i if R_i <= C, else 0, R_i = prod_t r_it  (a whole response masked)
+k = 0 is grpo.py's synchronous run, update for update.
+
+Two ways to run it:
+- one process: before update n it samples the batch of update n + k, with the weights as they are,
+  and keeps it in a queue. This is the staleness without the overlap: to learn what k and the
+  corrections do, at no gain in speed;
+- two processes under torchrun: rank 0 trains, rank 1 samples; after each update the trainer sends
+  its weights, and the sampler draws update n + k's batch while update n trains. The same batches
+  and the same weights as one process, up to float rounding, in less time.
+
+Simplified versus AReaL, verl and TRL's AsyncGRPO:
+- the staleness is fixed, not "up to k": batch n always comes from the weights of update n - k,
+  which makes a run reproducible and the two modes equal (a sampler that takes the newest weights
+  it has would be faster and would not be);
+- one trainer and one sampler (no data parallelism, no pool of samplers); the weights are sent
+  whole after each update, from host memory;
+- DAPO's dynamic sampling is left out.
+
+Launch:
+    python async_grpo.py                           # CPU, offline: k = 1, the TIS correction
+    python async_grpo.py --max_staleness 2 --off_policy_correction icepop
+    torchrun --nproc_per_node 2 async_grpo.py      # rank 1 samples while rank 0 trains
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+
+from common.args import TrainArgs, lr_at, parse_args, schedule
+from common.checks import check_common_args
+from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+                                sample_seed)
+from common.env import make_envs, resolve_dataset
+from common.errors import UsageError
+from common.fast_sampler import fast_decoding
+from common.logprobs import batched_token_logprobs, token_logprobs
+from common.models import load_tokenizer, reference_policy, trained_policy
+from common.numerics import kl_estimate, masked_mean, mismatch_stats
+from common.run import Run
+from common.pair import Pair, Sampled, rollout_from_state, rollout_state
+from common.sampler import Rollout, encode_prompts, generate
+from common.sharding import clip_grad_norm
+
+
+@dataclass
+class Args(TrainArgs):
+    # ---- optimisation
+    learning_rate: float = 5e-6
+    """AdamW learning rate of the policy (docs/grpo.md#results: why not 2e-5)"""
+    lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
+    """schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
+    warmup_steps: int = 0
+    """updates of linear learning-rate warmup"""
+    warmup_ratio: Optional[float] = None
+    """when given, warmup_steps = this fraction of max_steps"""
+    max_grad_norm: float = 1.0
+    """gradient-norm clip (0: none)"""
+    max_steps: int = 20
+    """policy updates (one rollout batch each)"""
+    num_train_epochs: Optional[float] = None
+    """when given, max_steps covers this many passes over the training problems"""
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward; gradients accumulate over micro-batches (default 8; on a GPU
+    without --fsdp, 8 in the first update, then what half of the free memory holds)"""
+    seed: int = 0
+    """seeds prompt order, sampling and model init: runs are reproducible"""
+    # ---- sampling
+    max_new_tokens: int = 64
+    """response length limit, in tokens"""
+    temperature: float = 0.7
+    """sampling temperature (also applied to the training log-probs)"""
+    top_p: float = 1.0
+    """nucleus sampling mass"""
+    # ---- the algorithm
+    num_prompts: int = 4
+    """prompts per update, over all ranks"""
+    num_generations: int = 8
+    """G: responses sampled per prompt (the group)"""
+    num_ppo_epochs: int = 1
+    """passes over each rollout batch"""
+    num_mini_batches: int = 1
+    """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
+    epsilon: float = 0.2
+    """clip range of the ratio"""
+    epsilon_high: Optional[float] = None  # DAPO: clip-higher
+    """a higher upper clip range (DAPO: 0.28; default: epsilon)"""
+    beta: float = 0.0
+    """weight of the KL to the frozen reference (0: no reference is loaded)"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """per-token estimate of the KL: k1 log-ratio, k2 its square / 2, k3 the GRPO paper's"""
+    kl_penalty: Literal["loss", "reward"] = "loss"
+    """where the KL enters: a loss term per token, or a cost in the reward"""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
+    """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
+    drop_zero_std_groups: bool = False  # DAPO: no zero-advantage groups in the loss
+    """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
+    importance_sampling_level: Literal["token", "sequence"] = "token"  # GSPO: sequence
+    """the ratio per token, or per response (GSPO: the exp of the mean token log-ratio)"""
+    # ---- off-policy
+    max_staleness: int = 1  # off-policy: k
+    """k: update n trains on responses that the weights of update n - k sampled (0: grpo.py)"""
+    off_policy_correction: Literal["none", "tis", "icepop", "seq_mis"] = "tis"
+    """each token's weight toward the trainer's policy (see the docstring)"""
+    is_cap: float = 2.0  # TIS and MIS: C
+    """tis: the weight's cap; seq_mis: responses whose weight passes it are masked"""
+    icepop_low: float = 0.5  # IcePop: alpha
+    """icepop: tokens whose weight is below this are masked"""
+    icepop_high: float = 5.0  # IcePop: beta
+    """icepop: tokens whose weight is above this are masked"""
+
+
+def check_args(args, world_size):
+    """Every option error before any model loads, each with the fix: the shared ones
+    (common/checks.py), then this file's own."""
+    check_common_args(args, world_size)
+    if args.num_generations < 2:
+        raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
+    if world_size > 2:  # off-policy: one trainer and at most one sampler
+        raise UsageError(f"async_grpo.py runs as one process or two (torchrun --nproc_per_node 2: "
+                         f"rank 0 trains, rank 1 samples), not {world_size}; for data-parallel "
+                         "training on more ranks, use grpo.py.")
+    if world_size == 2 and args.fsdp:
+        raise UsageError("--fsdp shards the weights over the ranks that train, and here one rank "
+                         "trains: drop --fsdp, or use grpo.py under torchrun.")
+    if args.max_staleness < 0:
+        raise UsageError(f"--max_staleness must be >= 0 (0: the synchronous run), not "
+                         f"{args.max_staleness}.")
+    if args.is_cap < 1:  # a cap below 1 would weigh down the tokens of an on-policy batch too
+        raise UsageError(f"--is_cap must be >= 1, not {args.is_cap}.")
+    if not args.icepop_low <= 1 <= args.icepop_high:
+        raise UsageError(f"--icepop_low {args.icepop_low} and --icepop_high {args.icepop_high} must "
+                         "hold 1 between them (IcePop's are 0.5 and 5).")
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout
+# ------------------------------------------------------------------------------------------------
+def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
+    """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
+    the prompt stream: sample G responses for each and grade them. Each response's seed follows its
+    global sample index, so 1 process and N processes draw the same samples."""
+    G = args.num_generations
+    problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
+    problems = problems[first:first + local_prompts]
+    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
+    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
+    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+        gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
+                       args.top_p, seeds=seeds, decoder=decoder)
+    texts = gen.texts(tokenizer)
+    # (reward, info): the verifier, plus your own --reward_fn rewards
+    graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
+    scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
+    correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
+    return Rollout(gen, texts, scores, correct, problems)
+
+
+def sample_for_trainer(policy, tokenizer, env, pair, start, first, args, autocast):
+    """Rank 1 of two processes: it never trains. It samples update p's batch with the weights of
+    update p - k, receiving them from the trainer as they are made, and sends it on; `first` is the
+    first update it samples (a resumed run's checkpoint holds the batches before it), `start` the
+    update whose weights it loaded."""
+    version = start  # the update whose weights this process holds
+    for position in range(first, args.max_steps):
+        while version < position - args.max_staleness:  # the weights of update position - k
+            pair.receive_weights(policy)
+            version += 1
+        t0 = time.time()
+        batch = rollout(policy, tokenizer, env, position, 0, args.num_prompts, args, autocast)
+        pair.send_rollout(Sampled(version, batch, time.time() - t0))
+    pair.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Advantages
+# ------------------------------------------------------------------------------------------------
+def kl_penalised(scores, kl, response_mask, beta):
+    """--kl_penalty reward: each response's score minus beta times its summed per-token KL. [N]"""
+    return scores if kl is None else scores - beta * (kl * response_mask.float()).sum(1)
+
+
+def group_advantages(rewards, group_size, scale=True):
+    """[N * G] rewards -> [N * G] advantages: each response against the others of its group. Dr.GRPO
+    (scale=False) keeps the std out: it up-weights questions whose rewards barely vary."""
+    r = rewards.view(-1, group_size)  # [N, G]: consecutive rows form a group
+    advantages = r - r.mean(dim=1, keepdim=True)
+    if scale:  # a group of equal rewards gets 0; the std is unbiased, as torch and TRL take it
+        advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)
+    return advantages.reshape(-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Loss
+# ------------------------------------------------------------------------------------------------
+def loss_normaliser(loss_mask, args, world_size):
+    """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
+    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
+    the tokens that count."""
+    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()  # a dropped group's count nowhere
+    if args.loss_type == "grpo":
+        return float(sequences)
+    if args.loss_type == "bnpo":
+        return loss_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
+    if args.loss_type == "dapo":
+        # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
+        # a token mean over everything every rank generated.
+        return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
+    if args.loss_type == "dr_grpo":
+        return float(sequences * args.max_new_tokens)
+    raise ValueError(f"unknown loss_type {args.loss_type!r}")
+
+
+def aggregate(per_token, mask, loss_type, normaliser):
+    """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
+    if loss_type == "grpo":
+        # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / normaliser
+    return (per_token * mask).sum() / normaliser
+
+
+# off-policy: the correction
+def off_policy_weights(old_logprobs, sampler_logprobs, mask, args):
+    """Each token's weight w_it toward pi_prox (old_logprobs: the trainer's weights at this update)
+    for a token that mu (sampler_logprobs: the weights of k updates ago) drew, and where a bound cut
+    the weight (truncated or masked). [b, R] each; padding gets weight 1, never cut."""
+    log_r = (old_logprobs - sampler_logprobs) * mask  # log pi_prox / mu per token, 0 on padding
+    r = torch.exp(log_r.clamp(-20, 20))  # exp of a large log-ratio would overflow to inf
+    if args.off_policy_correction == "tis":  # TIS: truncated at C
+        return r.clamp(max=args.is_cap), r > args.is_cap
+    if args.off_policy_correction == "icepop":  # IcePop: tokens far off are masked
+        cut = (r < args.icepop_low) | (r > args.icepop_high)
+        return r.masked_fill(cut, 0.0), cut
+    if args.off_policy_correction == "seq_mis":  # MIS: one weight per response, masked above C
+        seq = torch.exp(log_r.sum(1, keepdim=True).clamp(-20, 20)).expand_as(r)  # prod_t r_it
+        cut = seq > args.is_cap
+        return seq.masked_fill(cut, 0.0), cut
+    return torch.ones_like(r), torch.zeros_like(r, dtype=torch.bool)
+
+
+def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
+                ref_logprobs=None, sampler_logprobs=None):
+    """Clipped surrogate per token.
+    loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
+    the loss); sampler_logprobs [b, R]: what the sampler (k updates behind) gave each token;
+    logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    mask = loss_mask.float()
+    log_ratio = logprobs - old_logprobs  # [b, R]
+    if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response
+        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
+    ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
+    low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
+    if args.epsilon_high is not None:  # DAPO: clip-higher
+        high = 1 + args.epsilon_high
+    advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
+    # off-policy: each token weighted from the sampler's policy toward pi_prox
+    weights, cut = off_policy_weights(old_logprobs, sampler_logprobs, mask, args)  # [b, R]
+    per_token = pg_loss * weights
+    if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
+        kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
+        per_token = per_token + args.beta * kl
+    loss = aggregate(per_token, mask, args.loss_type, normaliser)
+    with torch.no_grad():
+        clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
+        stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
+                 # how far the policy moved from the one that sampled (pi_old)
+                 "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
+                 "pg_loss": masked_mean(pg_loss, mask).item(),
+                 "is_weight/mean": masked_mean(weights, mask).item(),
+                 "is_weight/clipped_frac": masked_mean(cut.float(), mask).item()}
+        if ref_logprobs is not None:
+            stats["kl_ref"] = masked_mean(kl, mask).item()
+    return loss, stats
+
+
+# ------------------------------------------------------------------------------------------------
+# Main: setup -> models -> update loop (rollout, advantages, update) -> logging, eval, checkpoints
+# ------------------------------------------------------------------------------------------------
+def main(args):
+    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
+    # bad task or data file fails at once; where the run starts
+    run = Run(args, check_args)
+    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
+    env, eval_env = make_envs(args, say=run.print)
+    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+
+    # off-policy: one process trains; under torchrun rank 1 samples for it
+    local_prompts, G, k = args.num_prompts, args.num_generations, args.max_staleness  # k: behind
+    N = local_prompts * G  # samples per update
+    run.print(f"async GRPO | {'trainer and sampler' if run.world == 2 else 'one process'} on "
+              f"{run.device} | batches sampled {k} update(s) behind, corrected by "
+              f"{args.off_policy_correction} | {args.num_prompts} prompts x {G} samples per update "
+              f"| {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} minibatch(es) of "
+              f"micro-batches of {args.micro_batch_size} | {len(env)} problems | "
+              f"{args.max_steps} updates")
+    start_step, resume_from = run.resume_point()
+
+    # ---- models
+    tokenizer = load_tokenizer(args.model_name_or_path)
+    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
+    # off-policy: the batches sampled ahead, update by update (a resumed run's from its checkpoint)
+    queue = deque(rollout_from_state(s, run.device)
+                  for s in (run.state or {}).get("extra", {}).get("queue", []))
+    pair = Pair() if run.world == 2 else None  # two processes: from here on they part ways
+    if pair is not None and run.rank == 1:  # the sampler: samples until the last batch is sent
+        return sample_for_trainer(policy, tokenizer, env, pair, start_step,
+                                  start_step + len(queue), args, run.autocast)
+
+    def pending():
+        """The checkpoint's share: the batches of the next updates, already sampled by weights that
+        no longer exist, so that a resumed run trains on what this one would have (two processes:
+        received from the sampler first). Called by the save after update step + 1."""
+        while pair is not None and len(queue) < min(k, args.max_steps - (step + 1)):
+            queue.append(pair.receive_rollout(run.device))
+        return {"queue": [rollout_state(s) for s in queue]}
+
+    ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
+                                  lr=args.learning_rate, weight_decay=0.0)
+    # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)}, extra_state=pending)
+
+    for step in range(start_step, args.max_steps):
+        t0 = time.time()
+        # ---- rollout: G responses to each problem of the update, sampled k updates ago, graded
+        if pair is not None:  # two processes: rank 1 sampled it (while the last updates trained)
+            if not queue:
+                queue.append(pair.receive_rollout(run.device))
+        else:  # one process: sample the batches up to update step + k with the weights as they are
+            while len(queue) <= k and step + len(queue) < args.max_steps:
+                t = time.time()
+                ahead = rollout(policy, tokenizer, env, step + len(queue), 0, local_prompts, args,
+                                run.autocast)
+                queue.append(Sampled(step, ahead, time.time() - t))
+        sampled = queue.popleft()  # update step's batch, sampled by the weights of update version
+        batch = sampled.rollout
+        run.check_rewards(batch.scores, step + 1, lambda i: f"problem {batch.problems[i // G]}")
+        gen, scores = batch.gen, batch.scores
+        input_ids, attention_mask = gen.sequences()  # [N, P + R]
+        response_mask = gen.response_mask  # [N, R] every sampled token
+        mask = response_mask.float()  # the same, for the statistics
+        R = response_mask.shape[1]
+        t_rollout = time.time() - t0
+
+        # ---- log-probs of the behaviour policy and of the reference, before any update
+        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        old_logprobs, ref_logprobs, kl = None, None, None
+        with run.autocast:
+            # one pass of one minibatch: pi_old (pi_prox) is the policy itself, detached in the loss
+            if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
+            if ref_policy is not None:
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
+        if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
+            # under the sampler's log-probs: a number, not a function of the weights
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
+            ref_logprobs = None
+
+        # ---- advantages: each response's reward against its group's
+        rewards = kl_penalised(scores, kl, response_mask, args.beta)  # [N]
+        advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
+        zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
+        loss_mask = response_mask  # [N, R] the tokens that count in the loss
+        if args.drop_zero_std_groups:  # DAPO: no zero-advantage groups in the loss
+            loss_mask = response_mask * (~zero_std)[:, None]
+
+        # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
+        lr = lr_at(step, args)
+        optimizer.param_groups[0]["lr"] = lr
+        policy.train()
+        stats, grad_norms = [], []
+        shuffle_seeds = [sample_seed(args.seed, step, e)  # one per epoch
+                         for e in range(args.num_ppo_epochs)]
+        for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
+            norm = loss_normaliser(loss_mask[batch_rows], args, 1)
+            optimizer.zero_grad(set_to_none=True)
+            total_loss = 0.0
+            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
+                with run.autocast:
+                    logprobs, entropy = token_logprobs(policy, input_ids[rows],
+                                                       attention_mask[rows], R, args.temperature)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                ref = None if ref_logprobs is None else ref_logprobs[rows]
+                loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
+                                      ref, gen.logprobs[rows])
+                loss.backward()
+                total_loss += loss.item()
+                stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
+                              "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
+            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
+            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
+            if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
+                optimizer.step()
+        # the rollout has no use for gradients: freed here, not at the next update's start
+        optimizer.zero_grad(set_to_none=True)
+        if pair is not None and step + 1 + k < args.max_steps:  # two processes: to the sampler,
+            pair.send_weights(policy)  # which samples update step + 1 + k's batch with them
+        t_update = time.time() - t0 - t_rollout
+
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        n_tokens = response_mask.sum().item()
+        metrics = {
+            "reward/mean": scores.mean().item(),
+            "reward/std": scores.std(unbiased=False).item(),
+            "reward/grader_timeouts": run.grader_timeouts() / N,
+            **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
+            "accuracy": batch.correct.mean().item(),
+            "response_len/mean": n_tokens / N,
+            "truncated_frac": gen.truncated.float().mean().item(),
+            "zero_std_frac": zero_std.float().mean().item(),
+            "staleness/mean": step - sampled.version,  # off-policy: updates behind
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "lr": lr, "tokens_per_s": n_tokens / sampled.seconds,
+            # the sampler's time on this batch; the trainer's wait for it (two processes: what the
+            # sampler could not hide behind the update)
+            "time/rollout_s": sampled.seconds, "time/wait_s": t_rollout, "time/update_s": t_update,
+        }
+        if kl is not None:
+            metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
+        samples = [{**env.sample_fields(batch.problems[i // G]), "response": batch.texts[i],
+                    "reward": scores[i].item(), "advantage": advantages[i].item()}
+                   for i in range(0, N, max(1, N // 8))]
+        run.log(step + 1, metrics, stats, samples)
+        run.end_update(step + 1)
+    if pair is not None:
+        pair.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    main(parse_args(Args))
