@@ -138,9 +138,6 @@ class Args(TrainArgs):
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
     (common/checks.py), then this file's own."""
-    check_common_args(args, world_size)
-    if args.num_generations < 2:
-        raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
     if world_size > 2:  # off-policy: one trainer and at most one sampler
         raise UsageError(f"async_grpo.py runs as one process or two (torchrun --nproc_per_node 2: "
                          f"rank 0 trains, rank 1 samples), not {world_size}; for data-parallel "
@@ -148,14 +145,17 @@ def check_args(args, world_size):
     if world_size == 2 and args.fsdp:
         raise UsageError("--fsdp shards the weights over the ranks that train, and here one rank "
                          "trains: drop --fsdp, or use grpo.py under torchrun.")
+    check_common_args(args, 1)  # off-policy: one process trains, on the whole batch
+    if args.num_generations < 2:
+        raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
     if args.max_staleness < 0:
         raise UsageError(f"--max_staleness must be >= 0 (0: the synchronous run), not "
                          f"{args.max_staleness}.")
     if args.is_cap < 1:  # a cap below 1 would weigh down the tokens of an on-policy batch too
         raise UsageError(f"--is_cap must be >= 1, not {args.is_cap}.")
     if not args.icepop_low <= 1 <= args.icepop_high:
-        raise UsageError(f"--icepop_low {args.icepop_low} and --icepop_high {args.icepop_high} must "
-                         "hold 1 between them (IcePop's are 0.5 and 5).")
+        raise UsageError(f"--icepop_low {args.icepop_low} and --icepop_high {args.icepop_high} "
+                         "must hold 1 between them (IcePop's are 0.5 and 5).")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,7 +249,8 @@ def aggregate(per_token, mask, loss_type, normaliser):
 def off_policy_weights(old_logprobs, sampler_logprobs, mask, args):
     """Each token's weight w_it toward pi_prox (old_logprobs: the trainer's weights at this update)
     for a token that mu (sampler_logprobs: the weights of k updates ago) drew, and where a bound cut
-    the weight (truncated or masked). [b, R] each; padding gets weight 1, never cut."""
+    the weight (truncated or masked). [b, R] each; padding counts as a ratio of 1 (the loss masks
+    it out)."""
     log_r = (old_logprobs - sampler_logprobs) * mask  # log pi_prox / mu per token, 0 on padding
     r = torch.exp(log_r.clamp(-20, 20))  # exp of a large log-ratio would overflow to inf
     if args.off_policy_correction == "tis":  # TIS: truncated at C

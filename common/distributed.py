@@ -67,6 +67,7 @@ def init_distributed():
 
 # async_grpo.py's two processes share no collective once they part ways: one trains, one samples,
 # and each is then the only rank its collectives (metrics, checkpoints, evaluation) wait for.
+# world_size(): the ranks this process's collectives meet (1: one process, or one of a parted pair).
 _APART = False
 
 
@@ -77,8 +78,6 @@ def part_ways():
 
 
 def world_size():
-    """The ranks this process's collectives meet: torchrun's world, or 1 (one process, or one of
-    async_grpo.py's pair after part_ways)."""
     return 1 if _APART or not dist.is_initialized() else dist.get_world_size()
 
 
@@ -133,19 +132,17 @@ def broadcast_parameters(module):
 
 
 def average_gradients(module):
-    """What DDP does, done once per optimizer step: after all micro-batches have accumulated their
-    gradients, average them over ranks. Doing it here, rather than in backward hooks, means gradient
-    accumulation needs no `no_sync` and cannot sync too often or too rarely."""
+    """What DDP does, once per optimizer step, after every micro-batch has added its gradients:
+    their mean over ranks. Here, not in backward hooks, accumulation needs no `no_sync`."""
     if world_size() == 1:
         return
-    world = world_size()
     # sharded (FSDP2) gradients were already reduce-scattered and averaged in backward
     grads = [p.grad for p in module.parameters()
              if p.requires_grad and p.grad is not None and not is_dtensor(p.grad)]
     handles = [dist.all_reduce(g, async_op=True) for g in grads]
     for h, g in zip(handles, grads):
         h.wait()
-        g.div_(world)
+        g.div_(world_size())
 
 
 def collective_device():
