@@ -148,14 +148,6 @@ def check_args(args, world_size):
     check_common_args(args, 1)  # off-policy: one process trains, on the whole batch
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
-    if args.max_staleness < 0:
-        raise UsageError(f"--max_staleness must be >= 0 (0: the synchronous run), not "
-                         f"{args.max_staleness}.")
-    if args.is_cap < 1:  # a cap below 1 would weigh down the tokens of an on-policy batch too
-        raise UsageError(f"--is_cap must be >= 1, not {args.is_cap}.")
-    if not args.icepop_low <= 1 <= args.icepop_high:
-        raise UsageError(f"--icepop_low {args.icepop_low} and --icepop_high {args.icepop_high} "
-                         "must hold 1 between them (IcePop's are 0.5 and 5).")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -138,7 +138,8 @@ POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eva
             "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
             "critic_hidden_size")
 NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
-                "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps")
+                "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",
+                "max_staleness")
 # The most a size that memory holds may be: far above any run that fits one machine, far below a
 # typo such as --num_prompts 1000000000000, which filled 8 GB in a minute before anything failed.
 MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_steps": 2**16,
@@ -172,6 +173,9 @@ RANGES = {
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
     "reward_weight": (0, math.inf, "[)"),
+    # async_grpo.py: a cap below 1 would weigh down the tokens of an on-policy batch too, and
+    # IcePop's bounds hold 1 between them (its own are 0.5 and 5)
+    "is_cap": (1, math.inf, "[)"), "icepop_low": (0, 1, "(]"), "icepop_high": (1, math.inf, "[)"),
     # 0 would scale every adapter to nothing, and the run would train nothing
     "lora_alpha": (1, math.inf, "[)"),
     # numpy's range; --seed 1e30 overflowed torch.manual_seed, with a traceback

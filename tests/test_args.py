@@ -238,7 +238,8 @@ def logged_keys(algo):
                    "policy", "critic",
                    "envs", "ref_policy", "input_ids", "attention_mask", "response_mask",
                    "old_logprobs", "advantages",
-                   "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs"}
+                   "returns", "values", "extra", "optimizers", "timeouts", "kl", "rewards", "sampler_logprobs",
+                   "queue"}
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)

@@ -99,9 +99,10 @@ def test_the_logged_weight_statistics_are_the_masked_mean_and_the_cut_fraction()
 @pytest.mark.parametrize("change,world,message", [
     ({}, 3, "async_grpo.py runs as one process or two"),
     ({"fsdp": True}, 2, "--fsdp shards the weights over the ranks that train"),
-    ({"max_staleness": -1}, 1, "--max_staleness must be >= 0"),
-    ({"is_cap": 0.5}, 1, "--is_cap must be >= 1"),
-    ({"icepop_low": 1.5}, 1, "must hold 1 between them"),
+    ({"max_staleness": -1}, 1, "--max_staleness -1: must be >= 0"),
+    ({"is_cap": 0.5}, 1, "--is_cap 0.5: must be >= 1"),
+    ({"icepop_low": 1.5}, 1, r"--icepop_low 1.5: must be in \(0, 1\]"),
+    ({"icepop_high": 0.9}, 1, "--icepop_high 0.9: must be >= 1"),
 ])
 def test_option_errors_name_the_fix(change, world, message):
     args = replace(async_grpo.Args(), **change)

@@ -84,7 +84,7 @@ def test_a_planted_upward_or_sideways_import_fails():
 
 
 # ---- one name per concept ---------------------------------------------------------------------
-SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("grpo", "tools"),
+SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("grpo", "tools"), ("grpo", "async_grpo"),
             ("appo", "tppo")]
 # a name the files used for the same concept as another, now retired: (retired, the name to use)
 RETIRED = [("action_mask", "response_mask")]

@@ -82,6 +82,7 @@ FILES = {"grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "reinforce": ["--num_prompts", "2", "--num_generations", "4"],
          "online_dpo": ["--num_prompts", "4"],
          "tools": ["--num_prompts", "2", "--num_generations", "4"],
+         "async_grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "appo": ["--num_envs", "2", "--num_steps", "4"],
          "tppo": ["--num_envs", "2", "--num_steps", "4"],
          # a teacher equal to the student teaches nothing: the length reward moves the weights

@@ -220,6 +220,9 @@ def test_defaults_work_at_1_2_and_8_processes_or_name_the_fix(algo, world, tmp_p
         module.check_args(args, world_size=world)
     # allowed only with a concrete fix, and only where the defaults can't split
     except ValueError as e:
+        if algo == "async_grpo":  # one process trains, and at most one more samples for it
+            assert world == 8 and "torchrun --nproc_per_node 2" in str(e), e
+            return
         assert "try --" in str(e), e
         # fewer prompts than processes (grpo's and reinforce's 4 over 8)
         assert world == 8 and getattr(args, "num_prompts", world) < world, e
