@@ -306,8 +306,8 @@ def main(args):
     args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
-    # off-policy: one process trains; under torchrun rank 1 samples for it
-    local_prompts, G, k = args.num_prompts, args.num_generations, args.max_staleness  # k: behind
+    # off-policy: one process trains (under torchrun rank 1 samples for it), k updates behind
+    local_prompts, G, k = args.num_prompts, args.num_generations, args.max_staleness
     N = local_prompts * G  # samples per update
     run.print(f"async GRPO | {'trainer and sampler' if run.world == 2 else 'one process'} on "
               f"{run.device} | batches sampled {k} update(s) behind, corrected by "

@@ -7,7 +7,10 @@ prints one hash per run of the final checkpoint's tensors. Run it at two commits
     python dev/same_weights.py --compare before.json    # at the new one: the runs that differ
 
 Every run uses one thread (fp32 sums round by thread count), so the hashes depend only on the code,
-torch and the machine. About 4 minutes on 2 cores.
+torch and the machine. About 4 minutes on 2 cores. Some runs must also match another of the same
+commit (SAME_AS: async_grpo.py sampling 0 updates behind is grpo.py), which every call checks:
+
+    python dev/same_weights.py --runs grpo async_grpo_k0   # "the same weights", or exit 1
 """
 
 import argparse
@@ -51,7 +54,15 @@ RUNS = {
     "online_dpo_ipo_ties": ("online_dpo", ["--num_prompts", "4", "--num_generations", "3",
                                            "--preference_loss", "ipo", "--ties", "first",
                                            "--missing_eos_penalty", "0.5"]),
+    "async_grpo": ("async_grpo", ["--num_prompts", "2", "--num_generations", "4",
+                                  "--max_staleness", "2", "--off_policy_correction", "seq_mis"]),
+    # grpo's run, sampled 0 updates behind: the same weights, bit for bit (SAME_AS)
+    "async_grpo_k0": ("async_grpo", ["--num_prompts", "2", "--num_generations", "4",
+                                     "--micro_batch_size", "3", "--max_staleness", "0",
+                                     "--off_policy_correction", "none"]),
 }
+# runs that must train the weights of another run of the same commit
+SAME_AS = {"async_grpo_k0": "grpo"}
 
 
 def weights_hash(folder):
@@ -110,11 +121,16 @@ def main():
                 verdict = "same" if same else f"DIFFERS (was {before[name]})"
                 differ += [] if same else [name]
             print(f"{name:26s} {hashes[name]}  {verdict}", flush=True)
+    for name, other in SAME_AS.items():
+        if name in hashes and other in hashes:
+            same = hashes[name] == hashes[other]
+            print(f"{name} against {other}: {'the same weights' if same else 'DIFFERENT weights'}")
+            differ += [] if same else [name]
     if args.out:
         Path(args.out).write_text(json.dumps(hashes, indent=1) + "\n")
     if args.compare:
         print("all the same" if not differ else f"{len(differ)} differ: {', '.join(differ)}")
-        sys.exit(1 if differ else 0)
+    sys.exit(1 if differ else 0)
 
 
 if __name__ == "__main__":
