@@ -3,7 +3,7 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # all 14: 10 min on 2 cores another job kept busy
+    python dev/planted_bugs.py                 # all 15: 10 min on 2 cores another job kept busy
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
 The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
@@ -91,9 +91,14 @@ BUGS = {
         "        loss_mask = own_mask  # [N, R] the tokens that count in the loss",
         "        loss_mask = response_mask  # [N, R] the tokens that count in the loss",
         "tests/test_tools.py::test_an_update_trains_on_the_model_s_tokens_only"),
+    "off_policy_weight_upside_down": (
+        "async_grpo.py",
+        "    log_r = (old_logprobs - sampler_logprobs) * mask",
+        "    log_r = (sampler_logprobs - old_logprobs) * mask",
+        "tests/test_async_grpo.py::test_each_correction_weighs_tokens_as_worked_by_hand"),
     "grads_summed": (
         "common/distributed.py",
-        "        g.div_(world)\n",
+        "        g.div_(world_size())\n",
         "        pass\n",
         "tests/test_grpo.py::test_torchrun_two_processes_match_one_process"),
 }

@@ -192,6 +192,20 @@ EXERCISES = [
         hint="A response holds the model's tokens and the tool's answers, and both are in the "
              "sequence the update reads (docs/tools.md). Which of them should the loss count?",
         tool_model=True),
+    BugExercise(
+        "4.11", "off_policy_weight_upside_down",
+        symptom="Sampled 4 updates behind, with TIS: a token's weight is min(pi_prox / mu, 2), "
+                "whose mean over the tokens mu sampled is about 1 at most (pi_prox / mu averages 1 "
+                "under mu, and the cap only lowers it). Yet is_weight/mean climbs from 1.0 to "
+                "1.5-1.9 from update 16 on, and is_weight/clipped_frac to 0.5-0.9: most tokens sit "
+                "at the cap (the real file: is_weight/mean 0.19 to 1.05, clipped_frac 0.30 at "
+                "most).",
+        flags=f"{TINY} --max_steps 30 --max_staleness 4 --num_prompts 4 --num_generations 8 "
+              f"--max_new_tokens 4 --temperature 1.0 --learning_rate 5e-2 --num_few_shot 0 "
+              f"{CAPITAL}",
+        hint="A token sampled k updates ago weighs r = pi_prox / mu (docs/async_grpo.md): above "
+             "1 where the trainer's policy now likes it more than the sampler did. Which "
+             "log-probs does off_policy_weights subtract from which?"),
 ]
 BY_ID = {e.id: e for e in EXERCISES}
 

@@ -40,7 +40,8 @@ def command_lines():
             text = text[:text.index('"""', 3)].replace("\\\\\n", "\\\n")
         text = re.sub(r"\\\n\s*", " ", text)
         for line in text.splitlines():
-            m = re.search(r"(?:python|torchrun[^#]*?)\s+(grpo|ppo|reinforce|appo|tppo|online_dpo|tools|distill|eval)\.py((?:\s+[^#`|]*)?)", line)
+            m = re.search(rf"(?:python|torchrun[^#]*?)\s+({'|'.join([*ALGORITHMS, 'eval'])})\.py((?:\s+[^#`|]*)?)",
+                          line)
             if not m or "..." in m.group(2) or "$" in m.group(2):
                 continue
             found.append((path.name, m.group(1), shlex.split(m.group(2))))

@@ -33,15 +33,20 @@ SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, an
     "appo": ["--max_steps", "40"],
     "tppo": ["--max_steps", "40"],
     "online_dpo": ["--num_prompts", "16", "--max_steps", "20"],
+    # sampled 1 update behind, TIS (its defaults); and 2 behind, IcePop (async_grpo_k2)
+    "async_grpo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30"],
+    "async_grpo_k2": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
+                      "--max_staleness", "2", "--off_policy_correction", "icepop"],
 }
 
 
 # distill.py learns from a teacher, not from a reward: tests/test_distill.py's learning test; tools.py
 # has its own, on a model that can call a tool (tests/test_tools.py): on tiny-random it is grpo.py
-@pytest.mark.parametrize("algo", [a for a in ALGORITHMS if a not in ("distill", "tools")])
+@pytest.mark.parametrize("algo", [*(a for a in ALGORITHMS if a not in ("distill", "tools")),
+                                  "async_grpo_k2"])
 def test_reward_rises_to_near_1(algo, tmp_path):
-    cmd = [sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path",
-           "tiny-random", *SIZES[algo],
+    cmd = [sys.executable, "tests/run_with_test_reward.py", algo.removesuffix("_k2"),
+           "--model_name_or_path", "tiny-random", *SIZES[algo],
            "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0", "--temperature", "1.0",
            "--learning_rate", "5e-2",
            "--output_dir", str(tmp_path)]
