@@ -6,7 +6,10 @@ moves with fp32 rounding: update 19-24 before the shared-prefix forward, 26 on 2
 thread after it, whose first 7 updates agree with the old ones to 1e-6; appo.py: 40, likewise: its
 rise starts at update 15 with transformers 5.24 and at 30 with 5.17, which rounds somewhere
 differently; on 2 threads, without xdist, appo's reward collapses to 0 from update 14 at 5e-2;
-online_dpo.py: 20, 16 prompts x 2 samples: at seed 0 its reward reaches 1.0 at update 8).
+online_dpo.py: 20, 16 prompts x 2 samples: at seed 0 its reward reaches 1.0 at update 8;
+async_grpo.py: 30, sampled 1 update behind with TIS and 2 behind with IcePop, where at seed 0 the
+reward reaches 1.0 at updates 13 and 19, against grpo.py's 10: staleness delays the rise,
+bench/staleness_lab.py).
 
 This is the test that catches a flipped sign, a detached tensor or a wrong mask in any file: with
 any of them the reward stays at its starting rate or falls. The tiny model's next-token distribution
