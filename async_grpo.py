@@ -1,4 +1,4 @@
-"""Off-policy GRPO: the sampler runs up to k updates behind the trainer, each token weighted back
+"""Off-policy GRPO: the sampler runs k updates behind the trainer, each token weighted back
 toward the trainer's policy. Docs: docs/async_grpo.md
 
 Papers: asynchronous RLHF (Noukhovitch et al. 2024, arXiv:2410.18252) and AReaL's decoupled PPO (Fu
@@ -29,7 +29,8 @@ Two ways to run it:
   corrections do, at no gain in speed;
 - two processes under torchrun: rank 0 trains, rank 1 samples; after each update the trainer sends
   its weights, and the sampler draws update n + k's batch while update n trains. The same batches
-  and the same weights as one process, up to float rounding, in less time.
+  and the same weights as one process, up to float rounding. It pays where each process has a
+  device of its own; on a CPU's cores shared between the two it does not (docs: measured).
 
 Simplified versus AReaL, verl and TRL's AsyncGRPO:
 - the staleness is fixed, not "up to k": batch n always comes from the weights of update n - k,
