@@ -5,12 +5,12 @@ updates at --learning_rate 5e-2, a rate at which each update moves the policy a 
 and 4, with --off_policy_correction none, tis, icepop and seq_mis, a few seeds each, one run at a
 time (k = 0 once: there the sampler is the trainer, and every correction weighs 1).
 
-    python bench/staleness_lab.py                       # 13 settings x 3 seeds: about 15 min, 2 cores
+    python bench/staleness_lab.py              # 13 settings x 3 seeds: 15-35 min on 2 cores
     python bench/staleness_lab.py --out /tmp/lab --seeds 0 --ks 0 2 --corrections none tis
 
-OUT/table.md: for each setting, the mean over seeds of the reward of the last 5 updates, of the first
-update whose reward reaches 0.8 (31 where none does), of the tokens whose weight the bound cut and
-of mismatch/kl (the KL from the sampler's policy to the trainer's, per token). OUT/staleness.png:
+OUT/table.md: for each setting, the mean over seeds of the reward of the last 5 updates, of the
+first update whose reward reaches 0.8 (31 where none does), of the tokens whose weight the bound
+cut and of mismatch/kl (the KL from the sampler's policy to the trainer's, per token). OUT/staleness.png:
 the reward curves, one panel per correction, one line per k (the mean over seeds). A finished run
 (its metrics.jsonl holds every update) is not run again.
 """

@@ -1,8 +1,8 @@
 """async_grpo.py and common/pair.py: each correction's weights against hand-worked values; with the
 sampler's policy equal to pi_prox every correction is grpo.py's loss and gradient; the sampler of
 update n holds the weights of update n - k (an optimizer that writes the update number into the
-weights); k = 0 trains exactly what grpo.py trains; two processes under torchrun train the weights of
-one process, and a run resumed in either mode ends where the uninterrupted run ended."""
+weights); k = 0 trains exactly what grpo.py trains; two processes under torchrun train the weights
+of one process, and a run resumed in either mode ends where the uninterrupted run ended."""
 
 import json
 import math
