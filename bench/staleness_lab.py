@@ -10,9 +10,9 @@ time (k = 0 once: there the sampler is the trainer, and every correction weighs 
 
 OUT/table.md: for each setting, the mean over seeds of the reward of the last 5 updates, of the
 first update whose reward reaches 0.8 (31 where none does), of the tokens whose weight the bound
-cut and of mismatch/kl (the KL from the sampler's policy to the trainer's, per token). OUT/staleness.png:
-the reward curves, one panel per correction, one line per k (the mean over seeds). A finished run
-(its metrics.jsonl holds every update) is not run again.
+cut and of mismatch/kl (the KL from the sampler's policy to the trainer's, per token).
+OUT/staleness.png: the reward curves, one panel per correction, one line per k (the mean over
+seeds). A finished run (its metrics.jsonl holds every update) is not run again.
 """
 
 import argparse
