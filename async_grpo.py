@@ -355,7 +355,7 @@ def main(args):
                 ahead = rollout(policy, tokenizer, env, step + len(queue), 0, local_prompts, args,
                                 run.autocast)
                 queue.append(Sampled(step, ahead, time.time() - t))
-        sampled = queue.popleft()  # update step's batch, sampled by the weights of update version
+        sampled = queue.popleft()  # update step's batch; .version: the update whose weights drew it
         batch = sampled.rollout
         run.check_rewards(batch.scores, step + 1, lambda i: f"problem {batch.problems[i // G]}")
         gen, scores = batch.gen, batch.scores
