@@ -16,6 +16,7 @@ alone: a second job on the cores would make the figures meaningless.
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def free_port():
 def run_one(name, out, max_steps, extra):
     prefix, options = SETTINGS[name]
     run_dir = out / f"run{list(SETTINGS).index(name)}"
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's
     command = [a.replace("PORT", free_port()) for a in prefix] + [
         *options, "--max_steps", str(max_steps), "--num_eval_problems", "0",
         "--output_dir", str(run_dir), *extra]

@@ -18,6 +18,7 @@ seeds). A finished run (its metrics.jsonl holds every update) is not run again.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def run_one(k, correction, seed, out, args):
                "--max_staleness", str(k), "--off_policy_correction", correction, "--seed",
                str(seed), "--output_dir", str(run_dir)]
     if run_dir.exists():  # an unfinished run: start it again
-        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        shutil.rmtree(run_dir)
     print(f"k={k} {correction} seed {seed}", flush=True)
     out_log = out / f"k{k}-{correction}-seed{seed}.log"
     with open(out_log, "w") as f:

@@ -53,7 +53,6 @@ class Pair:
     def __init__(self):
         """Every rank calls it, after anything the two do together (the models' loading)."""
         self.group = dist.new_group(backend="gloo")
-        self.rank = dist.get_rank()
         self.in_flight = []  # (work, buffer) of the sends not yet received: the buffers live on
         part_ways()
 

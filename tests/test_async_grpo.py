@@ -7,6 +7,7 @@ of one process, and a run resumed in either mode ends where the uninterrupted ru
 import json
 import math
 import os
+import shutil
 import socket
 import sys
 from dataclasses import replace
@@ -194,9 +195,8 @@ def test_two_processes_train_the_weights_of_one_and_both_resume_exactly(tmp_path
     state = torch.load(tmp_path / "one/checkpoint-2/trainer_state.pt", weights_only=True)
     assert [s["version"] for s in state["extra"]["queue"]] == [0, 1]
     for mode, torchrun in (("resumed_two", True), ("resumed_one", False)):
-        (tmp_path / mode).mkdir()
-        os.system(f"cp -r {tmp_path / 'one/checkpoint-2'} {tmp_path / 'one/args.json'} "
-                  f"{tmp_path / mode}")
+        shutil.copytree(tmp_path / "one/checkpoint-2", tmp_path / mode / "checkpoint-2")
+        shutil.copy(tmp_path / "one/args.json", tmp_path / mode)
         run("async_grpo", [*flags, "--resume"], tmp_path / mode, torchrun)
     final = weights(tmp_path / "one/checkpoint-5")
     for mode in ("two", "resumed_two", "resumed_one"):
