@@ -20,7 +20,7 @@ Simplified or changed versus OpenR:
 - beyond OpenR, whose PRM never sees the gold answer: --outcome_reward_coef adds the verifier's
   correctness on the final step, and without a PRM the reward is the verifier alone;
 - an episode also ends when the policy emits EOS (OpenR only ends on "answer" or after 10 steps);
-- evaluation is greedy single-turn generation of the whole answer (common/evaluation.py), on the
+- evaluation is greedy single-turn generation of the whole answer (common/run/evaluation.py), on the
   same held-out problems as every other file.
 
 Launch:
@@ -43,21 +43,21 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
                                 average_gradients, sample_seed)
-from common.env import make_envs, resolve_dataset, resolve_task
-from common.errors import UsageError
-from common.logger import mean_of
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import critic_state, load_tokenizer, make_critic, trained_policy
-from common.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
+from common.env.math_env import make_envs, resolve_dataset, resolve_task
+from common.env.errors import UsageError
+from common.run.logger import mean_of
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import critic_state, load_tokenizer, make_critic, trained_policy
+from common.rl.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
                              mismatch_stats, step_gae)
-from common.run import Run
-from common.sampler import left_pad
-from common.sharding import clip_grad_norm
-from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
+from common.run.run import Run
+from common.models.sampler import left_pad
+from common.models.sharding import clip_grad_norm
+from common.models.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
                              trim_left_padding)
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
@@ -148,7 +148,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.num_envs % world_size:
         raise UsageError(f"--num_envs {args.num_envs} must be divisible by the number of processes "

@@ -53,20 +53,20 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.errors import UsageError
-from common.fast_sampler import fast_decoding
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import load_tokenizer, reference_policy, trained_policy
-from common.numerics import kl_estimate, masked_mean, mismatch_stats
-from common.run import Run
-from common.pair import Pair, Sampled, rollout_from_state, rollout_state
-from common.sampler import Rollout, encode_prompts, generate
-from common.sharding import clip_grad_norm
+from common.env.math_env import make_envs, resolve_dataset
+from common.env.errors import UsageError
+from common.models.fast.decoding import fast_decoding
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import load_tokenizer, reference_policy, trained_policy
+from common.rl.numerics import kl_estimate, masked_mean, mismatch_stats
+from common.run.run import Run
+from common.run.pair import Pair, Sampled, rollout_from_state, rollout_state
+from common.models.sampler import Rollout, encode_prompts, generate
+from common.models.sharding import clip_grad_norm
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     if world_size > 2:  # off-policy: one trainer and at most one sampler
         raise UsageError(f"async_grpo.py runs as one process or two (torchrun --nproc_per_node 2: "
                          f"rank 0 trains, rank 1 samples), not {world_size}; for data-parallel "

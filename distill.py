@@ -45,20 +45,20 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.errors import UsageError
-from common.fast_sampler import fast_decoding
-from common.hf import backbone_and_head
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import check_model_name, load_reference, load_tokenizer, trained_policy
-from common.numerics import kl_estimate, masked_mean, mismatch_stats
-from common.run import Run
-from common.sampler import Rollout, encode_prompts, generate
-from common.sharding import clip_grad_norm
+from common.env.math_env import make_envs, resolve_dataset
+from common.env.errors import UsageError
+from common.models.fast.decoding import fast_decoding
+from common.models.hf import backbone_and_head
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import check_model_name, load_reference, load_tokenizer, trained_policy
+from common.rl.numerics import kl_estimate, masked_mean, mismatch_stats
+from common.run.run import Run
+from common.models.sampler import Rollout, encode_prompts, generate
+from common.models.sharding import clip_grad_norm
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.teacher_model_name_or_path is None:
         raise UsageError("distill.py needs a teacher: --teacher_model_name_or_path, a model "

@@ -10,8 +10,8 @@
     torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math \\
         --num_generations 4 --temperature 0.6
 
-The data options are training's (common/args.py's DataArgs), read by the same code
-(common/env.py's `resolve_task`): --dataset_name is a task, a MATH subject, a data file or a hub
+The data options are training's (common/run/args.py's DataArgs), read by the same code
+(common/env/math_env.py's `resolve_task`): --dataset_name is a task, a MATH subject, a data file or a hub
 dataset id, and a problem is prompted as in training.
 
 Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
@@ -26,7 +26,7 @@ Metrics, over the evaluated problems (a problem is solved by a sample whose rewa
   vote (a bare
   number without "The answer is" or "####" is no answer). Answers are grouped by value: numbers
   compare numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of
-  common/grader.py (so `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text
+  common/env/grader.py (so `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text
   without spaces. A sample with no extracted answer never wins; a tie goes to the answer seen first.
 
 Writes one JSON line per problem (the n responses with reward, correct, extracted answer, length;
@@ -52,19 +52,19 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from common.answers import to_number
-from common.args import DataArgs, parse_args
-from common.checks import check_output_dir, check_ranges
-from common.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
-from common.env import MATH_SUBJECTS, filter_math, make_env, make_env_options, resolve_task
-from common.errors import PathError, UsageError
-from common.fast_graphs import capture_decoding
-from common.fast_sampler import fast_decoding
-from common.grader import normalize
-from common.models import check_model_name, load_policy, load_tokenizer
-from common.sampler import encode_prompts, generate
-from common.tasks import TASKS, read_rows, rename_fields
-from common.tasks import grade as task_grade
+from common.env.answers import to_number
+from common.run.args import DataArgs, parse_args
+from common.run.checks import check_output_dir, check_ranges
+from common.models.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
+from common.env.math_env import MATH_SUBJECTS, filter_math, make_env, make_env_options, resolve_task
+from common.env.errors import PathError, UsageError
+from common.models.fast.graphs import capture_decoding
+from common.models.fast.decoding import fast_decoding
+from common.env.grader import normalize
+from common.models.loading import check_model_name, load_policy, load_tokenizer
+from common.models.sampler import encode_prompts, generate
+from common.env.tasks import TASKS, read_rows, rename_fields
+from common.env.tasks import grade as task_grade
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.

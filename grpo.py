@@ -15,7 +15,7 @@ KL to the frozen reference (--kl_estimator; --kl_penalty reward puts it in r_i i
 
 Simplified versus the paper and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
-- rewards come from rule-based verifiers (common/tasks.py), not a reward model;
+- rewards come from rule-based verifiers (common/env/tasks.py), not a reward model;
 - with one epoch of one minibatch (the default) the ratio is exactly 1: pi_old is the detached
   policy.
 
@@ -32,19 +32,19 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.errors import UsageError
-from common.fast_sampler import fast_decoding
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import load_tokenizer, reference_policy, trained_policy
-from common.numerics import kl_estimate, masked_mean, mismatch_stats
-from common.run import Run
-from common.sampler import Generation, Rollout, encode_prompts, generate
-from common.sharding import clip_grad_norm
+from common.env.math_env import make_envs, resolve_dataset
+from common.env.errors import UsageError
+from common.models.fast.decoding import fast_decoding
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import load_tokenizer, reference_policy, trained_policy
+from common.rl.numerics import kl_estimate, masked_mean, mismatch_stats
+from common.run.run import Run
+from common.models.sampler import Generation, Rollout, encode_prompts, generate
+from common.models.sharding import clip_grad_norm
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")

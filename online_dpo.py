@@ -38,19 +38,19 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_gather_objects, all_reduce_sum, average_gradients,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_gather_objects, all_reduce_sum, average_gradients,
                                 prompt_indices, sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.errors import UsageError
-from common.fast_sampler import fast_decoding
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import load_tokenizer, reference_policy, trained_policy
-from common.numerics import masked_mean
-from common.run import Run
-from common.sampler import Rollout, encode_prompts, generate
-from common.sharding import clip_grad_norm
+from common.env.math_env import make_envs, resolve_dataset
+from common.env.errors import UsageError
+from common.models.fast.decoding import fast_decoding
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import load_tokenizer, reference_policy, trained_policy
+from common.rl.numerics import masked_mean
+from common.run.run import Run
+from common.models.sampler import Rollout, encode_prompts, generate
+from common.models.sharding import clip_grad_norm
 
 
 @dataclass
@@ -99,7 +99,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: a pair needs two responses.")

@@ -18,7 +18,7 @@ batch is used for num_ppo_epochs passes of num_mini_batches steps.
 
 Simplified versus oat and TRL:
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
-- rewards come from rule-based verifiers (common/tasks.py), not a reward model;
+- rewards come from rule-based verifiers (common/env/tasks.py), not a reward model;
 - pi_old's log-probs are recomputed by the learner before the update, not taken from the sampler
   (TRL's PPOTrainer keeps the generation's logits), so the ratio is exactly 1 on the first
   minibatch of the first epoch;
@@ -37,20 +37,20 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.fast_sampler import fast_decoding
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import (critic_state, load_tokenizer, make_critic, reference_policy,
+from common.env.math_env import make_envs, resolve_dataset
+from common.models.fast.decoding import fast_decoding
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import (critic_state, load_tokenizer, make_critic, reference_policy,
                            trained_policy)
-from common.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
+from common.rl.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
                              mismatch_stats, token_gae)
-from common.run import Run
-from common.sampler import Rollout, encode_prompts, generate
-from common.sharding import clip_grad_norm
+from common.run.run import Run
+from common.models.sampler import Rollout, encode_prompts, generate
+from common.models.sharding import clip_grad_norm
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
 
 

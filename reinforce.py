@@ -13,7 +13,7 @@ baseline (docs/reinforce.md says why a baseline helps, and what it measured):
     A_i = G_i - b_i,          b_i = 0 (none) | batch mean of G (mean) | sum_j!=i G_j / (k-1) (rloo)
     L   = -(1/N) sum_i A_i log pi(o_i | q),    log pi(o_i | q) = sum_t log pi(o_it | q, o_i<t)
 With --length_normalize (the seed's way, on by default) log pi(o_i | q) and KL_i are token means.
-Stepwise (--stepwise, the seed's policy; common/stepwise.py plays it): one action is one line, and
+Stepwise (--stepwise, the seed's policy; common/models/stepwise.py plays it): one action is one line, and
 each line's return G_t = sum_j gamma^j (r_t+j - beta KL_t+j) carries the rest of its episode; with
 --sym_calc a calculator writes the value after <<expr>>, and those tokens are out of the loss.
 
@@ -41,21 +41,21 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, prompt_indices,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_reduce_sum, average_gradients, prompt_indices,
                                 sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.errors import UsageError
-from common.logger import every
-from common.fast_sampler import fast_decoding
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import load_tokenizer, reference_policy, trained_policy
-from common.numerics import discounted_returns, kl_estimate, masked_mean, mismatch_stats
-from common.run import Run
-from common.sampler import Rollout, encode_prompts, eos_token_ids, generate
-from common.sharding import clip_grad_norm, full_state_dict, unsharded
-from common.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
+from common.env.math_env import make_envs, resolve_dataset
+from common.env.errors import UsageError
+from common.run.logger import every
+from common.models.fast.decoding import fast_decoding
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import load_tokenizer, reference_policy, trained_policy
+from common.rl.numerics import discounted_returns, kl_estimate, masked_mean, mismatch_stats
+from common.run.run import Run
+from common.models.sampler import Rollout, encode_prompts, eos_token_ids, generate
+from common.models.sharding import clip_grad_norm, full_state_dict, unsharded
+from common.models.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Args(TrainArgs):
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.baseline == "rloo" and args.num_generations < 2:
         raise UsageError("--baseline rloo needs --num_generations >= 2: the others' mean.")

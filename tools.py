@@ -6,7 +6,7 @@ GRPO-style RL over responses with tool calls in them; the loss is grpo.py's (Dee
 al. 2024, arXiv:2402.03300), as TRL's GRPOTrainer computes it with `tools=`.
 
 The model writes; when it closes a call, `<calc>214 + 23 * 105</calc>`, sampling stops, the tool
-runs (common/tools.py) and its answer is put after the call as token ids, `<output>2629</output>`;
+runs (common/env/toolbox.py) and its answer is put after the call as token ids, `<output>2629</output>`;
 sampling resumes after it, for up to --max_turns turns of the model. One response is then
     o_i = [model ids, tool ids, model ids, ...]    m_it = 1 on the model's ids, 0 on the tool's
 and, with A_i the group advantage of the final answer's reward, exactly as grpo.py:
@@ -40,21 +40,21 @@ from typing import Literal, Optional
 
 import torch
 
-from common.args import TrainArgs, lr_at, parse_args, schedule
-from common.checks import check_common_args
-from common.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
+from common.run.args import TrainArgs, lr_at, parse_args, schedule
+from common.run.checks import check_common_args
+from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
                                 sample_seed)
-from common.env import make_envs, resolve_dataset
-from common.errors import UsageError
-from common.fast_sampler import fast_decoding
-from common.logprobs import batched_token_logprobs, token_logprobs
-from common.models import load_tokenizer, reference_policy, trained_policy
-from common.numerics import kl_estimate, masked_mean, mismatch_stats
-from common.run import Run
-from common.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
+from common.env.math_env import make_envs, resolve_dataset
+from common.env.errors import UsageError
+from common.models.fast.decoding import fast_decoding
+from common.rl.logprobs import batched_token_logprobs, token_logprobs
+from common.models.loading import load_tokenizer, reference_policy, trained_policy
+from common.rl.numerics import kl_estimate, masked_mean, mismatch_stats
+from common.run.run import Run
+from common.models.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
                             left_pad)
-from common.sharding import clip_grad_norm, unsharded
-from common.tools import (find_call, output_text, parse_tools, run_tool, stop_strings,
+from common.models.sharding import clip_grad_norm, unsharded
+from common.env.toolbox import (find_call, output_text, parse_tools, run_tool, stop_strings,
                           system_prompt)
 
 
@@ -117,14 +117,14 @@ class Args(TrainArgs):
     """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
     # ---- the tools
     tools: str = "calc"  # tools: what the model may call
-    """the tools, a comma list of calc, solve, simplify, factor (common/tools.py), or none"""
+    """the tools, a comma list of calc, solve, simplify, factor (common/env/toolbox.py), or none"""
     max_turns: int = 3  # tools: TRL's max_tool_calling_iterations + 1
     """turns of the model in one response at most: max_turns - 1 tool calls are answered"""
 
 
 def check_args(args, world_size):
     """Every option error before any model loads, each with the fix: the shared ones
-    (common/checks.py), then this file's own."""
+    (common/run/checks.py), then this file's own."""
     check_common_args(args, world_size)
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")

@@ -1,5 +1,5 @@
 """Decoding on a GPU with its step captured as a CUDA graph (the default there:
-common/fast_graphs.py) against eager decoding, on SmolLM2-135M's shape with random weights, in bf16
+common/models/fast/graphs.py) against eager decoding, on SmolLM2-135M's shape with random weights, in bf16
 autocast over fp32 weights as the files run; rows in groups of 8 that share a 150-token prompt, as a
 GRPO rollout:
 
@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.roofline import SHAPES, build, sync  # noqa: E402
-from common.fast_compile import _COMPILED  # noqa: E402
-from common.fast_graphs import capture_decoding  # noqa: E402
-from common.fast_sampler import fast_decoding  # noqa: E402
-from common.models import load_tokenizer  # noqa: E402
-from common.sampler import generate  # noqa: E402
+from common.models.fast.compile import _COMPILED  # noqa: E402
+from common.models.fast.graphs import capture_decoding  # noqa: E402
+from common.models.fast.decoding import fast_decoding  # noqa: E402
+from common.models.loading import load_tokenizer  # noqa: E402
+from common.models.sampler import generate  # noqa: E402
 
 
 def rollout(model, tok, prompts, new_tokens, device):

@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
-from common.fast_attention import _packed_gqa  # noqa: E402
-from common.fast_linears import _onednn_linears  # noqa: E402
-from common.fast_sampler import fast_decoding  # noqa: E402
-from common.hf import KV_CACHE  # noqa: E402
-from common.models import load_tokenizer  # noqa: E402
-from common.sampler import generate, key_uniforms, row_keys, sample_token  # noqa: E402
+from common.models.fast.attention import _packed_gqa  # noqa: E402
+from common.models.fast.linears import _onednn_linears  # noqa: E402
+from common.models.fast.decoding import fast_decoding  # noqa: E402
+from common.models.hf import KV_CACHE  # noqa: E402
+from common.models.loading import load_tokenizer  # noqa: E402
+from common.models.sampler import generate, key_uniforms, row_keys, sample_token  # noqa: E402
 
 
 def sketch_rollout(model, prompts, group, new_tokens, seeds):

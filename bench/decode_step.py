@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.roofline import SHAPES, build, sync  # noqa: E402
-from common.fast_attention import _packed_gqa  # noqa: E402
-from common.fast_compile import _COMPILED, _static_cache, compile_decoding  # noqa: E402
-from common.hf import KV_CACHE  # noqa: E402
-from common.sampler import key_uniforms, row_keys, sample_token  # noqa: E402
+from common.models.fast.attention import _packed_gqa  # noqa: E402
+from common.models.fast.compile import _COMPILED, _static_cache, compile_decoding  # noqa: E402
+from common.models.hf import KV_CACHE  # noqa: E402
+from common.models.sampler import key_uniforms, row_keys, sample_token  # noqa: E402
 
 
 def main():

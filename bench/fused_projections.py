@@ -1,4 +1,4 @@
-"""Fused projections (common/fast_fused.py) against separate ones, in the same process, alternating:
+"""Fused projections (common/models/fast/fused.py) against separate ones, in the same process, alternating:
 a rollout of `generate` (the FastDecoder, with the device's speedups) with q/k/v and gate/up as one
 matmul each, then the same rollout with them apart, --repeat times, at each --batch; and one decode step's linear layers alone, both ways. Medians, and
 their ratio (below 1: fused is faster). The samples are the same both ways (the script checks).
@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roofline import SHAPES, build, linears_alone, sync  # noqa: E402
-from common.fast_sampler import Speedups, fast_decoding  # noqa: E402
-from common.models import load_tokenizer  # noqa: E402
-from common.sampler import generate  # noqa: E402
+from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
+from common.models.loading import load_tokenizer  # noqa: E402
+from common.models.sampler import generate  # noqa: E402
 
 
 def main():

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
-from common import grader
+from common.env import grader
 n, runaways = int(sys.argv[1]), int(sys.argv[2])
 slow = "\\exp(\\exp(\\exp(\\exp(99))))"
 # start every worker: as many short runaways at once as there are workers

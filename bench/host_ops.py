@@ -30,9 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.fast_sampler import Speedups, fast_decoding  # noqa: E402
-from common.logprobs import token_logprobs  # noqa: E402
-from common.sampler import generate  # noqa: E402
+from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
+from common.rl.logprobs import token_logprobs  # noqa: E402
+from common.models.sampler import generate  # noqa: E402
 
 # SmolLM2-135M's depth and heads, 8 dimensions per head: the launches of the real model, no compute
 SHAPE = dict(hidden_size=72, intermediate_size=192, num_hidden_layers=30, num_attention_heads=9,
@@ -74,7 +74,7 @@ def samplers(model, tokenizer, prompts):
     """{name: fn(new_tokens)} of the three ways to sample `prompts`."""
     from transformers import GenerationConfig
 
-    from common.sampler import left_pad
+    from common.models.sampler import left_pad
 
     ids, mask = left_pad(prompts, 0)
     seeds = list(range(len(prompts)))

@@ -18,7 +18,7 @@ run of the first seed on the same task (so grpo.py runs first, in the same --out
 Wall time and peak RSS are the child process's own (`os.wait4`, as `/usr/bin/time -v` reads them):
 model loading and the evaluations are included. A run that finished (run.json with exit status 0)
 is not run again, so an interrupted bench resumes where it stopped. After each run OUT/TASK.md (the
-table) and OUT/results.json are rewritten; at the end `python -m common.plot` draws each task's runs
+table) and OUT/results.json are rewritten; at the end `python -m common.run.plot` draws each task's runs
 into OUT/TASK/curves_step.png and curves_time.png.
 
 Run it alone: two runs at once share the cores, and their wall times are then not figures.
@@ -36,8 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.algorithms import ALGORITHMS  # noqa: E402
-from common.plot import read_log  # noqa: E402  (reads a run's jsonl logs, resumed runs included)
+from common.run.algorithms import ALGORITHMS  # noqa: E402
+from common.run.plot import read_log  # noqa: E402  (reads a run's jsonl logs, resumed runs included)
 
 # a table row each, in this order; tools.py's results are on the task its tool is for, level 6
 # (bench/tool_gain.py, docs/tools.md), and async_grpo.py's in its lab (bench/staleness_lab.py,
@@ -155,7 +155,7 @@ def main():
                    help="grpo.py runs once per seed; the other files run with the first")
     p.add_argument("--out", default="runs/learning", help="folder for the runs, tables and plots")
     p.add_argument("--smooth", type=float, default=0.6,
-                   help="the plots' moving average of the training reward (common/plot.py)")
+                   help="the plots' moving average of the training reward (common/run/plot.py)")
     p.add_argument("extra", nargs="*", help="after --: flags passed to every run")
     a = p.parse_args()
     out = Path(a.out).resolve()
@@ -180,7 +180,7 @@ def main():
         dirs = [str(run_dir_of(out, r)) for r in done]
         labels = [f"{r['file']} s{r['seed']}" for r in done]
         if dirs:
-            subprocess.run([sys.executable, "-m", "common.plot", *dirs,
+            subprocess.run([sys.executable, "-m", "common.run.plot", *dirs,
                             "--labels", *labels, "--out", str(out / task),
                             "--smooth", str(a.smooth)],
                            cwd=ROOT, check=False)

@@ -107,7 +107,7 @@ def build(size, folder):
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from common.models import load_tokenizer
+    from common.models.loading import load_tokenizer
 
     torch.manual_seed(0)
     Qwen2ForCausalLM(config(size)).save_pretrained(folder)
@@ -143,7 +143,7 @@ def one(args):
     import torch.distributed as dist
 
     algo = __import__(args.algo)
-    from common.args import parse_args
+    from common.run.args import parse_args
 
     held = {}
     algo.save_checkpoint = lambda *a, **k: None  # the gathered checkpoint would dominate rank 0

@@ -21,7 +21,7 @@ built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
   fraction for a decode step halfway through the responses whose only cost would be its linear
   layers, each run as `generate` runs it: the most any decoding with those matmul kernels can
   reach, since attention, norms and the sampler only add.
-- update: a forward and backward pass of `common.logprobs.token_logprobs` over the same sequences, in
+- update: a forward and backward pass of `common.rl.logprobs.token_logprobs` over the same sequences, in
   micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
   a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
   the measured matmul peak.
@@ -31,8 +31,8 @@ prompt of about 150 tokens with the worked example). With matplotlib, --plot wri
 figure of tokens/s against batch size and response length. --compile decodes as `--compile` does
 (`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
 compiles it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
-own linear instead of oneDNN's packed weights (common/fast_linears.py), and --unfused runs q/k/v and
-gate/up as separate matmuls (common/fast_fused.py), each for a before and after; with --compile,
+own linear instead of oneDNN's packed weights (common/models/fast/linears.py), and --unfused runs q/k/v and
+gate/up as separate matmuls (common/models/fast/fused.py), each for a before and after; with --compile,
 --grow_static_cache lets the static cache grow as it fills (`Speedups.grow_static_cache`, off by
 default until a GPU measures it); --rollout_only skips the update.
 """
@@ -48,13 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
-from common.fast_compile import compile_decoding  # noqa: E402
-from common.fast_fused import _fused_projections  # noqa: E402
-from common.fast_linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
-from common.fast_sampler import Speedups, fast_decoding  # noqa: E402
-from common.logprobs import token_logprobs  # noqa: E402
-from common.models import load_tokenizer  # noqa: E402
-from common.sampler import generate  # noqa: E402
+from common.models.fast.compile import compile_decoding  # noqa: E402
+from common.models.fast.fused import _fused_projections  # noqa: E402
+from common.models.fast.linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
+from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
+from common.rl.logprobs import token_logprobs  # noqa: E402
+from common.models.loading import load_tokenizer  # noqa: E402
+from common.models.sampler import generate  # noqa: E402
 
 SMOL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
             num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)

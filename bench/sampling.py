@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.sampler import row_uniforms, sample_token  # noqa: E402
+from common.models.sampler import row_uniforms, sample_token  # noqa: E402
 
 
 def per_row_generators(logits, temperature, generators):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.plot import read_log  # noqa: E402
+from common.run.plot import read_log  # noqa: E402
 
 TASK = ["--model_name_or_path", "tiny-random", "--num_prompts", "4", "--num_generations", "8",
         "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0",

@@ -9,7 +9,7 @@ Each run is `python tools.py --difficulty 6 --max_steps M --seed S --tools T --o
 OUT/T-seedS` plus whatever follows `--`; it is evaluated before and after training on the 100
 held-out level-6 problems (greedy, with its tools). A finished run (run.json, exit status 0) is not
 run again. OUT/table.md gets the mean and standard error over seeds of the held-out accuracy before
-and after, the tool calls per response and the wall time; `python -m common.plot` draws the runs
+and after, the tool calls per response and the wall time; `python -m common.run.plot` draws the runs
 into OUT/curves_step.png. Run it alone: wall times under a shared CPU are not figures.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.learning import accuracies, mean_se  # noqa: E402
-from common.plot import read_log  # noqa: E402
+from common.run.plot import read_log  # noqa: E402
 
 SETTINGS = {"calc": "with the calculator", "none": "without a tool"}
 
@@ -87,7 +87,7 @@ def main():
                for seed in args.seeds for tools in SETTINGS]
     print("\n".join(table(records, out)))
     dirs = [str(out / f"{r['tools']}-seed{r['seed']}") for r in records if r["returncode"] == 0]
-    subprocess.run([sys.executable, "-m", "common.plot", *dirs, "--out", str(out), "--labels",
+    subprocess.run([sys.executable, "-m", "common.run.plot", *dirs, "--out", str(out), "--labels",
                     *(Path(d).name for d in dirs)], cwd=ROOT, check=False)
     return 0 if all(r["returncode"] == 0 for r in records) else 1
 

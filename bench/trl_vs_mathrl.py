@@ -76,8 +76,8 @@ def trl_prompts(args):
     """The mathrl file's env, from its options (the same system prompt and worked example), and the
     prompts of its updates 0..steps-1 in its order, as (text, index) pairs; TRL is told not to
     shuffle."""
-    from common.distributed import prompt_indices
-    from common.env import make_envs
+    from common.models.distributed import prompt_indices
+    from common.env.math_env import make_envs
 
     env, _ = make_envs(mathrl_args(args))
     num_prompts, g = batch_shape(args.algo, args.num_prompts)
@@ -92,7 +92,7 @@ def trl_worker(args):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-    from common.models import base_model_path
+    from common.models.loading import base_model_path
 
     torch.manual_seed(args.seed)
     env, prompts = trl_prompts(args)
@@ -166,8 +166,8 @@ def trl_ppo_worker(args):
                               AutoTokenizer, DataCollatorWithPadding, TrainerCallback)
     from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
 
-    from common.models import base_model_path
-    from common.sampler import encode_prompts
+    from common.models.loading import base_model_path
+    from common.models.sampler import encode_prompts
 
     torch.manual_seed(args.seed)
     env, prompts = trl_prompts(args)
@@ -318,7 +318,7 @@ def apply_options(module, base, options):
     command does (on a GPU: fitted to its memory)."""
     from dataclasses import replace
 
-    from common.args import parse_args
+    from common.run.args import parse_args
 
     options = list(options or ())
     fit = "--micro_batch_size=fit" in options
@@ -333,7 +333,7 @@ def apply_options(module, base, options):
 
 
 def mathrl_worker(args):
-    from common.logger import Logger
+    from common.run.logger import Logger
 
     module = importlib.import_module(MATHRL_FILE[args.algo])
     real_rollout, real_log = module.rollout, Logger.log
@@ -450,9 +450,9 @@ def summarize(rows, peak):
 
 
 def evaluate_both(out, n):
-    from common.env import make_env
-    from common.evaluation import evaluate
-    from common.models import load_policy, load_tokenizer
+    from common.env.math_env import make_env
+    from common.run.evaluation import evaluate
+    from common.models.loading import load_policy, load_tokenizer
 
     env = make_env("arithmetic", "test", difficulty="1-2")
     tok = load_tokenizer("SmolLM2-135M-Instruct")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(DATA_DIR.parent))
-from common.tasks import Arithmetic, Countdown  # noqa: E402
+from common.env.tasks import Arithmetic, Countdown  # noqa: E402
 
 SEED = 1234  # fixed forever: changing it changes the benchmark
 PER_LEVEL = 100
@@ -44,7 +44,7 @@ def main():
     arithmetic = []
     for level in range(1, 6):
         arithmetic += unique(lambda: Arithmetic.generate(rng, difficulty=level), PER_LEVEL)
-    # Only the numbers, target and one solution are stored: the prompt text lives in common/tasks.py
+    # Only the numbers, target and one solution are stored: the prompt text lives in common/env/tasks.py
     countdown = unique(lambda: Countdown.generate(rng), NUM_COUNTDOWN)
     write("countdown_test.jsonl", [{k: ex[k] for k in ("numbers", "target", "solution")} for ex in countdown])
     arithmetic += unique(lambda: Arithmetic.generate(rng, difficulty=6), PER_LEVEL)

@@ -94,7 +94,7 @@ def embedded(to):
     import shutil
     import subprocess
 
-    from common.models import EMBEDDED_MODEL, _find_gguf, embedded_tokenizer_dir
+    from common.models.loading import EMBEDDED_MODEL, _find_gguf, embedded_tokenizer_dir
 
     pieces = split(_find_gguf(), 2, to)
     tokenizer = Path(to) / "a" / "cache" / EMBEDDED_MODEL

@@ -62,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
+from common.run.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
 # every algorithm file but grpo.py, 5 updates each; the stepwise ones first (they ran the least)
 FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in STEPWISE)
 # grpo.py for 3 updates each way a GPU run can be launched besides the default
@@ -200,7 +200,7 @@ def load_last_checkpoint(output_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from common.checkpoints import checkpoints
+    from common.run.checkpoints import checkpoints
 
     found = checkpoints(output_dir)  # newest first
     if not found:
@@ -250,14 +250,14 @@ def env_stage(tiny):
 def model_stage(tiny):
     """The embedded model, converted here once, so that the first training stage is not charged
     for it."""
-    from common.models import embedded_model_dir, embedded_tokenizer_dir
+    from common.models.loading import embedded_model_dir, embedded_tokenizer_dir
 
     folder = embedded_tokenizer_dir() if tiny else embedded_model_dir()
     return {"folder": str(folder), "files": sorted(p.name for p in folder.iterdir())}
 
 
 def finite(x):
-    """Whether a logged value is finite: the logs write NaN and inf as null (common.logger)."""
+    """Whether a logged value is finite: the logs write NaN and inf as null (common.run.logger)."""
     return x is not None and (not isinstance(x, float) or math.isfinite(x))
 
 

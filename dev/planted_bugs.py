@@ -97,7 +97,7 @@ BUGS = {
         "    log_r = (sampler_logprobs - old_logprobs) * mask",
         "tests/test_async_grpo.py::test_each_correction_weighs_tokens_as_worked_by_hand"),
     "grads_summed": (
-        "common/distributed.py",
+        "common/models/distributed.py",
         "        g.div_(world_size())\n",
         "        pass\n",
         "tests/test_grpo.py::test_torchrun_two_processes_match_one_process"),

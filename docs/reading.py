@@ -66,8 +66,8 @@ def _owner(path, line, table={}):
 def plain_path(module):
     """The algorithm file's speedups switched off for the block: its sampler calls get the plain
     `Decoder`, and `token_logprobs` runs its own lines."""
-    from common import logprobs
-    from common.sampler import Decoder
+    from common.rl import logprobs
+    from common.models.sampler import Decoder
 
     @contextlib.contextmanager
     def plain_decoding(model, *args, **kwargs):
@@ -83,7 +83,7 @@ def reached(algo, extra=()):
     """{(module, unit): lines} of common/ that `algo`.py's rollout, advantage, loss and update code
     reach on a tiny run of 2 updates, on the plain path."""
     module = importlib.import_module(algo)
-    from common.args import parse_args
+    from common.run.args import parse_args
 
     source = (ROOT / f"{algo}.py").read_text().splitlines()
     first = next(i for i, line in enumerate(source, 1) if "# ---- rollout" in line)

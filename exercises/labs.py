@@ -8,7 +8,7 @@
 Each lab is two runs of a real file with one thing changed, short enough for 2 cores (10 updates of
 the embedded model), run side by side with a core each. The runs are the files' own (`python grpo.py FLAGS --output_dir ...`), so their
 logs are what any run writes: metrics.jsonl, eval.jsonl, samples.jsonl. A lab prints a table of the
-numbers its question is about, and draws both runs' curves (`python -m common.plot`) into its
+numbers its question is about, and draws both runs' curves (`python -m common.run.plot`) into its
 folder. Runs with the same flags are shared between labs and are not run twice; a finished run is
 not run again, so a lab that was stopped resumes. The questions and the answers, with the figures
 measured here: docs/course.md#ps3-failure-modes.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.plot import plot_runs, read_log  # noqa: E402
+from common.run.plot import plot_runs, read_log  # noqa: E402
 
 # Every lab run: 10 updates on arithmetic levels 1-3 (where about half the groups of 8 are all right
 # or all wrong), a held-out evaluation of 200 problems at updates 5 and 10 (before training every

@@ -1,7 +1,7 @@
 """PS3's loose verifier (`python -m exercises.labs loose`): it pays a response that writes the gold
 answer anywhere, as loose verifiers of the wild do ("is the answer in the text?"). It is wrong on
 purpose. A response that writes "63 - 15 = 48, or maybe 58. The answer is 58." is paid 1.0, where
-the project's verifier (common/answers.py) reads only the final answer and refuses a hedge.
+the project's verifier (common/env/answers.py) reads only the final answer and refuses a hedge.
 """
 
 import re

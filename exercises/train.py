@@ -24,7 +24,7 @@ import importlib
 import os
 from pathlib import Path
 
-from common.plot import read_log
+from common.run.plot import read_log
 from exercises.check import all_exercises, check
 
 # The held-out accuracy a run of the file's defaults must reach after its last update to pass

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import env as envlib  # noqa: E402
-from common.args import parse_args  # noqa: E402
+from common.env import math_env as envlib  # noqa: E402
+from common.run.args import parse_args  # noqa: E402
 
 GRADED = [0]  # responses graded so far in this process (module level: stepwise files copy the env)
 
@@ -74,5 +74,5 @@ def make_env(task, split="train", **options):
 
 if __name__ == "__main__":
     algo = importlib.import_module(sys.argv[1])
-    envlib.make_env = make_env  # what common.env.make_envs calls
+    envlib.make_env = make_env  # what common.env.math_env.make_envs calls
     algo.main(parse_args(algo.Args, sys.argv[2:]))

@@ -7,8 +7,8 @@ and, with a prefix_cache (stepwise files), `decoder.remember(gen)` after it."""
 
 import torch
 
-from common.fast_sampler import Speedups, fast_decoding
-from common.sampler import generate
+from common.models.fast.decoding import Speedups, fast_decoding
+from common.models.sampler import generate
 
 
 def fast_generate(model, tokenizer, prompts, max_new_tokens, *args, autocast_dtype=None,

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file
 
 import appo
-from common.args import field_docs, parse_args
-from common.checks import StepGuard
-from common.logprobs import token_logprobs
-from common.models import ValueHead, load_policy
-from common.sampler import Generation
+from common.run.args import field_docs, parse_args
+from common.run.checks import StepGuard
+from common.rl.logprobs import token_logprobs
+from common.models.loading import ValueHead, load_policy
+from common.models.sampler import Generation
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,7 +274,7 @@ def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(t
                 "--master_port", "29525"]
     run([*torchrun, *common, "--max_steps", "1", "--output_dir", str(tmp_path / "two")])
     run([*torchrun, *common, "--max_steps", "2", "--output_dir", str(tmp_path / "two"), "--resume"])
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     start = tiny_random_model().state_dict()
     for k in (1, 2):

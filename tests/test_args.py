@@ -1,4 +1,4 @@
-"""common/args.py: --help from docstrings, the seeds' flags translated into this project's
+"""common/run/args.py: --help from docstrings, the seeds' flags translated into this project's
 vocabulary (one line each, batch sizes by arithmetic, infrastructure flags accepted with what
 happens instead, unknown flags named with the closest option), the learning-rate schedules, and the
 vocabulary itself: every option and every metric key of every algorithm file is in the table of
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import ALGORITHMS
-from common.args import field_docs, lr_at, parse_args, schedule
-from common.seed_flags import ALIASES
+from common.run.algorithms import ALGORITHMS
+from common.run.args import field_docs, lr_at, parse_args, schedule
+from common.run.seed_flags import ALIASES
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]

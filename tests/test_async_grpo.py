@@ -1,4 +1,4 @@
-"""async_grpo.py and common/pair.py: each correction's weights against hand-worked values; with the
+"""async_grpo.py and common/run/pair.py: each correction's weights against hand-worked values; with the
 sampler's policy equal to pi_prox every correction is grpo.py's loss and gradient; the sampler of
 update n holds the weights of update n - k (an optimizer that writes the update number into the
 weights); k = 0 trains exactly what grpo.py trains; two processes under torchrun train the weights
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 import async_grpo
 import grpo
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
-from common.errors import UsageError
+from common.env.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

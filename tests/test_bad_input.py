@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
-from common.algorithms import ALGORITHMS
-from common.errors import PathError, UsageError
+from common.run.algorithms import ALGORITHMS
+from common.env.errors import PathError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -66,7 +66,7 @@ def fails_in_one_line(cmd, says, within=120, loading=False):
 def test_a_number_out_of_range_is_one_line_before_any_model_loads(flags, says, tmp_path):
     # the checks grpo.py makes before it loads a model, in this process: the same message
     import grpo
-    from common.args import parse_args
+    from common.run.args import parse_args
     with pytest.raises(UsageError) as e:
         grpo.check_args(parse_args(grpo.Args, [*TINY, *flags, "--output_dir", str(tmp_path / "run")]),
                         world_size=1)
@@ -108,7 +108,7 @@ def test_every_real_valued_option_of_every_file_must_be_finite(algo, tmp_path):
 
 
 def test_help_shows_each_number_option_s_range():
-    from common.args import make_parser
+    from common.run.args import make_parser
     from grpo import Args
 
     text = " ".join(make_parser(Args).format_help().split())
@@ -122,7 +122,7 @@ ROW = '{"question": "What is 2 + 3?", "answer": "5", "level": 1}'
 
 
 def test_a_data_line_too_long_to_be_a_row_is_one_line_naming_the_file_and_line(tmp_path):
-    from common.tasks import MAX_LINE_BYTES
+    from common.env.tasks import MAX_LINE_BYTES
 
     data = tmp_path / "train.jsonl"
     # a 200 MB line took over 14 GB and two minutes before this; one byte over the limit will do
@@ -143,7 +143,7 @@ def test_a_data_file_that_is_not_utf8_names_the_line_and_the_byte(tmp_path):
 
 
 def test_data_files_too_big_nested_or_not_parquet_are_refused_and_a_bom_is_read(tmp_path, monkeypatch):
-    from common import tasks
+    from common.env import tasks
 
     json_file = tmp_path / "train.json"
     json_file.write_text("[" + ",".join([ROW] * 20_000) + "]")  # 1.11 MB
@@ -169,7 +169,7 @@ def _rows(questions):
 
 
 def test_a_repeated_question_is_held_out_or_trained_on_with_all_its_copies(tmp_path):
-    from common.env import make_envs
+    from common.env.math_env import make_envs
     from grpo import Args
 
     path = tmp_path / "train.jsonl"
@@ -205,9 +205,9 @@ def _checkpoint(run_dir, algorithm=None, lora=False, step=1, state=None):
 
     import torch
 
-    from common.checkpoints import save_checkpoint
-    from common.models import base_model_path, load_tokenizer, tiny_random_model
-    from common.sharding import add_lora
+    from common.run.checkpoints import save_checkpoint
+    from common.models.loading import base_model_path, load_tokenizer, tiny_random_model
+    from common.models.sharding import add_lora
 
     model = tiny_random_model()
     if lora:
@@ -256,7 +256,7 @@ def test_a_checkpoint_of_another_file_or_kind_is_refused_before_any_model_loads(
 
 
 def test_lora_adapters_resume_only_at_the_rank_and_alpha_they_were_trained_with(tmp_path):
-    from common.checkpoints import check_resumable, load_trainer_state
+    from common.run.checkpoints import check_resumable, load_trainer_state
     from grpo import Args
 
     ckpt = _checkpoint(tmp_path, algorithm="grpo", lora=True)  # rank 4, alpha 8
@@ -270,7 +270,7 @@ def test_lora_adapters_resume_only_at_the_rank_and_alpha_they_were_trained_with(
 
 
 def test_a_checkpoint_from_before_they_named_their_file_still_resumes_under_its_own(tmp_path):
-    from common.checkpoints import load_trainer_state
+    from common.run.checkpoints import load_trainer_state
 
     def grpo(max_steps, *flags):
         out = warm.run([sys.executable, "grpo.py", *TINY, "--max_steps", str(max_steps), "--output_dir",
@@ -324,7 +324,7 @@ def test_poisoned_pickled_weights_are_one_line_and_run_nothing(lora, tmp_path):
 
 
 def test_a_checkpoint_cut_short_without_its_manifest_is_named_and_passed_over(tmp_path, capsys):
-    from common.checkpoints import resume_point
+    from common.run.checkpoints import resume_point
 
     first = _checkpoint(tmp_path, algorithm="grpo", step=1)
     second = _checkpoint(tmp_path, algorithm="grpo", step=2)
@@ -362,8 +362,8 @@ def test_a_link_planted_in_the_run_folder_is_refused_and_its_target_untouched(na
 
 def test_links_planted_while_a_run_goes_are_replaced_or_refused_never_followed(tmp_path):
     # after the check at the start: the writes themselves make new files and follow no link
-    from common.checkpoints import checkpoints, load_trainer_state
-    from common.logger import Logger
+    from common.run.checkpoints import checkpoints, load_trainer_state
+    from common.run.logger import Logger
     from grpo import Args
 
     victim = tmp_path / "yours"
@@ -404,7 +404,7 @@ def test_links_planted_while_a_run_goes_are_replaced_or_refused_never_followed(t
 # ---- ~ in a path option is the home folder ---------------------------------------------------------------
 @pytest.mark.parametrize("algo", [*ALGORITHMS, "eval"])
 def test_every_path_option_of_every_file_takes_a_home_folder(algo, tmp_path, monkeypatch):
-    from common.args import PATH_OPTIONS, parse_args
+    from common.run.args import PATH_OPTIONS, parse_args
 
     monkeypatch.setenv("HOME", str(tmp_path))
     module = importlib.import_module(algo)
@@ -422,7 +422,7 @@ def test_an_output_dir_given_with_a_home_folder_is_there_not_a_folder_named_tild
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
-    from common.models import cache_dir
+    from common.models.loading import cache_dir
 
     # the model cache stays where it is (under the real home it would be fetched again)
     env = {**os.environ, "HOME": str(home), "MATHRL_CACHE": str(cache_dir())}
@@ -446,7 +446,7 @@ def test_a_model_folder_that_does_not_load_is_one_line_naming_what_it_must_hold(
 
 
 def test_a_link_the_run_never_writes_may_stay_in_its_folder(tmp_path):
-    from common.checkpoints import check_run_folder
+    from common.run.checkpoints import check_run_folder
 
     _checkpoint(tmp_path, algorithm="grpo", step=20)
     (tmp_path / "checkpoint-best").symlink_to(tmp_path / "checkpoint-20")  # a reader's shortcut

@@ -60,9 +60,9 @@ def test_baseline_variance_statistics_by_hand():
 
 
 def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
-    from common.logprobs import token_logprobs
-    from common.models import load_policy
-    from common.numerics import masked_sum
+    from common.rl.logprobs import token_logprobs
+    from common.models.loading import load_policy
+    from common.rl.numerics import masked_sum
     policy = load_policy("tiny-random")
     name, weight = last_layer_param(policy, "mlp.down_proj.weight")
     module = policy.get_submodule(name.rsplit(".", 1)[0])
@@ -165,7 +165,7 @@ def test_decode_sketch_draws_the_tokens_of_generate():
     # the same sampled tokens, its prompt keys read once per group
     from decode_sketch import sketch_rollout
 
-    from common.models import load_tokenizer, tiny_random_model
+    from common.models.loading import load_tokenizer, tiny_random_model
     from sampling import fast_generate
 
     model, tok = tiny_random_model(), load_tokenizer("tiny-random")

@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 import char_model
-from common.algorithms import ALGORITHMS
+from common.run.algorithms import ALGORITHMS
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import ALGORITHMS
+from common.run.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "dev"))
@@ -52,7 +52,7 @@ def test_join_refuses_a_changed_or_missing_piece(tmp_path):
 
 
 def test_the_embedded_gguf_survives_the_carry(tmp_path):
-    from common.models import EMBEDDED_GGUF, cache_dir
+    from common.models.loading import EMBEDDED_GGUF, cache_dir
 
     gguf = cache_dir() / "gguf" / EMBEDDED_GGUF
     if not gguf.exists():
@@ -173,7 +173,7 @@ def test_the_first_piece_carries_trls_wheels_for_the_gpus_python(tmp_path, monke
     # Python 3.12 wheels (pip is not run here: the calls are recorded)
     import carry
 
-    import common.models as models
+    import common.models.loading as models
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(os.urandom(1000))

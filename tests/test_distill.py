@@ -115,8 +115,8 @@ def test_the_loss_is_a_token_mean_of_the_clipped_term_and_the_divergence():
 # ---- the tiny model ---------------------------------------------------------------------------
 def _loss_and_grad(policy, teacher, batch, args):
     """distill.py's update on `batch`, one micro-batch: (loss, {name: grad})."""
-    from common.hf import backbone_and_head
-    from common.logprobs import token_logprobs
+    from common.models.hf import backbone_and_head
+    from common.rl.logprobs import token_logprobs
 
     gen = batch.gen()
     input_ids, attention_mask = gen.sequences()
@@ -145,7 +145,7 @@ def _loss_and_grad(policy, teacher, batch, args):
 
 @pytest.mark.parametrize("loss_form,beta", [("sampled", 1.0), ("full", 1.0), ("full", 0.5)])
 def test_a_teacher_equal_to_the_student_gives_a_loss_and_gradient_of_0(loss_form, beta):
-    from common.models import load_policy
+    from common.models.loading import load_policy
 
     args = replace(distill.Args(), loss_form=loss_form, beta=beta, temperature=0.7)
     loss, grads, _ = _loss_and_grad(load_policy("tiny-random"), load_policy("tiny-random"),
@@ -174,7 +174,7 @@ def test_the_full_form_equals_trls_distillation_trainer_on_the_same_batch(tmp_pa
     from datasets import Dataset
     from trl import DistillationConfig, DistillationTrainer
 
-    from common.models import load_policy, load_tokenizer
+    from common.models.loading import load_policy, load_tokenizer
 
     batch = a_batch()
     n = len(batch.prompt_ids)
@@ -209,7 +209,7 @@ def test_a_run_whose_teacher_is_the_student_measures_a_kl_of_0_and_moves_no_weig
     # temperature (0.7 here), against log-probs of the policy that sampled them
     from safetensors.torch import load_file
 
-    from common.models import load_policy
+    from common.models.loading import load_policy
 
     out = run([sys.executable, "distill.py", *TINY, "--teacher_model_name_or_path", "tiny-random",
                "--temperature", "0.7", "--max_steps", "2", "--learning_rate", "1e-2",
@@ -231,7 +231,7 @@ def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(t
 
     from safetensors.torch import load_file
 
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     teacher = near_teacher(tmp_path / "teacher")
     common = ["distill.py", *TINY, "--teacher_model_name_or_path", str(teacher), "--loss_form",
@@ -285,7 +285,7 @@ def near_teacher(path):
     away from it. A teacher of unrelated random weights is hundreds of words away from a student
     that holds its mass on a few of 49k: 256 sampled tokens an update find nothing to move to (the
     full form still learned from it; the sampled did not, in 30 updates)."""
-    from common.models import load_tokenizer
+    from common.models.loading import load_tokenizer
 
     moved_policy(0.02).save_pretrained(path)
     load_tokenizer("tiny-random").save_pretrained(path)

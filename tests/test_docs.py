@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import ALGORITHMS
-from common.args import parse_args
+from common.run.algorithms import ALGORITHMS
+from common.run.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = [*(f"{a}.py" for a in ALGORITHMS), "eval.py",
@@ -129,7 +129,7 @@ WORDS = "zero one two three four five six seven eight nine ten eleven twelve".sp
 FILES_COUNT = re.compile(rf"\b({'|'.join(WORDS[4:])})\s+(?:algorithm\s+)?files\b"
                          rf"|(?<=\| )all\s+({'|'.join(WORDS[4:])})\b"
                          r"|\b(\d+)\s+algorithm\s+files\b", re.I)
-# "`grpo.py` is 379 lines", "grpo.py (384 lines)", "[`common/run.py`](../common/run.py) (224 lines)"
+# "`grpo.py` is 379 lines", "grpo.py (384 lines)", "[`common/run/run.py`](../common/run/run.py) (224 lines)"
 LINE_COUNT = re.compile(r"`([\w/.-]+\.py)` is (\d[\d,]*) lines\b"
                         r"|([\w/.-]+\.py)`?(?:\]\([^)\s]*\))?\s+\((\d[\d,]*) lines[),;]")
 # the pages, and the docstrings and comments of every script and module
@@ -161,7 +161,7 @@ def stale_counts(texts):
 
 
 def test_the_list_of_algorithm_files_is_the_files_at_the_root():
-    # every script at the root but eval.py is an algorithm file, and common/algorithms.py lists it
+    # every script at the root but eval.py is an algorithm file, and common/run/algorithms.py lists it
     assert sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "eval") == sorted(ALGORITHMS)
 
 
@@ -185,17 +185,17 @@ def test_the_readme_counts_the_slow_tests_right():
 def test_a_planted_stale_count_fails():
     n, grpo_lines = len(ALGORITHMS), len((ROOT / "grpo.py").read_text().splitlines())
     texts = {"docs/x.md": f"One name in all {WORDS[n - 1]}\n  files, `grpo.py` is {grpo_lines} "
-                          f"lines.\n[`common/run.py`](../common/run.py) (3 lines), grpo.py "
+                          f"lines.\n[`common/run/run.py`](../common/run/run.py) (3 lines), grpo.py "
                           f"({grpo_lines + 1} lines); the two stepwise files, {n + 1} algorithm "
                           f"files\n| `seed` | all {WORDS[n]}, eval |\n"
                           f"| `beta` | all {WORDS[n + 1]} |\n",
              "bench/y.py": f"# the {WORDS[n]} files, MATH-500 files, levels 1..5 (all five), in "
                            "all four seeds\n"}
-    run_lines = len((ROOT / "common/run.py").read_text().splitlines())
+    run_lines = len((ROOT / "common/run/run.py").read_text().splitlines())
     assert stale_counts(texts) == [
         f"docs/x.md:1: '{WORDS[n - 1]} files', but there are {n} algorithm files",
         f"docs/x.md:3: '{n + 1} algorithm files', but there are {n} algorithm files",
         f"docs/x.md:5: 'all {WORDS[n + 1]}', but there are {n} algorithm files",
-        f"docs/x.md:3: common/run.py is quoted at 3 lines; it has {run_lines}",
+        f"docs/x.md:3: common/run/run.py is quoted at 3 lines; it has {run_lines}",
         f"docs/x.md:3: grpo.py is quoted at {grpo_lines + 1} lines; it has {grpo_lines}",
     ]

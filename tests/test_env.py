@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from common.answers import safe_arith
-from common.env import make_env, make_envs, resolve_dataset, verify
-from common.errors import PathError
-from common.tasks import DATA_DIR, TASKS, detect_task, load_few_shot
+from common.env.answers import safe_arith
+from common.env.math_env import make_env, make_envs, resolve_dataset, verify
+from common.env.errors import PathError
+from common.env.tasks import DATA_DIR, TASKS, detect_task, load_few_shot
 from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 
 JANET = {

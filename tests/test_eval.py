@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import eval as ev
-from common.args import field_docs, make_parser, parse_args
-from common.env import make_env
-from common.evaluation import evaluate
-from common.errors import UserError
-from common.models import load_policy, load_tokenizer, tiny_random_model
+from common.run.args import field_docs, make_parser, parse_args
+from common.env.math_env import make_env
+from common.run.evaluation import evaluate
+from common.env.errors import UserError
+from common.models.loading import load_policy, load_tokenizer, tiny_random_model
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,7 +373,7 @@ def test_a_math_subject_and_levels_pick_the_problems_training_picks(checkpoint, 
     assert "accuracy: 0.6667 (2/3 correct)" in capsys.readouterr().out
     # the same problems, in the same order, as training reads from the same options
     import grpo
-    from common.env import make_envs
+    from common.env.math_env import make_envs
 
     train, _ = make_envs(replace(grpo.Args(), dataset_name="prealgebra", dataset_path=str(path),
                                  levels="1-2", num_eval_problems=0), say=lambda _: None)

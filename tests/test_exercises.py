@@ -297,7 +297,7 @@ def copies(tmp_path, monkeypatch):
 
 
 def test_ps4_has_a_bug_in_each_algorithm_file(copies):
-    from common.algorithms import ALGORITHMS
+    from common.run.algorithms import ALGORITHMS
     ids = [e.id for e in copies.EXERCISES]
     assert ids == [f"4.{k}" for k in range(1, len(ids) + 1)]
     assert {e.path for e in copies.EXERCISES} == {f"{a}.py" for a in ALGORITHMS}

@@ -1,5 +1,5 @@
-"""common/fast_sampler.py and the speedups of common/fast_*.py: each alone, and all together,
-draw the tokens of the plain sampler (common/sampler.py) with log-probs within float rounding; and
+"""common/models/fast/decoding.py and the speedups of common/fast_*.py: each alone, and all together,
+draw the tokens of the plain sampler (common/models/sampler.py) with log-probs within float rounding; and
 each does what it says (reads a prompt once, appends in place, packs weights once, ...). Stop strings
 and EOS, for both samplers: tests/test_sampler.py."""
 
@@ -11,19 +11,19 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from common.fast_attention import _decode_attention
-from common import fast_compile
-from common.fast_compile import _cache_lengths, compile_decoding
-from common.fast_fused import _fused_projections
-from common.fast_graphs import CapturedStep, capture_decoding
-from common.fast_kv import _append_in_place
-from common.fast_linears import _onednn_linears, _onednn_works
-from common.fast_prompts import PrefixCache, _common_prefix
-from common.fast_sampler import _KEPT_FUSED, Speedups
-from common.hf import KV_CACHE
-from common.logprobs import token_logprobs
-from common.models import load_policy, load_tokenizer
-from common.sampler import encode_prompts, generate
+from common.models.fast.attention import _decode_attention
+from common.models.fast import compile as fast_compile
+from common.models.fast.compile import _cache_lengths, compile_decoding
+from common.models.fast.fused import _fused_projections
+from common.models.fast.graphs import CapturedStep, capture_decoding
+from common.models.fast.kv import _append_in_place
+from common.models.fast.linears import _onednn_linears, _onednn_works
+from common.models.fast.prompts import PrefixCache, _common_prefix
+from common.models.fast.decoding import _KEPT_FUSED, Speedups
+from common.models.hf import KV_CACHE
+from common.rl.logprobs import token_logprobs
+from common.models.loading import load_policy, load_tokenizer
+from common.models.sampler import encode_prompts, generate
 from sampling import fast_generate
 
 
@@ -244,7 +244,7 @@ def test_compiled_decoding_draws_the_tokens_of_eager_decoding(tok, backend):
 
 
 def test_the_captured_step_draws_the_tokens_of_eager_decoding(tok):
-    # The GPU default (common/fast_graphs.py): a static KV cache whose step builds its own 4D mask
+    # The GPU default (common/models/fast/graphs.py): a static KV cache whose step builds its own 4D mask
     # from the prompts' padding and the cache's count of written columns, so that a CUDA graph can
     # replay it. Run here without a graph (graphs=False), the same function: eager decoding's
     # tokens, over two rollouts (a new cache: new buffers) and after an in-place weight update.
@@ -322,8 +322,8 @@ def test_a_growing_static_cache_draws_the_tokens_of_eager_decoding(tok):
         lengths.append((length, filled))
         return grown(model, cache, length, filled)
 
-    with (patch("common.fast_compile.STATIC_CACHE_STEP", 4),
-          patch("common.fast_sampler._grown_cache", counted)):
+    with (patch("common.models.fast.compile.STATIC_CACHE_STEP", 4),
+          patch("common.models.fast.decoding._grown_cache", counted)):
         compiled = fast_generate(model, tok, prompts, 12, speedups=Speedups(grow_static_cache=True),
                                  **kw)
     assert lengths == [(12, 12), (16, 16), (20, 20)]
@@ -412,7 +412,7 @@ def test_decode_attention_reads_each_key_value_head_once_by_hand():
 
 
 def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
-    import common.fast_attention as fast_attention
+    import common.models.fast.attention as fast_attention
 
     assert tiny.config._attn_implementation == "sdpa" and tiny.config.num_key_value_heads == 2
     p = encode_prompts(tok, ["one", "two two", "three three three"])  # left padding: a mask
@@ -424,7 +424,7 @@ def test_generate_with_packed_gqa_draws_what_transformers_sdpa_draws(tok, tiny):
         return decode_attention(module, query, *args, **kwargs)
 
     decode_attention = fast_attention._decode_attention
-    with patch("common.fast_attention._decode_attention", counted):
+    with patch("common.models.fast.attention._decode_attention", counted):
         packed = fast_generate(tiny, tok, p, 12, speedups=only("packed_gqa"), **kw)
     assert tiny.config._attn_implementation == "sdpa"  # restored
     assert calls[1] == 11 * 2 and set(calls) - {1}  # 11 decode steps (2 layers), the prefill

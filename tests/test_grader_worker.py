@@ -1,4 +1,4 @@
-"""The sympy worker of common/grader.py (common/grader_worker.py) under load and under failure: many
+"""The sympy worker of common/env/grader.py (common/env/grader_worker.py) under load and under failure: many
 threads and processes at once, a killed worker, a killed parent, runaway answers and the counters.
 About 20 s on 2 cores."""
 
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from common import grader, grader_worker
-from common.grader import math_equal
-from common.grader_worker import grader_counts
+from common.env import grader
+
+from common.env import grader_worker
+from common.env.grader import math_equal
+from common.env.grader_worker import grader_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = "\\exp(\\exp(\\exp(\\exp(99))))"  # sympy evaluates this until its budget runs out
@@ -94,7 +96,7 @@ def test_waiting_for_the_lock_is_not_charged():
 
 def test_32_processes_at_once_all_correct_and_no_worker_left():
     code = (
-        "import sys; from common.grader import math_equal, grader_counts; "
+        "import sys; from common.env.grader import math_equal, grader_counts; "
         "cases = [tuple(sys.argv[i:i + 2]) for i in (1, 3)]; "
         "print(sum(math_equal(*c) for c in cases), grader_counts()['timeouts'], "
         "grader_counts()['failures'])"
@@ -148,7 +150,7 @@ def test_failed_starts_are_retried_and_never_disable_grading(monkeypatch):
 
 def test_parent_killed_while_its_worker_is_busy_leaves_no_orphan():
     code = (
-        "from common import grader; grader.TIMEOUT_S = 60.0; "
+        "from common.env import grader; grader.TIMEOUT_S = 60.0; "
         "assert grader.math_equal('\\\\sqrt{8}', '2\\\\sqrt{2}'); "
         "print(grader._POOL.last.proc.pid, flush=True); "
         f"grader.math_equal({SLOW!r}, '\\\\pi')"
@@ -207,7 +209,7 @@ def test_a_forked_child_starts_its_own_worker_and_counts():
 
 
 POOL_ORDER = (  # every worker of the pool started first (two short runaways at once), then:
-    "import threading, time; from common import grader; done = []; grader.TIMEOUT_S = 0.3; "
+    "import threading, time; from common.env import grader; done = []; grader.TIMEOUT_S = 0.3; "
     "ts = [threading.Thread(target=grader.math_equal, args=(SLOW, '\\\\pi')) for _ in (0, 1)]; "
     "[t.start() for t in ts]; [t.join() for t in ts]; grader.TIMEOUT_S = 1.0; "
     "slow = threading.Thread(target=lambda: (grader.math_equal(SLOW, '\\\\pi'), "
@@ -230,7 +232,7 @@ def test_a_runaway_answer_holds_one_worker_of_the_pool_not_every_grade(workers, 
 def test_parent_killed_leaves_no_worker_of_its_pool():
     # both workers started by two short runaways at once, then idle when the parent dies
     code = (
-        "import threading, time; from common import grader; grader.TIMEOUT_S = 0.2; "
+        "import threading, time; from common.env import grader; grader.TIMEOUT_S = 0.2; "
         "ts = [threading.Thread(target=grader.math_equal, args=(SLOW, '\\\\pi')) for _ in (0, 1)]; "
         "[t.start() for t in ts]; [t.join() for t in ts]; "
         "print(' '.join(str(w.proc.pid) for w in grader._POOL.workers), flush=True); "

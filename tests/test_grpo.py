@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 import grpo
-from common import env as envlib
-from common.args import field_docs
-from common.logprobs import token_logprobs
-from common.errors import PathError
+from common.env import math_env as envlib
+from common.run.args import field_docs
+from common.rl.logprobs import token_logprobs
+from common.env.errors import PathError
 from trl_steps import a_batch, moved_policy, trl_training_step
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
@@ -100,7 +100,7 @@ def test_k3_penalty_is_added_per_token():
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_micro_batches_1x8_and_8x1_give_the_same_gradient(loss_type):
-    from common.models import load_policy
+    from common.models.loading import load_policy
 
     policy = load_policy("tiny-random")
     torch.manual_seed(3)
@@ -208,7 +208,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
          "29517",
          *common, "--output_dir", str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / "one/checkpoint-1"), params(tmp_path / "two/checkpoint-1")
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     start = tiny_random_model().state_dict()
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
@@ -271,7 +271,7 @@ def test_truncated_importance_weights_scale_the_surrogate():
 def test_kl_in_the_reward_and_in_the_loss(estimator, kl):
     # one response of 2 tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); beta 0.1
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
-    from common.numerics import kl_estimate
+    from common.rl.numerics import kl_estimate
 
     per_token = kl_estimate(logp, ref, estimator)
     torch.testing.assert_close(per_token, torch.tensor([kl]))
@@ -375,8 +375,8 @@ def grpo_step(batch, args, bias_corrected=False):
     as its update runs them (pi_old is the policy itself, detached: one epoch of one minibatch).
     bias_corrected adds TRL's use_bias_correction_kl (the KL times the ratio: 1 in value, not in
     gradient). -> (the loss, the policy, whose .grad hold the gradient)"""
-    from common.logprobs import batched_token_logprobs
-    from common.models import load_policy
+    from common.rl.logprobs import batched_token_logprobs
+    from common.models.loading import load_policy
 
     gen, scores, policy = batch.gen(), batch.scores, moved_policy()
     ref_logprobs = batched_token_logprobs(load_policy("tiny-random"), gen, args.temperature, 8)

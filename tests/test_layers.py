@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import ALGORITHMS
+from common.run.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,9 +73,9 @@ def test_a_planted_upward_or_sideways_import_fails():
     sources = {
         "distributed": "import torch\n",
         # function-local, as the cycles of the old common/ were held together
-        "numerics": "from common.distributed import x\n\ndef f():\n    from common.models import y\n",
-        "models": "import common.sampler\nfrom common import numerics\n",
-        "sampler": "from common.numerics import masked_mean\n",
+        "numerics": "from common.models.distributed import x\n\ndef f():\n    from common.models.loading import y\n",
+        "models": "import common.models.sampler\nfrom common import numerics\n",
+        "sampler": "from common.rl.numerics import masked_mean\n",
     }
     assert violations(sources, order) == [
         "models:1 imports sampler (layer 3 -> 3: not below)",
@@ -105,7 +105,7 @@ def name_violations(common, files, siblings=SIBLINGS):
     bad, defined = [], {}
     for module, source in sorted(common.items()):
         for name, params in signatures(source).items():
-            if name == "main":  # each script's entry point (python -m common.plot)
+            if name == "main":  # each script's entry point (python -m common.run.plot)
                 continue
             if name in defined and not name.startswith("_"):
                 bad.append(f"{name}: defined in common/{defined[name][0]}.py and {module}.py")
@@ -143,7 +143,7 @@ def test_a_planted_second_signature_or_retired_name_fails():
         "tppo": "def policy_loss(logprobs, action_mask):\n    pass\n",
     }
     assert name_violations(common, files, [("appo", "tppo")]) == [
-        "appo.minibatches('step', 'epoch', 'num_envs') shadows common/distributed.py's "
+        "appo.minibatches('step', 'epoch', 'num_envs') shadows common/models/distributed.py's "
         "minibatches('n', 'num_mini_batches', 'seeds', 'device')",
         "appo.policy_loss('logprobs', 'mask') vs tppo.policy_loss('logprobs', 'action_mask')",
         "tppo uses action_mask: the name is response_mask",
@@ -228,7 +228,7 @@ def option_fields(algo):
     import importlib
     import typing
 
-    from common.args import field_docs
+    from common.run.args import field_docs
 
     cls = importlib.import_module(algo).Args
     hints = typing.get_type_hints(cls)

@@ -1,4 +1,4 @@
-"""common/logprobs.py and its speedups (common/fast_logprobs.py, common/fast_prompts.py): token
+"""common/rl/logprobs.py and its speedups (common/models/fast/logprobs.py, common/models/fast/prompts.py): token
 log-probs against cross-entropy, under left padding, chunked, and with the prompt tokens that rows
 share run once; the fast path gives the plain forward's numbers and gradients."""
 
@@ -8,15 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.fast_logprobs import fast_token_logprobs
-from common.fast_prompts import identical_rows, shared_prefix_len
-from common.logprobs import token_logprobs
+from common.models.fast.logprobs import fast_token_logprobs
+from common.models.fast.prompts import identical_rows, shared_prefix_len
+from common.rl.logprobs import token_logprobs
 
 
 # ---- token log-probs ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny():
-    from common.models import load_policy
+    from common.models.loading import load_policy
 
     return load_policy("tiny-random")
 
@@ -180,7 +180,7 @@ def test_token_logprobs_share_a_prefix_of_prompts_of_different_lengths(tiny):
     assert shared_prefix_len(ids, mask, P) == 12
     out = []
     for min_shared in (8, 10**9):
-        with patch("common.fast_prompts.MIN_SHARED_PREFIX", min_shared):
+        with patch("common.models.fast.prompts.MIN_SHARED_PREFIX", min_shared):
             tiny.zero_grad()
             lp, _, hidden = token_logprobs(tiny, ids, mask, R, return_hidden=True)
             (lp * mask[:, -R:]).sum().backward()
@@ -194,7 +194,7 @@ def test_token_logprobs_share_a_prefix_of_prompts_of_different_lengths(tiny):
 
 
 def test_critic_shares_a_prompt_prefix_and_gives_the_plain_values():
-    from common.models import load_critic
+    from common.models.loading import load_critic
 
     torch.manual_seed(6)
     critic = load_critic("tiny-random")

@@ -1,6 +1,6 @@
 """--micro_batch_size left unset: 8 rows on a CPU (and under --fsdp); on a GPU, 8 in the first
 update, then as many rows as half of the free memory holds at the cost per token the first update
-measured (common/run.py, MicroBatchFit). The GPU's memory is faked here with hand-picked numbers;
+measured (common/run/run.py, MicroBatchFit). The GPU's memory is faked here with hand-picked numbers;
 that a different micro-batch gives the same update is tests/test_grpo.py's 1 x 8 = 8 x 1, and each
 file's wiring is the last test's: 8 rows, then 1, train the weights of 8 rows throughout."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import grpo
-from common.algorithms import ALGORITHMS
-from common.run import DEFAULT_MICRO_BATCH, MicroBatchFit, Run
+from common.run.algorithms import ALGORITHMS
+from common.run.run import DEFAULT_MICRO_BATCH, MicroBatchFit, Run
 
 
 class FakeMemory:
@@ -101,10 +101,10 @@ def test_every_file_reads_its_micro_batch_from_run_each_update(tmp_path, monkeyp
     from safetensors.torch import load_file
 
     import run_with_test_reward
-    from common import env as envlib
-    from common import run as runlib
-    from common.args import parse_args
-    from common.models import load_policy
+    from common.env import math_env as envlib
+    from common.run import run as runlib
+    from common.run.args import parse_args
+    from common.models.loading import load_policy
 
     module = importlib.import_module(file)
     monkeypatch.setattr(envlib, "make_env", run_with_test_reward.make_env)

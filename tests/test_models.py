@@ -1,12 +1,12 @@
-"""common/models.py: the embedded model, tiny-random, and a missing model path."""
+"""common/models/loading.py: the embedded model, tiny-random, and a missing model path."""
 
 import pytest
 import torch
 
-from common.models import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
+from common.models.loading import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
                            tiny_random_model)
-from common.sampler import encode_prompts
-from common.errors import PathError
+from common.models.sampler import encode_prompts
+from common.env.errors import PathError
 from sampling import fast_generate
 
 

@@ -1,4 +1,4 @@
-"""common/numerics.py and the seeded data order of common/distributed.py against hand-worked values
+"""common/rl/numerics.py and the seeded data order of common/models/distributed.py against hand-worked values
 and closed forms."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from common.distributed import minibatches, problem_index, prompt_indices
-from common.numerics import (discounted_returns, explained_variance, kl_estimate, kl_k1, kl_k2,
+from common.models.distributed import minibatches, problem_index, prompt_indices
+from common.rl.numerics import (discounted_returns, explained_variance, kl_estimate, kl_k1, kl_k2,
                              kl_k3, masked_mean, masked_whiten, step_gae, token_gae)
 
 

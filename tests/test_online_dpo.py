@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import online_dpo
-from common.args import field_docs
+from common.run.args import field_docs
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
          "29533", *common, "--output_dir", str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / "one/checkpoint-2"), params(tmp_path / "two/checkpoint-2")
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     start = tiny_random_model().state_dict()
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4
@@ -179,7 +179,7 @@ def test_an_update_without_a_pair_logs_its_pair_statistics_as_null_and_takes_no_
     (line,) = metrics(tmp_path)
     assert line["pairs/frac"] == 0.0 and line["grad_norm"] == 0.0
     assert {k: line[k] for k in online_dpo.PAIR_STATS} == dict.fromkeys(online_dpo.PAIR_STATS)
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     start, end = tiny_random_model().state_dict(), params(tmp_path / "checkpoint-1")
     assert all(torch.equal(start[k], end[k]) for k in end)
@@ -230,10 +230,10 @@ def test_the_reference_is_the_starting_policy_once_the_policy_moved(tmp_path, mo
     # pi_ref over the pairs' tokens, is not 0.
     import run_with_test_reward  # tests/ is on sys.path under pytest: a reward that gives pairs
 
-    from common import env as envlib
-    from common.logprobs import batched_token_logprobs
-    from common.models import load_policy
-    from common.numerics import masked_mean
+    from common.env import math_env as envlib
+    from common.rl.logprobs import batched_token_logprobs
+    from common.models.loading import load_policy
+    from common.rl.numerics import masked_mean
 
     monkeypatch.setattr(envlib, "make_env", run_with_test_reward.make_env)
     refs, losses = [], []
@@ -274,9 +274,9 @@ def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_pa
     from datasets import Dataset
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
-    from common.logprobs import batched_token_logprobs, token_logprobs
-    from common.models import load_policy, load_tokenizer
-    from common.sampler import Generation
+    from common.rl.logprobs import batched_token_logprobs, token_logprobs
+    from common.models.loading import load_policy, load_tokenizer
+    from common.models.sampler import Generation
     from trl_steps import moved_policy  # the same moved weights as the GRPO and RLOO tests
 
     tok = load_tokenizer("tiny-random")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from common.env import make_env, make_envs
-from common.errors import PathError, UsageError
-from common.rewards import load_reward_fn
-from common.tasks import TASKS, Task, register
+from common.env.math_env import make_env, make_envs
+from common.env.errors import PathError, UsageError
+from common.env.rewards import load_reward_fn
+from common.env.tasks import TASKS, Task, register
 from grpo import Args
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
@@ -161,7 +161,7 @@ def test_the_same_function_gives_trls_rewards(tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from common.models import load_tokenizer, tiny_random_model
+    from common.models.loading import load_tokenizer, tiny_random_model
 
     funcs = example_funcs()
     env = example_env(reward_funcs=funcs, reward_weights=[1.0, 0.5, 0.25])
@@ -248,7 +248,7 @@ def test_the_keys_decide_the_task_and_a_worked_solution_is_no_gold(tmp_path):
 
 def test_eval_py_takes_trainings_data_options(tmp_path):
     import eval as ev
-    from common.args import parse_args
+    from common.run.args import parse_args
 
     args = parse_args(ev.Args, ["--dataset_name", "gsm8k", "--dataset_path",
                                 str(EXAMPLE / "data.jsonl"), "--question_key", "prompt_text",

@@ -9,8 +9,8 @@ import json
 import re
 from pathlib import Path
 
-from common.env import verify
-from common.grader import last_boxed
+from common.env.math_env import verify
+from common.env.grader import last_boxed
 
 CASES = [json.loads(line) for line in
          (Path(__file__).parent / "data" / "peer_cases.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""common/plot.py: reading run logs (resumed runs included) and drawing the PNG files."""
+"""common/run/plot.py: reading run logs (resumed runs included) and drawing the PNG files."""
 
 import json
 import math
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common import plot
-from common.logger import json_line
+from common.run import plot
+from common.run.logger import json_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_plot_writes_pngs_for_two_runs(tmp_path):
          "kl_ref": 0.01 * s}
         for s in range(1, 4)], [{"step": 0, "time": 5.0, "eval/accuracy": 0.1}])
     out = tmp_path / "plots"
-    result = subprocess.run([sys.executable, "-m", "common.plot", str(a), str(b), "--out", str(out),
+    result = subprocess.run([sys.executable, "-m", "common.run.plot", str(a), str(b), "--out", str(out),
                              "--smooth", "0.5"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -79,12 +79,12 @@ def test_plot_writes_pngs_for_two_runs(tmp_path):
 
 
 def test_bad_run_folder_and_missing_matplotlib(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "common.plot", str(tmp_path)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "common.run.plot", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 2 and "is not a run folder: it has no metrics.jsonl" in result.stderr
     run = fake_run(tmp_path / "run", [{"step": 1, "time": 1.0, "reward/mean": 0.5}], [])
     # matplotlib made unimportable: None in sys.modules makes `import matplotlib` raise ImportError
-    code = f"import sys; sys.modules['matplotlib'] = None; from common.plot import main; sys.exit(main([{str(run)!r}]))"
+    code = f"import sys; sys.modules['matplotlib'] = None; from common.run.plot import main; sys.exit(main([{str(run)!r}]))"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 1 and "pip install matplotlib" in result.stderr
     assert not (run / "curves_step.png").exists()

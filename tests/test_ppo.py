@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 import ppo
-from common import env as envlib
-from common.args import field_docs, parse_args
-from common.numerics import explained_variance, masked_whiten
-from common.errors import PathError
+from common.env import math_env as envlib
+from common.run.args import field_docs, parse_args
+from common.rl.numerics import explained_variance, masked_whiten
+from common.env.errors import PathError
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ def test_loss_aggregation_with_uneven_lengths(aggregation, expected):
 
 @pytest.mark.parametrize("aggregation", ["dapo", "grpo"])
 def test_micro_batches_1x8_and_8x1_give_the_same_gradient(aggregation):
-    from common.models import load_critic, load_policy
+    from common.models.loading import load_critic, load_policy
 
     policy, critic = load_policy("tiny-random"), load_critic("tiny-random")
     torch.manual_seed(3)
@@ -294,8 +294,8 @@ def test_values_are_read_at_the_position_before_each_token():
     # CRUCIAL: V(s_t) of response token t is the critic's output at the position before it. A critic
     # that outputs each position's index must give T - R - 1 ... T - 2 for the R response tokens;
     # the shared head must read the policy's hidden states there.
-    from common.logprobs import token_logprobs
-    from common.models import load_policy
+    from common.rl.logprobs import token_logprobs
+    from common.models.loading import load_policy
 
     policy = load_policy("tiny-random")
     ids = torch.randint(3, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -391,7 +391,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
          "29523",
          *common, "--output_dir", str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / "one/checkpoint-1"), params(tmp_path / "two/checkpoint-1")
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     start = tiny_random_model().state_dict()
     assert max_diff(one, {k: start[k] for k in one}) > 1e-4  # the update did something
@@ -426,7 +426,7 @@ def test_resume_continues_exactly(tmp_path):
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_in_the_loss_by_hand(estimator):
     # tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); zero advantage, so the loss is beta * KL alone
-    from common.numerics import kl_estimate
+    from common.rl.numerics import kl_estimate
 
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]
@@ -503,8 +503,8 @@ def _ppo_reference_batch(lengths):
     """moved tiny-random and a tiny-random critic on 6 rows of a 5-token prompt and R = 6: the new
     log-probs and values with their graph, pi_old's and V_old (the new ones moved by fixed noise, so
     that both clips act), the reference's log-probs, and scores."""
-    from common.logprobs import token_logprobs
-    from common.models import load_critic, load_policy
+    from common.rl.logprobs import token_logprobs
+    from common.models.loading import load_critic, load_policy
     from trl_steps import moved_policy
 
     policy, ref_policy, critic = moved_policy(), load_policy("tiny-random"), load_critic("tiny-random")
@@ -530,7 +530,7 @@ def _ppo_reference_batch(lengths):
 
 def _both_ppo_losses(lengths, gae_lambda):
     """ppo.py's loss and TRL 1.12's on one batch, each with its gradient."""
-    from common.numerics import kl_estimate
+    from common.rl.numerics import kl_estimate
 
     (policy, critic, mask, logprobs, values, old_logprobs, old_values, ref_logprobs, scores,
      lengths) = _ppo_reference_batch(lengths)

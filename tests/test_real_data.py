@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.env import make_env, verify
+from common.env.math_env import make_env, verify
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 pytestmark = pytest.mark.skipif(not (SHARED / "math500_test.jsonl").is_file(),

@@ -16,14 +16,14 @@ import torch
 from safetensors.torch import load_file
 
 import reinforce
-from common import env as envlib
-from common.args import field_docs, make_parser, parse_args
-from common.env import make_env
-from common.logprobs import token_logprobs
-from common.models import load_tokenizer
-from common.stepwise import calculator, play_episodes, sample_line
-from common.tasks import TASKS, load_few_shot
-from common.errors import PathError
+from common.env import math_env as envlib
+from common.run.args import field_docs, make_parser, parse_args
+from common.env.math_env import make_env
+from common.rl.logprobs import token_logprobs
+from common.models.loading import load_tokenizer
+from common.models.stepwise import calculator, play_episodes, sample_line
+from common.env.tasks import TASKS, load_few_shot
+from common.env.errors import PathError
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_a_constant_baseline_is_free_with_sums_but_favours_short_responses_when_
 
 
 def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
-    from common.models import load_policy
+    from common.models.loading import load_policy
 
     policy = load_policy("tiny-random")
     torch.manual_seed(3)
@@ -345,7 +345,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
          "tests/run_with_test_reward.py", "reinforce", *common, "--output_dir",
          str(tmp_path / "two")], env=env)
     one, two = params(tmp_path / f"one/checkpoint-{steps}"), params(tmp_path / f"two/checkpoint-{steps}")
-    from common.models import tiny_random_model
+    from common.models.loading import tiny_random_model
 
     start = tiny_random_model().state_dict()
     # the update did something
@@ -391,7 +391,7 @@ def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypat
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_in_the_return_and_in_the_loss_by_hand(estimator):
     # one action of 2 tokens: log pi = (-1, -2), log pi_ref = (-1.5, -1); length-normalised KL = mean
-    from common.numerics import kl_estimate
+    from common.rl.numerics import kl_estimate
 
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]
@@ -485,9 +485,9 @@ def test_rloo_loss_and_gradient_equal_trls_rloo_trainer_on_the_same_batch(tmp_pa
     pytest.importorskip("trl")
     from trl import RLOOConfig, RLOOTrainer
 
-    from common.logprobs import batched_token_logprobs
-    from common.models import load_policy
-    from common.numerics import kl_estimate
+    from common.rl.logprobs import batched_token_logprobs
+    from common.models.loading import load_policy
+    from common.rl.numerics import kl_estimate
     from trl_steps import a_batch, moved_policy, trl_training_step
 
     batch, T = a_batch(), 0.7

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.algorithms import ALGORITHMS
-from common.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
-from common.checks import StepGuard, check_rewards
-from common.logger import Logger, json_line
-from common.models import load_tokenizer, tiny_random_model
-from common.errors import PathError, UsageError
+from common.run.algorithms import ALGORITHMS
+from common.run.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
+from common.run.checks import StepGuard, check_rewards
+from common.run.logger import Logger, json_line
+from common.models.loading import load_tokenizer, tiny_random_model
+from common.env.errors import PathError, UsageError
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_numbers_outside_their_range_name_the_flag_and_the_range(algo, name, bad
 
 
 def test_max_grad_norm_0_measures_the_norm_and_clips_nothing():
-    from common.sharding import clip_grad_norm
+    from common.models.sharding import clip_grad_norm
 
     layer = torch.nn.Linear(2, 1, bias=False)
     layer.weight.grad = torch.tensor([[3.0, 4.0]])
@@ -128,7 +128,7 @@ def test_a_bug_keeps_its_traceback(tmp_path):
     # a TypeError raised inside the file is not the user's doing: the traceback stays
     script = tmp_path / "bug.py"
     script.write_text("import sys; sys.path.insert(0, %r)\n"
-                      "from common.args import parse_args\nfrom grpo import Args\n"
+                      "from common.run.args import parse_args\nfrom grpo import Args\n"
                       "parse_args(Args, [])\nlen(3)\n" % str(ROOT))
     out = run([sys.executable, str(script)], ok=False)
     assert "Traceback" in out.stderr and "TypeError" in out.stderr
@@ -159,7 +159,7 @@ def test_eval_output_that_cannot_be_written_fails_before_generating(tmp_path):
 
 
 def test_a_malformed_json_line_names_the_file_and_its_line(tmp_path):
-    from common.env import make_env
+    from common.env.math_env import make_env
 
     path = tmp_path / "train.jsonl"
     # line 3 is blank, line 4 is cut short; a U+2028 inside a JSON string is not a line break
@@ -337,7 +337,7 @@ def test_nan_losses_in_a_row_stop_the_run_without_a_nan_checkpoint(tmp_path, mon
 
 def test_grader_timeouts_are_logged_as_a_fraction_of_the_graded_responses(tmp_path, monkeypatch):
     import grpo
-    from common import grader_worker
+    from common.env import grader_worker
 
     rollout = grpo.rollout
 
@@ -391,7 +391,7 @@ def test_weights_loaded_from_a_checkpoint_are_aligned_like_new_ones(tmp_path, to
     # safetensors data sits at an arbitrary offset; CPU matmuls round unaligned operands
     # differently, which made a resumed appo run drift by an ulp from the uninterrupted one a few
     # updates later
-    from common.models import load_policy
+    from common.models.loading import load_policy
 
     save_checkpoint(tmp_path / "checkpoint-1", tiny_random_model(), tok, 1)
     policy = load_policy(str(tmp_path / "checkpoint-1"))
@@ -515,7 +515,7 @@ def test_log_lines_are_strict_json_with_non_finite_values_null_and_counted(tmp_p
 def test_micro_batch_statistics_average_where_measured_and_are_nan_where_not():
     # one process: the mean over the micro-batches that hold each key; a named key nothing measured
     # is NaN (null in the log). Two ranks with different keys: tests/test_online_dpo.py.
-    from common.distributed import all_reduce_stats
+    from common.models.distributed import all_reduce_stats
 
     out = all_reduce_stats([{"a": 1.0, "b": 2.0}, {"a": 4.0}], keys=("a", "c"))
     assert out["a"] == 2.5 and out["b"] == 2.0 and math.isnan(out["c"]) and len(out) == 3
@@ -603,7 +603,7 @@ def test_every_file_resumes_from_a_state_that_holds_only_tensors_and_numbers(tmp
 
 
 def test_a_missing_prm_names_its_own_flag_and_prm_examples():
-    from common.stepwise import load_prm_tokenizer
+    from common.models.stepwise import load_prm_tokenizer
 
     with pytest.raises(PathError, match="^--prm_model_name_or_path '/no/prm': no such folder.*"
                                         "math-shepherd"):
@@ -611,7 +611,7 @@ def test_a_missing_prm_names_its_own_flag_and_prm_examples():
 
 
 def test_data_errors_count_rows_from_1_as_lines_are(tmp_path):
-    from common.env import make_env
+    from common.env.math_env import make_env
 
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n"
@@ -622,7 +622,7 @@ def test_data_errors_count_rows_from_1_as_lines_are(tmp_path):
 
 RANK_ERROR = """import os, sys, time
 sys.path.insert(0, {root!r})
-from common.errors import UsageError, report_user_errors
+from common.env.errors import UsageError, report_user_errors
 report_user_errors()
 if os.environ["RANK"] in sys.argv[1].split(","):
     raise UsageError("bad here")
@@ -646,9 +646,9 @@ def test_under_torchrun_an_error_of_every_rank_is_said_once_and_one_rank_s_by_it
 RESUME_ON_TWO_NODES = """import os, sys
 sys.path.insert(0, {root!r})
 import torch.distributed as dist
-from common.checkpoints import resume_point
-from common.distributed import init_distributed
-from common.errors import report_user_errors
+from common.run.checkpoints import resume_point
+from common.models.distributed import init_distributed
+from common.env.errors import report_user_errors
 report_user_errors()
 init_distributed()
 # rank 1 reads sys.argv[2]: a second node whose --output_dir is its own disk, not rank 0's

@@ -1,13 +1,13 @@
-"""common/sampler.py, the plain sampler: prompts as token ids, the seeded per-row draw by hand,
+"""common/models/sampler.py, the plain sampler: prompts as token ids, the seeded per-row draw by hand,
 stop strings and EOS, and log-probs that the training forward reproduces."""
 
 import pytest
 import torch
 
-from common.hf import KV_CACHE
-from common.logprobs import token_logprobs
-from common.models import load_policy, load_tokenizer
-from common.sampler import (_hash32, encode_prompts, generate, inverse_cdf, key_uniforms, left_pad,
+from common.models.hf import KV_CACHE
+from common.rl.logprobs import token_logprobs
+from common.models.loading import load_policy, load_tokenizer
+from common.models.sampler import (_hash32, encode_prompts, generate, inverse_cdf, key_uniforms, left_pad,
                             render_prompt, row_keys, row_uniforms, uniform_table)
 from sampling import fast_generate
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.env import make_env
-from common.evaluation import evaluate
-from common.hf import decoder_layers
-from common.logprobs import token_logprobs
-from common.models import load_policy, load_tokenizer, tiny_random_model
-from common.sampler import encode_prompts
-from common.sharding import AdapterOff, add_lora, shard
+from common.env.math_env import make_env
+from common.run.evaluation import evaluate
+from common.models.hf import decoder_layers
+from common.rl.logprobs import token_logprobs
+from common.models.loading import load_policy, load_tokenizer, tiny_random_model
+from common.models.sampler import encode_prompts
+from common.models.sharding import AdapterOff, add_lora, shard
 from sampling import fast_generate
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 

@@ -1,4 +1,4 @@
-"""common/stepwise.py: the PRM read-out, parallel stepwise episodes (carry-over, resets, EOS,
+"""common/models/stepwise.py: the PRM read-out, parallel stepwise episodes (carry-over, resets, EOS,
 rewards, resume)."""
 
 from types import SimpleNamespace
@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.distributed import problem_index
-from common.env import make_env
-from common.hf import KV_CACHE
-from common.models import load_policy, load_tokenizer
-from common.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, prm_scores,
+from common.models.distributed import problem_index
+from common.env.math_env import make_env
+from common.models.hf import KV_CACHE
+from common.models.loading import load_policy, load_tokenizer
+from common.models.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, prm_scores,
                              single_token_id, trim_left_padding)
 
 TAG, GOOD, BAD, PAD = 7, 3, 4, 0
@@ -172,7 +172,7 @@ def test_a_prm_that_does_not_load_offline_is_not_told_to_use_the_policy(monkeypa
     # a PRM's folder or the test PRM as its fix; the policy keeps its own advice.
     import transformers
 
-    from common.errors import PathError
+    from common.env.errors import PathError
 
     def offline(*args, **kwargs):
         raise OSError("We couldn't connect to 'https://huggingface.co'")

@@ -1,4 +1,4 @@
-"""tools.py and common/tools.py: the tools against hand-worked answers (errors and timeouts
+"""tools.py and common/env/toolbox.py: the tools against hand-worked answers (errors and timeouts
 included), the multi-turn loop with a scripted sampler (the training ids are exactly the sampled ids
 and the tools' ids, both answers of two calls are in the context, a failing tool is an answer), the
 tools' tokens getting exactly zero gradient, a run whose tool never fires training exactly what
@@ -17,10 +17,10 @@ import torch
 import grpo
 import tools
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
-from common import tools as toolbox
-from common.logprobs import token_logprobs
-from common.models import load_policy, load_tokenizer
-from common.sampler import Generation, left_pad
+from common.env import toolbox
+from common.rl.logprobs import token_logprobs
+from common.models.loading import load_policy, load_tokenizer
+from common.models.sampler import Generation, left_pad
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -256,7 +256,7 @@ def test_an_update_trains_on_the_model_s_tokens_only(tmp_path, monkeypatch, tiny
     # clipped term is -A_i, and the logged pg_loss is their mean over the tokens in the loss: the
     # model's own, by hand below. The tools' answers (11 tokens each) in the loss would move it.
     import run_with_test_reward
-    from common import env as envlib
+    from common.env import math_env as envlib
 
     monkeypatch.setattr(envlib, "make_env", run_with_test_reward.make_env)
     monkeypatch.setenv("TEST_REWARD", "length")

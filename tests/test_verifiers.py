@@ -7,11 +7,13 @@ from fractions import Fraction
 
 import pytest
 
-from common import grader, grader_worker
-from common.answers import answer_value, format_number, safe_arith, to_number
-from common.env import verify
-from common.grader import ascii_lookalikes, last_boxed, normalize, parse, sympy_equal
-from common.tasks import TASKS, grade
+from common.env import grader
+
+from common.env import grader_worker
+from common.env.answers import answer_value, format_number, safe_arith, to_number
+from common.env.math_env import verify
+from common.env.grader import ascii_lookalikes, last_boxed, normalize, parse, sympy_equal
+from common.env.tasks import TASKS, grade
 
 # ------------------------------------------------------------------------------------------------
 # GSM8K and arithmetic: numeric answers, extractor order \boxed{} > #### > "The answer is"; no
@@ -161,7 +163,7 @@ def test_gsm8k_whole_span_is_one_value(response, gold, expected):
 def test_no_marker_no_reward():
     """Decided policy: without \\boxed{}, #### or "The answer is", no correctness reward (train and
     eval)."""
-    from common.tasks import TASKS
+    from common.env.tasks import TASKS
 
     question = "Janet has 16 eggs and eats 2. How many are left? The sum 14 is wrong; the answer could be 18."
     for response in [question, question + " 18", "14", "She has 14 eggs left"]:
@@ -872,7 +874,7 @@ def test_a_grade_past_its_time_limit_is_wrong_and_counted(monkeypatch):
             pass
 
     monkeypatch.setattr(TASKS["gsm8k"], "grade", forever)
-    monkeypatch.setattr("common.tasks.GRADE_LIMIT_S", 0.2)
+    monkeypatch.setattr("common.env.tasks.GRADE_LIMIT_S", 0.2)
     before = grader.grader_counts()["timeouts"]
     start = time.monotonic()
     assert grade(TASKS["gsm8k"], "The answer is 18.", "18") == (0.0, None, False)
@@ -885,7 +887,7 @@ def test_a_grade_past_its_time_limit_is_wrong_and_counted(monkeypatch):
 def test_the_grade_limit_never_cuts_a_sympy_request_from_its_reply(monkeypatch):
     # A limit that runs out while the worker computes must not leave its reply unread for the next
     # grade to take: the limit is held over the request (the worker's own budget bounds it).
-    monkeypatch.setattr("common.tasks.GRADE_LIMIT_S", 0.001)
+    monkeypatch.setattr("common.env.tasks.GRADE_LIMIT_S", 0.001)
     for _ in range(3):
         grade(TASKS["math"], "\\boxed{\\sin^2 x + \\cos^2 x}", "1")
     monkeypatch.undo()

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common.models import load_policy, load_tokenizer
-from common.sampler import Generation
+from common.models.loading import load_policy, load_tokenizer
+from common.models.sampler import Generation
 
 
 def moved_policy(scale=0.05):

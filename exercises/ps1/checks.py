@@ -17,9 +17,9 @@ import online_dpo
 import ppo
 import reinforce
 import tppo
-from common import numerics
-from common.logprobs import token_logprobs
-from common.sampler import inverse_cdf
+from common.rl import numerics
+from common.rl.logprobs import token_logprobs
+from common.models.sampler import inverse_cdf
 from exercises.check import Exercise
 
 # The files' own functions, taken once at import: PS2 (exercises/train.py) binds these names in the

@@ -1,4 +1,4 @@
-"""PS1.1: the masked mean (common/numerics.py `masked_mean`; every algorithm file uses it).
+"""PS1.1: the masked mean (common/rl/numerics.py `masked_mean`; every algorithm file uses it).
 
 A batch of responses is a right-padded [B, R] tensor: a response shorter than R is followed by
 padding, and `mask` is 1 on real tokens and 0 on padding. A statistic over tokens must ignore the

@@ -1,4 +1,4 @@
-"""PS1.2: whitening over the real tokens (common/numerics.py `masked_whiten`; ppo.py whitens its
+"""PS1.2: whitening over the real tokens (common/rl/numerics.py `masked_whiten`; ppo.py whitens its
 rewards and advantages with it).
 
     mean = masked mean of x,   var = sum(mask * (x - mean)^2) / (n - 1),   n = sum(mask)

@@ -1,4 +1,4 @@
-"""PS1.3: three estimates of KL(pi || pi_ref) from one sample (common/numerics.py `kl_k1`, `kl_k2`,
+"""PS1.3: three estimates of KL(pi || pi_ref) from one sample (common/rl/numerics.py `kl_k1`, `kl_k2`,
 `kl_k3`; Schulman, "Approximating KL divergence"). grpo.py's --kl_estimator picks one.
 
 For a token x sampled from pi, with logp = log pi(x) and ref_logp = log pi_ref(x):

@@ -1,4 +1,4 @@
-"""PS1.8: GAE and returns over response tokens (common/numerics.py `token_gae`, ppo.py's advantages).
+"""PS1.8: GAE and returns over response tokens (common/rl/numerics.py `token_gae`, ppo.py's advantages).
 
 rewards, values, mask: [B, R], right-padded. Each row's episode ends at its last real token, whose
 successor has value 0. Backwards over t:

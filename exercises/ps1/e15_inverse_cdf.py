@@ -1,4 +1,4 @@
-"""PS1.15: the seeded draw of a token (common/sampler.py `inverse_cdf`).
+"""PS1.15: the seeded draw of a token (common/models/sampler.py `inverse_cdf`).
 
 The sampler draws each token from one uniform number u in [0, 1) per row, so that a run is the same
 whatever the batch it is sampled in. probs [B, V] need not sum to 1 (top-p zeroes some): the draw

@@ -1,0 +1,634 @@
+"""The tasks: where problems come from, what a prompt asks, and how a response is graded.
+
+    TASKS["gsm8k"].load("test", "data/gsm8k_test.jsonl", seed=0)   # examples {"question", "answer"}
+    TASKS["math"].grade("... so \\boxed{\\frac12}", "0.5")          # (reward, extracted, format_ok)
+
+A task is one class registered with @register: how to load problems, how to turn a raw row into an
+example, and how to grade (`Task`; arithmetic, countdown, gsm8k and math here, your own in
+docs/your_own_task.md). Then what they read: data files (.jsonl, .json, .parquet) and hub rows,
+`detect_task` for a file named without its task, and the worked examples of the few-shot prompts.
+Number answers are graded by common/env/answers.py, MATH answers by common/env/grader.py.
+"""
+
+import json
+import random
+import re
+from fractions import Fraction
+from pathlib import Path
+
+from common.env.answers import (MARKERS, MATH_MARKERS, MAX_ARITH_LEN, box_is_hedged, extract_number,
+                            first_sentence, last_marker, nothing_more, numbers_equal, safe_arith,
+                            tentative, to_number)
+from common.env.errors import PathError, UsageError
+from common.env.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
+from common.env.grader_worker import count_timeout
+from common.env.timelimit import OutOfTime, cpu_limit
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+# CPU seconds one grade may take in this process (the sympy worker's own budget, in its process, is
+# apart): a grade takes under 10 ms, and 64 hostile answers of 20,000 characters under 1 s in all
+GRADE_LIMIT_S = 2.0
+
+# ------------------------------------------------------------------------------------------------
+# Tasks and the registry
+
+TASKS: dict[str, type["Task"]] = {}
+
+
+def register(cls):
+    """Class decorator: adding a task is one registered Task subclass."""
+    TASKS[cls.name] = cls
+    return cls
+
+
+def _field(row: dict, names: tuple, task: str, where: str):
+    for name in names:
+        if row.get(name) is not None:
+            return row[name]
+    raise UsageError(
+        f"{where} has no {' / '.join(repr(n) for n in names)} field (fields found: {sorted(row)}). "
+        f"The {task} task accepts rows with {TASKS[task].fields}; see data/README.md."
+    )
+
+
+class Task:
+    """Base class. A task loads problems as examples {"question", "answer", ...} and grades
+    responses."""
+
+    name = ""
+    fields = ""  # the accepted row fields, for error messages
+    hub = {}  # split -> (dataset name, config, split name) on the Hugging Face hub
+    system_prompt = ""
+    # ends a stepwise episode
+    final_answer = MARKERS
+    options = {}  # task-specific make_env options and their defaults
+
+    @classmethod
+    def load(cls, split: str, path, seed: int, keys=None, **options) -> list[dict]:
+        """Examples from `path` if given (a local file or a hub dataset id), else from the task's
+        hub data. keys: {"question": field, "answer": field} of rows whose fields have other
+        names."""
+        if path is not None and is_hub_id(path):
+            name, config, hub_split = str(path), None, split
+        elif path is not None:
+            rows = read_rows(path, cls.name)
+            # "row": the row as the file has it, whose fields a --reward_fn receives
+            return [{**cls.from_row(rename_fields(row, keys), f"{path}: row {i + 1}"), "row": row}
+                    for i, row in enumerate(rows)]
+        else:
+            name, config, hub_split = cls.hub[split]
+        rows = load_hub_rows(name, config, hub_split)
+        examples, errors = [], []
+        for i, row in enumerate(rows):
+            try:
+                examples.append({**cls.from_row(rename_fields(row, keys), f"{name} row {i + 1}"),
+                                 "row": row})
+            # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
+            except ValueError as e:
+                errors.append(e)
+        if errors and not examples:
+            raise errors[0]
+        if errors:
+            print(f"{name}: skipped {len(errors)} of {len(rows)} rows, e.g. {errors[0]}")
+        return examples
+
+    @classmethod
+    def from_row(cls, row: dict, where: str) -> dict:
+        """Turn a raw row (file, hub or few-shot) into an example; raise ValueError naming a missing
+        field."""
+        raise NotImplementedError
+
+    @classmethod
+    def extract(cls, response: str) -> tuple[str | None, bool]:
+        """(extracted answer or None, whether the answer was in the asked-for format)."""
+        return extract_number(response)
+
+    @classmethod
+    def grade(cls, response: str, answer: str) -> tuple[float, str | None, bool]:
+        """(reward, extracted answer, format_ok). Without the asked-for format there is no
+        reward."""
+        pred, format_ok = cls.extract(response)
+        return float(format_ok and numbers_equal(pred, answer)), pred, format_ok
+
+
+class _Generated(Task):
+    """A task whose problems are generated from a seed; "test" is a fixed file shipped in data/."""
+
+    options = {"num_examples": 10_000}
+
+    @classmethod
+    def generate(cls, rng: random.Random, **options) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, split, path, seed, keys=None, num_examples=10_000, **options):
+        if path is not None or split == "test":
+            return super().load(split,
+                                path if path is not None else DATA_DIR / f"{cls.name}_test.jsonl",
+                                seed,
+                                keys)
+        test = {ex["question"] for ex in super().load(split, DATA_DIR / f"{cls.name}_test.jsonl",
+                                                      seed)}
+        rng, examples = random.Random(seed), []
+        while len(examples) < num_examples:
+            ex = cls.generate(rng, **options)
+            if ex["question"] not in test:  # train never contains a held-out problem
+                examples.append(ex)
+        return examples
+
+
+_NAMES = ["Sam", "Mia", "Leo", "Ava", "Noah", "Emma", "Omar", "Lily"]
+_ITEMS = ["apples", "marbles", "stickers", "cookies", "pencils", "cards"]
+
+
+@register
+class Arithmetic(_Generated):
+    """Generated integer arithmetic, from 2-digit addition (level 1) to two-step word problems
+    (level 5); level 6 is level 5's word problems with 3-digit numbers, where a calculator helps
+    (tools.py). "mixed" is levels 1-5."""
+
+    name = "arithmetic"
+    fields = "'question' and 'answer' (an integer)"
+    system_prompt = ('Solve the problem. Think briefly, then end your reply with '
+                     '"The answer is N." where N is a number.')
+    options = {"num_examples": 10_000, "difficulty": "mixed"}
+
+    @staticmethod
+    def levels(difficulty) -> list[int]:
+        """1..6, "mixed" (levels 1-5), a range "1-2", or a list "1,3" -> the list of levels to draw
+        from."""
+        text = str(difficulty).strip()
+        try:
+            if text == "mixed":
+                levels = [1, 2, 3, 4, 5]
+            elif "-" in text:
+                lo, hi = (int(x) for x in text.split("-"))
+                levels = list(range(lo, hi + 1))
+            else:
+                levels = [int(x) for x in text.split(",")]
+        except ValueError:
+            levels = []
+        if not levels or any(lv not in range(1, 7) for lv in levels):
+            raise UsageError("difficulty must be 1, ..., 6, a range such as '1-2', a list "
+                             "such as '1,3', "
+                             f"or 'mixed', got {difficulty!r}")
+        return levels
+
+    @classmethod
+    def load(cls, split, path, seed, keys=None, num_examples=10_000, difficulty="mixed"):
+        levels = cls.levels(difficulty)
+        examples = super().load(split, path, seed, keys, num_examples, difficulty=difficulty)
+        if split == "test" and path is None:
+            # the held-out file mixes levels
+            examples = [ex for ex in examples if ex["level"] in levels]
+        return examples
+
+    @classmethod
+    def generate(cls, rng, difficulty="mixed"):
+        levels = cls.levels(difficulty)
+        level = rng.choice(levels) if len(levels) > 1 else levels[0]
+        two, one = (lambda: rng.randint(10, 99)), (lambda: rng.randint(2, 9))
+        while True:  # redraw the rare problem with a negative answer
+            a, b, c = two(), two(), one()
+            if level == 6:  # the same word problems, with numbers a calculator is for
+                a, b, c = rng.randint(100, 999), rng.randint(100, 999), rng.randint(11, 99)
+            if level >= 5:
+                question, answer = cls.word_problem(rng, a, b, c)
+            else:
+                expr = rng.choice({
+                    1: [f"{a} + {b}"],
+                    2: [f"{a} + {b}", f"{a} - {b}"],
+                    3: [f"{a} * {c}", f"{a} + {b} - {two()}"],
+                    4: [f"{a} + {b} * {c}", f"({a} + {b}) * {c}", f"{a} * {c} - {b}",
+                        f"({a} - {b}) * {c}"],
+                }[level])
+                question, answer = f"What is {expr}?", int(safe_arith(expr))
+            if answer >= 0:
+                return {"question": question, "answer": str(answer), "level": level}
+
+
+    @staticmethod
+    def word_problem(rng, a, b, c):
+        name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+        k, bill = rng.randint(2, 12), rng.choice([50, 100, 200])
+        return rng.choice([
+            (f"{name} has {a} {items} and buys {c} bags with {b} {items} in each bag. How many "
+             f"{items} does {name} have now?", a + c * b),
+            (f"A shop had {a + b} {items}. It sold {b} in the morning and {c} in the afternoon. "
+             f"How many {items} are left?", a - c),
+            (f"{name} reads {b} pages a day for {c} days and then {a} more pages. How many pages "
+             f"does {name} read in total?", b * c + a),
+            (f"{c * k} {items} are shared equally among {c} friends. How many {items} does each "
+             "friend get?", k),
+            (f"{name} buys {c} notebooks that cost {k} dollars each and pays with a {bill} dollar "
+             f"bill. How much change does {name} get, in dollars?", bill - c * k),
+        ])
+
+    @classmethod
+    def from_row(cls, row, where):
+        answer = str(_field(row, ("answer",), cls.name, where)).strip()
+        if to_number(answer) is None:
+            raise UsageError(f"{where}: the answer {answer!r} is not a number")
+        return {**row, "question": _field(row, ("question",), cls.name, where), "answer": answer}
+
+
+@register
+class Countdown(_Generated):
+    """TinyZero's CountDown: combine all given numbers once each with + - * / to reach the
+    target."""
+
+    name = "countdown"
+    fields = "'numbers' (or 'nums') and 'target'"
+    system_prompt = (
+        "You are a helpful assistant. You first think about the reasoning process in the mind "
+        "and then provide the user with the answer."
+    )
+    # [^<]: linear time even on "<answer>" * 10**5
+    final_answer = re.compile(r"<answer>[^<]*</answer>")
+
+    @classmethod
+    def generate(cls, rng):
+        size = rng.choice((3, 4))
+        while True:  # combine random pairs until one value is left; keep targets in 1..100
+            numbers = [rng.randint(1, 99) for _ in range(size)]
+            values = [(n, str(n)) for n in numbers]
+            while len(values) > 1:
+                x, ex = values.pop(rng.randrange(len(values)))
+                y, ey = values.pop(rng.randrange(len(values)))
+                # Intermediate values stay integers (division only when exact): fast, and how people
+                # solve it
+                op = rng.choice("+-*/" if y != 0 and x % y == 0 else "+-*")
+                value = {"+": x + y, "-": x - y, "*": x * y, "/": x // y if op == "/" else 0}[op]
+                values.append((value, f"({ex} {op} {ey})"))
+            target, solution = values[0]
+            if 1 <= target <= 100:
+                return cls.from_row({"numbers": numbers, "target": target,
+                                     "solution": solution[1:-1]}, "generated")
+
+    @classmethod
+    def from_row(cls, row, where):
+        gold = row.get("answer")
+        # TinyZero's ground truth
+        if not ({"numbers", "nums"} & set(row)) and isinstance(gold, (str, dict)):
+            try:
+                row = {**row, **(json.loads(gold) if isinstance(gold, str) else gold)}
+            except ValueError:
+                pass
+        numbers = [int(n) for n in _field(row, ("numbers", "nums"), cls.name, where)]
+        target = int(_field(row, ("target",), cls.name, where))
+        question = (
+            f"Using the numbers {numbers}, create an equation that equals {target}. You can use "
+            "basic "
+            "arithmetic operations (+, -, *, /) and each number can only be used once. Show your "
+            "work in "
+            f"<think> </think> tags. And return the final answer in <answer> </answer> tags, "
+            f"for example <answer> (1 + 2) / 3 </answer>."
+        )
+        answer = json.dumps({"numbers": numbers, "target": target})
+        return {"question": question, "answer": answer, "numbers": numbers, "target": target,
+                "solution": row.get("solution", "")}
+
+    @classmethod
+    def extract(cls, response):
+        # Deliberate deviation from TinyZero/oat, which read only the LAST LINE: instruct models
+        # often add a closing sentence after the tag. The LAST <answer> in the whole response counts
+        # instead. (rfind, not a regex: a lazy regex is quadratic on a response of many unclosed
+        # tags)
+        end = response.rfind("</answer>")
+        start = response.rfind("<answer>", 0, max(end, 0))
+        if end < 0 or start < 0:
+            return None, False
+        return response[start + len("<answer>") : end].strip(), True
+
+    @classmethod
+    def grade(cls, response, answer):
+        """TinyZero rules: no tag 0.0; wrong numbers, bad expression or wrong value 0.1; correct
+        1.0."""
+        expr, format_ok = cls.extract(response)
+        if expr is None:
+            return 0.0, None, False
+        gold = json.loads(answer)
+        # Nothing but arithmetic: text after a `#` is no comment, and its numbers would count as
+        # used ("25 * 4 # and 7")
+        if len(expr) > MAX_ARITH_LEN or not re.fullmatch(r"[0-9+\-*/×÷().\s]*", expr):
+            return 0.1, expr, True
+        used = sorted(int(n) for n in re.findall(r"[0-9]+", expr))
+        value = safe_arith(expr)
+        if used != sorted(gold["numbers"]) or value is None:
+            return 0.1, expr, True
+        # exactly: with a tolerance, 100001/1000 would pass for 100 (safe_arith is exact)
+        return (1.0 if value == Fraction(gold["target"]) else 0.1), expr, True
+
+
+@register
+class GSM8K(Task):
+    """Grade-school word problems (openai/gsm8k). Gold = the number after '####'."""
+
+    name = "gsm8k"
+    fields = ("'question' (or 'problem') and 'answer' (or 'solution'): solution text ending '#### "
+              "N' or "
+              "'The answer is: N', or just N")
+    hub = {"train": ("openai/gsm8k", "main", "train"), "test": ("openai/gsm8k", "main", "test")}
+    system_prompt = (
+        'Solve the math word problem step by step. Write one step per line, and end with "The '
+        'answer is N." '
+        "where N is a number."
+    )
+
+    @classmethod
+    def from_row(cls, row, where):
+        question = _field(row, ("question", "problem"), cls.name, where)
+        text = str(_field(row, ("answer", "solution"), cls.name, where))
+        answer = text.rsplit("####", 1)[1] if "####" in text else text
+        said = re.search(r"the answer is:?\s*\$?\s*([-\d,.]+?)\.?\s*$", text, re.IGNORECASE)
+        if "####" not in text and said:  # LLM_RL's files end their solutions "The answer is: N"
+            answer = said.group(1)
+        answer = ascii_lookalikes(answer).strip().replace(",", "")
+        if to_number(answer) is None:
+            raise UsageError(f"{where}: no number after '####' in {text[-80:]!r}")
+        solution = text if "####" in text else row.get("solution", "")
+        return {"question": question, "answer": answer, "solution": solution}
+
+
+def _is_prose(answer: str) -> bool:
+    """Does a gold answer read as sentences (a worked solution) rather than an answer? Four words
+    in a row outside math, as in "We have 3 + 4 = 7 apples", which no answer of MATH has."""
+    outside = re.sub(r"\$[^$]*\$|\\\(.*?\\\)|\\text\{[^{}]*\}", " ", answer)
+    return re.search(r"[A-Za-z]{2,}(?:\s+[A-Za-z]+[,.]?){3}", outside) is not None
+
+
+@register
+class MATH(Task):
+    """Competition math (Hendrycks MATH). Gold = `answer`, or the last \\boxed{} of `solution`."""
+
+    name = "math"
+    fields = ("'problem' (or 'question') and one of 'answer', 'final_answer', or 'solution' with a "
+              "\\boxed{} answer")
+    # MATH-500 for test; the full 7,500-problem MATH train split for train (MATH-500 comes from MATH
+    # test).
+    hub = {"train": ("DigitalLearningGmbH/MATH-lighteval", "default", "train"),
+           "test": ("HuggingFaceH4/MATH-500", None, "test")}
+    system_prompt = "Please reason step by step, and put your final answer within \\boxed{}."
+    final_answer = MATH_MARKERS
+
+    @classmethod
+    def from_row(cls, row, where):
+        question = _field(row, ("problem", "question"), cls.name, where)
+        answer = row.get("answer") or row.get("final_answer")
+        if answer is not None and ("\\boxed" in str(answer) or "\\fbox" in str(answer)):
+            answer = last_boxed(str(answer))  # a worked solution as the gold: its final answer
+            if answer is None:
+                raise UsageError(f"{where}: the answer field holds a solution whose \\boxed{{}} is "
+                                 "empty; point --answer_key at the final answer")
+        elif answer is not None and _is_prose(str(answer)):
+            raise UsageError(f"{where}: the answer field holds text, not a final answer "
+                             f"({str(answer)[:60]!r}...); point --answer_key at the final answer, "
+                             "or at a solution that ends in \\boxed{}")
+        if answer is None:
+            answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name,
+                                       where))
+            if answer is None:
+                raise UsageError(f"{where}: the solution has no \\boxed{{}} answer; add an "
+                                 "'answer' field")
+        return {
+            "question": question, "answer": str(answer), "solution": row.get("solution", ""),
+            "level": row.get("level"), "subject": row.get("subject") or row.get("type"),
+        }
+
+    @classmethod
+    def extract(cls, response):
+        """The last \\boxed{} (empty box = no answer); else the math after the last "The answer is":
+        its $...$ span, after which the sentence may hold units but no hedge word and no other
+        number ("$18$ (or perhaps $19$)" is no answer), or else the rest of the sentence, which must
+        hold no hedge word outside \\text{} ("3 or 4" is no answer; `3 \\text{ or } 4` is the list
+        3, 4). A bare number is never an answer."""
+        response = ascii_lookalikes(response)
+        marker = last_marker(response, MATH_MARKERS)  # the last one decides, box or words
+        if marker is None:
+            return None, False
+        if marker[0] in ("\\boxed", "\\fbox"):
+            pred = None if box_is_hedged(response) else last_boxed(response)
+            return pred, pred is not None
+        if tentative(response, marker.start()):  # "check whether the answer is ..."
+            return None, False
+        rest = re.sub(r"^[\s:*]+", "", response[marker.end() :]).split("\n", 1)[0]
+        pred = None
+        for start, end in (("$$", r"\$\$"), ("$", r"(?<!\\)\$"), ("\\(", r"\\\)"),
+                           ("\\[", r"\\\]")):
+            close = re.compile(end).search(rest, len(start)) if rest.startswith(start) else None
+            if close:  # the math span: then units at most, no hedge, no other number
+                pred = rest[len(start) : close.start()]
+                if not nothing_more(rest[close.end() :]):
+                    return None, False
+                break
+        if pred is None:
+            pred = first_sentence(rest)
+            yes_or_no = re.fullmatch(r"\W*(?:yes|no)\W*", pred, re.IGNORECASE)  # "no" is no hedge
+            if not yes_or_no and has_hedge(re.sub(r"\\text\s*\{[^{}]*\}", " ", pred)):
+                return None, False
+        pred = pred.strip(" *").rstrip(".").strip()
+        return (pred, True) if pred else (None, False)
+
+    @classmethod
+    def grade(cls, response, answer):
+        pred, format_ok = cls.extract(response)
+        return float(format_ok and math_equal(pred, answer)), pred, format_ok
+
+
+def grade(task: type[Task], response: str, answer: str) -> tuple[float, str | None, bool]:
+    """task.grade within GRADE_LIMIT_S of CPU time; past it, wrong and counted as a timeout."""
+    try:
+        with cpu_limit(GRADE_LIMIT_S):
+            return task.grade(response, answer)
+    except OutOfTime:
+        count_timeout()
+        return 0.0, None, False
+
+
+# ------------------------------------------------------------------------------------------------
+# Files
+
+
+def is_hub_id(path) -> bool:
+    """'owner/name' that is no local file: a dataset on the Hugging Face hub."""
+    text = str(path)
+    return not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None \
+        and Path(text).suffix not in (".jsonl", ".json", ".parquet")
+
+
+def load_hub_rows(name, config, split) -> list[dict]:
+    try:
+        from datasets import load_dataset  # lazy: generated tasks stay fast and offline
+
+        return list(load_dataset(name, config, split=split))
+    except Exception as e:
+        raise PathError(
+            f"could not load {name} (split {split!r}) from the Hugging Face hub "
+            f"({type(e).__name__}: {e}). If "
+            "you are offline, pass a local .jsonl/.json/.parquet file (--dataset_path for "
+            "training, "
+            f"--eval_dataset_path for evaluation); see data/README.md."
+        ) from e
+
+
+def rename_fields(row: dict, keys) -> dict:
+    """The row with keys["question"] / keys["answer"] (oat's --input_key / --output_key) copied to
+    the names the tasks read."""
+    if not keys:
+        return row
+    row = dict(row)
+    for name, key in keys.items():
+        if key is None:
+            continue
+        if key not in row:
+            raise UsageError(f"--{name}_key {key!r}: the rows have no such field (fields: "
+                             f"{sorted(row)})")
+        row[name] = row.pop(key)
+        if name == "answer":
+            row.pop("final_answer", None)  # the named field wins over the task's usual ones
+    return row
+
+
+# The most bytes a data file's row may take: a .jsonl line, read a line at a time, and a whole .json
+# file, which is parsed at once. The longest row in data/ is 329 bytes and a MATH solution a few KB;
+# a 200 MB line took over 6 GB of memory to parse.
+MAX_LINE_BYTES = 8 * 2**20
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def read_rows(path, task: str) -> list[dict]:
+    """Rows of a .jsonl, .json (a list of objects) or .parquet file. A file that is not UTF-8, a
+    .jsonl line over MAX_LINE_BYTES or a .json file over MAX_JSON_BYTES is refused, naming the line
+    (and the byte where the UTF-8 breaks)."""
+    path = Path(path)
+    if not path.is_file():
+        hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
+        alt = f", or leave path out to load {' / '.join(hub)} from the hub" if hub else ""
+        raise PathError(
+            f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
+            f"path=... (--dataset_path on the command line){alt}."
+        )
+    try:
+        if path.suffix == ".jsonl":
+            rows = _jsonl_rows(path)
+        elif path.suffix == ".json":
+            rows = _json_rows(path)
+        elif path.suffix == ".parquet":
+            rows = _parquet_rows(path)
+        else:
+            raise UsageError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
+                             ".parquet")
+    except OSError as e:  # a file it may not read, a folder named x.jsonl...
+        raise PathError(f"{path} can't be read ({e.strerror or e}): pass a data file you can "
+                        "read.") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
+        raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
+    return rows
+
+
+def _jsonl_rows(path):
+    rows, offset = [], 0
+    with open(path, "rb") as f:
+        # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as
+        # it is. readline's limit keeps a line that is too long from being read whole.
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            text = raw.removesuffix(b"\n")
+            if len(text) > MAX_LINE_BYTES:
+                raise UsageError(f"{path}, line {number}: longer than "
+                                 f"{MAX_LINE_BYTES / 2**20:.3g} MB, the most one row may take; "
+                                 "each line of a .jsonl file is one problem (is this the right "
+                                 "file?).")
+            line = _utf8(text, path, number, offset)
+            offset += len(raw)
+            if line.strip():
+                rows.append(_json(line, path, number))
+    return rows
+
+
+def _json_rows(path):
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise UsageError(f"{path}: {path.stat().st_size / 2**20:.3g} MB, beyond the "
+                         f"{MAX_JSON_BYTES / 2**20:.3g} MB a .json file, parsed at once, may take: "
+                         "write it as .jsonl, one row a line, which is read a line at a time.")
+    data = path.read_bytes()
+    rows = _json(_utf8(data, path), path)
+    return rows.get("data", rows) if isinstance(rows, dict) else rows
+
+
+def _parquet_rows(path):
+    import pyarrow  # installed with datasets
+    import pyarrow.parquet
+
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except pyarrow.ArrowException as e:
+        raise UsageError(f"{path}: not a parquet file that pyarrow reads ({e}).") from None
+
+
+def _utf8(raw: bytes, path, line=None, offset=0) -> str:
+    """raw decoded as UTF-8 (a byte-order mark at the file's start is dropped), or the error naming
+    the line and the byte. line: the line number that raw is (None: raw is the whole file); offset:
+    where raw starts in the file."""
+    mark = 3 if offset == 0 and raw.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return raw[mark:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = mark + e.start
+        number = line if line is not None else raw.count(b"\n", 0, bad) + 1
+        raise UsageError(f"{path}, line {number}: not UTF-8 (byte 0x{raw[bad]:02x} at byte "
+                         f"{offset + bad} of the file): save it as UTF-8, e.g. iconv -f latin1 -t "
+                         f"utf-8 {path.name} > fixed{path.suffix}.") from None
+
+
+def _json(text: str, path, line=None):
+    """text parsed as JSON, or the error naming the line. line: the .jsonl line that text is."""
+    where = f"{path}, line {line}" if line is not None else f"{path}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        number = line if line is not None else e.lineno
+        shown = f": {text[:80]!r}. Each line of a .jsonl file is one JSON object" if line else ""
+        raise UsageError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
+                         f"{e.colno}){shown}.") from None
+    except RecursionError:
+        raise UsageError(f"{where}: JSON nested too deeply to be a row of fields.") from None
+
+
+
+# ------------------------------------------------------------------------------------------------
+# What a file is for, and the worked examples of the prompts
+
+
+def detect_task(rows: list[dict]) -> str:
+    """The task a data file is for, from the fields of its first row: countdown (numbers and a
+    target), math (a \\boxed solution, OpenR's final_answer, or a problem without a worked answer),
+    gsm8k (a '####' or "The answer is: N" solution, or a word problem), else arithmetic (a level and
+    a number)."""
+    row = rows[0]
+    text = " ".join(str(row.get(k, "")) for k in ("answer", "solution", "final_answer"))
+    if ("numbers" in row or "nums" in row) and "target" in row:
+        return "countdown"
+    if "\\boxed" in text:
+        return "math"
+    if "####" in text or re.search(r"the answer is:?\s*\$?-?[\d,.]+\.?\s*$", text, re.IGNORECASE):
+        return "gsm8k"
+    if "problem" in row or "final_answer" in row:
+        return "math"
+    return "arithmetic" if "level" in row else "gsm8k"
+
+
+
+def load_few_shot(task: type[Task], k: int, say=print) -> list[dict]:
+    """The first k worked examples of data/few_shot_<task>.jsonl; none for a task without one."""
+    if k == 0:
+        return []
+    path = DATA_DIR / f"few_shot_{task.name}.jsonl"
+    if not path.is_file():  # a task of your own: the system prompt alone states the format
+        say(f"task {task.name}: no worked examples ({path.relative_to(DATA_DIR.parent)} does not "
+            "exist), so the prompts have none")
+        return []
+    rows = read_rows(path, task.name)
+    if k > len(rows):
+        raise UsageError(f"num_few_shot={k} but {path} has {len(rows)} examples; use num_few_shot "
+                         f"<= {len(rows)}")
+    return [task.from_row(row, f"{path}: row {i + 1}") for i, row in enumerate(rows[:k])]

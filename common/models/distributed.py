@@ -1,0 +1,199 @@
+"""Processes and the seeded data order: torchrun's ranks (or one process, the world_size == 1
+case), the collectives the algorithm files use, and the seeds that make 1 process and N processes
+draw the same problems, samples and minibatches (and a resumed run draw what the uninterrupted run
+would have)."""
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def is_dtensor(tensor) -> bool:
+    """True for a DTensor (a sharded parameter, gradient or norm). torch.distributed.tensor takes
+    about 1 s to import, which every run without --fsdp would pay for nothing: nothing is sharded
+    before common.models.sharding.shard has imported it."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+# ------------------------------------------------------------------------------------------------
+# Distributed (torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is the world_size == 1
+# case)
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+
+def init_distributed():
+    """Initialise from the torchrun environment: nccl on CUDA, gloo on CPU, and gloo where ranks
+    share a GPU (more ranks on this machine than GPUs: a check of two processes on one device),
+    since NCCL refuses two ranks on one device."""
+    use_cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ:
+        return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ["LOCAL_RANK"])
+    shared_gpu = False
+    if use_cuda:
+        gpus = torch.cuda.device_count()
+        shared_gpu = gpus < int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.cuda.set_device(local % gpus)
+        device = torch.device("cuda", local % gpus)
+    else:
+        device = torch.device("cpu")
+        # N processes on one CPU would each start one thread per core and fight over them.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if not dist.is_initialized():
+        nccl = use_cuda and not shared_gpu
+        dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
+    return DistInfo(rank, world, local, device)
+
+
+# async_grpo.py's two processes share no collective once they part ways: one trains, one samples,
+# and each is then the only rank its collectives (metrics, checkpoints, evaluation) wait for.
+# world_size(): the ranks this process's collectives meet (1: one process, or one of a parted pair).
+_APART = False
+
+
+def part_ways():
+    """From here on this process's collectives are its own (async_grpo.py's trainer or sampler)."""
+    global _APART
+    _APART = True
+
+
+def world_size():
+    return 1 if _APART or not dist.is_initialized() else dist.get_world_size()
+
+
+def print0(*args, **kwargs):
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def all_reduce_mean(metrics, device=torch.device("cpu")):
+    """Dict of floats -> the same dict averaged over ranks (one collective for all keys)."""
+    if world_size() == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return {k: v / world_size() for k, v in zip(keys, t.tolist())}
+
+
+def all_reduce_stats(stats, keys=(), device=torch.device("cpu")):
+    """Micro-batch statistics (a list of dicts) -> each key's mean over every rank's dicts that hold
+    it, NaN where none does. Ranks may hold different keys (online DPO's rank whose pairs all have
+    weight 0 measures nothing), so their union is gathered first; `keys` are always logged."""
+    names = set(keys).union(*stats)
+    names = sorted(set().union(*all_gather_objects(sorted(names))))
+    sums = torch.tensor([[sum(s[k] for s in stats if k in s), sum(k in s for s in stats)]
+                         for k in names], dtype=torch.float64, device=device).reshape(-1, 2)
+    sums = all_reduce_sum(sums).tolist()
+    return {k: total / count if count else float("nan") for k, (total, count) in zip(names, sums)}
+
+
+def all_reduce_sum(x):
+    """Tensor summed over ranks (in place), e.g. a global token count for a loss denominator."""
+    if world_size() > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def all_gather_objects(obj):
+    """Python object from every rank -> list of them (rank order)."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_parameters(module):
+    """Every rank starts from rank 0's weights, whatever its own initialisation did."""
+    if world_size() > 1:
+        for p in module.parameters():
+            dist.broadcast(p.data, src=0)
+
+
+def average_gradients(module):
+    """What DDP does, once per optimizer step, after every micro-batch has added its gradients:
+    their mean over ranks. Here, not in backward hooks, accumulation needs no `no_sync`."""
+    if world_size() == 1:
+        return
+    # sharded (FSDP2) gradients were already reduce-scattered and averaged in backward
+    grads = [p.grad for p in module.parameters()
+             if p.requires_grad and p.grad is not None and not is_dtensor(p.grad)]
+    handles = [dist.all_reduce(g, async_op=True) for g in grads]
+    for h, g in zip(handles, grads):
+        h.wait()
+        g.div_(world_size())
+
+
+def collective_device():
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------------
+# Seeds and the order of problems and minibatches
+# ------------------------------------------------------------------------------------------------
+def set_seed(seed):
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+
+
+def sample_seed(seed, step, sample_index):
+    """Sampling seed of one response, from (run seed, update, global sample index). Runs are
+    reproducible, the samples do not depend on how many ranks share the batch, and a resumed run
+    draws exactly what the uninterrupted run would have."""
+    return (seed * 1_000_003 + step) * 1_000_003 + sample_index
+
+
+def problem_index(position, num_problems, seed):
+    """The problem at `position` of an endless stream over the problems: a seeded permutation per
+    pass. Every rank computes the same stream, and a resumed run continues where it stopped."""
+    epoch, offset = divmod(position, num_problems)
+    perm = torch.randperm(num_problems,
+                          generator=torch.Generator().manual_seed(seed * 7919 + epoch))
+    return int(perm[offset])
+
+
+def prompt_indices(step, num_prompts, num_problems, seed):
+    """The problems of update `step`: num_prompts consecutive positions of the stream."""
+    return [problem_index(pos, num_problems, seed) for pos in range(step * num_prompts,
+                                                                    (step + 1) * num_prompts)]
+
+
+def minibatches(n, num_mini_batches, seeds, device="cpu"):
+    """Row indices of the minibatches of one pass over n rows per seed (one seed per epoch): a
+    shuffle seeded by it, cut into equal parts; with one minibatch the rows keep their order."""
+    for seed in seeds:
+        if num_mini_batches == 1:
+            yield torch.arange(n, device=device)
+            continue
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed % 2**63)).to(device)
+        yield from order.chunk(num_mini_batches)
+

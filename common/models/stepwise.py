@@ -1,0 +1,455 @@
+"""Stepwise episodes: one action is one line of text. For action-level RL (appo.py, tppo.py) a few
+episodes run side by side and carry over from one rollout segment to the next, and a process reward
+model (PRM) can score every step (`StepwiseEnvs`); for reinforce.py --stepwise, k whole episodes per
+problem, with a safe calculator (`play_episodes`). Plumbing only: advantages, losses and updates
+stay in the algorithm files.
+
+    prm = ProcessRewardModel("peiyi9979/math-shepherd-mistral-7b-prm")  # "tiny-random" in tests
+    envs = StepwiseEnvs(env, tokenizer, num_envs=4, first_env=0, total_envs=4, seed=0, prm=prm)
+    segment = envs.collect(policy, update=0, num_steps=8, max_new_tokens=48, temperature=0.7)
+    segment.gen.sequences()  # [obs ; action] of the 4 x 8 transitions; row k * 8 + t: env k, step t
+
+Each step's prompt is the episode so far, re-encoded as text; sampling it with the FastDecoder
+(common/models/fast/decoding.py) and one PrefixCache for the whole rollout reads only the tokens added since
+the episode's last step.
+"""
+
+import contextlib
+import copy
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from common.env.answers import safe_arith
+from common.models.distributed import problem_index, sample_seed
+from common.env.errors import UsageError
+from common.models.fast.prompts import PrefixCache
+from common.models.fast.decoding import fast_decoding
+from common.models.hf import position_ids_from_mask
+from common.models.loading import TINY_RANDOM, load_reference, load_tokenizer, tiny_random_model
+from common.models.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
+                            left_pad)
+from common.env.tasks import TASKS
+
+
+# ------------------------------------------------------------------------------------------------
+# Process reward model (Math-Shepherd style)
+# ------------------------------------------------------------------------------------------------
+def single_token_id(tokenizer, text, what):
+    """The id of `text` if the tokenizer makes it exactly one token, else a ValueError naming the
+    fix."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise UsageError(
+            f"the PRM {what} {text!r} is {len(ids)} tokens for the PRM's tokenizer ({ids}); the "
+            "PRM reads one "
+            "logit at one position, so it must be a single token. Pass the tokens your PRM was "
+            "trained with, "
+            f"e.g. --prm_step_tag 'ки' --prm_good_token '+' --prm_bad_token '-' (Math-Shepherd) or "
+            "--prm_step_tag $'\\n\\n\\n\\n\\n' --prm_good_token ' +' --prm_bad_token ' -' "
+            "(OpenR's Qwen PRM).")
+    return ids[0]
+
+
+def load_prm_tokenizer(name, step_tag):
+    """The PRM's tokenizer. For "tiny-random" the step tag is added as a new token when the embedded
+    tokenizer splits it (it splits 'ки'), as Math-Shepherd's tokenizer has it as one token."""
+    tokenizer = load_tokenizer(name, "--prm_model_name_or_path")
+    if name == TINY_RANDOM and len(tokenizer.encode(step_tag, add_special_tokens=False)) != 1:
+        tokenizer.add_tokens([step_tag])
+    return tokenizer
+
+
+@torch.no_grad()
+def prm_scores(model, input_ids, tag_id, good_id, bad_id, pad_id, autocast_dtype=None):
+    """P(good) against bad at the LAST step tag of each row: softmax over the two candidate logits
+    there.
+
+    input_ids: list of token-id lists, each holding at least one `tag_id`. Returns [B] float32
+    scores.
+    """
+    device = next(model.parameters()).device
+    ids, mask = left_pad(input_ids, pad_id)
+    ids, mask = ids.to(device), mask.to(device)  # [B, T]
+    is_tag = (ids == tag_id) & mask.bool()
+    if not bool(is_tag.any(1).all()):
+        raise UsageError("a PRM input holds no step tag: every step must end with the tag token")
+    cols = torch.arange(ids.shape[1], device=device)
+    # CRUCIAL: the newest tag is the last tag position, which is not always the last token of the
+    # row.
+    last_tag = torch.where(is_tag, cols, -1).max(dim=1).values  # [B]
+    autocast = torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    with autocast:
+        logits = model(input_ids=ids, attention_mask=mask,
+                       position_ids=position_ids_from_mask(mask)).logits
+    at_tag = logits[torch.arange(ids.shape[0], device=device), last_tag].float()  # [B, V]
+    return torch.softmax(at_tag[:, [good_id, bad_id]], dim=-1)[:, 0]
+
+
+class ProcessRewardModel:
+    """A causal-LM PRM, Math-Shepherd style: the input is the question and the steps so far, each
+    followed by the step tag, and the reward of the newest step is P(good_token) / (P(good_token) +
+    P(bad_token)) at its tag."""
+
+    def __init__(self, name, step_tag="ки", good_token="+", bad_token="-", device="cpu",
+                 autocast_dtype=None,
+                 batch_size=16):
+        self.tokenizer = load_prm_tokenizer(name, step_tag)
+        self.step_tag = step_tag
+        self.tag_id = single_token_id(self.tokenizer, step_tag, "step tag")
+        self.good_id = single_token_id(self.tokenizer, good_token, "good token")
+        self.bad_id = single_token_id(self.tokenizer, bad_token, "bad token")
+        # a different random model from the tiny policy (seed 1), vocabulary with the tag
+        if name == TINY_RANDOM:
+            self.model = tiny_random_model(vocab_size=len(self.tokenizer),
+                                           seed=1).to(device).eval().requires_grad_(False)
+        else:
+            # a 7B PRM in fp32 is 28 GB
+            dtype = torch.float32 if autocast_dtype is None else autocast_dtype
+            self.model = load_reference(name, dtype=dtype, device=device)
+        self.autocast_dtype, self.batch_size = autocast_dtype, batch_size
+
+    def text(self, question, steps):
+        """OpenR's PRM input: 'question\\nstep_1 ки\\nstep_2 ки...', ending with the newest step's
+        tag. A tag that the policy wrote itself is removed, so it can't add a position the PRM would
+        be read at."""
+        return question + "\n" + "\n".join(f"{step.replace(self.step_tag, '').strip()} "
+                                           f"{self.step_tag}" for step in steps)
+
+    def __call__(self, questions, steps):
+        """Scores in (0, 1) of the newest step of each (question, steps so far)."""
+        rows = [self.tokenizer(self.text(q, s))["input_ids"] for q, s in zip(questions, steps)]
+        if any(row[-1] != self.tag_id for row in rows):
+            raise UsageError(
+                f"the PRM's tokenizer does not end {self.text(questions[0], steps[0])[-40:]!r} "
+                "with the step tag's "
+                f"token {self.tag_id}: it merges the tag with the text before it. Pass "
+                "--prm_step_tag as the "
+                f"token your PRM was trained with (Math-Shepherd: 'ки').")
+        return torch.cat([prm_scores(self.model, rows[i:i + self.batch_size], self.tag_id,
+                                     self.good_id,
+                                     self.bad_id, self.tokenizer.pad_token_id,
+                                     self.autocast_dtype).cpu()
+                          for i in range(0, len(rows), self.batch_size)])
+
+
+# ------------------------------------------------------------------------------------------------
+# Parallel stepwise episodes
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Segment:
+    """num_envs x num_steps transitions. Row k * num_steps + t of `gen` is env k's step t."""
+    # prompt = the observation, response = the action (its newline or EOS token included)
+    gen: Generation
+    rewards: torch.Tensor  # [E, T] the reward of each step (PRM score or verifier)
+    # [E, T] 1 where the episode ended at that step (the next obs is a new problem)
+    dones: torch.Tensor
+    # [E] token ids of each env's observation after the last step: V there bootstraps the cut
+    next_obs: list
+    prm_rewards: torch.Tensor  # [E, T] the PRM's part of the reward (NaN without a PRM)
+    texts: list  # [E * T] decoded actions
+    episodes: list  # one dict per episode that ended in this segment
+    indices: list  # [E][T] the problem each step was played on
+
+
+class StepwiseEnvs:
+    """`num_envs` stepwise episodes played side by side (OpenR's vector env). An episode that ends
+    is reset at once on the next problem, and episodes carry over from one segment to the next.
+
+    Under torchrun this rank owns the global envs first_env .. first_env + num_envs - 1 of
+    total_envs. Global env g plays its e-th episode on problem e * total_envs + g of a seeded
+    stream, and samples with a seed made of (seed, env step, g): 1 process and N processes play
+    exactly the same episodes.
+    """
+
+    def __init__(self, env, tokenizer, num_envs, first_env, total_envs, seed, prm=None,
+                 outcome_reward_coef=0.0):
+        if not env.stepwise:
+            raise ValueError("StepwiseEnvs needs an env made with stepwise=True")
+        # one episode state each, shared problems
+        self.envs = [copy.copy(env) for _ in range(num_envs)]
+        self.tokenizer, self.first, self.total, self.seed = tokenizer, first_env, total_envs, seed
+        self.prm, self.outcome_reward_coef = prm, outcome_reward_coef
+        self.episode = [0] * num_envs  # episodes started by each env
+        # rewards of the running episode, for logging
+        self.step_rewards = [[] for _ in range(num_envs)]
+        self.obs = [self._reset(k) for k in range(num_envs)]
+
+    def _reset(self, k):
+        index = problem_index(self.episode[k] * self.total + self.first + k, len(self.envs[k]),
+                              self.seed)
+        self.episode[k] += 1
+        self.step_rewards[k] = []
+        return self.envs[k].reset(index)
+
+    @torch.no_grad()
+    def collect(self, policy, update, num_steps, max_new_tokens, temperature=1.0, top_p=1.0,
+                autocast=contextlib.nullcontext()):
+        """Play num_steps steps in every env with the policy, sampling under `autocast` (--bf16);
+        returns a Segment."""
+        E, T, tok = len(self.envs), num_steps, self.tokenizer
+        eos = set(eos_token_ids(policy, tok))
+        obs_ids, actions, logprobs, texts, truncated, indices = (
+            [[None] * T for _ in range(E)] for _ in range(6))
+        rewards, dones = torch.zeros(E, T), torch.zeros(E, T)
+        prm_rewards = torch.full((E, T), math.nan)
+        episodes = []
+        device = next(policy.parameters()).device
+        # an episode's next state is its last one plus the line just sampled: read only the new
+        # tokens (this segment only: the policy's weights change at the next update)
+        prefix_cache = PrefixCache()
+        for t in range(T):
+            prompts = encode_prompts(tok, self.obs)
+            seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
+            with autocast, fast_decoding(policy, prefix_cache) as decoder:
+                gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
+                               stop_strings=("\n",), seeds=seeds, decoder=decoder)
+            decoder.remember(gen)
+            correct, cut = torch.zeros(E), torch.zeros(E)
+            for k, env in enumerate(self.envs):
+                keep = gen.response_mask[k].bool()
+                ids, lps = gen.response_ids[k][keep].tolist(), gen.logprobs[k][keep].tolist()
+                obs_ids[k][t], actions[k][t], logprobs[k][t] = prompts[k], ids, lps
+                indices[k][t] = env.index
+                truncated[k][t] = bool(gen.truncated[k])
+                texts[k][t] = tok.decode(ids, skip_special_tokens=True)
+                self.obs[k], rewards[k, t], done, info = env.step(texts[k][t])
+                # the policy closed its reply without the answer phrase:
+                if ids[-1] in eos and not done:
+                    # grade what it wrote
+                    rewards[k, t], info = env.score("\n".join(env.steps), env.index)
+                    env.done = done = True
+                dones[k, t], correct[k] = float(done), float(done and info["correct"])
+                cut[k] = float(info.get("cut", False))
+            # CRUCIAL: the PRM's score of the newest step replaces the env's reward
+            if self.prm is not None:
+                questions = [env.examples[env.index]["question"] for env in self.envs]
+                prm_rewards[:, t] = self.prm(questions, [env.steps for env in self.envs])
+                rewards[:, t] = prm_rewards[:, t] + self.outcome_reward_coef * correct
+            for k, env in enumerate(self.envs):
+                self.step_rewards[k].append(rewards[k, t].item())
+                if dones[k, t]:
+                    example = env.examples[env.index]
+                    episodes.append({"question": example["question"], "answer": example["answer"],
+                                     "response": "\n".join(env.steps), "correct": bool(correct[k]),
+                                     "steps": len(env.steps), "cut": bool(cut[k]),
+                                     "rewards": self.step_rewards[k]})
+                    self.obs[k] = self._reset(k)
+        flat = [(obs_ids[k][t], actions[k][t], logprobs[k][t],
+                 truncated[k][t]) for k in range(E) for t in range(T)]
+        prompt_ids, prompt_mask = left_pad([f[0] for f in flat], tok.pad_token_id)
+        R = max(len(f[1]) for f in flat)
+
+        def right_pad(rows, value, dtype):
+            return torch.tensor([r + [value] * (R - len(r)) for r in rows], dtype=dtype)
+
+        response_mask = right_pad([[1] * len(f[1]) for f in flat], 0, torch.long)
+        truncated = torch.tensor([f[3] for f in flat])  # hit max_new_tokens before a newline or EOS
+        gen = Generation(prompt_ids, prompt_mask,
+                         right_pad([f[1] for f in flat], tok.pad_token_id, torch.long),
+                         response_mask, right_pad([f[2] for f in flat], 0.0, torch.float),
+                         ~truncated, truncated)
+        gen = Generation(*(x.to(device) for x in vars(gen).values()))
+        return Segment(gen, rewards.to(device), dones.to(device), encode_prompts(tok, self.obs),
+                       prm_rewards.to(device), [x for row in texts for x in row], episodes, indices)
+
+    def state_dict(self):
+        """What --resume needs to continue the running episodes exactly: problem, steps so far,
+        counters."""
+        return [{"episode": self.episode[k], "index": env.index, "steps": list(env.steps),
+                 "step_rewards": list(self.step_rewards[k])} for k, env in enumerate(self.envs)]
+
+    def load_state_dict(self, states):
+        """states: this rank's envs, in order. The running episodes are replayed step by step."""
+        for k, (env, state) in enumerate(zip(self.envs, states)):
+            self.episode[k], self.step_rewards[k] = state["episode"], list(state["step_rewards"])
+            self.obs[k] = env.reset(state["index"])
+            for step in state["steps"]:
+                self.obs[k] = env.step(step)[0]
+
+
+def trim_left_padding(input_ids, attention_mask):
+    """Drop the leading columns that are padding in every row (observations differ a lot in
+    length)."""
+    first = int(attention_mask.any(0).long().argmax())
+    return input_ids[:, first:], attention_mask[:, first:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Whole episodes, k per problem, with a calculator (reinforce.py --stepwise: LLM_RL's few-shot
+# stepwise math policy)
+# ------------------------------------------------------------------------------------------------
+MAX_CALCS = 4  # calculator interruptions per line, as in the seed
+CALC_SPAN = re.compile(r"<<([^<>\n]*)>>[^<>\n]*$")  # a <<...>> span that the last token closed
+STEP_HINT = " Write one step per line."
+CALC_HINT = (" For a calculation write <<expression>>: a calculator writes its value right after, "
+             "e.g. <<12*7>>84.")
+
+
+def stepwise_system_prompt(task, sym_calc):
+    """The task's system prompt, asking for one step per line and, with the calculator, for its
+    syntax."""
+    if task not in TASKS:
+        return None  # make_env names the registered tasks
+    prompt = TASKS[task].system_prompt
+    prompt += "" if "one step per line" in prompt else STEP_HINT
+    return prompt + (CALC_HINT if sym_calc else "")
+
+
+def calculator(expr):
+    """The text a calculator writes for the inside of <<expr>> or <<expr=...>>: '24', '3.5', '0.33'
+    (2 decimals at most, as the seed rounds), or None if expr is not arithmetic. safe_arith walks an
+    AST whitelist: model text is never run."""
+    value = safe_arith(expr.split("=")[0])
+    if value is None:
+        return None
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.2f}".rstrip("0").rstrip(".")
+
+
+@dataclass
+class Action:
+    """One line of a stepwise episode: sampled and calculator tokens in the order the policy saw."""
+    ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # the sampler's log-probs; 0 on calculator tokens
+    policy_mask: list = field(default_factory=list)  # 1 on sampled tokens, 0 on calculator tokens
+    fired: int = 0
+    refused: int = 0
+
+
+def sample_line(sample, tokenizer, prompts, keys, max_new_tokens, sym_calc, eos_ids):
+    """One action (a line) for each prompt. sample(prompts, max_new_tokens, keys) -> [(token ids,
+    log-probs)] ends each row at a newline, EOS or (with sym_calc) '>>'; keys[i] + (call,) names row
+    i's sampling seed. With sym_calc, a row stopped by a closed <<expr>> gets the value's tokens
+    appended and is sampled again."""
+    actions = [Action() for _ in prompts]
+    rows = list(range(len(prompts)))
+    for call in range(MAX_CALCS + 1):
+        budget = {i: max_new_tokens - len(actions[i].ids) for i in rows}
+        outs = sample([prompts[i] + actions[i].ids for i in rows], max(budget.values()),
+                      [keys[i] + (call,) for i in rows])
+        again = []
+        for i, (ids, logprobs) in zip(rows, outs):
+            a = actions[i]
+            ids, logprobs = ids[:budget[i]], logprobs[:budget[i]]
+            a.ids, a.logprobs = a.ids + ids, a.logprobs + logprobs
+            a.policy_mask = a.policy_mask + [1] * len(ids)
+            chunk = tokenizer.decode(ids)
+            line_over = "\n" in chunk or ids[-1] in eos_ids or len(a.ids) >= max_new_tokens
+            if not sym_calc or line_over or call == MAX_CALCS or ">>" not in chunk:
+                continue
+            span = CALC_SPAN.search(tokenizer.decode(a.ids))
+            value = calculator(span.group(1)) if span else None
+            if span and value is None:
+                a.refused += 1  # not arithmetic (code, names, **): nothing is written, nothing runs
+            if value is not None:
+                value_ids = tokenizer(value, add_special_tokens=False)["input_ids"]
+                # CRUCIAL: the calculator's tokens are context for what follows, but not the
+                # policy's choice: policy_mask 0 keeps them out of the loss (and out of the KL).
+                a.ids, a.logprobs = a.ids + value_ids, a.logprobs + [0.0] * len(value_ids)
+                a.policy_mask = a.policy_mask + [0] * len(value_ids)
+                a.fired += 1
+            if len(a.ids) < max_new_tokens:
+                again.append(i)  # the line goes on after the '>>' (and the value, if any)
+        rows = again
+        if not rows:
+            break
+    return actions
+
+
+def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc,
+                   autocast=contextlib.nullcontext()):
+    """The `sample` of `sample_line` with the policy: keys (episode, step, call) -> seeds via
+    seed_of (None: torch's global RNG, or greedy at temperature 0). Make one per rollout: it keeps
+    what the policy has read (`PrefixCache`), and each line (or calculator call) reads only the
+    tokens added since."""
+    stops = ("\n", ">>") if sym_calc else ("\n",)
+    prefix_cache = PrefixCache()
+
+    def sample(prompts, max_new_tokens, keys):
+        seeds = None if seed_of is None else [seed_of(*key) for key in keys]
+        with autocast, fast_decoding(policy, prefix_cache) as decoder:
+            gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
+                           stop_strings=stops, seeds=seeds, decoder=decoder)
+        decoder.remember(gen)
+        return [(ids[m].tolist(), lp[m].tolist()) for ids, lp, m in
+                zip(gen.response_ids.cpu(), gen.logprobs.cpu(), gen.response_mask.cpu().bool())]
+    return sample
+
+
+@dataclass
+class Episodes(Rollout):
+    """N episodes of steps (single-turn: one step each), a Rollout whose `gen` has one row per
+    step, [state ; action], episode by episode; texts are the whole responses, scores the summed
+    rewards."""
+    loss_mask: torch.Tensor  # [n, R] the response mask with calculator tokens zeroed
+    rewards: torch.Tensor  # [N, T]
+    step_mask: torch.Tensor  # [N, T] 1 where episode i took step t
+    truncated: torch.Tensor  # [N] out of tokens (single-turn) or of lines (stepwise) unanswered
+    calc_fired: float = 0.0  # calculator values written, per episode
+    calc_refused: float = 0.0  # <<...>> spans that were not arithmetic, per episode
+
+    @classmethod
+    def single_turn(cls, rollout):
+        """One-step episodes from a rollout of whole responses."""
+        gen, scores = rollout.gen, rollout.scores
+        return cls(**vars(rollout), loss_mask=gen.response_mask, rewards=scores[:, None],
+                   step_mask=torch.ones_like(scores[:, None]), truncated=gen.truncated)
+
+
+def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, sym_calc, device,
+                  eos_ids):
+    """Play k = group_size episodes per problem of the stepwise `env`, one line per step, all live
+    episodes in one batch: at most env.max_steps lines of max_new_tokens tokens each, with the
+    calculator if sym_calc."""
+    episodes = [copy.copy(env) for _ in range(len(indices) * group_size)]  # shared problems
+    states = [ep.reset(indices[k // group_size]) for k, ep in enumerate(episodes)]
+    N, T = len(episodes), env.max_steps
+    rewards, step_mask = torch.zeros(N, T), torch.zeros(N, T)
+    correct, finished = torch.zeros(N), torch.zeros(N, dtype=torch.bool)
+    steps = []  # (episode, t, state ids, Action)
+    for t in range(T):
+        live = [k for k, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            break
+        prompts = encode_prompts(tokenizer, [states[k] for k in live])
+        actions = sample_line(sample, tokenizer, prompts, [(k, t) for k in live], max_new_tokens,
+                              sym_calc, eos_ids)
+        for k, prompt, action in zip(live, prompts, actions):
+            ep = episodes[k]
+            text = tokenizer.decode(action.ids, skip_special_tokens=True)
+            states[k], rewards[k, t], done, info = ep.step(text)
+            ended = action.ids[-1] in eos_ids
+            # the reply closed without the answer phrase: grade what it wrote
+            if ended and not done:
+                rewards[k, t], info = ep.score("\n".join(ep.steps), ep.index)
+                ep.done = True
+            step_mask[k, t], correct[k] = 1.0, float(info["correct"])
+            finished[k] = ended or bool(ep.task.final_answer.search(ep.steps[-1]))
+            steps.append((k, t, prompt, action))
+    steps.sort(key=lambda s: s[:2])  # CRUCIAL: episode by episode, the order of rewards[step_mask]
+    actions = [s[3] for s in steps]
+    prompt_ids, prompt_mask = left_pad([s[2] for s in steps], tokenizer.pad_token_id)
+    R = max(len(a.ids) for a in actions)
+
+    def right_pad(rows, value, dtype=torch.long):
+        return torch.tensor([r + [value] * (R - len(r)) for r in rows], dtype=dtype)
+
+    # calculator tokens attended...
+    response_mask = right_pad([[1] * len(a.ids) for a in actions], 0)
+    loss_mask = right_pad([a.policy_mask for a in actions], 0)  # ...but not learned from
+    truncated = torch.tensor([len(a.ids) >= max_new_tokens for a in actions])
+    gen = Generation(prompt_ids, prompt_mask,
+                     right_pad([a.ids for a in actions], tokenizer.pad_token_id),
+                     response_mask, right_pad([a.logprobs for a in actions], 0.0, torch.float),
+                     ~truncated, truncated)
+    gen = Generation(*(x.to(device) for x in vars(gen).values()))
+    rewards = rewards.to(device)
+    return Episodes(gen, ["\n".join(ep.steps) for ep in episodes], rewards.sum(1),
+                    correct.to(device), list(indices), loss_mask=loss_mask.to(device),
+                    rewards=rewards, step_mask=step_mask.to(device),
+                    truncated=(~finished).to(device), calc_fired=sum(a.fired for a in actions) / N,
+                    calc_refused=sum(a.refused for a in actions) / N)

@@ -1,0 +1,383 @@
+"""Arguments: the options every algorithm file shares (`TrainArgs`; its data options, `DataArgs`,
+eval.py's too), `--help` from the docstring under each field (CleanRL's style), `parse_args`, which
+also reads the seeds' command lines (common/run/seed_flags.py), and the learning-rate schedule.
+
+One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a seed calls it something
+else, that name is an alias (common/run/seed_flags.py), never a second field.
+"""
+
+import ast
+import difflib
+import inspect
+import math
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Literal, Optional
+
+from common.env.errors import report_user_errors
+from common.run.seed_flags import ALIASES, aliases_for, apply_rules
+
+
+@dataclass
+class DataArgs:
+    """The data options: which problems, how a prompt puts them, and how a response is rewarded.
+    The training files (`TrainArgs`) and eval.py (its `Args`) both take them, so an option means
+    the same in both, and common/env/math_env.py makes them into envs for both."""
+
+    dataset_name: str = "arithmetic"
+    """task: arithmetic, countdown (generated), gsm8k, math, a MATH subject (prealgebra...), or a
+    data file or hub dataset id"""
+    dataset_path: Optional[str] = None
+    """the problems to train on (eval.py: to evaluate): a .jsonl/.json/.parquet file or a hub
+    dataset id (fields: data/README.md; default: the task's own)"""
+    question_key: Optional[str] = None
+    """field of the data rows that holds the question (default: the task's usual names)"""
+    answer_key: Optional[str] = None
+    """field of the data rows that holds the gold answer (default: the task's usual names)"""
+    difficulty: str = "1-2"
+    """arithmetic: level 1..6, a range '1-2' or 'mixed' (1: 2-digit addition ... 5: word
+    problems; 6: word problems with 3-digit numbers, for tools.py; mixed: 1-5)"""
+    levels: Optional[str] = None
+    """math: keep these MATH levels only, e.g. '1-3' or '4,5' (default: all)"""
+    template: Literal["chat", "plain"] = "chat"
+    """'chat' for instruct models, 'plain' for base models"""
+    system_prompt: Optional[str] = None
+    """system prompt text (default: the task's own)"""
+    num_few_shot: int = 1
+    """worked examples put in each prompt (one shows the answer format the verifier needs)"""
+    reward_fn: Optional[list[str]] = None
+    """your own reward function(s) in TRL's convention, f(completions, **row_fields) -> floats:
+    file.py:name or module:name. Your code, run in this process (docs/your_own_task.md)"""
+    reward_weights: Optional[list[float]] = None
+    """weights of the verifier and then each --reward_fn (default: 1 each; a verifier weight 0
+    trains on your rewards alone)"""
+
+
+@dataclass
+class TrainArgs(DataArgs):
+    """The data (`DataArgs`), IO and infrastructure options every algorithm file shares. What a
+    reader tunes (learning rate, schedule, clipping, updates, micro-batch size, seed, sampling, the
+    algorithm's own coefficients) sits in each file's own Args, where the file shows it."""
+
+    # ---- model and held-out data
+    model_name_or_path: str = "SmolLM2-135M-Instruct"
+    """policy to train: a hub id, a local folder, 'SmolLM2-135M-Instruct' (offline default) or
+    'tiny-random'"""
+    eval_dataset_path: Optional[str] = None
+    """held-out data, the way --dataset_path is given (default: the task's test split; with a
+    training file, a held-out fifth of it)"""
+    # ---- the run
+    output_dir: Optional[str] = None
+    """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: runs/<file>)"""
+    # ---- evaluation, logging, checkpoints
+    eval_interval: int = 0
+    """evaluate every this many updates (0: only at the start and the end)"""
+    eval_on_start: bool = True
+    """evaluate before the first update (--no_eval_on_start: skip it)"""
+    num_eval_problems: int = 200
+    """held-out problems per evaluation (greedy pass@1)"""
+    eval_batch_size: int = 64
+    """prompts per generate call in evaluation"""
+    log_interval: int = 5
+    """write decoded samples with their rewards every this many updates"""
+    save_interval: int = 0
+    """checkpoint every this many updates (0: only at the end)"""
+    resume: bool = False
+    """continue from the latest complete checkpoint-N in output_dir"""
+    # ---- hardware
+    bf16: bool = False
+    """bfloat16 autocast for forwards (weights and optimizer state stay fp32)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    compile: bool = False
+    """sample with a static KV cache and a torch.compile'd decode step, replayed as CUDA graphs on a
+    GPU, where an eager step is ~1,700 kernel launches: on an H200, 0.19 s a rollout against 0.71
+    (SmolLM2, 32 rows) for ~64 s of compiling a run; it pays from about 7,000 decode steps a run,
+    max_steps x max_new_tokens (docs/gpu.md). On a CPU it does not pay"""
+    cuda_graphs: bool = True
+    """on a GPU, each decode step over a static KV cache replays as one CUDA graph, captured at a
+    rollout's first step in milliseconds (--no_cuda_graphs: one kernel launch per op, as
+    model.generate does; docs/gpu.md). --compile goes further, at a minute of compiling"""
+    fsdp: bool = False
+    """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
+    lora_r: int = 0
+    """LoRA rank: train adapters on frozen weights (needs peft); 0: full fine-tuning"""
+    lora_alpha: Optional[int] = None
+    """LoRA scale numerator: adapters are scaled by lora_alpha / lora_r, at most 64 (None: 2 *
+    lora_r)"""
+    lora_target_modules: str = "all-linear"
+    """modules that get adapters: 'all-linear' or a comma list such as 'q_proj,v_proj'"""
+    merge_lora: bool = False
+    """also write each checkpoint's adapter merged into the base model, in checkpoint-N/merged"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project: str = "mathrl"
+    """wandb project name"""
+
+    def __post_init__(self):
+        if self.output_dir is None:  # runs/grpo for grpo.py, and so on
+            self.output_dir = f"runs/{algorithm_of(self)}"
+
+
+def algorithm_of(args):
+    """The file whose Args `args` are, without .py: "grpo" for grpo.py's (run as __main__ too)."""
+    return Path(inspect.getfile(type(args))).stem
+
+
+# ------------------------------------------------------------------------------------------------
+# The range of every number option, checked before any model loads (common/run/checks.py) and shown by
+# --help
+# ------------------------------------------------------------------------------------------------
+# Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
+POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eval_batch_size",
+            "log_interval",
+            "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
+            "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
+            "critic_hidden_size")
+NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
+                "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",
+                "max_staleness")
+# The most a size that memory holds may be: far above any run that fits one machine, far below a
+# typo such as --num_prompts 1000000000000, which filled 8 GB in a minute before anything failed.
+MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_steps": 2**16,
+        "max_new_tokens": 2**17, "eval_max_new_tokens": 2**17, "max_episode_steps": 4096,
+        "micro_batch_size": 2**16, "eval_batch_size": 4096, "max_sampling_rounds": 64,
+        "lora_r": 4096, "critic_hidden_size": 16384, "critic_num_layers": 16}
+# What one rank's rollout holds at once, in sequences and in sampled tokens: the sampler decodes
+# every row in one batch (16,384 rows of SmolLM2's 49,152-word vocabulary are 3.2 GB of logits a
+# step), and the update keeps each token's log-probs.
+MOST_ROWS, MOST_TOKENS = 2**14, 2**24
+# The most lora_alpha / lora_r may be (the default scales by 2): --lora_alpha 1e12 at --lora_r 4
+# merged into weights of 2e8 within two updates, and the run exited 0.
+MOST_LORA_SCALE = 64
+# The range of each option, in whichever file defines it: (low, high, brackets), "(" leaving the
+# end out and "[" keeping it in. NaN lies outside every range, and a real-valued option that no
+# range names must still be finite (check_ranges). A value outside them does not fail later: a
+# negative --max_grad_norm reverses every update while the logged norm looks normal, a negative
+# --epsilon clips every token, --learning_rate 1e30 writes weights of 1e30 and exits 0.
+RANGES = {
+    # a learning rate of 0 is allowed: the tests use it to read gradients without moving weights.
+    # AdamW moves every weight by about the learning rate each step, and these models' weights are
+    # at most about 1: at 1e30 they were 1e30 after two updates, and the run exited 0 (the largest
+    # rate the tests use is 0.05).
+    "learning_rate": (0, 1, "[]"), "critic_learning_rate": (0, 1, "[]"),
+    "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
+    "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
+    "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
+    "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
+    "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
+    "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
+    "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
+    "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
+    "reward_weight": (0, math.inf, "[)"),
+    # async_grpo.py: a cap below 1 would weigh down the tokens of an on-policy batch too, and
+    # IcePop's bounds hold 1 between them (its own are 0.5 and 5)
+    "is_cap": (1, math.inf, "[)"), "icepop_low": (0, 1, "(]"), "icepop_high": (1, math.inf, "[)"),
+    # 0 would scale every adapter to nothing, and the run would train nothing
+    "lora_alpha": (1, math.inf, "[)"),
+    # numpy's range; --seed 1e30 overflowed torch.manual_seed, with a traceback
+    "seed": (0, 2**32 - 1, "[]"),
+    **{name: (1, MOST.get(name, math.inf), "[]" if name in MOST else "[)") for name in POSITIVE},
+    **{name: (0, MOST.get(name, math.inf), "[]" if name in MOST else "[)")
+       for name in NON_NEGATIVE},
+}
+
+
+def in_range(value, low, high, brackets):
+    above = value >= low if brackets[0] == "[" else value > low
+    below = value <= high if brackets[1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def range_text(low, high, brackets):
+    if high == math.inf:
+        return f"{'>=' if brackets[0] == '[' else '>'} {low}"
+    return f"in {brackets[0]}{low}, {high}{brackets[1]}"
+
+
+# ------------------------------------------------------------------------------------------------
+# --help from the docstrings
+# ------------------------------------------------------------------------------------------------
+def field_docs(cls):
+    """{field: the docstring under it} for a dataclass and its bases."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if not is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, doc in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr)
+                    and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+                docs[node.target.id] = " ".join(doc.value.value.split())
+    return docs
+
+
+def make_parser(args_class):
+    """HfArgumentParser over args_class, with each field's docstring as its help."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(args_class)
+    docs = field_docs(args_class)
+    for action in parser._actions:
+        if action.dest in docs:
+            bounds = f"; {range_text(*RANGES[action.dest])}" if action.dest in RANGES else ""
+            action.help = docs[action.dest].replace("%", "%%") + f" (default: %(default)s{bounds})"
+    return parser
+
+
+# ------------------------------------------------------------------------------------------------
+# The parser
+# ------------------------------------------------------------------------------------------------
+BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "t", "f", "y", "n"}
+
+
+def parse_args(args_class, argv=None):
+    """Command line -> an args_class instance. The seeds' flag names are translated, each with one
+    line."""
+    algo = Path(inspect.getfile(args_class)).stem
+    report_user_errors()  # from here on a user error prints as one line, without a traceback
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser(args_class)
+    options = parser._option_string_actions
+    table = aliases_for(algo)
+    lines = []
+
+    def say(text):
+        lines.append(text)
+
+    native, seed, given_as, from_seed, i = [], {}, {}, set(), 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token in ("-h", "--help") or not token.startswith("--"):
+            native.append(token)
+            continue
+        name, value = token[2:].split("=", 1) if "=" in token else (token[2:], None)
+        name = name.replace("-", "_")
+        action = options.get(f"--{name}")
+        alias = table.get(name) if action is None else None
+        if action is None and alias is None:
+            raise SystemExit(_unknown(name, options, table, algo))
+        if action is not None:
+            nargs = action.nargs
+        else:
+            nargs = 0 if alias.switch else "+" if alias.many else None
+        takes = {0: "none", "?": "optional", "+": "list", "*": "list"}.get(nargs, "one")
+        values = [] if value is None else [value]
+        if value is None and takes == "one" and i < len(argv):
+            values, i = [argv[i]], i + 1
+        elif (value is None and takes == "optional" and i < len(argv)
+              and argv[i].lower() in BOOL_WORDS):
+            values, i = [argv[i]], i + 1
+        elif value is None and takes == "list":
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+        if action is not None:
+            native += [f"--{name}", *values]
+            given_as[action.dest] = given_as.get(action.dest, []) + [(f"--{name}", values)]
+        elif alias.to is not None:
+            converted = [alias.convert(v) for v in values] if alias.convert else values
+            say(f"--{name} is {alias.source} name for --{alias.to}")
+            from_seed.add(len(native))
+            native += [f"--{alias.to}", *converted]
+            given_as[alias.to] = given_as.get(alias.to, []) + [(f"--{name}", converted)]
+        elif alias.note is not None:
+            say(f"--{name}: {alias.note}")
+        else:
+            seed[name] = " ".join(values) if values else "true"
+    for dest, uses in given_as.items():  # two names of one option, with different values
+        if len({tuple(v) for _, v in uses}) < 2:
+            continue
+        own = [name for name, _ in uses if name == f"--{dest}"]
+        if not own:  # two seeds' names
+            raise SystemExit(f"{' and '.join(sorted({n for n, _ in uses}))} name the same option "
+                             f"(--{dest}) with different values: pass one of them.")
+        # this project's own name wins over a seed's, as a later flag would (e.g. --max_steps 1 for
+        # a test)
+        seed_names = sorted({n for n, _ in uses if n != own[0]})
+        if seed_names:
+            say(f"{own[0]} given: it wins over {', '.join(seed_names)}")
+        native = _drop_seed_values(native, dest, options, from_seed)
+    args = parser.parse_args_into_dataclasses(args=native)[0]
+    given = {options[t].dest for t in native if t in options}
+    args = replace(args, **apply_rules(algo, args, seed, given, say,
+                                       int(os.environ.get("WORLD_SIZE", 1))))
+    args = expand_home(args)
+    if lines and os.environ.get("RANK", "0") == "0":
+        print("\n".join(lines), flush=True)
+    return args
+
+
+# Options that name a file or folder, where ~ is the home folder. A shell makes it so for a bare
+# word, but not after "=" (--output_dir=~/runs) nor inside quotes, and a folder named ~ appeared.
+PATH_OPTIONS = ("dataset_name", "reward_fn", "output", "responses")  # and every *_path, *_dir
+
+
+def expand_home(args):
+    """args with a leading ~ (or ~user) of every path option made the home folder's path."""
+    changes = {}
+    for name in (f.name for f in fields(args)):
+        value = getattr(args, name)
+        if value is None or not (name.endswith(("_path", "_dir")) or name in PATH_OPTIONS):
+            continue
+        expanded = ([os.path.expanduser(v) for v in value] if isinstance(value, list)
+                    else os.path.expanduser(value))
+        if expanded != value:
+            changes[name] = expanded
+    return replace(args, **changes)
+
+
+def _drop_seed_values(native, dest, options, from_seed):
+    """The argv without the values of option `dest` that came from a seed's name (at from_seed)."""
+    out, k = [], 0
+    while k < len(native):
+        if k in from_seed and options[native[k]].dest == dest:
+            k += 1
+            while k < len(native) and not native[k].startswith("--"):
+                k += 1
+            continue
+        out.append(native[k])
+        k += 1
+    return out
+
+
+def _unknown(name, options, table, algo):
+    known = sorted({o[2:] for o in options if o.startswith("--")} | set(table))
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    elsewhere = sorted({a.source for a in ALIASES if a.name == name})
+    where = f" ({', '.join(elsewhere)} flag, not used by {algo}.py)" if elsewhere else ""
+    fix = f"the closest option is --{close[0]}" if close else f"see python {algo}.py --help"
+    return f"{algo}.py: --{name} is not an option here{where}; {fix}."
+
+
+def lr_at(step, args, base=None):
+    """The learning rate of update `step` (0-based): linear warmup, then the schedule: constant, or
+    down to 0 at max_steps (linear, cosine), or to 1e-7 (polynomial of power 1, as transformers and
+    oat define it). A pure function of the step, so a resumed run continues the schedule where it
+    stopped. base: another peak rate on the same schedule (a critic's)."""
+    lr, warmup = args.learning_rate if base is None else base, args.warmup_steps
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, args.max_steps - warmup)
+    if args.lr_scheduler == "linear":
+        return lr * (1.0 - progress)
+    if args.lr_scheduler == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if args.lr_scheduler == "polynomial":
+        return (lr - 1e-7) * (1.0 - progress) + 1e-7 if lr > 1e-7 else lr
+    return lr
+
+
+def schedule(args, num_problems, problems_per_update):
+    """(max_steps, warmup_steps) once the data is read: --num_train_epochs and --warmup_ratio,
+    when given, set them."""
+    max_steps, warmup_steps = args.max_steps, args.warmup_steps
+    if args.num_train_epochs is not None:
+        max_steps = max(1, math.ceil(args.num_train_epochs * num_problems / problems_per_update))
+    if args.warmup_ratio is not None:
+        warmup_steps = math.ceil(args.warmup_ratio * max_steps)
+    return max_steps, warmup_steps

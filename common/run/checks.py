@@ -1,0 +1,198 @@
+"""Run safety: every option error before any model loads, each naming its fix; rewards that are
+not finite numbers; optimizer steps whose loss or gradient is NaN or inf."""
+
+import importlib.util
+import math
+import os
+import tempfile
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from common.run.args import (
+    MOST_LORA_SCALE,
+    MOST_ROWS,
+    MOST_TOKENS,
+    RANGES,
+    in_range,
+    range_text,
+)
+from common.models.distributed import collective_device, print0, world_size
+from common.env.errors import NonFiniteError, PackageError, PathError, UsageError
+from common.models.loading import check_model_name
+
+
+def check_common_args(args, world_size=1):
+    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes
+    (and, in the files that sample num_generations responses to num_prompts prompts, how they split
+    over ranks and minibatches), sampling, the output folder, the model's path, wandb."""
+    check_ranges(args)
+    check_rollout_size(args, world_size)
+    if not args.temperature > 0 or not 0 < args.top_p <= 1:
+        raise UsageError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
+                         "need a "
+                         f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
+    if hasattr(args, "num_prompts"):
+        check_batch(args, world_size, args.num_prompts, args.num_generations)
+    check_output_dir(args.output_dir)
+    if args.lora_r and importlib.util.find_spec("peft") is None:
+        raise PackageError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
+                           "fine-tuning)")
+    if args.lora_alpha is not None and not args.lora_r:
+        raise UsageError("--lora_alpha scales LoRA adapters, but --lora_r is 0 (full fine-tuning): "
+                         "drop --lora_alpha or set --lora_r.")
+    if args.lora_alpha is not None and args.lora_alpha / args.lora_r > MOST_LORA_SCALE:
+        raise UsageError(f"--lora_alpha {args.lora_alpha}: adapters are scaled by lora_alpha / "
+                         f"lora_r = {args.lora_alpha / args.lora_r:g}, which must be at most "
+                         f"{MOST_LORA_SCALE} (the default, 2 * lora_r, scales by 2); pass "
+                         f"--lora_alpha {MOST_LORA_SCALE * args.lora_r} or less.")
+    if args.merge_lora and not args.lora_r:
+        raise UsageError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
+                         "saves whole models already): drop --merge_lora or set --lora_r.")
+    if args.fsdp and "RANK" not in os.environ:
+        raise UsageError("--fsdp shards the models over the processes that torchrun starts: run "
+                         "`torchrun --nproc_per_node N <file>.py --fsdp ...` (N = 1 works too).")
+    if args.compile and args.fsdp:
+        raise UsageError("--compile decodes with a whole, compiled model; under --fsdp the weights "
+                         "are gathered from shards for each rollout: drop one of the two.")
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise PackageError("--track logs to Weights & Biases, which is not installed: pip install "
+                           "-r requirements-extra.txt (wandb and tensorboard), or drop --track "
+                           "(metrics.jsonl is written anyway, TensorBoard logs when installed).")
+    check_model_name(args.model_name_or_path)
+
+
+def check_ranges(args):
+    """Every number option of `args` within its range (RANGES), and every real-valued one a finite
+    number, whether or not a range names it: the check covers an option added later too
+    (--temperature inf sampled from a flat distribution and exited 0). eval.py's options too."""
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
+                for f in fields(args)}
+    for name, (low, high, brackets) in RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not in_range(value, low, high, brackets):
+            raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} "
+                             f"{default_text(defaults[name])}.")
+    for f in fields(args):
+        value = getattr(args, f.name)
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers) \
+                and f.name not in RANGES:  # those in RANGES passed, inf allowed (max_grad_norm)
+            shown = " ".join(map(str, numbers)) if isinstance(value, (list, tuple)) else value
+            raise UsageError(f"--{f.name} {shown}: must be a finite number "
+                             f"{default_text(defaults[f.name])}.")
+
+
+def default_text(default):
+    return "(leave it out for its default)" if default is None else f"(the default is {default})"
+
+
+def check_rollout_size(args, world_size):
+    """What one rank's rollout holds at once fits a machine (MOST_ROWS sequences, MOST_TOKENS
+    sampled tokens), or the fix, before any memory is taken: each size may be within its own
+    bound and their product still far beyond any memory."""
+    if hasattr(args, "num_prompts"):
+        rows = -(-args.num_prompts // world_size) * args.num_generations
+        sizes = f"--num_prompts {args.num_prompts} x --num_generations {args.num_generations}"
+    else:  # appo, tppo: every episode's steps of an update
+        rows = -(-args.num_envs // world_size) * args.num_steps
+        sizes = f"--num_envs {args.num_envs} x --num_steps {args.num_steps}"
+    tokens = rows * (args.max_new_tokens or 1)  # appo, tppo: None is a task's own, at most 96
+    if rows > MOST_ROWS or tokens > MOST_TOKENS:
+        raise UsageError(f"{sizes} over {world_size} process(es) is {rows} sequences a rank, "
+                         f"{tokens} new tokens with --max_new_tokens {args.max_new_tokens}: one "
+                         f"rank's rollout holds at most {MOST_ROWS} sequences and {MOST_TOKENS} "
+                         "tokens, so lower them, or run on more processes.")
+
+
+def check_output_dir(path, flag="--output_dir"):
+    """Write a probe file where the output will go (the folder, or its nearest existing parent), so
+    that an unwritable path fails before hours of work rather than at the first save. Nothing is
+    left behind."""
+    path = Path(path).expanduser()
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not existing.is_dir():
+        raise PathError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
+                        "folder (it is created "
+                        f"if missing).")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise PathError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
+                        "pass a folder "
+                        f"you can write to.") from None
+
+
+def check_rewards(rewards, step, task, describe):
+    """A NaN or inf reward would turn every weight into NaN through the update: stop before it,
+    naming the sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that
+    entry is."""
+    bad = (~torch.isfinite(rewards)).nonzero()
+    if len(bad):
+        where = tuple(bad[0].tolist())
+        raise NonFiniteError(
+            f"reward {rewards[where].item()} for sample "
+            f"{where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
+            f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite "
+            "numbers. The run stops "
+            "before this update, so no checkpoint holds it; fix the reward function (or PRM) that "
+            "produced it.")
+
+
+class StepGuard:
+    """Skips an optimizer step whose loss or gradient norm is NaN or inf, on every rank alike, and
+    stops the run after `patience` skips in a row: one bad batch must not turn every weight into
+    NaN.
+
+        if guard.ok(loss, grad_norm):   # False: the step is skipped (and counted)
+            optimizer.step()
+    """
+
+    def __init__(self, patience=3):
+        self.patience, self.in_a_row, self.skipped = patience, 0, 0
+
+    def ok(self, *values):
+        bad = torch.tensor([0.0 if all(math.isfinite(float(v)) for v in values) else 1.0])
+        # one rank's NaN skips the step everywhere
+        if world_size() > 1:
+            bad = bad.to(collective_device())
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item() == 0:
+            self.in_a_row = 0
+            return True
+        self.in_a_row += 1
+        self.skipped += 1
+        print0("non-finite loss or gradient norm "
+               f"({', '.join(f'{float(v):.4g}' for v in values)}): optimizer step "
+               f"skipped ({self.in_a_row} in a row)")
+        if self.in_a_row >= self.patience:
+            raise NonFiniteError(
+                f"{self.in_a_row} optimizer steps in a row had a NaN or inf loss or gradient norm: "
+                "the run stops "
+                "here. Lower --learning_rate, check the rewards, or try without --bf16; --resume "
+                "continues from "
+                f"the last checkpoint, which holds finite weights.")
+        return False
+
+    def pop(self):
+        """Steps skipped since the last call (the `skipped_steps` metric of one update)."""
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+def check_batch(args, world_size, num_prompts, per_prompt):
+    """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the
+    fix."""
+    if num_prompts % world_size:
+        raise UsageError(f"--num_prompts {num_prompts} must be divisible by the number of "
+                         "processes "
+                         f"({world_size}); try --num_prompts "
+                         f"{world_size * max(1, num_prompts // world_size)}.")
+    local = num_prompts // world_size * per_prompt
+    if local % getattr(args, "num_mini_batches", 1):
+        raise UsageError(f"each rank gets {local} sequences per update (num_prompts / processes x "
+                         f"num_generations), which --num_mini_batches {args.num_mini_batches} must "
+                         "divide; "
+                         f"try --num_mini_batches {math.gcd(local, args.num_mini_batches)}.")

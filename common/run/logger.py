@@ -1,0 +1,255 @@
+"""What a run writes while it goes: a progress bar, metrics.jsonl, eval.jsonl, samples.jsonl,
+TensorBoard when installed and wandb with --track; the run's last line."""
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from common.models.distributed import print0
+from common.env.errors import PathError
+
+
+LOG_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")  # in the run's output_dir
+# What the Logger writes in the run's output_dir; checkpoint-N/ are common/run/checkpoints.py's.
+RUN_FILES = ("args.json", *LOG_FILES, "tb")
+# The key of a log line that counts its NaN and inf values, each written as null (absent when 0).
+NONFINITE = "nonfinite"
+
+
+def json_line(record):
+    """`record` as one line of strict JSON. json.dumps would write NaN and inf as bare NaN and
+    Infinity, which jq and strict JSON readers reject; they become null (inside lists and dicts
+    too), and the line counts them under "nonfinite". allow_nan=False makes any value missed here an
+    error rather than a line no tool reads."""
+    count = 0
+
+    def finite(value):
+        nonlocal count
+        if isinstance(value, float) and not math.isfinite(value):
+            count += 1
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    record = finite(record)
+    if count:
+        record[NONFINITE] = count
+    return json.dumps(record, allow_nan=False)
+
+
+def plain_mode(path, mode):
+    """mkstemp and mkdtemp make a 0600 file, a 0700 folder; a run's files and checkpoints get the
+    mode open() and mkdir() give under the umask, so that others may read a shared run folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
+def replace_file(path, text):
+    """Write `text` to `path` by a rename of a new file made beside it: a kill leaves the old file
+    or the new one whole, and a symbolic link planted at `path` is replaced, never followed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    plain_mode(tmp, 0o666)
+    os.replace(tmp, path)
+
+
+def open_log(path):
+    """`path` opened to append lines, created if missing; a symbolic link there is refused, not
+    followed (the run would write through it, outside its folder)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if not path.is_symlink():
+            raise
+        raise PathError(f"{path} is a symbolic link (to {os.readlink(path)}): a run follows no "
+                        "link in its folder; remove it, or pass another --output_dir.") from e
+    return os.fdopen(fd, "a")
+
+
+def mean_of(stats):
+    """A list of metric dicts -> each key's mean over the dicts that hold it."""
+    keys = dict.fromkeys(k for s in stats for k in s)
+    return {k: sum(s[k] for s in stats if k in s) / sum(k in s for s in stats) for k in keys}
+
+
+def every(step, interval):
+    """Whether an every-`interval`-updates event (eval, save) falls on update `step`; interval 0:
+    never."""
+    return bool(interval) and step % interval == 0
+
+
+def report_end(first_acc, final_acc, path, adapter=False):
+    """The last line of a run: held-out accuracy before and after, and where the policy went."""
+    accuracy = " -> ".join(f"{a:.3f}" for a in (first_acc, final_acc) if a is not None)
+    # the exact call that loads it, so that a reader can paste it; eval.py takes either folder
+    loads = (f"a LoRA adapter: peft.AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) loads "
+             f"it with its base, python eval.py --model_name_or_path {path} evaluates it"
+             if adapter else f"transformers.AutoModelForCausalLM.from_pretrained({str(path)!r}) "
+             "loads it")
+    print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} "
+           f"({loads})")
+
+
+class Logger:
+    """A progress bar, {output_dir}/metrics.jsonl (one JSON object per logged update),
+    samples.jsonl, eval.jsonl, TensorBoard when installed, and wandb with track=True. On ranks other
+    than 0 every method is a no-op. Every line is strict JSON (json_line): a NaN or inf is null, and
+    the line's "nonfinite" key says how many there were.
+
+    A run from update 0 starts the three files anew; lines an earlier run left there (a run killed
+    before its first checkpoint, continued with --resume) are kept as metrics.1.jsonl and so on. A
+    resumed run cuts them back to the lines of updates up to initial_step, the checkpoint's update,
+    so that lines written after that checkpoint by the killed run are not doubled (a line cut short
+    by the kill goes too)."""
+
+    def __init__(self, args, initial_step=0, enabled=True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        self.dir = Path(args.output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = asdict(args)
+        replace_file(self.dir / "args.json", json.dumps(config, indent=2, default=str))
+        files = [self.dir / name for name in LOG_FILES]
+        for path in files:
+            if initial_step > 0:
+                _keep_lines_up_to(path, initial_step)
+            else:  # a run from update 0 never writes over the lines of an earlier one
+                _set_aside(path)
+        self.metrics_file, self.eval_file, self.samples_file = (open_log(path) for path in files)
+        self.start = time.time()
+        self.bar = tqdm(total=args.max_steps, initial=initial_step, desc="updates",
+                        dynamic_ncols=True)
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.dir / "tb"))
+        except ImportError:  # an optional extra: the jsonl logs hold the same numbers
+            print0("TensorBoard logs are not written: tensorboard is not installed (pip install -r "
+                   "requirements-extra.txt)")
+        self.wandb = None
+        if args.track:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, name=self.dir.name, config=config)
+        self.warned, self.kl_history = set(), []
+
+    def log(self, step, metrics):
+        """One JSON line per update in metrics.jsonl."""
+        if not self.enabled:
+            return
+        self._write(self.metrics_file, step, metrics)
+        self.bar.update(1)
+        self._show(step, metrics)
+        self._watch(step, metrics)
+
+    def _watch(self, step, metrics):
+        """Say once, in the log, when a run looks like it is diverging: the policy moved far from
+        the one that sampled (approx_kl inf, above 1, or 10 times its usual size), or its entropy
+        collapsed to about 0."""
+        kl, entropy = metrics.get("approx_kl"), metrics.get("entropy")
+        history = self.kl_history
+        usual = sorted(history)[len(history) // 2] if len(history) >= 5 else None
+        far = usual is not None and kl is not None and kl > max(0.05, 10 * usual)
+        if kl is not None and (not math.isfinite(kl) or kl > 1.0 or far):
+            self._warn_once("approx_kl",
+                            f"warning: approx_kl is {kl:.4g} at update {step} (usually "
+                            f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far "
+                            "from the one that "
+                            f"sampled, a sign of divergence; consider a lower --learning_rate.")
+        elif kl is not None:
+            self.kl_history.append(kl)
+        if entropy is not None and entropy < 1e-3:
+            self._warn_once("entropy",
+                            f"warning: the policy's entropy collapsed to {entropy:.2g} at update "
+                            f"{step}: "
+                            "its samples are (nearly) all the same, so they carry little learning "
+                            "signal.")
+
+    def _warn_once(self, kind, text):
+        if kind not in self.warned:
+            self.warned.add(kind)
+            self.bar.write(text)
+
+    def log_eval(self, step, metrics):
+        """Evaluations go to eval.jsonl (step 0 is before any update)."""
+        if not self.enabled:
+            return
+        self._write(self.eval_file, step, metrics)
+        self._show(step, metrics)
+
+    def _write(self, file, step, metrics):
+        file.write(json_line({"step": step, "time": round(time.time() - self.start, 2),
+                              **metrics}) + "\n")
+        file.flush()
+        if self.tb:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
+
+    def _show(self, step, metrics):
+        shown = {k: metrics[k] for k in ("reward/mean", "accuracy", "eval/accuracy",
+                                         "kl_ref") if k in metrics}
+        self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items()}, refresh=True)
+
+    def log_samples(self, step, samples, show=1):
+        """samples: list of dicts (prompt, response, reward, ...). All go to samples.jsonl; `show`
+        are printed so that reward hacking is visible while the run goes."""
+        if not self.enabled:
+            return
+        for s in samples:
+            self.samples_file.write(json_line({"step": step, **s}) + "\n")
+        self.samples_file.flush()
+        for s in samples[:show]:
+            self.bar.write(f"[step {step}] reward={s.get('reward')}  "
+                           f"{s.get('response', '')[:300]!r}")
+
+    def close(self):
+        if not self.enabled:
+            return
+        self.bar.close()
+        for f in (self.metrics_file, self.eval_file, self.samples_file):
+            f.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def _set_aside(path):
+    """Rename a non-empty log to the first free name.k.jsonl, and start an empty one."""
+    if path.exists() and path.stat().st_size:
+        k = 1
+        while os.path.lexists(aside := path.with_name(f"{path.stem}.{k}{path.suffix}")):
+            k += 1
+        os.replace(path, aside)
+        print0(f"{path.name}: the earlier run's lines are kept in {aside.name}")
+    open_log(path).close()
+
+
+def _keep_lines_up_to(path, step):
+    """Rewrite a jsonl log keeping the whole lines whose "step" is <= step."""
+    if not path.exists():
+        open_log(path).close()
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass  # cut short by a kill
+    replace_file(path, "".join(kept))  # a kill during the rewrite must not lose the lines
