@@ -43,22 +43,14 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.run.args import TrainArgs, lr_at, parse_args, schedule
-from common.run.checks import check_common_args
-from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_sum,
-                                average_gradients, sample_seed)
-from common.env.math_env import make_envs, resolve_dataset, resolve_task
-from common.env.errors import UsageError
-from common.run.logger import mean_of
-from common.rl.logprobs import batched_token_logprobs, token_logprobs
-from common.models.loading import critic_state, load_tokenizer, make_critic, trained_policy
-from common.rl.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
-                             mismatch_stats, step_gae)
-from common.run.run import Run
-from common.models.sampler import left_pad
-from common.models.sharding import clip_grad_norm
-from common.models.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, single_token_id,
-                             trim_left_padding)
+from common.env import UsageError, make_envs, resolve_task
+from common.models import (ProcessRewardModel, StepwiseEnvs, critic_state, left_pad,
+                           load_prm_tokenizer, load_tokenizer, make_critic, single_token_id,
+                           trained_policy, trim_left_padding)
+from common.rl import (batched_token_logprobs, explained_variance, kl_estimate, masked_mean,
+                       masked_whiten, mismatch_stats, step_gae, token_logprobs)
+from common.run import (Run, TrainArgs, all_gather_objects, all_reduce_mean, all_reduce_sum,
+                        mean_of, parse_args, sample_seed)
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
 STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96), "math": (10, 96)}
@@ -147,9 +139,8 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every option error before any model loads, each with the fix: the shared ones
-    (common/run/checks.py), then this file's own."""
-    check_common_args(args, world_size)
+    """This file's own option errors, each with its fix, before any model loads (Run checks the
+    shared ones of common/run/checks.py first)."""
     if args.num_envs % world_size:
         raise UsageError(f"--num_envs {args.num_envs} must be divisible by the number of processes "
                          f"({world_size}); try --num_envs "
@@ -251,8 +242,7 @@ def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows
         loss.backward()
         total_loss += loss.item()
         stats.append(s)
-    average_gradients(critic)
-    grad_norm = clip_grad_norm(critic, args.max_grad_norm)
+    grad_norm = run.sync_gradients(critic)  # DDP's mean over ranks, then the clip
     if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
         critic_optimizer.step()
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
@@ -276,7 +266,7 @@ def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, 
         input_ids, attention_mask = trim_left_padding(all_ids[rows], all_mask[rows])
         with run.autocast:
             logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R,
-                                               args.temperature)
+                                               args.temperature, fast=not args.plain)
         loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],
                               response_mask[rows], entropy, normaliser, args)
         loss.backward()
@@ -289,8 +279,7 @@ def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, 
     if args.skip_kl and stats["approx_kl"] > args.skip_kl:  # the same on every rank
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "early_stop_frac": 1.0}
-    average_gradients(policy)
-    grad_norm = clip_grad_norm(policy, args.max_grad_norm)
+    grad_norm = run.sync_gradients(policy)  # DDP's mean over ranks, then the clip
     if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
         optimizer.step()
     return {**stats, "early_stop_frac": 0.0, "grad_norm": grad_norm}
@@ -304,13 +293,13 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     steps, tokens = STEP_LIMITS.get(resolve_task(args, say=run.print)[0], (10, 96))
     args.max_episode_steps = args.max_episode_steps or steps  # an arithmetic answer is one line
     args.max_new_tokens = args.max_new_tokens or tokens
     stepwise = dict(stepwise=True, step_tag=args.step_tag, max_steps=args.max_episode_steps)
     env, eval_env = make_envs(args, stepwise, say=run.print)
-    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_envs * args.num_steps
+    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_envs * args.num_steps
                                                  / args.max_episode_steps)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
@@ -354,7 +343,7 @@ def main(args):
         t0 = time.time()
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes go on next update
         segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p,
-                               run.autocast)
+                               run.autocast, fast=not args.plain)
         run.check_rewards(segment.rewards, step + 1,
                           lambda k, t: f"env {run.rank * local_envs + k}, "
                                        f"problem {segment.indices[k][t]}")
@@ -380,12 +369,12 @@ def main(args):
         old_logprobs = gen.logprobs  # [N, R]
         if args.bf16:  # CRUCIAL: bf16 sampling and training forwards round differently
             with run.autocast:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
 
         # ---- update: num_ppo_epochs passes of num_mini_batches minibatches; the critic steps first
-        lr = lr_at(step, args)
-        optimizer.param_groups[0]["lr"] = lr
-        critic_optimizer.param_groups[0]["lr"] = lr_at(step, args, args.critic_learning_rate)
+        lr = run.set_lr(optimizer, step)
+        run.set_lr(critic_optimizer, step, args.critic_learning_rate)
         policy.train()
         stats = []
         for epoch in range(args.num_ppo_epochs):

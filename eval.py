@@ -11,8 +11,8 @@
         --num_generations 4 --temperature 0.6
 
 The data options are training's (common/run/args.py's DataArgs), read by the same code
-(common/env/math_env.py's `resolve_task`): --dataset_name is a task, a MATH subject, a data file or a hub
-dataset id, and a problem is prompted as in training.
+(common/env/math_env.py's `resolve_task`): --dataset_name is a task, a MATH subject, a data file or
+a hub dataset id, and a problem is prompted as in training.
 
 Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
 - accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of
@@ -23,11 +23,11 @@ Metrics, over the evaluated problems (a problem is solved by a sample whose rewa
   correct:
       pass@k = 1 - C(n - c, k) / C(n, k)
 - maj@k: the majority answer of the first k samples is correct. Only answers in the task's format
-  vote (a bare
-  number without "The answer is" or "####" is no answer). Answers are grouped by value: numbers
-  compare numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of
-  common/env/grader.py (so `\\frac{1}{2}` and `0.5` are two different votes), anything else by its text
-  without spaces. A sample with no extracted answer never wins; a tie goes to the answer seen first.
+  vote (a bare number without "The answer is" or "####" is no answer). Answers are grouped by value:
+  numbers compare numerically (18 == 18.0 == 18.00), MATH answers by the normalised LaTeX string of
+  common/env/grader.py (so `\\frac{1}{2}` and `0.5` are two different votes), anything else by its
+  text without spaces. A sample with no extracted answer never wins; a tie goes to the answer seen
+  first.
 
 Writes one JSON line per problem (the n responses with reward, correct, extracted answer, length;
 per-problem pass@k and maj@k) to --output and a summary next to it (<output>.summary.json).
@@ -52,19 +52,13 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from common.env.answers import to_number
-from common.run.args import DataArgs, parse_args
-from common.run.checks import check_output_dir, check_ranges
-from common.models.distributed import all_gather_objects, init_distributed, print0, sample_seed, set_seed
-from common.env.math_env import MATH_SUBJECTS, filter_math, make_env, make_env_options, resolve_task
-from common.env.errors import PathError, UsageError
-from common.models.fast.graphs import capture_decoding
-from common.models.fast.decoding import fast_decoding
-from common.env.grader import normalize
-from common.models.loading import check_model_name, load_policy, load_tokenizer
-from common.models.sampler import encode_prompts, generate
-from common.env.tasks import TASKS, read_rows, rename_fields
-from common.env.tasks import grade as task_grade
+from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math, grade as
+                        task_grade, make_env, make_env_options, normalize, read_rows, rename_fields,
+                        resolve_task, to_number)
+from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
+                           generate, load_policy, load_tokenizer)
+from common.run import (DataArgs, all_gather_objects, check_output_dir, check_ranges,
+                        init_distributed, parse_args, print0, sample_seed, set_seed)
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.

@@ -32,19 +32,12 @@ from typing import Literal, Optional
 
 import torch
 
-from common.run.args import TrainArgs, lr_at, parse_args, schedule
-from common.run.checks import check_common_args
-from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
-                                sample_seed)
-from common.env.math_env import make_envs, resolve_dataset
-from common.env.errors import UsageError
-from common.models.fast.decoding import fast_decoding
-from common.rl.logprobs import batched_token_logprobs, token_logprobs
-from common.models.loading import load_tokenizer, reference_policy, trained_policy
-from common.rl.numerics import kl_estimate, masked_mean, mismatch_stats
-from common.run.run import Run
-from common.models.sampler import Generation, Rollout, encode_prompts, generate
-from common.models.sharding import clip_grad_norm
+from common.env import UsageError, make_envs
+from common.models import (Generation, Rollout, encode_prompts, fast_decoding, generate,
+                           load_tokenizer, reference_policy, trained_policy)
+from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
+                       token_logprobs)
+from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
 
 
 @dataclass
@@ -110,9 +103,8 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every option error before any model loads, each with the fix: the shared ones
-    (common/run/checks.py), then this file's own."""
-    check_common_args(args, world_size)
+    """This file's own option errors, each with its fix, before any model loads (Run checks the
+    shared ones of common/run/checks.py first)."""
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
 
@@ -130,7 +122,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+    # the same samples, faster (--plain: the plain Decoder)
+    with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                        args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
@@ -255,9 +248,9 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
-    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
@@ -301,9 +294,11 @@ def main(args):
         with run.autocast:
             # one pass of one minibatch: pi_old is the policy itself, detached in the loss
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             # under the sampler's log-probs: a number, not a function of the weights
             kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
@@ -318,20 +313,18 @@ def main(args):
             loss_mask = response_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
-        lr = lr_at(step, args)
-        optimizer.param_groups[0]["lr"] = lr
+        lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
-        shuffle_seeds = [sample_seed(args.seed, step, e * run.world + run.rank)  # one per epoch
-                         for e in range(args.num_ppo_epochs)]
-        for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
+        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
-                                                       attention_mask[rows], R, args.temperature)
+                                                       attention_mask[rows], R, args.temperature,
+                                                       fast=not args.plain)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
                 loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
@@ -340,8 +333,8 @@ def main(args):
                 total_loss += loss.item()
                 stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
                               "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
-            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
-            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
+            # what DDP does: the mean of every rank's gradient; then the clip
+            grad_norms.append(run.sync_gradients(policy))
             if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start

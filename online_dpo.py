@@ -38,19 +38,12 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.run.args import TrainArgs, lr_at, parse_args, schedule
-from common.run.checks import check_common_args
-from common.models.distributed import (all_gather_objects, all_reduce_sum, average_gradients,
-                                prompt_indices, sample_seed)
-from common.env.math_env import make_envs, resolve_dataset
-from common.env.errors import UsageError
-from common.models.fast.decoding import fast_decoding
-from common.rl.logprobs import batched_token_logprobs, token_logprobs
-from common.models.loading import load_tokenizer, reference_policy, trained_policy
-from common.rl.numerics import masked_mean
-from common.run.run import Run
-from common.models.sampler import Rollout, encode_prompts, generate
-from common.models.sharding import clip_grad_norm
+from common.env import UsageError, make_envs
+from common.models import (Rollout, encode_prompts, fast_decoding, generate, load_tokenizer,
+                           reference_policy, trained_policy)
+from common.rl import batched_token_logprobs, masked_mean, token_logprobs
+from common.run import (Run, TrainArgs, all_gather_objects, all_reduce_sum, parse_args,
+                        prompt_indices, sample_seed)
 
 
 @dataclass
@@ -98,9 +91,8 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every option error before any model loads, each with the fix: the shared ones
-    (common/run/checks.py), then this file's own."""
-    check_common_args(args, world_size)
+    """This file's own option errors, each with its fix, before any model loads (Run checks the
+    shared ones of common/run/checks.py first)."""
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: a pair needs two responses.")
     if not args.beta > 0:
@@ -121,7 +113,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+    # the same samples, faster (--plain: the plain Decoder)
+    with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                        args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
@@ -217,9 +210,9 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
-    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
@@ -269,11 +262,11 @@ def main(args):
         ref_logprobs = None
         with run.autocast:
             if len(weights):
-                ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb)  # [2 P', R]
+                ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb,
+                                                      fast=not args.plain)  # [2 P', R]
 
         # ---- update: one optimizer step on every pair (the policy's own), micro-batches of pairs
-        lr = lr_at(step, args)
-        optimizer.param_groups[0]["lr"] = lr
+        lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
         if len(weights):  # no pair on any rank (every response scored the same): no step
@@ -284,7 +277,7 @@ def main(args):
             for rows in batch_rows.split(2 * mb):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
-                                                       attention_mask[rows], R)
+                                                       attention_mask[rows], R, fast=not args.plain)
                 loss, s = dpo_loss(logprobs, ref_logprobs[rows], loss_mask[rows],
                                    weights[rows[0::2] // 2], norm, args)
                 loss.backward()
@@ -294,8 +287,8 @@ def main(args):
                                   # per token, k1: TRL's objective/kl over the response's length
                                   "kl_ref": masked_mean(logprobs.detach() - ref_logprobs[rows],
                                                         mask[rows]).item()})
-            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
-            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
+            # what DDP does: the mean of every rank's gradient; then the clip
+            grad_norms.append(run.sync_gradients(policy))
             if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start

@@ -37,20 +37,12 @@ from typing import Literal, Optional
 
 import torch
 
-from common.run.args import TrainArgs, lr_at, parse_args, schedule
-from common.run.checks import check_common_args
-from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
-                                sample_seed)
-from common.env.math_env import make_envs, resolve_dataset
-from common.models.fast.decoding import fast_decoding
-from common.rl.logprobs import batched_token_logprobs, token_logprobs
-from common.models.loading import (critic_state, load_tokenizer, make_critic, reference_policy,
-                           trained_policy)
-from common.rl.numerics import (explained_variance, kl_estimate, masked_mean, masked_whiten,
-                             mismatch_stats, token_gae)
-from common.run.run import Run
-from common.models.sampler import Rollout, encode_prompts, generate
-from common.models.sharding import clip_grad_norm
+from common.env import make_envs
+from common.models import (Rollout, critic_state, encode_prompts, fast_decoding, generate,
+                           load_tokenizer, make_critic, reference_policy, trained_policy)
+from common.rl import (batched_token_logprobs, explained_variance, kl_estimate, masked_mean,
+                       masked_whiten, mismatch_stats, token_gae, token_logprobs)
+from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
 
 
 @dataclass
@@ -132,9 +124,8 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every option error before any model loads, each with the fix: the shared ones
-    (common/run/checks.py), then this file's own."""
-    check_common_args(args, world_size)
+    """This file's own option errors, each with its fix, before any model loads (Run checks the
+    shared ones of common/run/checks.py first)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,7 +141,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+    # the same samples, faster (--plain: the plain Decoder)
+    with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                        args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
@@ -271,9 +263,11 @@ def forward(policy, critic, input_ids, attention_mask, R, args):
     hidden states."""
     if args.critic_type == "shared":  # shared critic: a value head reads the policy's states
         logprobs, entropy, hidden = token_logprobs(policy, input_ids, attention_mask, R,
-                                                   args.temperature, return_hidden=True)
+                                                   args.temperature, return_hidden=True,
+                                                   fast=not args.plain)
         return logprobs, entropy, critic(hidden[:, -R - 1:-1])  # [b, R]
-    logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, args.temperature)
+    logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R, args.temperature,
+                                       fast=not args.plain)
     # CRUCIAL: the same one-token shift as the log-probs: V(s_t) sits at the position before t.
     values = critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1:-1]  # [b, R]
     return logprobs, entropy, values
@@ -297,9 +291,9 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
-    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
@@ -345,7 +339,8 @@ def main(args):
         with run.autocast:
             old_logprobs, values = rollout_forward(policy, critic, gen, mb, args)  # [N, R] each
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             # under pi_old's log-probs (PPO has them; the sampler's, grpo's, differ by rounding)
             kl = kl_estimate(old_logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
@@ -357,15 +352,12 @@ def main(args):
         loss_mask = response_mask  # [N, R] the tokens that count in the loss
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
-        lr = lr_at(step, args)
-        optimizer.param_groups[0]["lr"] = lr
-        critic_optimizer.param_groups[0]["lr"] = lr_at(step, args, args.critic_learning_rate)
+        lr = run.set_lr(optimizer, step)
+        run.set_lr(critic_optimizer, step, args.critic_learning_rate)
         policy.train()
         critic.train()
         stats, grad_norms, critic_grad_norms = [], [], []
-        shuffle_seeds = [sample_seed(args.seed, step, e * run.world + run.rank)  # one per epoch
-                         for e in range(args.num_ppo_epochs)]
-        for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
+        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
@@ -388,10 +380,9 @@ def main(args):
                 stats.append({**s, **vs,
                               **mismatch_stats(old_logprobs[rows], gen.logprobs[rows], mask[rows]),
                               "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
-            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
-            average_gradients(critic)
-            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
-            critic_grad_norms.append(clip_grad_norm(critic, args.max_grad_norm))
+            # what DDP does: the mean of every rank's gradient; then the clip
+            grad_norms.append(run.sync_gradients(policy))
+            critic_grad_norms.append(run.sync_gradients(critic))
             if run.guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
                 optimizer.step()
                 critic_optimizer.step()

@@ -13,9 +13,10 @@ baseline (docs/reinforce.md says why a baseline helps, and what it measured):
     A_i = G_i - b_i,          b_i = 0 (none) | batch mean of G (mean) | sum_j!=i G_j / (k-1) (rloo)
     L   = -(1/N) sum_i A_i log pi(o_i | q),    log pi(o_i | q) = sum_t log pi(o_it | q, o_i<t)
 With --length_normalize (the seed's way, on by default) log pi(o_i | q) and KL_i are token means.
-Stepwise (--stepwise, the seed's policy; common/models/stepwise.py plays it): one action is one line, and
-each line's return G_t = sum_j gamma^j (r_t+j - beta KL_t+j) carries the rest of its episode; with
---sym_calc a calculator writes the value after <<expr>>, and those tokens are out of the loss.
+Stepwise (--stepwise, the seed's policy; common/models/stepwise.py plays it): one action is one
+line, and each line's return G_t = sum_j gamma^j (r_t+j - beta KL_t+j) carries the rest of its
+episode; with --sym_calc a calculator writes the value after <<expr>>, and those tokens are out of
+the loss.
 
 Simplified versus the seed (LLM_RL):
 - on-policy batches of num_prompts x num_generations samples and one optimizer step each, no replay
@@ -41,21 +42,14 @@ from typing import Literal, Optional
 
 import torch
 
-from common.run.args import TrainArgs, lr_at, parse_args, schedule
-from common.run.checks import check_common_args
-from common.models.distributed import (all_reduce_sum, average_gradients, prompt_indices,
-                                sample_seed)
-from common.env.math_env import make_envs, resolve_dataset
-from common.env.errors import UsageError
-from common.run.logger import every
-from common.models.fast.decoding import fast_decoding
-from common.rl.logprobs import batched_token_logprobs, token_logprobs
-from common.models.loading import load_tokenizer, reference_policy, trained_policy
-from common.rl.numerics import discounted_returns, kl_estimate, masked_mean, mismatch_stats
-from common.run.run import Run
-from common.models.sampler import Rollout, encode_prompts, eos_token_ids, generate
-from common.models.sharding import clip_grad_norm, full_state_dict, unsharded
-from common.models.stepwise import Episodes, play_episodes, policy_sampler, stepwise_system_prompt
+from common.env import UsageError, make_envs
+from common.models import (Episodes, Rollout, encode_prompts, eos_token_ids, fast_decoding,
+                           full_state_dict, generate, load_tokenizer, play_episodes, policy_sampler,
+                           reference_policy, stepwise_system_prompt, trained_policy, unsharded)
+from common.rl import (batched_token_logprobs, discounted_returns, kl_estimate, masked_mean,
+                       mismatch_stats, token_logprobs)
+from common.run import (Run, TrainArgs, all_reduce_sum, every, parse_args, prompt_indices,
+                        sample_seed)
 
 
 @dataclass
@@ -117,9 +111,8 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every option error before any model loads, each with the fix: the shared ones
-    (common/run/checks.py), then this file's own."""
-    check_common_args(args, world_size)
+    """This file's own option errors, each with its fix, before any model loads (Run checks the
+    shared ones of common/run/checks.py first)."""
     if args.baseline == "rloo" and args.num_generations < 2:
         raise UsageError("--baseline rloo needs --num_generations >= 2: the others' mean.")
     if args.ref_model_sync_steps and args.beta == 0:  # ref sync: needs a reference
@@ -147,14 +140,15 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     if args.stepwise:  # stepwise: LLM_RL's policy, one line per step, with a calculator
         sample = policy_sampler(policy, tokenizer, args.temperature, args.top_p,
                                 lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
-                                autocast)
+                                autocast, fast=not args.plain)
         eos_ids = set(eos_token_ids(policy, tokenizer))
         with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
             return play_episodes(sample, tokenizer, env, problems, G, args.max_new_tokens,
                                  args.sym_calc, next(policy.parameters()).device, eos_ids)
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    with autocast, fast_decoding(policy) as decoder:  # the same samples, faster
+    # the same samples, faster (--plain: the plain Decoder)
+    with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens, args.temperature,
                        args.top_p, seeds=seeds, decoder=decoder)
     texts = gen.texts(tokenizer)
@@ -245,12 +239,12 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     stepwise = dict(stepwise=True, max_steps=args.max_episode_steps, calc_annotations=args.sym_calc,
                     system_prompt=args.system_prompt or stepwise_system_prompt(args.dataset_name,
                                                                                args.sym_calc))
     env, eval_env = make_envs(args, stepwise if args.stepwise else None, True, say=run.print)
-    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
@@ -297,7 +291,8 @@ def main(args):
         old_logprobs, ref_logprobs, kl = gen.logprobs, None, None
         with run.autocast:
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [n, R]
             ref_logprobs = None
@@ -313,8 +308,7 @@ def main(args):
         n = len(advantages)
 
         # ---- update: one optimizer step on the whole batch (REINFORCE is on-policy), micro-batched
-        lr = lr_at(step, args)
-        optimizer.param_groups[0]["lr"] = lr
+        lr = run.set_lr(optimizer, step)
         policy.train()
         stats, total_loss = [], 0.0
         norm = loss_normaliser(loss_mask, args, run.world)
@@ -322,7 +316,7 @@ def main(args):
         for rows in torch.arange(n, device=run.device).split(mb):  # gradients accumulate
             with run.autocast:
                 logprobs, entropy = token_logprobs(policy, input_ids[rows], attention_mask[rows], R,
-                                                   args.temperature)
+                                                   args.temperature, fast=not args.plain)
             ref = None if ref_logprobs is None else ref_logprobs[rows]
             loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows], loss_mask[rows],
                                   norm, args, ref, gen.logprobs[rows])
@@ -330,8 +324,8 @@ def main(args):
             total_loss += loss.item()
             stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[rows], mask[rows]),
                           "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
-        average_gradients(policy)  # what DDP does: the mean of every rank's gradient
-        grad_norm = clip_grad_norm(policy, args.max_grad_norm)
+        # what DDP does: the mean of every rank's gradient; then the clip
+        grad_norm = run.sync_gradients(policy)
         if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
             optimizer.step()
         # ref sync: the seed's refresh of the reference

@@ -6,8 +6,9 @@ GRPO-style RL over responses with tool calls in them; the loss is grpo.py's (Dee
 al. 2024, arXiv:2402.03300), as TRL's GRPOTrainer computes it with `tools=`.
 
 The model writes; when it closes a call, `<calc>214 + 23 * 105</calc>`, sampling stops, the tool
-runs (common/env/toolbox.py) and its answer is put after the call as token ids, `<output>2629</output>`;
-sampling resumes after it, for up to --max_turns turns of the model. One response is then
+runs (common/env/toolbox.py) and its answer is put after the call as token ids,
+`<output>2629</output>`; sampling resumes after it, for up to --max_turns turns of the model. One
+response is then
     o_i = [model ids, tool ids, model ids, ...]    m_it = 1 on the model's ids, 0 on the tool's
 and, with A_i the group advantage of the final answer's reward, exactly as grpo.py:
     L = agg_it [ m_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i) + beta KL_it ]
@@ -40,22 +41,14 @@ from typing import Literal, Optional
 
 import torch
 
-from common.run.args import TrainArgs, lr_at, parse_args, schedule
-from common.run.checks import check_common_args
-from common.models.distributed import (all_reduce_sum, average_gradients, minibatches, prompt_indices,
-                                sample_seed)
-from common.env.math_env import make_envs, resolve_dataset
-from common.env.errors import UsageError
-from common.models.fast.decoding import fast_decoding
-from common.rl.logprobs import batched_token_logprobs, token_logprobs
-from common.models.loading import load_tokenizer, reference_policy, trained_policy
-from common.rl.numerics import kl_estimate, masked_mean, mismatch_stats
-from common.run.run import Run
-from common.models.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
-                            left_pad)
-from common.models.sharding import clip_grad_norm, unsharded
-from common.env.toolbox import (find_call, output_text, parse_tools, run_tool, stop_strings,
-                          system_prompt)
+from common.env import (UsageError, find_call, make_envs, output_text, parse_tools, run_tool,
+                        stop_strings, system_prompt)
+from common.models import (Generation, Rollout, encode_prompts, eos_token_ids, fast_decoding,
+                           generate, left_pad, load_tokenizer, reference_policy, trained_policy,
+                           unsharded)
+from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
+                       token_logprobs)
+from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
 
 
 @dataclass
@@ -123,9 +116,8 @@ class Args(TrainArgs):
 
 
 def check_args(args, world_size):
-    """Every option error before any model loads, each with the fix: the shared ones
-    (common/run/checks.py), then this file's own."""
-    check_common_args(args, world_size)
+    """This file's own option errors, each with its fix, before any model loads (Run checks the
+    shared ones of common/run/checks.py first)."""
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
     try:  # tools: every name known
@@ -190,7 +182,7 @@ def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
         stops = stop_strings(tools) if turn < args.max_turns - 1 else ()
         room = [budget - len(ids[i]) for i in active]
         # CRUCIAL: token in, token out: the context is the ids as they are, never re-tokenised text
-        with autocast, fast_decoding(policy) as decoder:
+        with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
             gen = generate(policy, tokenizer, [prompts[i] + ids[i] for i in active], max(room),
                            temperature, args.top_p, stop_strings=stops,
                            seeds=[turn_seed(seeds[i], turn) for i in active], decoder=decoder)
@@ -355,12 +347,12 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    args.dataset_name, args.dataset_path = resolve_dataset(args, say=run.print)  # a file: its task
     env, eval_env = make_envs(args, say=run.print)
+    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     tools = parse_tools(args.tools)  # tools: ("calc",) by default
     for e in (env, eval_env):  # tools: the prompts name them and show one call
         show_tools(e, tools, args.num_few_shot)
-    args.max_steps, args.warmup_steps = schedule(args, len(env), args.num_prompts)
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
@@ -407,9 +399,11 @@ def main(args):
         with run.autocast:
             # one pass of one minibatch: pi_old is the policy itself, detached in the loss
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb)
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
+                                                      fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             # under the sampler's log-probs: a number, not a function of the weights
             kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
@@ -425,20 +419,18 @@ def main(args):
             loss_mask = own_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
-        lr = lr_at(step, args)
-        optimizer.param_groups[0]["lr"] = lr
+        lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
-        shuffle_seeds = [sample_seed(args.seed, step, e * run.world + run.rank)  # one per epoch
-                         for e in range(args.num_ppo_epochs)]
-        for batch_rows in minibatches(N, args.num_mini_batches, shuffle_seeds, run.device):
+        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
-                                                       attention_mask[rows], R, args.temperature)
+                                                       attention_mask[rows], R, args.temperature,
+                                                       fast=not args.plain)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
                 loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
@@ -447,8 +439,8 @@ def main(args):
                 total_loss += loss.item()
                 stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
                               "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
-            average_gradients(policy)  # what DDP does: the mean of every rank's gradient
-            grad_norms.append(clip_grad_norm(policy, args.max_grad_norm))
+            # what DDP does: the mean of every rank's gradient; then the clip
+            grad_norms.append(run.sync_gradients(policy))
             if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start

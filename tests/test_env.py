@@ -7,7 +7,7 @@ import json
 import pytest
 
 from common.env.answers import safe_arith
-from common.env.math_env import make_env, make_envs, resolve_dataset, verify
+from common.env.math_env import make_env, make_envs, verify
 from common.env.errors import PathError
 from common.env.tasks import DATA_DIR, TASKS, detect_task, load_few_shot
 from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
@@ -342,11 +342,11 @@ def test_a_math_file_given_with_the_default_task_is_read_as_math(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in MATH500_ROWS))
     args = Args(dataset_path=str(path), num_eval_problems=0)
     said = []
-    assert resolve_dataset(args, say=said.append) == ("math", str(path))  # what args.json records
     train, _ = make_envs(args, say=said.append)
+    assert train.source == ("math", str(path))  # what args.json records
     assert train.task.name == "math" and len(train) == 4
     assert said == [f"{path}: its fields are those of the math task, not arithmetic: reading it as "
-                    f"math"] * 2
+                    f"math"]
     assert args.dataset_name == "arithmetic"  # as given: only main writes args
 
 
@@ -364,7 +364,7 @@ def test_math_subjects_and_levels_filter_both_splits(tmp_path, name, levels, que
     train, held_out = make_envs(args, say=lambda _: None)
     assert [ex["question"] for ex in train.examples] == questions
     assert [ex["question"] for ex in held_out.examples] == questions
-    assert resolve_dataset(args) == (name, str(path))  # args.json records the subject that was run
+    assert train.source == (name, str(path))  # args.json records the subject that was run
 
 
 def test_math_filters_say_what_they_cannot_do(tmp_path):

@@ -1,9 +1,12 @@
-"""common/ is layered: a module imports only from the layers below its own, so there is no import
-cycle and a student can read it bottom up. The order is written once, in docs/reading.md (the
-picture under "Layers"); this test reads it there, parses every import of every common/ module
-(inside functions too) and fails on one that points sideways or up."""
+"""common/ is four packages, env < models < rl < run, each importing only from those below it; inside
+a package a module imports only from the layers below its own, so there is no import cycle and a
+student reads it bottom up. The order is written once, in docs/reading.md (the picture under
+"Layers"); this test reads it there, parses every import of every common/ module (inside functions
+too) and fails on one that points sideways or up. Every algorithm file imports from the four
+packages' faces only (their __init__), names that the face lists."""
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -12,6 +15,20 @@ import pytest
 from common.run.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("env", "models", "rl", "run")  # bottom to top
+
+
+def common_modules():
+    """{dotted name under common: source} of every module of common/, faces (package.__init__
+    as the package's own name) included."""
+    out = {}
+    for p in sorted((ROOT / "common").rglob("*.py")):
+        parts = p.relative_to(ROOT / "common").with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            out[".".join(parts)] = p.read_text()
+    return out
 
 
 def layers_from_docs(text):
@@ -19,36 +36,53 @@ def layers_from_docs(text):
     block = re.search(r"```layers\n(.*?)```", text, re.S).group(1)
     order = {}
     for line in block.splitlines():
-        m = re.match(r"\s*(\d+)\s+([a-z_]+(?:\s+·\s+[a-z_]+)*)", line)
+        m = re.match(r"\s*(\d+)\s+([a-z_.]+(?:\s+·\s+[a-z_.]+)*)", line)
         if m:
             for name in m.group(2).split("·"):
                 order[name.strip()] = int(m.group(1))
     return order
 
 
-def common_imports(source):
-    """(line, module) of every common/ module that `source` imports, at any depth."""
+def common_imports(source, modules):
+    """(line, module) of every common/ module (or package face) that `source` imports, at any
+    depth: `from common.models.sampler import x` is models.sampler, `from common.models import
+    sampler` the module when it is one, else the face `models`."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module == "common":
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("common."):
-            found.append((node.lineno, node.module.split(".")[1]))
-        elif isinstance(node, ast.ImportFrom) and node.level:  # from . import x / from .x import y
-            found += ([(node.lineno, node.module.split(".")[0])] if node.module
-                      else [(node.lineno, a.name) for a in node.names])
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("common"):
+            base = node.module[len("common."):] if node.module != "common" else ""
+            for a in node.names:
+                sub = f"{base}.{a.name}" if base else a.name
+                found.append((node.lineno, sub if sub in modules else base))
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name.split(".")[1]) for a in node.names
+            found += [(node.lineno, a.name[len("common."):]) for a in node.names
                       if a.name.startswith("common.")]
     return found
 
 
+def package(module):
+    return module.split(".")[0]
+
+
 def violations(sources, order):
-    """'module:line imports X (layer i -> j)' for each import that is not strictly downward."""
+    """'module:line imports X (...)' for each import that is not strictly downward: to a lower
+    package, or in its own package to a lower layer. A face (a package's __init__) may import its
+    own modules and lower packages; nothing imports a face of its own package or one above."""
     bad = []
     for module, source in sorted(sources.items()):
-        for line, target in common_imports(source):
-            if target not in order or module not in order:
+        for line, target in common_imports(source, sources):
+            if not target or package(target) not in PACKAGES:
+                bad.append(f"{module}:{line} imports common.{target}: not one of the packages")
+                continue
+            here, there = PACKAGES.index(package(module)), PACKAGES.index(package(target))
+            if there > here:
+                bad.append(f"{module}:{line} imports {target} (package {package(module)} -> "
+                           f"{package(target)}: above)")
+            elif there < here:
+                continue
+            elif module in PACKAGES:  # a face reads its own modules
+                continue
+            elif target not in order or module not in order:
                 bad.append(f"{module}:{line} imports {target}: not in the docs' layers")
             elif order[target] >= order[module]:
                 bad.append(f"{module}:{line} imports {target} "
@@ -58,28 +92,104 @@ def violations(sources, order):
 
 def test_every_common_module_has_a_layer_in_the_docs_and_only_those():
     order = layers_from_docs((ROOT / "docs/reading.md").read_text())
-    modules = {p.stem for p in (ROOT / "common").glob("*.py")} - {"__init__"}
+    modules = set(common_modules()) - set(PACKAGES) - {"models.fast"}
     assert set(order) == modules
+
+
+def test_the_layers_keep_each_package_in_one_band_in_package_order():
+    order = layers_from_docs((ROOT / "docs/reading.md").read_text())
+    bands = [(min(v for k, v in order.items() if package(k) == p),
+              max(v for k, v in order.items() if package(k) == p)) for p in PACKAGES]
+    assert all(hi < lo for (_, hi), (lo, _) in zip(bands, bands[1:])), bands
 
 
 def test_common_imports_only_point_down():
     order = layers_from_docs((ROOT / "docs/reading.md").read_text())
-    sources = {p.stem: p.read_text() for p in (ROOT / "common").glob("*.py") if p.stem != "__init__"}
-    assert violations(sources, order) == []
+    assert violations(common_modules(), order) == []
 
 
 def test_a_planted_upward_or_sideways_import_fails():
-    order = {"numerics": 2, "distributed": 1, "models": 3, "sampler": 3}
+    order = {"models.distributed": 1, "models.sampler": 3, "models.loading": 3, "rl.numerics": 2}
     sources = {
-        "distributed": "import torch\n",
+        "models.distributed": "import torch\n",
         # function-local, as the cycles of the old common/ were held together
-        "numerics": "from common.models.distributed import x\n\ndef f():\n    from common.models.loading import y\n",
-        "models": "import common.models.sampler\nfrom common import numerics\n",
-        "sampler": "from common.rl.numerics import masked_mean\n",
+        "rl.numerics": "from common.models.distributed import x\n\ndef f():\n    from common.run import y\n",
+        "models.loading": "import common.models.sampler\nfrom common.rl import numerics\n",
+        "models.sampler": "from common.models.distributed import masked_mean\n",
+        "models": "from common.models.loading import z\n",
+        "env.tasks": "from common import models\n",
     }
     assert violations(sources, order) == [
-        "models:1 imports sampler (layer 3 -> 3: not below)",
-        "numerics:4 imports models (layer 2 -> 3: not below)",
+        "env.tasks:1 imports models (package env -> models: above)",
+        "models.loading:1 imports models.sampler (layer 3 -> 3: not below)",
+        "models.loading:2 imports rl.numerics (package models -> rl: above)",
+        "rl.numerics:4 imports run (package rl -> run: above)",
+    ]
+
+
+# ---- each algorithm file imports from the four faces -----------------------------------------
+MOST_NAMES = {"grpo": 20}  # the file a student reads first: issue 65's bound
+
+
+def file_imports(source):
+    """[(line, module, [names])] of the top-level `from common... import` lines of an algorithm
+    file, and every other mention of common in an import, anywhere in it."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("common"):
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names if a.name.startswith("common")]
+    return out
+
+
+def face_violations(algo, source, faces):
+    """What breaks the rule for one file: an import of anything but a face, a name the face does
+    not list, more than four places, or more names than MOST_NAMES allows."""
+    bad, places, names = [], set(), 0
+    for line, module, imported in file_imports(source):
+        face = module[len("common."):] if module.startswith("common.") else None
+        if face not in faces or not imported:
+            bad.append(f"{algo}.py:{line} imports {module}: only the faces "
+                       f"{', '.join('common.' + f for f in faces)}")
+            continue
+        places.add(face)
+        names += len(imported)
+        bad += [f"{algo}.py:{line} imports {name} from common.{face}, whose face does not name it"
+                for name in imported if name not in faces[face]]
+    if len(places) > 4:
+        bad.append(f"{algo}.py imports from {len(places)} places")
+    if names > MOST_NAMES.get(algo, names):
+        bad.append(f"{algo}.py takes {names} names, more than {MOST_NAMES[algo]}")
+    return bad
+
+
+def faces():
+    return {p: set(importlib.import_module(f"common.{p}").__all__) for p in PACKAGES}
+
+
+@pytest.mark.parametrize("algo", [*ALGORITHMS, "eval"])
+def test_each_file_imports_only_what_the_faces_name(algo):
+    assert face_violations(algo, (ROOT / f"{algo}.py").read_text(), faces()) == []
+
+
+def test_every_name_a_face_lists_is_there():
+    for p, names in faces().items():
+        module = importlib.import_module(f"common.{p}")
+        assert all(hasattr(module, n) for n in names), p
+
+
+def test_a_file_that_reaches_past_a_face_or_takes_too_many_names_fails():
+    source = ("from common.models import generate, secret\n"
+              "from common.models.sampler import Decoder\n"
+              "def f():\n    import common.rl.numerics\n"
+              "from common.run import a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q, r, s\n")
+    known = {"models": {"generate"}, "run": set("abcdefghijklmnopqrs")}
+    assert face_violations("grpo", source, known) == [
+        "grpo.py:1 imports secret from common.models, whose face does not name it",
+        "grpo.py:2 imports common.models.sampler: only the faces common.models, common.run",
+        "grpo.py:4 imports common.rl.numerics: only the faces common.models, common.run",
+        "grpo.py takes 21 names, more than 20",
     ]
 
 
@@ -97,6 +207,10 @@ def signatures(source):
             for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
 
 
+def path(module):
+    return module.replace(".", "/") + ".py"
+
+
 def name_violations(common, files, siblings=SIBLINGS):
     """common, files: {module: source}. A function of common/ is defined once there, and a file
     that defines one of the same name gives it the same parameters (no second meaning under a
@@ -108,12 +222,13 @@ def name_violations(common, files, siblings=SIBLINGS):
             if name == "main":  # each script's entry point (python -m common.run.plot)
                 continue
             if name in defined and not name.startswith("_"):
-                bad.append(f"{name}: defined in common/{defined[name][0]}.py and {module}.py")
+                bad.append(f"{name}: defined in common/{path(defined[name][0])} and "
+                           f"{path(module)}")
             defined.setdefault(name, (module, params))
     for module, source in sorted(files.items()):
         for name, params in signatures(source).items():
             if name in defined and defined[name][1] != params and not name.startswith("_"):
-                bad.append(f"{module}.{name}{tuple(params)} shadows common/{defined[name][0]}.py's "
+                bad.append(f"{module}.{name}{tuple(params)} shadows common/{path(defined[name][0])}'s "
                            f"{name}{tuple(defined[name][1])}")
     for a, b in siblings:
         sa, sb = signatures(files[a]), signatures(files[b])
@@ -130,13 +245,13 @@ def name_violations(common, files, siblings=SIBLINGS):
 
 
 def test_one_name_per_concept_in_common_and_the_algorithm_files():
-    common = {p.stem: p.read_text() for p in (ROOT / "common").glob("*.py")}
+    common = {m: s for m, s in common_modules().items() if m not in PACKAGES}
     files = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     assert name_violations(common, files) == []
 
 
 def test_a_planted_second_signature_or_retired_name_fails():
-    common = {"distributed": "def minibatches(n, num_mini_batches, seeds, device='cpu'):\n    pass\n"}
+    common = {"models.distributed": "def minibatches(n, num_mini_batches, seeds, device='cpu'):\n    pass\n"}
     files = {
         "appo": "def minibatches(step, epoch, num_envs):\n    pass\n"
                 "def policy_loss(logprobs, mask):\n    pass\n",
@@ -189,7 +304,7 @@ def derived_block(source):
 
 
 def test_nothing_in_common_writes_to_args():
-    found = {p.name: args_writes(p.read_text()) for p in (ROOT / "common").glob("*.py")}
+    found = {m: args_writes(s) for m, s in common_modules().items()}
     assert {name: lines for name, lines in found.items() if lines} == {}
 
 

@@ -25,9 +25,10 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
    decimal number (3.14159) is compared with a tolerance (1e-12 relative). A bare `e` is Euler's
    number; `i` is the imaginary unit.
 
-The worker (common/env/grader_worker.py): a small pool of processes shared by all threads. Each grade
-has a budget of TIMEOUT_S seconds of a worker's CPU time, shared by all its worker calls; waiting
-for a free worker or for a starting one is not charged. An answer out of budget grades as wrong.
+The worker (common/env/grader_worker.py): a small pool of processes shared by all threads. Each
+grade has a budget of TIMEOUT_S seconds of a worker's CPU time, shared by all its worker calls;
+waiting for a free worker or for a starting one is not charged. An answer out of budget grades as
+wrong.
 `grader_counts()` counts grades, timeouts and failures. A worker runs this file (its last lines).
 
 Safety: model text is never given to eval, `sympify` or `parse_expr` (all three call Python's eval).

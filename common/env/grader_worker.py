@@ -1,8 +1,8 @@
 """The sympy worker of common/env/grader.py: a small pool of worker processes that answer "are these
 two expressions equal?" within a budget of CPU seconds.
 
-One grade (a `Grade`) has a budget of common/env/grader.py's TIMEOUT_S seconds of a worker's CPU time,
-shared by all its worker calls; waiting for a free worker, or for one that is starting, is not
+One grade (a `Grade`) has a budget of common/env/grader.py's TIMEOUT_S seconds of a worker's CPU
+time, shared by all its worker calls; waiting for a free worker, or for one that is starting, is not
 charged. A worker stops itself at the budget (SIGPROF raises `_OutOfTime` inside sympy), and one
 stuck where the signal cannot reach it is killed and replaced; an answer out of budget grades as
 wrong. A worker that dies or fails to start is restarted at the next grade, and `grader_counts()`
@@ -311,10 +311,10 @@ class _Worker:
 
 class Pool:
     """A few sympy workers, each serving one grade at a time, so that an answer that runs to its
-    budget holds one worker, not every grade of a batch graded from many threads. Workers start
-    when first needed; serial grading only ever starts one. `script` is the file a worker runs
-    (common/env/grader.py, which calls `serve` when run as __grader_worker__); `pool_size()` gives the
-    size."""
+    budget holds one worker, not every grade of a batch graded from many threads. Workers start when
+    first needed; serial grading only ever starts one. `script` is the file a worker runs
+    (common/env/grader.py, which calls `serve` when run as __grader_worker__); `pool_size()` gives
+    the size."""
 
     def __init__(self, size: int, script: str):
         self.workers = [_Worker(script) for _ in range(size)]

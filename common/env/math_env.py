@@ -46,6 +46,8 @@ class MathEnv:
         self.max_steps, self.reward_fn, self.few_shot = max_steps, reward_fn, few_shot
         self.system_prompt = task.system_prompt if system_prompt is None else system_prompt
         self.index, self.steps, self.done = None, [], True
+        # (--dataset_name, --dataset_path) as the run reads them, for args.json: `make_envs` sets it
+        self.source = None
 
     def __len__(self):
         return len(self.examples)
@@ -210,8 +212,8 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=prin
         max_steps=10         a stepwise episode ends after this many steps
         reward_fn=None       reward_fn(example, steps, done) -> float replaces the per-step reward
                              (default: the verifier on the final step, 0.0 before)
-        reward_funcs=()      (name, function) pairs in TRL's convention (common/env/rewards.py), added
-                             to the verifier's reward of every graded response
+        reward_funcs=()      (name, function) pairs in TRL's convention (common/env/rewards.py),
+                             added to the verifier's reward of every graded response
         reward_weights=None  the verifier's weight, then each function's (default: 1 each)
         calc_annotations=False  keep the <<expr>> calculator spans of the few-shot solutions
                              ("4 * 7 = <<4*7>>28"), for a policy that has a calculator; by default
@@ -288,13 +290,6 @@ def resolve_task(args, say=print):
     return task, path, subject
 
 
-def resolve_dataset(args, say=print):
-    """(--dataset_name, --dataset_path) as they are run, for args.json: a data file or hub dataset
-    given as --dataset_name becomes its task and the path, a MATH subject stays itself."""
-    task, path, subject = resolve_task(args, say)
-    return subject or task, path
-
-
 def make_env_options(args, task: str) -> dict:
     """The make_env options that the data options (common/run/args.py's DataArgs) give, for training
     and eval.py alike: template, system prompt, few-shot examples, the rows' keys, your own reward
@@ -311,13 +306,16 @@ def make_env_options(args, task: str) -> dict:
 
 def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
     """(train env, held-out env or None when args.num_eval_problems is 0), from the options every
-    algorithm file shares (common/run/args.py): the task and its files (`resolve_task`), keys, filters,
-    template, system prompt, few-shot examples and your own reward functions. A training file
-    without an --eval_dataset_path gives up a held-out slice of its rows (`hold_out`)."""
+    algorithm file shares (common/run/args.py): the task and its files (`resolve_task`), keys,
+    filters, template, system prompt, few-shot examples and your own reward functions. A training
+    file without an --eval_dataset_path gives up a held-out slice of its rows (`hold_out`). The
+    train env's `source` is (--dataset_name, --dataset_path) as run: a data file or hub dataset
+    given as --dataset_name becomes its task and the path, a MATH subject stays itself."""
     task, path, subject = resolve_task(args, say)
     options = make_env_options(args, task)
     train = make_env(task, "train", path=path, seed=args.seed, say=say,
                      **{**options, **(stepwise_options or {})})
+    train.source = (subject or task, path)
     evaluation = None
     if args.num_eval_problems:
         eval_options = {**options, **((stepwise_options or {}) if stepwise_eval else {})}

@@ -36,7 +36,8 @@ from common.models.fast.compile import compile_decoding
 from common.models.fast.graphs import capture_decoding
 from common.models.hf import decoder_layers, position_ids_from_mask
 from common.models.fast.prompts import shared_prompt_forward
-from common.models.sharding import AdapterOff, AdapterOffBody, add_lora, full_state_dict, is_sharded, shard
+from common.models.sharding import (AdapterOff, AdapterOffBody, add_lora, full_state_dict,
+                                    is_sharded, shard)
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM = "tiny-random"

@@ -107,7 +107,8 @@ class Generation:
 @dataclass
 class Rollout:
     """What a rollout gives the update: G responses to each of this rank's problems, graded;
-    consecutive rows share a problem. (Stepwise episodes extend it: common.models.stepwise.Episodes.)"""
+    consecutive rows share a problem. (Stepwise episodes extend it:
+    common.models.stepwise.Episodes.)"""
     gen: Generation  # [N, ...] token ids, masks and the sampler's log-probs
     texts: list  # [N] the decoded responses
     scores: torch.Tensor  # [N] the verifier's rewards
@@ -128,9 +129,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     sampling stream (None: torch's global RNG). stop_strings: e.g. ("\\n",) ends a row at a step
     boundary; the token that completes a stop string, or the EOS, is kept in the response.
     decoder: what runs the model, `Decoder(model)` by default; the algorithm files pass
-    common.models.fast.decoding's FastDecoder, which draws the same tokens faster. Returns a `Generation`
-    on the model's device.
-    """
+    common.models.fast.decoding's FastDecoder, which draws the same tokens faster. Returns a
+    `Generation` on the model's device. """
     decoder = Decoder(model) if decoder is None else decoder
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
@@ -187,10 +187,9 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
 
 class Decoder:
     """How `generate` runs the model: a prefill reads every prompt into a KV cache, then each decode
-    step reads one new token per row, attending to the cache of all before it (nanochat's engine
-    and gpt-fast's `prefill` / `decode_one_token`). common.models.fast.decoding.FastDecoder does the same,
-    faster."""
-
+    step reads one new token per row, attending to the cache of all before it (nanochat's engine and
+    gpt-fast's `prefill` / `decode_one_token`). common.models.fast.decoding.FastDecoder does the
+    same, faster."""
     check_every = 1  # read which rows are done every this many tokens
     drops_rows = True  # finished rows leave the forward batch (`keep`)
 
@@ -226,6 +225,10 @@ class Decoder:
         """Only the batch rows `index` go on (the others have finished)."""
         self.cache.batch_select_indices(index)
         self.mask, self.position = self.mask[index], self.position[index]
+
+    def remember(self, gen):
+        """Nothing: the plain decoder reads every prompt whole, while FastDecoder keeps what a
+        stepwise episode's next prompt shares with this one."""
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ stay in the algorithm files.
     segment.gen.sequences()  # [obs ; action] of the 4 x 8 transitions; row k * 8 + t: env k, step t
 
 Each step's prompt is the episode so far, re-encoded as text; sampling it with the FastDecoder
-(common/models/fast/decoding.py) and one PrefixCache for the whole rollout reads only the tokens added since
-the episode's last step.
+(common/models/fast/decoding.py) and one PrefixCache for the whole rollout reads only the tokens
+added since the episode's last step.
 """
 
 import contextlib
@@ -186,9 +186,9 @@ class StepwiseEnvs:
 
     @torch.no_grad()
     def collect(self, policy, update, num_steps, max_new_tokens, temperature=1.0, top_p=1.0,
-                autocast=contextlib.nullcontext()):
-        """Play num_steps steps in every env with the policy, sampling under `autocast` (--bf16);
-        returns a Segment."""
+                autocast=contextlib.nullcontext(), fast=True):
+        """Play num_steps steps in every env with the policy, sampling under `autocast` (--bf16),
+        with the sampler's speedups unless fast is False (--plain); returns a Segment."""
         E, T, tok = len(self.envs), num_steps, self.tokenizer
         eos = set(eos_token_ids(policy, tok))
         obs_ids, actions, logprobs, texts, truncated, indices = (
@@ -203,7 +203,7 @@ class StepwiseEnvs:
         for t in range(T):
             prompts = encode_prompts(tok, self.obs)
             seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
-            with autocast, fast_decoding(policy, prefix_cache) as decoder:
+            with autocast, fast_decoding(policy, prefix_cache, enabled=fast) as decoder:
                 gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
                                stop_strings=("\n",), seeds=seeds, decoder=decoder)
             decoder.remember(gen)
@@ -361,17 +361,17 @@ def sample_line(sample, tokenizer, prompts, keys, max_new_tokens, sym_calc, eos_
 
 
 def policy_sampler(policy, tokenizer, temperature, top_p, seed_of, sym_calc,
-                   autocast=contextlib.nullcontext()):
+                   autocast=contextlib.nullcontext(), fast=True):
     """The `sample` of `sample_line` with the policy: keys (episode, step, call) -> seeds via
     seed_of (None: torch's global RNG, or greedy at temperature 0). Make one per rollout: it keeps
     what the policy has read (`PrefixCache`), and each line (or calculator call) reads only the
-    tokens added since."""
+    tokens added since. fast False (--plain): the plain decoder, which reads every prompt whole."""
     stops = ("\n", ">>") if sym_calc else ("\n",)
     prefix_cache = PrefixCache()
 
     def sample(prompts, max_new_tokens, keys):
         seeds = None if seed_of is None else [seed_of(*key) for key in keys]
-        with autocast, fast_decoding(policy, prefix_cache) as decoder:
+        with autocast, fast_decoding(policy, prefix_cache, enabled=fast) as decoder:
             gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, top_p,
                            stop_strings=stops, seeds=seeds, decoder=decoder)
         decoder.remember(gen)

@@ -1,7 +1,7 @@
 """Token log-probs and entropies of responses under a model: the training forward of every
 algorithm file. `token_logprobs` is the idea: one forward, the one-token shift, log-softmax, gather,
-entropy. By default it hands the work to common/models/fast/logprobs.py, which computes the same numbers
-at a fraction of the cost (tests/test_logprobs.py checks the two agree)."""
+entropy. By default it hands the work to common/models/fast/logprobs.py, which computes the same
+numbers at a fraction of the cost (tests/test_logprobs.py checks the two agree)."""
 
 import torch
 import torch.nn.functional as F
@@ -45,15 +45,15 @@ def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1
 
 
 @torch.no_grad()
-def batched_token_logprobs(model, gen, temperature=1.0, batch_size=8):
+def batched_token_logprobs(model, gen, temperature=1.0, batch_size=8, fast=True):
     """`token_logprobs` of a rollout's responses without gradients, `batch_size` rows at a time: the
     log-probs of a frozen or old policy. gen: a common.models.sampler.Generation (or anything with
-    .sequences() and .response_mask)."""
+    .sequences() and .response_mask). fast: as token_logprobs'."""
     input_ids, attention_mask = gen.sequences()
     R = gen.response_mask.shape[1]
     return torch.cat([token_logprobs(model, input_ids[i:i + batch_size],
                                      attention_mask[i:i + batch_size], R,
-                                     temperature)[0]
+                                     temperature, fast=fast)[0]
                       for i in range(0, input_ids.shape[0], batch_size)])
 
 

@@ -101,6 +101,10 @@ class TrainArgs(DataArgs):
     """on a GPU, each decode step over a static KV cache replays as one CUDA graph, captured at a
     rollout's first step in milliseconds (--no_cuda_graphs: one kernel launch per op, as
     model.generate does; docs/gpu.md). --compile goes further, at a minute of compiling"""
+    plain: bool = False
+    """the plain path, for reading and stepping through: the sampler's plain Decoder and
+    token_logprobs' own lines instead of their speedups (docs/reading.md), the same tokens and
+    losses up to float rounding, several times slower"""
     fsdp: bool = False
     """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
     lora_r: int = 0
@@ -128,8 +132,8 @@ def algorithm_of(args):
 
 
 # ------------------------------------------------------------------------------------------------
-# The range of every number option, checked before any model loads (common/run/checks.py) and shown by
-# --help
+# The range of every number option, checked before any model loads (common/run/checks.py) and shown
+# by --help
 # ------------------------------------------------------------------------------------------------
 # Sizes that must be >= 1, and counts that may be 0 (0: never, or none).
 POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eval_batch_size",

@@ -14,14 +14,15 @@ from common.models.stepwise import play_episodes, policy_sampler
 
 
 def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
-             autocast=contextlib.nullcontext(), return_records=False, respond=None):
+             autocast=contextlib.nullcontext(), return_records=False, respond=None, fast=True):
     """Greedy pass@1 on a fixed subset of `num_problems` problems of `env`. Under torchrun each rank
     grades a strided share and the accuracy is over all of them. respond(prompts) -> (texts,
     truncated): how a batch of prompts (token-id lists) is answered greedily, when not by one call
-    of `generate` (tools.py: with its tools). Returns the accuracy (and per-problem records)."""
+    of `generate` (tools.py: with its tools). fast False (--plain): the plain decoder. Returns the
+    accuracy (and per-problem records)."""
     if env.stepwise and not return_records:  # one line per step, as the policy was trained to
         return evaluate_stepwise(model, tokenizer, env, num_problems, max_new_tokens, batch_size,
-                                 autocast)
+                                 autocast, fast)
     rank, world = (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
     # A fixed random subset: test files are often ordered (by level, by subject), so the first N
     # would be biased.
@@ -30,14 +31,14 @@ def evaluate(model, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
     records = []
     with unsharded(model):  # FSDP2: ranks may hold different numbers of batches
         records = _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size,
-                                autocast, respond)
+                                autocast, respond, fast)
     records = [r for part in all_gather_objects(records) for r in part]
     accuracy = sum(r["correct"] for r in records) / max(1, len(records))
     return (accuracy, sorted(records, key=lambda r: r["index"])) if return_records else accuracy
 
 
 def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, autocast,
-                  respond=None):
+                  respond=None, fast=True):
     """One record per problem of `indices`: its greedy response, reward and grade."""
     records = []
     for start in range(0, len(indices), batch_size):
@@ -46,7 +47,7 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
         if respond is not None:
             texts, truncated = respond(prompts)
         else:
-            with autocast, fast_decoding(model) as decoder:
+            with autocast, fast_decoding(model, enabled=fast) as decoder:
                 gen = generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
                                decoder=decoder)
             texts, truncated = gen.texts(tokenizer), gen.truncated.tolist()
@@ -60,14 +61,15 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
 
 
 def evaluate_stepwise(policy, tokenizer, env, num_problems, max_new_tokens, batch_size=64,
-                      autocast=contextlib.nullcontext()):
+                      autocast=contextlib.nullcontext(), fast=True):
     """Greedy pass@1 of stepwise episodes, on the same fixed subset as `evaluate`, which
     calls this for a stepwise env; with the calculator if the env's worked examples show it (as
     reinforce.py --sym_calc sets it); under torchrun each rank plays a strided share."""
     rank, world = (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
     chosen = torch.randperm(len(env), generator=torch.Generator().manual_seed(0))[:num_problems]
     indices = sorted(chosen.tolist())[rank::world]
-    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast)
+    sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, env.calc_annotations, autocast,
+                            fast)
     device, eos_ids = next(policy.parameters()).device, set(eos_token_ids(policy, tokenizer))
     correct = []
     with unsharded(policy):  # FSDP2: ranks may play different numbers of steps

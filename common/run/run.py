@@ -3,6 +3,8 @@ it changes what an update computes:
 
 - processes: torchrun's ranks (or one process), each option checked before any model loads, the
   seed;
+- the schedule: how many updates, the learning rate of each, the order of each update's minibatches;
+- an optimizer step's gradients: their mean over ranks (what DDP does) and the clip;
 - the resume point, and a resumed run's optimizer states;
 - rows per micro-batch: --micro_batch_size, or on a GPU what its memory holds (the same update up to
   float rounding);
@@ -10,13 +12,19 @@ it changes what an update computes:
   optimizer step, checkpoints, and the run's last line.
 
     run = Run(args, check_args)                     # ranks, checks, seed
+    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     start_step, resume_from = run.resume_point()
     ...                                             # the models, the optimizers
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
     for step in range(start_step, args.max_steps):
         ...                                         # rollout, advantages
         mb = run.micro_batch_size(rows, width)      # rows per forward (fitted on a GPU)
-        ...                                         # update
+        lr = run.set_lr(optimizer, step)            # warmup, then --lr_scheduler
+        for batch_rows in run.minibatches(N, step): # epochs x shuffled minibatches
+            ...                                     # micro-batches: forward, loss, backward
+            grad_norm = run.sync_gradients(policy)  # DDP's mean over ranks, then the clip
+            if run.guard.ok(loss, grad_norm):       # a NaN or inf skips the step
+                optimizer.step()
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)                    # evaluation and checkpoints at their intervals
     return run.finish()
@@ -26,15 +34,16 @@ import contextlib
 
 import torch
 
-from common.run.args import algorithm_of
+from common.run.args import algorithm_of, lr_at, schedule
 from common.run.checkpoints import resume_point, save_checkpoint
-from common.run.checks import StepGuard, check_rewards
+from common.run.checks import StepGuard, check_common_args, check_rewards
 from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
-                                init_distributed, print0, set_seed)
+                                average_gradients, init_distributed, minibatches, print0,
+                                sample_seed, set_seed)
 from common.run.evaluation import evaluate
 from common.env.grader import grader_counts
 from common.run.logger import Logger, every, report_end
-from common.models.sharding import load_optimizer_state
+from common.models.sharding import clip_grad_norm, load_optimizer_state
 
 
 DEFAULT_MICRO_BATCH = 8  # rows per forward in the update when --micro_batch_size is not given
@@ -101,13 +110,16 @@ def fits_gpu_memory(device, args):
 
 
 class Run:
-    def __init__(self, args, check_args):
+    def __init__(self, args, check_args, data_parallel=True):
         """Join torchrun's processes (or be the only one), check every option before any model
-        loads (check_args(args, world_size): the file's own, which calls the shared ones of
-        common/run/checks.py), and seed."""
+        loads (the shared checks of common/run/checks.py, then check_args(args, world_size), the
+        file's own), and seed. data_parallel False: one process trains on the whole batch whatever
+        the number of processes (async_grpo.py), so the shared checks split it over one."""
         info = init_distributed()
         self.args, self.rank, self.world = args, info.rank, info.world_size
         self.device, self.is_main = info.device, info.is_main
+        self.data_parallel = data_parallel
+        check_common_args(args, self.world if data_parallel else 1)
         check_args(args, self.world)
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32
@@ -149,6 +161,36 @@ class Run:
         self.logger = Logger(args, self.start_step, enabled=self.is_main)
         self.first_acc = self.evaluate(0) if args.eval_on_start and self.start_step == 0 else None
         self._timeouts = grader_counts()["timeouts"]
+
+    def schedule(self, num_problems, per_update):
+        """(max_steps, warmup_steps) once the data is read: --num_train_epochs and --warmup_ratio,
+        when given, set them (`per_update`: problems an update takes)."""
+        return schedule(self.args, num_problems, per_update)
+
+    def set_lr(self, optimizer, step, base=None):
+        """The learning rate of update `step` (0-based) set in `optimizer`: the warmup, then
+        --lr_scheduler, a pure function of the step so that a resumed run goes on where it stopped.
+        base: another peak rate on the same schedule (a critic's). -> the rate"""
+        lr = lr_at(step, self.args, base)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def minibatches(self, n, step):
+        """Row indices of update `step`'s minibatches: --num_ppo_epochs passes over its n rows, each
+        shuffled and cut into --num_mini_batches (one minibatch: the rows in order). The shuffles
+        are seeded by (seed, update, epoch, rank), so a resumed run takes the same ones."""
+        world, rank = (self.world, self.rank) if self.data_parallel else (1, 0)
+        seeds = [sample_seed(self.args.seed, step, epoch * world + rank)
+                 for epoch in range(self.args.num_ppo_epochs)]
+        return minibatches(n, self.args.num_mini_batches, seeds, self.device)
+
+    def sync_gradients(self, model):
+        """After every micro-batch's backward: what DDP does, the mean of every rank's gradient
+        (under --fsdp the backward already reduced them), then the clip of their norm to
+        --max_grad_norm (0: no clip). -> the norm before the clip"""
+        average_gradients(model)
+        return clip_grad_norm(model, self.args.max_grad_norm)
 
     def micro_batch_size(self, rows, width):
         """Rows per micro-batch in this update (`rows` rows of `width` tokens): --micro_batch_size,
@@ -195,7 +237,7 @@ class Run:
         args = self.args
         acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
                        self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
-                       respond=self.respond)
+                       respond=self.respond, fast=not args.plain)
         self.logger.log_eval(step, {"eval/accuracy": acc})
         print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
         self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's

@@ -1,26 +1,27 @@
-"""The sampler's speedups, switched on in one place: `generate` (common/models/sampler.py) draws the same
-tokens with `FastDecoder` as with its plain `Decoder`, faster (log-probs within float rounding).
+"""The sampler's speedups, switched on in one place: `generate` (common/models/sampler.py) draws
+the same tokens with `FastDecoder` as with its plain `Decoder`, faster (log-probs within float
+rounding).
 
-    with autocast, fast_decoding(policy) as decoder:
+    with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, max_new_tokens, temperature, seeds=seeds,
                        decoder=decoder)
 
-Each speedup lives in its own module and is switched on by `Speedups`; a test checks each alone
-against the plain decoder (tests/test_fast_sampler.py):
-- fast_prompts.py: rows with the same prompt (a GRPO group) share one prefill, a prefix every
+Each speedup lives in its own module of common/models/fast/ and is switched on by `Speedups`; a
+test checks each alone against the plain decoder (tests/test_fast_sampler.py):
+- prompts.py: rows with the same prompt (a GRPO group) share one prefill, a prefix every
   prompt shares (the system prompt and worked example) is read once, and a stepwise episode's next
   prompt reads only the tokens added since its last call (`PrefixCache`);
-- fast_kv.py: decode steps write their keys and values into buffers with room, not a new copy of
+- kv.py: decode steps write their keys and values into buffers with room, not a new copy of
   the whole cache per token;
-- fast_attention.py: decode attention reads each key/value head once under grouped-query attention;
-- fast_fused.py: one matmul for the q/k/v projections and one for gate/up, with the weights
+- attention.py: decode attention reads each key/value head once under grouped-query attention;
+- fused.py: one matmul for the q/k/v projections and one for gate/up, with the weights
   stacked once per rollout;
-- fast_linears.py: on a CPU, fp32 linear layers run through oneDNN with weights packed once per
+- linears.py: on a CPU, fp32 linear layers run through oneDNN with weights packed once per
   rollout;
-- fast_compile.py (--compile): a static KV cache and a compiled decode step, for the models that
-  `compile_decoding` was called on (common.models.loading.trained_policy does it under --compile); with
-  `grow_static_cache`, a cache that grows as it fills (off by default);
-- fast_graphs.py (on a GPU, by default): the same static cache, its eager step captured as a CUDA
+- compile.py (--compile): a static KV cache and a compiled decode step, for the models that
+  `compile_decoding` was called on (common.models.loading.trained_policy does it under --compile);
+  with `grow_static_cache`, a cache that grows as it fills (off by default);
+- graphs.py (on a GPU, by default): the same static cache, its eager step captured as a CUDA
   graph once per rollout, for the models that `capture_decoding` was called on.
 The first three change how the decoder reads prompts and keeps its cache; the model-patching ones
 (attention, fused projections, linears) hold for the `fast_decoding` block.
@@ -49,19 +50,19 @@ class Speedups:
     (`Speedups.for_device`) unless a caller says otherwise (the tests, bench/roofline.py's before
     and after)."""
     shared_prefill: bool = True
-    """fast_prompts.py: prompt tokens another row or an earlier call of the rollout read run once"""
+    """prompts.py: prompt tokens another row or an earlier call of the rollout read run once"""
     in_place_kv: bool = True
-    """fast_kv.py: each decode step appends its keys and values in place"""
+    """kv.py: each decode step appends its keys and values in place"""
     packed_gqa: bool = True
-    """fast_attention.py: decode attention reads each key/value head once"""
+    """attention.py: decode attention reads each key/value head once"""
     fused_projections: bool = True
-    """fast_fused.py: q/k/v as one matmul, gate/up as one, weights stacked once per rollout"""
+    """fused.py: q/k/v as one matmul, gate/up as one, weights stacked once per rollout"""
     packed_linears: bool = True
-    """fast_linears.py: CPU fp32 linear layers through oneDNN, weights packed once per rollout"""
+    """linears.py: CPU fp32 linear layers through oneDNN, weights packed once per rollout"""
     drop_finished: bool = True
     """rows that finished leave the forward batch"""
     grow_static_cache: bool = False
-    """fast_compile.py (--compile): the static cache grows as it fills, so attention reads less of
+    """compile.py (--compile): the static cache grows as it fills, so attention reads less of
     it (off until a GPU measures it: one compiled graph per cache length)"""
 
     @classmethod
@@ -79,7 +80,7 @@ _KEPT_FUSED = weakref.WeakKeyDictionary()  # a compiled model -> its fused proje
 
 
 @contextlib.contextmanager
-def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None):
+def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None, enabled=True):
     """A `FastDecoder` for `generate`, with `model`'s decode attention, q/k/v and gate/up
     projections and (on a CPU, in fp32) linear layers in their fast forms for the block. Enter it
     inside the forwards' autocast (--bf16): the fused weights take its dtype.
@@ -88,7 +89,10 @@ def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None):
     it holds, `FastDecoder.remember` stores each row's prompt and response for the next call, and
     it keeps the rollout's packed and fused weights. None: a prefix that all prompts share is read
     once, for this call only. speedups: a `Speedups` (default: `Speedups.for_device`). check_every:
-    see `FastDecoder`."""
+    see `FastDecoder`. enabled False (--plain): the plain `Decoder`, and no speedup."""
+    if not enabled:
+        yield Decoder(model)
+        return
     device = next(model.parameters()).device
     speedups = Speedups.for_device(device) if speedups is None else speedups
     autocast = torch.is_autocast_enabled(device.type)
@@ -110,9 +114,9 @@ def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None):
 
 class FastDecoder(Decoder):
     """`Decoder`'s prefill and decode steps, the same function of the same tokens, faster: prompts
-    that rows share are read once (fast_prompts.py), decode steps append to the cache in place
-    (fast_kv.py), or, for a model that `compile_decoding` or `capture_decoding` was called on, run
-    a compiled or captured step over a static cache (fast_compile.py, fast_graphs.py), where
+    that rows share are read once (prompts.py), decode steps append to the cache in place
+    (kv.py), or, for a model that `compile_decoding` or `capture_decoding` was called on, run
+    a compiled or captured step over a static cache (compile.py, graphs.py), where
     finished rows stay in the batch (dropping them would change the shapes).
 
     check_every: `generate` reads which rows are done every this many tokens: every token on a CPU,

@@ -18,7 +18,7 @@ from common.models.fast.prompts import _full_attention
 from common.models.hf import KV_CACHE
 from common.models.sharding import _fsdp_modules
 
-SDPA = ("sdpa", "mathrl_decode_sdpa")  # attention that reads a boolean mask (fast_attention.py's)
+SDPA = ("sdpa", "mathrl_decode_sdpa")  # attention that reads a boolean mask (attention.py's)
 
 
 def capture_decoding(model, graphs=None):

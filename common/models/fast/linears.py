@@ -33,7 +33,7 @@ def _onednn_linears(model, enabled, store=None, also=()):
     is the cost: on a 2-core CPU SmolLM2's head (49,152 x 576) took 56 ms a call at 32 rows, against
     22 ms packed, and a 1536 x 576 projection 0.61 against 0.40 ms. The same function, rounded
     differently (about 1e-6 in the logits). Packing all of SmolLM2-135M takes ~0.25 s. also: more
-    Linear layers to pack, outside the model (fast_fused.py's); a layer whose forward another
+    Linear layers to pack, outside the model (fused.py's); a layer whose forward another
     speedup has replaced for the call is left to it."""
     enabled = enabled and _onednn_works()
     linears = [m for m in [*model.modules(), *also] if enabled and type(m) is torch.nn.Linear
