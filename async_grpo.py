@@ -102,8 +102,6 @@ class Args(TrainArgs):
     """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
     epsilon: float = 0.2
     """clip range of the ratio"""
-    epsilon_high: Optional[float] = None  # DAPO: clip-higher
-    """a higher upper clip range (DAPO: 0.28; default: epsilon)"""
     beta: float = 0.0
     """weight of the KL to the frozen reference (0: no reference is loaded)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -112,10 +110,6 @@ class Args(TrainArgs):
     """where the KL enters: a loss term per token, or a cost in the reward"""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
-    drop_zero_std_groups: bool = False  # DAPO: no zero-advantage groups in the loss
-    """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
-    importance_sampling_level: Literal["token", "sequence"] = "token"  # GSPO: sequence
-    """the ratio per token, or per response (GSPO: the exp of the mean token log-ratio)"""
     # ---- off-policy
     max_staleness: int = 1  # off-policy: k
     """k: update n trains on responses that the weights of update n - k sampled (0: grpo.py)"""
@@ -259,12 +253,8 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response
-        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
     ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    if args.epsilon_high is not None:  # DAPO: clip-higher
-        high = 1 + args.epsilon_high
     advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     # off-policy: each token weighted from the sampler's policy toward pi_prox
@@ -379,8 +369,6 @@ def main(args):
         advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         loss_mask = response_mask  # [N, R] the tokens that count in the loss
-        if args.drop_zero_std_groups:  # DAPO: no zero-advantage groups in the loss
-            loss_mask = response_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
         lr = run.set_lr(optimizer, step)

@@ -1,14 +1,15 @@
 """GRPO: Group Relative Policy Optimization on verifiable math. Docs: docs/grpo.md
 
-Paper: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), with the loss variants of TRL's
-GRPOTrainer: Dr.GRPO (Liu et al. 2025, arXiv:2503.20783), DAPO's token-level loss and clip-higher
-(Yu et al. 2025, arXiv:2503.14476).
+Paper: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), with the loss aggregations of TRL's
+GRPOTrainer: Dr.GRPO's (Liu et al. 2025, arXiv:2503.20783) and DAPO's token mean (Yu et al. 2025;
+the rest of DAPO's recipe is dapo.py), and GSPO's sequence-level ratio (Zheng et al. 2025,
+arXiv:2507.18071), TRL's importance_sampling_level.
 
 For every prompt, sample G responses, grade each with the task's verifier, and score each response
 against its own group:
     A_i    = (r_i - mean(r_group)) / (std(r_group) + eps)          (Dr.GRPO: no division by the std)
     rho_it = pi(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t)
-    L      = agg_it [ -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i) + beta KL_it ]
+    L      = agg_it [ -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i) + beta KL_it ]
 agg: per-sequence means, then their mean (grpo); a token mean over the local batch (bnpo) or the
 global batch (dapo); or a constant 1 / (N * max_new_tokens) (dr_grpo). KL_it: the k3 estimate of the
 KL to the frozen reference (--kl_estimator; --kl_penalty reward puts it in r_i instead).
@@ -33,8 +34,8 @@ from typing import Literal, Optional
 import torch
 
 from common.env import UsageError, make_envs
-from common.models import (Generation, Rollout, encode_prompts, fast_decoding, generate,
-                           load_tokenizer, reference_policy, trained_policy)
+from common.models import (Rollout, encode_prompts, fast_decoding, generate, load_tokenizer,
+                           reference_policy, trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
 from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
@@ -80,8 +81,6 @@ class Args(TrainArgs):
     """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
     epsilon: float = 0.2
     """clip range of the ratio"""
-    epsilon_high: Optional[float] = None  # DAPO: clip-higher
-    """a higher upper clip range (DAPO: 0.28; default: epsilon)"""
     beta: float = 0.0
     """weight of the KL to the frozen reference (0: no reference is loaded)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -90,16 +89,8 @@ class Args(TrainArgs):
     """where the KL enters: a loss term per token, or a cost in the reward"""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
-    drop_zero_std_groups: bool = False  # DAPO: no zero-advantage groups in the loss
-    """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
     importance_sampling_level: Literal["token", "sequence"] = "token"  # GSPO: sequence
     """the ratio per token, or per response (GSPO: the exp of the mean token log-ratio)"""
-    dynamic_sampling: bool = False  # DAPO: dynamic sampling
-    """sample more prompts until num_prompts groups have rewards that are not all equal"""
-    max_sampling_rounds: int = 4  # DAPO: dynamic sampling
-    """dynamic sampling: rounds of num_prompts prompts at most (then equal groups fill the batch)"""
-    tis_cap: float = 0.0  # TIS: truncated importance sampling
-    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -132,31 +123,6 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
     return Rollout(gen, texts, scores, correct, problems)
-
-
-# DAPO: dynamic sampling
-def dynamic_rollout(policy, tokenizer, env, step, first, local_prompts, args, autocast,
-                    pad_id):
-    """DAPO: rounds of rollouts until local_prompts groups have rewards that differ; groups of
-    equal rewards fill what max_sampling_rounds leave short. Update `step` owns max_sampling_rounds
-    positions of the prompt stream, so its draws never depend on an earlier update's luck and a
-    resumed run draws the same. -> (this rank's Rollout, the rounds used)"""
-    G, kept, spare = args.num_generations, [], []  # (round's Rollout, group) whose rewards differ
-    for used in range(1, args.max_sampling_rounds + 1):
-        position = step * args.max_sampling_rounds + used - 1
-        batch = rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast)
-        differ = batch.scores.view(-1, G).std(dim=1) > 0
-        for g in range(local_prompts):
-            (kept if differ[g] else spare).append((batch, g))
-        if len(kept) >= local_prompts:
-            break
-    groups = (kept + spare)[:local_prompts]
-    rows = [torch.arange(g * G, (g + 1) * G) for _, g in groups]
-    gen = Generation.cat([b.gen.rows(r) for (b, _), r in zip(groups, rows)], pad_id)
-    texts = [b.texts[k] for (b, _), r in zip(groups, rows) for k in r.tolist()]
-    scores, correct = (torch.cat([getattr(b, name)[r] for (b, _), r in zip(groups, rows)])
-                       for name in ("scores", "correct"))
-    return Rollout(gen, texts, scores, correct, [b.problems[g] for b, g in groups]), used
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,24 +173,19 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
-                ref_logprobs=None, sampler_logprobs=None):
+                ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
-    logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
     if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response
         log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
     ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    if args.epsilon_high is not None:  # DAPO: clip-higher
-        high = 1 + args.epsilon_high
     advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
-        per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
@@ -274,12 +235,7 @@ def main(args):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
         first = run.rank * local_prompts  # this rank's share of the update's problems
-        if args.dynamic_sampling:  # DAPO: more prompts until num_prompts groups' rewards differ
-            batch, rounds = dynamic_rollout(policy, tokenizer, env, step, first, local_prompts,
-                                            args, run.autocast, tokenizer.pad_token_id)
-        else:
-            batch, rounds = rollout(policy, tokenizer, env, step, first, local_prompts, args,
-                                    run.autocast), 1
+        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args, run.autocast)
         run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -309,8 +265,6 @@ def main(args):
         advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         loss_mask = response_mask  # [N, R] the tokens that count in the loss
-        if args.drop_zero_std_groups:  # DAPO: no zero-advantage groups in the loss
-            loss_mask = response_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
         lr = run.set_lr(optimizer, step)
@@ -328,7 +282,7 @@ def main(args):
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
                 loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
-                                      ref, gen.logprobs[rows])
+                                      ref)
                 loss.backward()
                 total_loss += loss.item()
                 stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
@@ -352,8 +306,6 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
-            "sampling/rounds": rounds,  # DAPO: rounds of dynamic sampling
-            "sampling/samples": rounds * N * run.world,  # DAPO: samples drawn over all ranks
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,

@@ -92,8 +92,6 @@ class Args(TrainArgs):
     """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
     epsilon: float = 0.2
     """clip range of the ratio"""
-    epsilon_high: Optional[float] = None  # DAPO: clip-higher
-    """a higher upper clip range (DAPO: 0.28; default: epsilon)"""
     beta: float = 0.0
     """weight of the KL to the frozen reference (0: no reference is loaded)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -102,12 +100,6 @@ class Args(TrainArgs):
     """where the KL enters: a loss term per token, or a cost in the reward"""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
-    drop_zero_std_groups: bool = False  # DAPO: no zero-advantage groups in the loss
-    """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
-    importance_sampling_level: Literal["token", "sequence"] = "token"  # GSPO: sequence
-    """the ratio per token, or per response (GSPO: the exp of the mean token log-ratio)"""
-    tis_cap: float = 0.0  # TIS: truncated importance sampling
-    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
     # ---- the tools
     tools: str = "calc"  # tools: what the model may call
     """the tools, a comma list of calc, solve, simplify, factor (common/env/toolbox.py), or none"""
@@ -306,24 +298,17 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
-                ref_logprobs=None, sampler_logprobs=None):
+                ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
-    logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response
-        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
     ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    if args.epsilon_high is not None:  # DAPO: clip-higher
-        high = 1 + args.epsilon_high
     advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
-        per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
@@ -415,8 +400,6 @@ def main(args):
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         # CRUCIAL: the tools' tokens are out of the loss (TRL: completion_mask * tool_mask)
         loss_mask = own_mask  # [N, R] the tokens that count in the loss
-        if args.drop_zero_std_groups:  # DAPO: no zero-advantage groups in the loss
-            loss_mask = own_mask * (~zero_std)[:, None]
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
         lr = run.set_lr(optimizer, step)
@@ -434,7 +417,7 @@ def main(args):
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
                 loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
-                                      ref, gen.logprobs[rows])
+                                      ref)
                 loss.backward()
                 total_loss += loss.item()
                 stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),

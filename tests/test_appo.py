@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import appo
 from common.run.args import field_docs, parse_args
-from common.run.checks import StepGuard
+from common.run.checks import StepGuard, check_options
 from common.rl.logprobs import token_logprobs
 from common.models.loading import ValueHead, load_policy
 from common.models.sampler import Generation
@@ -196,15 +196,14 @@ def test_minibatches_take_the_same_steps_from_every_env_on_any_number_of_ranks()
 
 def test_bad_sizes_fail_before_any_model_loads(tmp_path):
     with pytest.raises(ValueError, match="divisible by the number of processes"):
-        appo.check_args(replace(appo.Args(), num_envs=3), world_size=2)
+        check_options(replace(appo.Args(), num_envs=3), appo.check_args, world_size=2)
     with pytest.raises(ValueError, match="--num_mini_batches 3 must divide --num_steps 4"):
-        appo.check_args(replace(appo.Args(), num_mini_batches=3), world_size=1)
+        check_options(replace(appo.Args(), num_mini_batches=3), appo.check_args, world_size=1)
     # micro-batches of up to 3: fine
-    appo.check_args(replace(appo.Args(), micro_batch_size=3), world_size=1)
+    check_options(replace(appo.Args(), micro_batch_size=3), appo.check_args, world_size=1)
     with pytest.raises(ValueError, match="good token 'good token' is 2 tokens"):
-        appo.check_args(replace(appo.Args(), prm_model_name_or_path="tiny-random",
-                                prm_good_token="good token"),
-                        world_size=1)
+        check_options(replace(appo.Args(), prm_model_name_or_path="tiny-random",
+                                prm_good_token="good token"), appo.check_args, world_size=1)
 
 
 def test_openr_names_are_translated(capsys):

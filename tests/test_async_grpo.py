@@ -21,6 +21,7 @@ import async_grpo
 import grpo
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 from common.env.errors import UsageError
+from common.run.checks import check_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +109,7 @@ def test_the_logged_weight_statistics_are_the_masked_mean_and_the_cut_fraction()
 def test_option_errors_name_the_fix(change, world, message):
     args = replace(async_grpo.Args(), **change)
     with pytest.raises(UsageError, match=message):
-        async_grpo.check_args(args, world)
+        check_options(args, async_grpo.check_args, world, data_parallel=False)
 
 
 # ---- which weights sampled which batch ---------------------------------------------------------

@@ -18,6 +18,7 @@ import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 from common.run.algorithms import ALGORITHMS
 from common.env.errors import PathError, UsageError
+from common.run.checks import check_options
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
@@ -68,8 +69,7 @@ def test_a_number_out_of_range_is_one_line_before_any_model_loads(flags, says, t
     import grpo
     from common.run.args import parse_args
     with pytest.raises(UsageError) as e:
-        grpo.check_args(parse_args(grpo.Args, [*TINY, *flags, "--output_dir", str(tmp_path / "run")]),
-                        world_size=1)
+        check_options(parse_args(grpo.Args, [*TINY, *flags, "--output_dir", str(tmp_path / "run")]), grpo.check_args, world_size=1)
     assert str(e.value).startswith(says)
     if flags[0] in ("--temperature", "--lora_r"):  # and as a user sees it, through the real file
         fails_in_one_line(["grpo.py", *TINY, *flags, "--output_dir", str(tmp_path / "run")], says)
@@ -95,7 +95,7 @@ def test_every_real_valued_option_of_every_file_must_be_finite(algo, tmp_path):
 
 
         def check(a):
-            module.check_args(a, world_size=1)
+            check_options(a, module.check_args, world_size=1)
     names = _float_fields(module.Args)
     assert {"temperature", "top_p", "reward_weights"} <= set(names)
     for name in names:

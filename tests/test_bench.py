@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.run.checks import check_options
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from baseline_variance import estimator_stats, last_layer_param, per_sample_grads  # noqa: E402
 from trl_vs_mathrl import summarize  # noqa: E402
@@ -113,7 +115,7 @@ def test_trl_pairs_give_each_file_options_it_accepts_and_the_same_batch(algo):
                                           device="cpu", num_prompts=None, max_new_tokens=64,
                                           mathrl_option=[],
                                           model_name_or_path="SmolLM2-135M-Instruct"))
-    importlib.import_module(MATHRL_FILE[algo]).check_args(args, 1)
+    check_options(args, importlib.import_module(MATHRL_FILE[algo]).check_args, 1)
     assert not args.bf16 and not args.compile  # the CPU pair: fp32, eager
     # 32 completions per optimizer step on every pair, micro-batches of 8, as on the TRL side
     assert args.num_prompts * args.num_generations == 32 and args.micro_batch_size == 8
@@ -146,7 +148,7 @@ def test_the_gpu_pair_puts_both_sides_in_bf16_on_the_gpu_with_the_batch_asked_fo
     prompts, g = batch_shape(algo, 16)
     assert prompts == 16 and trl["gradient_accumulation_steps"] == 16 * g // MICRO
     args = mathrl_args(bench)
-    importlib.import_module(MATHRL_FILE[algo]).check_args(args, 1)
+    check_options(args, importlib.import_module(MATHRL_FILE[algo]).check_args, 1)
     assert (args.bf16, args.compile, args.micro_batch_size) == (True, True, None)
     assert (args.num_prompts, args.num_generations, args.max_new_tokens) == (16, g, 256)
     # the default captures the decode step as a CUDA graph; the eager pair says --no_cuda_graphs

@@ -17,6 +17,7 @@ from common.env import math_env as envlib
 from common.run.args import field_docs
 from common.rl.logprobs import token_logprobs
 from common.env.errors import PathError
+from common.run.checks import check_options
 from trl_steps import a_batch, moved_policy, trl_training_step
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
@@ -157,13 +158,13 @@ def test_dropped_groups_leave_the_normaliser(loss_type, expected):
 # ---- argument checks ----------------------------------------------------------------------------------------
 def test_bad_sizes_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="divisible by the number of processes"):
-        grpo.check_args(replace(grpo.Args(), num_prompts=3), world_size=2)
+        check_options(replace(grpo.Args(), num_prompts=3), grpo.check_args, world_size=2)
     # micro-batches of up to 5: fine
-    grpo.check_args(replace(grpo.Args(), micro_batch_size=5), world_size=1)
+    check_options(replace(grpo.Args(), micro_batch_size=5), grpo.check_args, world_size=1)
     with pytest.raises(ValueError, match="num_generations must be >= 2"):
-        grpo.check_args(replace(grpo.Args(), num_generations=1), world_size=1)
+        check_options(replace(grpo.Args(), num_generations=1), grpo.check_args, world_size=1)
     with pytest.raises(PathError, match="no such folder"):
-        grpo.check_args(replace(grpo.Args(), model_name_or_path="./no/such/model"), world_size=1)
+        check_options(replace(grpo.Args(), model_name_or_path="./no/such/model"), grpo.check_args, world_size=1)
 
 
 def test_help_documents_every_field():

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import online_dpo
 from common.run.args import field_docs
+from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,12 +117,12 @@ def test_a_rank_with_fewer_pairs_adds_pairs_of_weight_0(monkeypatch):
 # ---- arguments --------------------------------------------------------------------------------
 def test_bad_arguments_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="num_generations must be >= 2"):
-        online_dpo.check_args(replace(online_dpo.Args(), num_generations=1), world_size=1)
+        check_options(replace(online_dpo.Args(), num_generations=1), online_dpo.check_args, world_size=1)
     with pytest.raises(ValueError, match="beta must be > 0"):
-        online_dpo.check_args(replace(online_dpo.Args(), beta=0.0), world_size=1)
+        check_options(replace(online_dpo.Args(), beta=0.0), online_dpo.check_args, world_size=1)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
-        online_dpo.check_args(replace(online_dpo.Args(), num_prompts=3), world_size=2)
-    online_dpo.check_args(online_dpo.Args(), world_size=1)
+        check_options(replace(online_dpo.Args(), num_prompts=3), online_dpo.check_args, world_size=2)
+    check_options(online_dpo.Args(), online_dpo.check_args, world_size=1)
 
 
 def test_help_documents_every_field():

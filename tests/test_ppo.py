@@ -18,6 +18,7 @@ from common.env import math_env as envlib
 from common.run.args import field_docs, parse_args
 from common.rl.numerics import explained_variance, masked_whiten
 from common.env.errors import PathError
+from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,15 +269,17 @@ def test_each_optimizer_step_takes_its_own_minibatchs_gradient_alone(tmp_path, m
     # which holds only if each optimizer step starts from zeroed gradients.
     from transformers import PreTrainedModel
 
-    grads = []
-    real = ppo.clip_grad_norm
+    from common.run.run import Run
 
-    def spy(model, max_norm):
+    grads = []
+    real = Run.sync_gradients
+
+    def spy(run, model):
         if isinstance(model, PreTrainedModel):  # the policy's, not the critic's
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        return real(model, max_norm)
+        return real(run, model)
 
-    monkeypatch.setattr(ppo, "clip_grad_norm", spy)
+    monkeypatch.setattr(Run, "sync_gradients", spy)
     monkeypatch.setattr(envlib, "make_env", _test_reward_module().make_env)
     argv = [*TINY, "--micro_batch_size", "4", "--max_steps", "1", "--learning_rate", "0",
             "--critic_learning_rate", "0", "--loss_type", "grpo", "--max_grad_norm", "1e9",
@@ -318,15 +321,15 @@ def test_values_are_read_at_the_position_before_each_token():
 # ---- argument checks ----------------------------------------------------------------------------------------
 def test_bad_sizes_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="divisible by the number of processes"):
-        ppo.check_args(replace(ppo.Args(), num_prompts=3), world_size=2)
+        check_options(replace(ppo.Args(), num_prompts=3), ppo.check_args, world_size=2)
     with pytest.raises(ValueError, match="--num_mini_batches 3 must divide"):
-        ppo.check_args(replace(ppo.Args(), num_mini_batches=3), world_size=1)
+        check_options(replace(ppo.Args(), num_mini_batches=3), ppo.check_args, world_size=1)
     # micro-batches of up to 5: fine
-    ppo.check_args(replace(ppo.Args(), micro_batch_size=5), world_size=1)
+    check_options(replace(ppo.Args(), micro_batch_size=5), ppo.check_args, world_size=1)
     with pytest.raises(ValueError, match=r"--gae_lambda 1.5: must be in \[0, 1\]"):
-        ppo.check_args(replace(ppo.Args(), gae_lambda=1.5), world_size=1)
+        check_options(replace(ppo.Args(), gae_lambda=1.5), ppo.check_args, world_size=1)
     with pytest.raises(PathError, match="no such folder"):
-        ppo.check_args(replace(ppo.Args(), model_name_or_path="./no/such/model"), world_size=1)
+        check_options(replace(ppo.Args(), model_name_or_path="./no/such/model"), ppo.check_args, world_size=1)
 
 
 def test_help_documents_every_field():

@@ -24,6 +24,7 @@ from common.models.loading import load_tokenizer
 from common.models.stepwise import calculator, play_episodes, sample_line
 from common.env.tasks import TASKS, load_few_shot
 from common.env.errors import PathError
+from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,23 +279,19 @@ def test_a_line_stops_after_four_calculations():
 # ---- argument checks ----------------------------------------------------------------------------------------
 def test_bad_arguments_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="rloo needs --num_generations >= 2"):
-        reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4),
-                             world_size=1)
-    reinforce.check_args(replace(reinforce.Args(), num_generations=1, micro_batch_size=4,
-                                 baseline="none"), 1)
+        check_options(replace(reinforce.Args(), num_generations=1, micro_batch_size=4), reinforce.check_args, world_size=1)
+    check_options(replace(reinforce.Args(), num_generations=1, micro_batch_size=4,
+                                 baseline="none"), reinforce.check_args, 1)
     with pytest.raises(ValueError, match="add --stepwise"):
-        reinforce.check_args(replace(reinforce.Args(), sym_calc=True), world_size=1)
+        check_options(replace(reinforce.Args(), sym_calc=True), reinforce.check_args, world_size=1)
     with pytest.raises(ValueError, match="--beta is 0"):
-        reinforce.check_args(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2),
-                             world_size=1)
+        check_options(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2), reinforce.check_args, world_size=1)
     with pytest.raises(ValueError, match="the reference is the frozen base"):
-        reinforce.check_args(replace(reinforce.Args(), lora_r=8, ref_model_sync_steps=2),
-                             world_size=1)
+        check_options(replace(reinforce.Args(), lora_r=8, ref_model_sync_steps=2), reinforce.check_args, world_size=1)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
-        reinforce.check_args(replace(reinforce.Args(), num_prompts=3), world_size=2)
+        check_options(replace(reinforce.Args(), num_prompts=3), reinforce.check_args, world_size=2)
     with pytest.raises(PathError, match="no such folder"):
-        reinforce.check_args(replace(reinforce.Args(), model_name_or_path="./no/such/model"),
-                             world_size=1)
+        check_options(replace(reinforce.Args(), model_name_or_path="./no/such/model"), reinforce.check_args, world_size=1)
 
 
 def test_help_documents_every_field_and_the_seeds_few_shot_name():

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from common.run.algorithms import ALGORITHMS
 from common.run.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
-from common.run.checks import StepGuard, check_rewards
+from common.run.checks import StepGuard, check_options, check_rewards
 from common.run.logger import Logger, json_line
 from common.models.loading import load_tokenizer, tiny_random_model
 from common.env.errors import PathError, UsageError
@@ -64,7 +64,7 @@ def test_sizes_below_one_name_the_flag_and_its_default(algo, size, tmp_path):
     default = getattr(args, size)
     says = "leave it out for its default" if default is None else f"the default is {default}"
     with pytest.raises(ValueError, match=rf"--{size} 0: must be (>= 1|in \[1, \d+\]) \({says}\)"):
-        module.check_args(replace(args, **{size: 0}), world_size=1)
+        check_options(replace(args, **{size: 0}), module.check_args, world_size=1)
 
 
 # (option, a bad value, what the message says); each fails in every file that has the option
@@ -95,11 +95,11 @@ BAD_NUMBERS = [("max_grad_norm", -1.0, "must be >= 0"), ("learning_rate", -1e-5,
 def test_numbers_outside_their_range_name_the_flag_and_the_range(algo, name, bad, says, tmp_path):
     module, args = algo_args(algo, output_dir=str(tmp_path))
     with pytest.raises(UsageError, match=rf"--{name} {re.escape(str(bad))}: {says} \(") as e:
-        module.check_args(replace(args, **{name: bad}), world_size=1)
+        check_options(replace(args, **{name: bad}), module.check_args, world_size=1)
     assert isinstance(e.value, ValueError)  # what `except ValueError` expects
     for good in {"max_grad_norm": [0.0, math.inf], "warmup_ratio": [0.0, 1.0], "learning_rate": [0.0, 1.0],
                  "beta": [0.0], "gamma": [0.0, 1.0], "num_prompts": [2048]}.get(name, []):  # the ends allowed
-        module.check_args(replace(args, **{name: good}), world_size=1)
+        check_options(replace(args, **{name: good}), module.check_args, world_size=1)
 
 
 def test_max_grad_norm_0_measures_the_norm_and_clips_nothing():
@@ -139,12 +139,12 @@ def test_output_dir_that_is_a_file_or_unwritable_fails_at_once(algo, tmp_path):
     module, args = algo_args(algo)
     (tmp_path / "a_file").write_text("")
     with pytest.raises(PathError, match="a_file is a file, not a folder"):
-        module.check_args(replace(args, output_dir=str(tmp_path / "a_file")), world_size=1)
+        check_options(replace(args, output_dir=str(tmp_path / "a_file")), module.check_args, world_size=1)
     with pytest.raises(PathError, match="a_file is a file"):
-        module.check_args(replace(args, output_dir=str(tmp_path / "a_file" / "run")), world_size=1)
+        check_options(replace(args, output_dir=str(tmp_path / "a_file" / "run")), module.check_args, world_size=1)
     # /proc takes no new files, even from root
     with pytest.raises(PathError, match="can't be written"):
-        module.check_args(replace(args, output_dir="/proc/mathrl-run"), world_size=1)
+        check_options(replace(args, output_dir="/proc/mathrl-run"), module.check_args, world_size=1)
     assert not (Path("/proc") / "mathrl-run").exists()
 
 
@@ -186,7 +186,7 @@ def test_track_without_wandb_names_the_fix(algo, tmp_path, monkeypatch):
                         *a: None if name == "wandb" else find_spec(name, *a))
     module, args = algo_args(algo, output_dir=str(tmp_path), track=True)
     with pytest.raises(ImportError, match=r"pip install -r requirements-extra.txt \(wandb and tensorboard\), or drop --track"):
-        module.check_args(args, world_size=1)
+        check_options(args, module.check_args, world_size=1)
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
@@ -196,20 +196,20 @@ def test_fsdp_and_lora_flags_fail_before_any_model_loads(algo, tmp_path, monkeyp
     monkeypatch.delenv("RANK", raising=False)
     module, args = algo_args(algo, output_dir=str(tmp_path), fsdp=True)
     with pytest.raises(ValueError, match=r"run `torchrun --nproc_per_node N .*--fsdp"):
-        module.check_args(args, world_size=1)
+        check_options(args, module.check_args, world_size=1)
     module, args = algo_args(algo, output_dir=str(tmp_path), merge_lora=True)
     with pytest.raises(ValueError, match="but --lora_r is 0"):
-        module.check_args(args, world_size=1)
+        check_options(args, module.check_args, world_size=1)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name,
                         *a: None if name == "peft" else find_spec(name, *a))
     module, args = algo_args(algo, output_dir=str(tmp_path), lora_r=8)
     with pytest.raises(ImportError, match="--lora_r needs peft: pip install peft"):
-        module.check_args(args, world_size=1)
+        check_options(args, module.check_args, world_size=1)
     monkeypatch.setenv("RANK", "0")  # under torchrun
     module, args = algo_args(algo, output_dir=str(tmp_path), fsdp=True, compile=True)
     with pytest.raises(ValueError, match="--compile decodes with a whole, compiled model"):
-        module.check_args(args, world_size=1)
+        check_options(args, module.check_args, world_size=1)
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
@@ -217,7 +217,7 @@ def test_fsdp_and_lora_flags_fail_before_any_model_loads(algo, tmp_path, monkeyp
 def test_defaults_work_at_1_2_and_8_processes_or_name_the_fix(algo, world, tmp_path):
     module, args = algo_args(algo, output_dir=str(tmp_path))
     try:
-        module.check_args(args, world_size=world)
+        check_options(args, module.check_args, world_size=world)
     # allowed only with a concrete fix, and only where the defaults can't split
     except ValueError as e:
         if algo == "async_grpo":  # one process trains, and at most one more samples for it

@@ -143,13 +143,14 @@ POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eva
             "critic_hidden_size")
 NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
                 "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",
-                "max_staleness")
+                "max_staleness", "overlong_buffer_len")
 # The most a size that memory holds may be: far above any run that fits one machine, far below a
 # typo such as --num_prompts 1000000000000, which filled 8 GB in a minute before anything failed.
 MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_steps": 2**16,
         "max_new_tokens": 2**17, "eval_max_new_tokens": 2**17, "max_episode_steps": 4096,
         "micro_batch_size": 2**16, "eval_batch_size": 4096, "max_sampling_rounds": 64,
-        "lora_r": 4096, "critic_hidden_size": 16384, "critic_num_layers": 16}
+        "lora_r": 4096, "critic_hidden_size": 16384, "critic_num_layers": 16,
+        "overlong_buffer_len": 2**17}
 # What one rank's rollout holds at once, in sequences and in sampled tokens: the sampler decodes
 # every row in one batch (16,384 rows of SmolLM2's 49,152-word vocabulary are 3.2 GB of logits a
 # step), and the update keeps each token's log-probs.
@@ -176,7 +177,7 @@ RANGES = {
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
-    "reward_weight": (0, math.inf, "[)"),
+    "reward_weight": (0, math.inf, "[)"), "overlong_penalty_factor": (0, math.inf, "[)"),
     # async_grpo.py: a cap below 1 would weigh down the tokens of an on-policy batch too, and
     # IcePop's bounds hold 1 between them (its own are 0.5 and 5)
     "is_cap": (1, math.inf, "[)"), "icepop_low": (0, 1, "(]"), "icepop_high": (1, math.inf, "[)"),

@@ -64,6 +64,15 @@ def check_common_args(args, world_size=1):
     check_model_name(args.model_name_or_path)
 
 
+def check_options(args, check_args, world_size=1, data_parallel=True):
+    """Every option error before any model loads, each naming its fix: the checks every file
+    shares, then the file's own check_args(args, world_size). data_parallel False: one process
+    trains on the whole batch whatever the number of processes (async_grpo.py), so the shared
+    checks split it over one."""
+    check_common_args(args, world_size if data_parallel else 1)
+    check_args(args, world_size)
+
+
 def check_ranges(args):
     """Every number option of `args` within its range (RANGES), and every real-valued one a finite
     number, whether or not a range names it: the check covers an option added later too

@@ -36,7 +36,7 @@ import torch
 
 from common.run.args import algorithm_of, lr_at, schedule
 from common.run.checkpoints import resume_point, save_checkpoint
-from common.run.checks import StepGuard, check_common_args, check_rewards
+from common.run.checks import StepGuard, check_options, check_rewards
 from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
                                 average_gradients, init_distributed, minibatches, print0,
                                 sample_seed, set_seed)
@@ -119,8 +119,7 @@ class Run:
         self.args, self.rank, self.world = args, info.rank, info.world_size
         self.device, self.is_main = info.device, info.is_main
         self.data_parallel = data_parallel
-        check_common_args(args, self.world if data_parallel else 1)
-        check_args(args, self.world)
+        check_options(args, check_args, self.world, data_parallel)
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if args.bf16
