@@ -7,7 +7,7 @@ per-token bookkeeping that `generate` runs outside the compiled graph, then a pr
 Steady-state steps over a static KV cache of --cache_len positions (the prompts' keys and values
 written, the rest empty), decoded as `--compile` decodes (`compile_decoding`, packed GQA attention),
 on random weights. On a GPU the forward replays as one CUDA graph; the profiler's table then says
-which kernels the GPU spends a step in. Its first version gave the figures in docs/performance.md
+which kernels the GPU spends a step in. Its first version gave the figures in dev/notes/performance.md
 ("Where a step's time goes").
 """
 
