@@ -4,7 +4,7 @@
     python dev/device_check.py --out DIR --tiny                  # a CPU: tiny sizes, ~2 min
     python dev/device_check.py --out DIR --stages env roofline --budget_s 200
 
-docs/gpu.md has the two calls that carry the embedded model to a lent GPU and run this.
+dev/notes/gpu.md has the two calls that carry the embedded model to a lent GPU and run this.
 
 A GPU is lent to this project only sometimes, for 15 minutes in all, so a device check cannot be
 written on the spot: this script is, and a test runs it with --tiny on a CPU so that it still works

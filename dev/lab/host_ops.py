@@ -14,7 +14,7 @@ is nothing and what is left is the launches and the Python around them:
     python dev/lab/host_ops.py                  # 32 and 128 rows, a few seconds
     python dev/lab/host_ops.py --rows 32 --json
 
-The figures are in docs/gpu.md ("Host work"). Wall time per step is the CPU's, for scale only.
+The figures are in dev/notes/gpu.md ("Host work"). Wall time per step is the CPU's, for scale only.
 """
 
 import argparse
