@@ -248,3 +248,12 @@ def test_every_entry_a_user_meets_at_the_root_is_in_both_lists():
     missing = met - set(layout_of_the_readme()) | met - set(files_of_the_docs_table())
     assert not missing, f"{sorted(missing)}: add to README.md's Layout and docs/README.md's table"
     assert {f"{a}.py" for a in ALGORITHMS} <= met
+
+
+def test_docs_holds_the_pages_a_reader_uses_and_no_others():
+    # measurement logs, raw device files and research notes belong in dev/notes/, not on the shelf
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    algorithm_pages = {f"{a}.md" for a in ALGORITHMS}
+    assert algorithm_pages <= pages
+    assert pages - algorithm_pages == {"README.md", "reading.md", "course.md", "your_own_task.md",
+                                       "results.md", "gpu.md"}
