@@ -2,7 +2,7 @@
 run at a time, and writes the results table and the curves.
 
     python bench/learning.py      # both tasks, every file, grpo.py with 3 seeds: about 2 h, 2 cores
-    # docs/results/ came from these two (1 h 43 min): grpo.py's 3 seeds on the harder task only
+    # dev/notes/results/ came from these two (1 h 43 min): grpo.py's 3 seeds on the harder task only
     python bench/learning.py --tasks harder
     python bench/learning.py --tasks default --grpo_seeds 0
     python bench/learning.py --out /tmp/l -- --model_name_or_path tiny-random --max_steps 1

@@ -8,11 +8,11 @@ The GPU machines lent to this project take at most 64 MiB per call and reach no 
 the embedded model's GGUF file is 94 MiB. So it travels in two calls made back to back: the first
 carries piece 1 and copies it to /tmp, which stays while the machine is warm (a carried folder
 does not: the next call's tree replaces it); the second carries piece 2 and joins them
-(docs/gpu.md has the two commands). Piece k goes to its own folder (a, b, ...), so each call
+(dev/notes/gpu.md has the two commands). Piece k goes to its own folder (a, b, ...), so each call
 carries one folder. Every folder also holds the whole file's sha256 and the number of pieces, so
 `join` refuses a file rebuilt from a stale, truncated or missing piece. `embedded` also puts what
 the GPU machine lacks into the first folder: the converted tokenizer (so that the first call runs
-bench/roofline.py, which needs it, before the model is whole), the `gguf` wheel (the one-time
+dev/lab/roofline.py, which needs it, before the model is whole), the `gguf` wheel (the one-time
 conversion reads the file with it) and TRL's wheels with the three packages of its that the machine
 lacks (bench/trl_vs_mathrl.py --device cuda; 1.8 MB together, for its Python 3.12).
 """

@@ -4,7 +4,7 @@
     python dev/device_check.py --out DIR --tiny                  # a CPU: tiny sizes, ~2 min
     python dev/device_check.py --out DIR --stages env roofline --budget_s 200
 
-docs/gpu.md has the two calls that carry the embedded model to a lent GPU and run this.
+dev/notes/gpu.md has the two calls that carry the embedded model to a lent GPU and run this.
 
 A GPU is lent to this project only sometimes, for 15 minutes in all, so a device check cannot be
 written on the spot: this script is, and a test runs it with --tiny on a CPU so that it still works
@@ -15,7 +15,7 @@ next:
 
 - env: the device, its memory, the versions of torch and transformers;
 - model: the embedded SmolLM2-135M converted once from its GGUF (see dev/carry.py);
-- cuda_graphs: bench/cuda_graphs.py, eager decoding against its step captured as a CUDA graph (the
+- cuda_graphs: dev/lab/cuda_graphs.py, eager decoding against its step captured as a CUDA graph (the
   default on a GPU) at 32 and 128 rows, and the checks that the graph draws the tokens of the
   same step run without one, also after the weights change (random weights: no model file);
 - trl_pair, trl_pair_eager, trl_pair_compile: bench/trl_vs_mathrl.py --device cuda at a GPU's
@@ -30,8 +30,8 @@ next:
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
 - appo, tppo, ppo, reinforce, online_dpo: 5 updates each in bf16;
 - eval: eval.py on the newest checkpoint a stage wrote (the embedded model without one);
-- fused_projections, roofline, roofline_grow, update_mfu: bench/fused_projections.py (64 and 256
-  rows), bench/roofline.py, the same with a static cache that grows, and bench/update_mfu.py, at
+- fused_projections, roofline, roofline_grow, update_mfu: dev/lab/fused_projections.py (64 and 256
+  rows), dev/lab/roofline.py, the same with a static cache that grows, and dev/lab/update_mfu.py, at
   the Qwen2.5-1.5B shape on random weights (no model file needed).
 The order is by value: a lease cut short still returns the stages that matter most. With --tiny no
 stage has a time cap (a slow CPU must not fail the test that runs it); --budget_s still bounds the
@@ -67,7 +67,7 @@ from common.run.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
 FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in STEPWISE)
 # grpo.py for 3 updates each way a GPU run can be launched besides the default
 WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing"]
-# bench/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
+# dev/lab/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
 BENCHES = ["cuda_graphs", "fused_projections", "roofline", "roofline_grow", "update_mfu"]
 TRL_PAIRS = ["trl_pair", "trl_pair_eager", "trl_pair_compile"]
 STAGES = ["env", "cuda_graphs", "model", "trl_pair", "grpo", *TRL_PAIRS[1:], *WAYS, "grpo_compile",
@@ -109,7 +109,7 @@ def _stage_plan(name, tiny, work):
         if name == "cuda_graphs":  # on random weights, so before the model's second piece
             sizes = (["--device", "cpu", "--shape", "tiny", "--rows", "8", "--new_tokens", "8",
                       "--repeat", "1"] if tiny else ["--repeat", "1"])
-            return py + [str(ROOT / "bench" / "cuda_graphs.py"), *sizes, "--out",
+            return py + [str(ROOT / "dev" / "lab" / "cuda_graphs.py"), *sizes, "--out",
                          str(work / "cuda_graphs.json")], 200  # 120 s did 32 rows, not 128
         if name == "roofline":
             sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
@@ -129,7 +129,7 @@ def _stage_plan(name, tiny, work):
                       "--response_len", "16"] if tiny else
                      ["--shape", "1.5B", "--micro_batch_size", "8", "16", "32"])
         script = "roofline" if name == "roofline_grow" else name
-        return py + [str(ROOT / "bench" / f"{script}.py"), *sizes, "--bf16"], 200
+        return py + [str(ROOT / "dev" / "lab" / f"{script}.py"), *sizes, "--bf16"], 200
     file = "grpo" if name.startswith("grpo") or name in WAYS else name
     run = ["--bf16", "--output_dir", str(work / name)]
     if tiny and name in WAYS:  # that the launch works, at the least work

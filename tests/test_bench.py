@@ -1,7 +1,7 @@
 """The benchmarks' arithmetic by hand: the TRL comparison's summary (the benchmark itself needs TRL
 and ~20 min: bench/trl_vs_mathrl.py), the baseline-variance statistics
-(bench/baseline_variance.py) and the roofline's bounds; and that bench/decode_sketch.py samples
-what `generate` samples."""
+(bench/baseline_variance.py) and the roofline's bounds (dev/lab/roofline.py); and that
+dev/lab/decode_sketch.py samples what `generate` samples."""
 
 import sys
 from pathlib import Path
@@ -82,7 +82,7 @@ def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
 
 
 def test_roofline_update_flops_count_a_shared_prompt_once():
-    from roofline import Shape, update_flops
+    from dev.lab.roofline import Shape, update_flops
 
     s = Shape.__new__(Shape)  # a made-up model: 10 body parameters, vocabulary 3, width 2, 1 layer
     s.body_params, s.vocab, s.hidden, s.layers = 10, 3, 2, 1
@@ -93,7 +93,7 @@ def test_roofline_update_flops_count_a_shared_prompt_once():
 
 
 def test_roofline_step_bound_is_the_slower_of_reading_and_computing():
-    from roofline import Shape, step_bound
+    from dev.lab.roofline import Shape, step_bound
 
     s = Shape.__new__(Shape)  # 100 parameters in fp32, 8 KV bytes per position, 1 layer of width 2
     s.read_params, s.matmul_params, s.bytes, s.kv_per_position, s.layers, s.hidden = (
@@ -163,9 +163,9 @@ def test_the_gpu_pair_puts_both_sides_in_bf16_on_the_gpu_with_the_batch_asked_fo
 
 
 def test_decode_sketch_draws_the_tokens_of_generate():
-    # bench/decode_sketch.py's speed is only worth comparing if it computes generate's function:
+    # dev/lab/decode_sketch.py's speed is only worth comparing if it computes generate's function:
     # the same sampled tokens, its prompt keys read once per group
-    from decode_sketch import sketch_rollout
+    from dev.lab.decode_sketch import sketch_rollout
 
     from common.models.loading import load_tokenizer, tiny_random_model
     from sampling import fast_generate

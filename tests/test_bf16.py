@@ -55,7 +55,7 @@ def test_one_bf16_update(algo, model, tmp_path):
     assert line["skipped_steps"] == 0 and line["grad_norm"] > 0 and math.isfinite(line["grad_norm"])
     assert line["reward/std"] > 0  # the reward (lowercase share) varied, so the update had something to learn
     # sampler (KV-cached decode) and trainer (one forward) both autocast to bf16; this 32-wide model
-    # gives 0.0, the 64-wide tiny-random 9e-5, SmolLM2 6e-3 (docs/performance.md); online DPO's
+    # gives 0.0, the 64-wide tiny-random 9e-5, SmolLM2 6e-3 (docs/results.md); online DPO's
     # loss has no ratio to the sampler, so it logs no mismatch
     if algo != "online_dpo":
         assert 0 <= line["mismatch/abs"] < 0.05 and math.isfinite(line["mismatch/kl"])

@@ -133,7 +133,7 @@ FILES_COUNT = re.compile(rf"\b({'|'.join(WORDS[4:])})\s+(?:algorithm\s+)?files\b
 LINE_COUNT = re.compile(r"`([\w/.-]+\.py)` is (\d[\d,]*) lines\b"
                         r"|([\w/.-]+\.py)`?(?:\]\([^)\s]*\))?\s+\((\d[\d,]*) lines[),;]")
 # the pages, and the docstrings and comments of every script and module
-COUNTED = ["README.md", "docs/*.md", "*.py", "common/*.py", "bench/*.py", "dev/*.py"]
+COUNTED = ["README.md", "docs/*.md", "*.py", "common/*.py", "bench/*.py", "dev/*.py", "dev/lab/*.py"]
 
 
 def stale_counts(texts):
@@ -199,3 +199,61 @@ def test_a_planted_stale_count_fails():
         f"docs/x.md:3: common/run/run.py is quoted at 3 lines; it has {run_lines}",
         f"docs/x.md:3: grpo.py is quoted at {grpo_lines + 1} lines; it has {grpo_lines}",
     ]
+
+
+# ---- the README's layout and the docs' table of files ------------------------------------
+def top_level(path):
+    """The entry at the repository's root that a path names: `common/env/` -> `common/`."""
+    head, slash, _ = path.partition("/")
+    return head + slash
+
+
+def layout_of_the_readme():
+    """{top-level entry: the name as written} of the README's Layout block: the names that open a
+    line, before the two or more spaces that start its description (indented lines are inside a
+    folder)."""
+    block = re.search(r"^## Layout\n+```\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
+    names = [name for line in block.group(1).splitlines() if line[:1].strip()
+             for name in re.split(r"\s{2,}", line)[0].split()]
+    return {top_level(name): name for name in names}
+
+
+def files_of_the_docs_table():
+    """{top-level entry: the path as written} of the first column of docs/README.md's table
+    "What each file is"."""
+    text = (ROOT / "docs/README.md").read_text()
+    section = re.search(r"^## What each file is\n(.*?)^## ", text, re.M | re.S).group(1)
+    paths = [path for line in section.splitlines() if line.startswith("| `")
+             for path in re.findall(r"`([^`]+)`", line.split(" | ")[0])]
+    return {top_level(path): path for path in paths}
+
+
+def test_the_readme_layout_and_the_docs_table_of_files_name_the_same_paths():
+    readme, docs = layout_of_the_readme(), files_of_the_docs_table()
+    assert set(readme) == set(docs), ("named in one list only: README's Layout "
+                                      f"{sorted(set(readme) - set(docs))}, docs/README.md's "
+                                      f"table {sorted(set(docs) - set(readme))}")
+    for path in docs.values():  # each path the table names is there (`docs/*.md` a glob)
+        assert list(ROOT.glob(path.rstrip("/"))), f"docs/README.md names {path}, which is not there"
+
+
+def test_every_entry_a_user_meets_at_the_root_is_in_both_lists():
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    tracked = {top_level(path) for path in out.stdout.splitlines()
+               if (ROOT / path).exists()}  # a file deleted but not yet committed is gone
+    # the page itself, pytest's settings and the dot-files (CI, .gitignore) are not met by a user
+    met = {entry for entry in tracked if not entry.startswith(".")} - {"README.md", "pytest.ini"}
+    missing = met - set(layout_of_the_readme()) | met - set(files_of_the_docs_table())
+    assert not missing, f"{sorted(missing)}: add to README.md's Layout and docs/README.md's table"
+    assert {f"{a}.py" for a in ALGORITHMS} <= met
+
+
+def test_docs_holds_the_pages_a_reader_uses_and_no_others():
+    # measurement logs, raw device files and research notes belong in dev/notes/, not on the shelf
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    algorithm_pages = {f"{a}.md" for a in ALGORITHMS}
+    assert algorithm_pages <= pages
+    assert pages - algorithm_pages == {"README.md", "reading.md", "course.md", "your_own_task.md",
+                                       "results.md", "gpu.md"}

@@ -1,4 +1,4 @@
-"""bench/learning.py, which writes the results tables of docs/performance.md: its statistics and
+"""bench/learning.py, which writes the results tables of docs/results.md: its statistics and
 table by hand on made-up run folders, and one tiny real run through the whole script (a run that
 finished is not run again; the plot command runs on it)."""
 
@@ -94,11 +94,11 @@ def test_one_tiny_run_through_the_script_and_no_rerun(tmp_path):
 
 
 def test_the_docs_show_the_tables_the_bench_wrote_with_a_row_for_every_file():
-    # docs/results/ holds bench/learning.py's own output; docs/performance.md must quote it unchanged
-    readme = (ROOT / "docs" / "performance.md").read_text()
-    results = json.loads((ROOT / "docs" / "results" / "results.json").read_text())
+    # dev/notes/results/ holds bench/learning.py's own output; docs/results.md must quote it unchanged
+    readme = (ROOT / "docs" / "results.md").read_text()
+    results = json.loads((ROOT / "dev" / "notes" / "results" / "results.json").read_text())
     for task in ("default", "harder"):
-        lines = (ROOT / "docs" / "results" / f"{task}.md").read_text().splitlines()
+        lines = (ROOT / "dev" / "notes" / "results" / f"{task}.md").read_text().splitlines()
         assert len(lines) == 2 + len(FILES) and all(line in readme for line in lines)
         assert set(results["tables"][task]) == set(FILES)
         for row in results["tables"][task].values():  # every file ends above where it started

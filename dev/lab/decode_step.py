@@ -1,13 +1,13 @@
 """Where a compiled decode step's time goes: the forward alone, then with the sampler and the
 per-token bookkeeping that `generate` runs outside the compiled graph, then a profiler table.
 
-    python bench/decode_step.py                                   # a GPU: Qwen2.5-1.5B shape, bf16
-    python bench/decode_step.py --shape 135M --batch 8 --backend eager   # a quick CPU check
+    python dev/lab/decode_step.py                                   # a GPU: Qwen2.5-1.5B shape, bf16
+    python dev/lab/decode_step.py --shape 135M --batch 8 --backend eager   # a quick CPU check
 
 Steady-state steps over a static KV cache of --cache_len positions (the prompts' keys and values
 written, the rest empty), decoded as `--compile` decodes (`compile_decoding`, packed GQA attention),
 on random weights. On a GPU the forward replays as one CUDA graph; the profiler's table then says
-which kernels the GPU spends a step in. Its first version gave the figures in docs/performance.md
+which kernels the GPU spends a step in. Its first version gave the figures in dev/notes/performance.md
 ("Where a step's time goes").
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.roofline import SHAPES, build, sync  # noqa: E402
+from dev.lab.roofline import SHAPES, build, sync  # noqa: E402
 from common.models.fast.attention import _packed_gqa  # noqa: E402
 from common.models.fast.compile import _COMPILED, _static_cache, compile_decoding  # noqa: E402
 from common.models.hf import KV_CACHE  # noqa: E402

@@ -3,8 +3,8 @@ common/models/fast/graphs.py) against eager decoding, on SmolLM2-135M's shape wi
 autocast over fp32 weights as the files run; rows in groups of 8 that share a 150-token prompt, as a
 GRPO rollout:
 
-    python bench/cuda_graphs.py                     # a GPU: 32 and 128 rows x 256 new tokens
-    python bench/cuda_graphs.py --device cpu --shape tiny --rows 8 --new_tokens 8   # the checks
+    python dev/lab/cuda_graphs.py                     # a GPU: 32 and 128 rows x 256 new tokens
+    python dev/lab/cuda_graphs.py --device cpu --shape tiny --rows 8 --new_tokens 8   # the checks
 
 For each row count, milliseconds per decode step of a whole rollout (`generate`, the sampling and
 bookkeeping of every step included) of three decoders:
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.roofline import SHAPES, build, sync  # noqa: E402
+from dev.lab.roofline import SHAPES, build, sync  # noqa: E402
 from common.models.fast.compile import _COMPILED  # noqa: E402
 from common.models.fast.graphs import capture_decoding  # noqa: E402
 from common.models.fast.decoding import fast_decoding  # noqa: E402

@@ -8,8 +8,8 @@
 Both sample from softmax(logits / temperature) of the same random logits, and each row's draw depends
 on its own seed only.
 
-    python bench/sampling.py                            # B = 8, 32, 128 rows, SmolLM2's 49,152 tokens
-    python bench/sampling.py --batch 64 256 --vocab 151936 --tokens 32   # a Qwen2.5 vocabulary
+    python dev/lab/sampling.py                            # B = 8, 32, 128 rows, SmolLM2's 49,152 tokens
+    python dev/lab/sampling.py --batch 64 256 --vocab 151936 --tokens 32   # a Qwen2.5 vocabulary
 """
 
 import argparse
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.models.sampler import row_uniforms, sample_token  # noqa: E402
 

@@ -3,11 +3,11 @@ a rollout of `generate` (the FastDecoder, with the device's speedups) with q/k/v
 matmul each, then the same rollout with them apart, --repeat times, at each --batch; and one decode step's linear layers alone, both ways. Medians, and
 their ratio (below 1: fused is faster). The samples are the same both ways (the script checks).
 
-    python bench/fused_projections.py                # CPU: SmolLM2-135M shape, 32 rows, ~2 min
-    python bench/fused_projections.py --shape 1.5B --batch 64 256 --bf16     # a GPU
+    python dev/lab/fused_projections.py                # CPU: SmolLM2-135M shape, 32 rows, ~2 min
+    python dev/lab/fused_projections.py --shape 1.5B --batch 64 256 --bf16     # a GPU
 
 Random weights of the real shape, prompts of 150 tokens shared by groups of 8 rows, as in
-bench/roofline.py.
+dev/lab/roofline.py.
 """
 
 import argparse
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.roofline import SHAPES, build, linears_alone, sync  # noqa: E402
+from dev.lab.roofline import SHAPES, build, linears_alone, sync  # noqa: E402
 from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
 from common.models.loading import load_tokenizer  # noqa: E402
 from common.models.sampler import generate  # noqa: E402

@@ -1,7 +1,7 @@
 """How much faster a leaner CPU decode could be: an upper estimate, not what `generate` runs.
 
-    python bench/decode_sketch.py       # SmolLM2-135M shape, the default GRPO rollout, ~2 min
-    python bench/decode_sketch.py --repeat 3
+    python dev/lab/decode_sketch.py       # SmolLM2-135M shape, the default GRPO rollout, ~2 min
+    python dev/lab/decode_sketch.py --repeat 3
 
 `generate` decodes through transformers' forward. This sketch writes the decode step of a
 Llama-shaped model out by hand, as gpt-fast does, and changes two things:
@@ -13,7 +13,7 @@ Llama-shaped model out by hand, as gpt-fast does, and changes two things:
   copies them to every row and reads them once per row.
 It leaves out what a real engine needs (rows that finish early, stop strings, left padding, the
 stepwise files' PrefixCache), so it bounds from above what such an engine would gain. Both sample
-the same way (`sample_token` with per-row seeds), on random weights, prompts as bench/roofline.py's.
+the same way (`sample_token` with per-row seeds), on random weights, prompts as dev/lab/roofline.py's.
 Printed: tokens/s of each, alternating, their fraction of the roofline bound, and how many rows
 drew the same tokens both ways (up to rounding, about 1e-6 in the logits, all of them should).
 """
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
+from dev.lab.roofline import Shape, build, device_peaks, rollout_bound  # noqa: E402
 from common.models.fast.attention import _packed_gqa  # noqa: E402
 from common.models.fast.linears import _onednn_linears  # noqa: E402
 from common.models.fast.decoding import fast_decoding  # noqa: E402

@@ -11,10 +11,10 @@ is nothing and what is left is the launches and the Python around them:
 - per update micro-batch: `token_logprobs` and its backward, the files' fast path against the plain
   forward and backward.
 
-    python bench/host_ops.py                  # 32 and 128 rows, a few seconds
-    python bench/host_ops.py --rows 32 --json
+    python dev/lab/host_ops.py                  # 32 and 128 rows, a few seconds
+    python dev/lab/host_ops.py --rows 32 --json
 
-The figures are in docs/gpu.md ("Host work"). Wall time per step is the CPU's, for scale only.
+The figures are in dev/notes/gpu.md ("Host work"). Wall time per step is the CPU's, for scale only.
 """
 
 import argparse
@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402

@@ -1,12 +1,12 @@
 """How close rollouts and updates come to what the hardware allows.
 
-    python bench/roofline.py                          # CPU: SmolLM2-135M shape, ~5 min on 2 cores
-    python bench/roofline.py --shapes 135M 0.5B --batch 8 32 --new_tokens 64 256
-    python bench/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
-    python bench/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
-    python bench/roofline.py --batch 32 --new_tokens 64 [--torch_linears]   # packed linears or not
-    python bench/roofline.py --batch 32 --new_tokens 64 --rollout_only [--unfused]   # fused or not
-    python bench/roofline.py --batch 8 --new_tokens 256 --compile [--grow_static_cache]   # growing
+    python dev/lab/roofline.py                          # CPU: SmolLM2-135M shape, ~5 min on 2 cores
+    python dev/lab/roofline.py --shapes 135M 0.5B --batch 8 32 --new_tokens 64 256
+    python dev/lab/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
+    python dev/lab/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
+    python dev/lab/roofline.py --batch 32 --new_tokens 64 [--torch_linears]   # packed linears or not
+    python dev/lab/roofline.py --batch 32 --new_tokens 64 --rollout_only [--unfused]   # fused or not
+    python dev/lab/roofline.py --batch 8 --new_tokens 256 --compile [--grow_static_cache]   # growing
 
 First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
 and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of torch's matmul
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
