@@ -80,7 +80,8 @@ class Args(TrainArgs):
     """seeds prompt order, sampling and model init: runs are reproducible"""
     # ---- sampling
     max_new_tokens: Optional[int] = None
-    """tokens per step (default by task: arithmetic 32, countdown 64, gsm8k and math 96, OpenR's)"""
+    """response length limit, in tokens: of one step (default by task: arithmetic 32, countdown 64,
+    gsm8k and math 96, OpenR's)"""
     temperature: float = 0.7
     """sampling temperature (also applied to the training log-probs)"""
     top_p: float = 1.0
@@ -105,7 +106,7 @@ class Args(TrainArgs):
     outcome_reward_coef: float = 0.0
     """beyond OpenR: with a PRM, add this times the verifier's correctness to the final reward"""
     num_ppo_epochs: int = 1
-    """passes over each rollout segment"""
+    """passes over each rollout batch (a segment of every episode)"""
     num_mini_batches: int = 2
     """optimizer steps per pass (must divide num_steps: each takes steps from every episode)"""
     epsilon: float = 0.2
@@ -113,7 +114,7 @@ class Args(TrainArgs):
     cliprange_value: float = 0.2
     """how far the new value may move from the old one before the value loss clips"""
     critic_learning_rate: float = 1e-4
-    """Adam learning rate of the critic"""
+    """learning rate of the critic (Adam, as OpenR)"""
     critic_hidden_size: int = 1024
     """width of the value head's hidden layers"""
     critic_num_layers: int = 2
@@ -125,7 +126,7 @@ class Args(TrainArgs):
     huber_delta: float = 10.0
     """Huber threshold of the value loss"""
     gamma: float = 0.95
-    """discount per step"""
+    """discount, per step"""
     gae_lambda: float = 0.95
     """GAE lambda"""
     entropy_coef: float = 0.01
@@ -133,7 +134,7 @@ class Args(TrainArgs):
     skip_kl: float = 0.02
     """skip a minibatch's policy step when its approx_kl exceeds this (OpenR: 0.02; 0: never)"""
     lora_target_modules: str = "q_proj,v_proj"
-    """modules that get LoRA adapters (OpenR's: r 8, alpha 16, on q_proj and v_proj)"""
+    """modules that get adapters (OpenR's LoRA: r 8, alpha 16, on q_proj and v_proj)"""
     eval_max_new_tokens: int = 64
     """token limit of the whole answer in evaluation"""
 

@@ -47,7 +47,6 @@ Launch:
 """
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -58,8 +57,8 @@ from common.models import (Rollout, encode_prompts, fast_decoding, generate, loa
                            reference_policy, trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
-from common.run import (Pair, Run, Sampled, TrainArgs, all_reduce_sum, parse_args, prompt_indices,
-                        rollout_from_state, rollout_state, sample_seed)
+from common.run import (Run, SampledAhead, TrainArgs, all_reduce_sum, parse_args, prompt_indices,
+                        sample_seed)
 
 
 @dataclass
@@ -160,22 +159,6 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
     return Rollout(gen, texts, scores, correct, problems)
-
-
-def sample_for_trainer(policy, tokenizer, env, pair, start, first, args, autocast):
-    """Rank 1 of two processes: it never trains. It samples update p's batch with the weights of
-    update p - k, receiving them from the trainer as they are made, and sends it on; `first` is the
-    first update it samples (a resumed run's checkpoint holds the batches before it), `start` the
-    update whose weights it loaded."""
-    version = start  # the update whose weights this process holds
-    for position in range(first, args.max_steps):
-        while version < position - args.max_staleness:  # the weights of update position - k
-            pair.receive_weights(policy)
-            version += 1
-        t0 = time.time()
-        batch = rollout(policy, tokenizer, env, position, 0, args.num_prompts, args, autocast)
-        pair.send_rollout(Sampled(version, batch, time.time() - t0))
-    pair.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,10 +274,10 @@ def main(args):
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     # off-policy: one process trains (under torchrun rank 1 samples for it), k updates behind
-    local_prompts, G, k = args.num_prompts, args.num_generations, args.max_staleness
+    local_prompts, G, staleness = args.num_prompts, args.num_generations, args.max_staleness
     N = local_prompts * G  # samples per update
     run.print(f"async GRPO | {'trainer and sampler' if run.world == 2 else 'one process'} on "
-              f"{run.device} | batches sampled {k} update(s) behind, corrected by "
+              f"{run.device} | batches sampled {staleness} update(s) behind, corrected by "
               f"{args.off_policy_correction} | {args.num_prompts} prompts x {G} samples per update "
               f"| {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} minibatch(es) of "
               f"micro-batches of {args.micro_batch_size} | {len(env)} problems | "
@@ -304,43 +287,27 @@ def main(args):
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # off-policy: the batches sampled ahead, update by update (a resumed run's from its checkpoint)
-    queue = deque(rollout_from_state(s, run.device)
-                  for s in (run.state or {}).get("extra", {}).get("queue", []))
-    pair = Pair() if run.world == 2 else None  # two processes: from here on they part ways
-    if pair is not None and run.rank == 1:  # the sampler: samples until the last batch is sent
-        return sample_for_trainer(policy, tokenizer, env, pair, start_step,
-                                  start_step + len(queue), args, run.autocast)
-
-    def pending():
-        """The checkpoint's share: the batches of the next updates, already sampled by weights that
-        no longer exist, so that a resumed run trains on what this one would have (two processes:
-        received from the sampler first). Called by the save after update step + 1."""
-        while pair is not None and len(queue) < min(k, args.max_steps - (step + 1)):
-            queue.append(pair.receive_rollout(run.device))
-        return {"queue": [rollout_state(s) for s in queue]}
+    # off-policy: the batches of the next updates, each drawn by the weights of k updates before
+    # (under torchrun rank 1 samples them while rank 0 trains); a resumed run's from its checkpoint
+    ahead = SampledAhead(run, staleness, lambda position: rollout(
+        policy, tokenizer, env, position, 0, local_prompts, args, run.autocast),
+        (run.state or {}).get("extra", {}).get("queue", []))
+    if ahead.is_sampler:  # rank 1 of two: samples until the last batch is sent, never trains
+        return ahead.serve(policy, start_step)
 
     ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
-    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)}, extra_state=pending)
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
+              extra_state=lambda: {"queue": ahead.state(step)})  # off-policy: the checkpoint's
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: G responses to each problem of the update, sampled k updates ago, graded
-        if pair is not None:  # two processes: rank 1 sampled it (while the last updates trained)
-            if not queue:
-                queue.append(pair.receive_rollout(run.device))
-        else:  # one process: sample the batches up to update step + k with the weights as they are
-            while len(queue) <= k and step + len(queue) < args.max_steps:
-                t = time.time()
-                ahead = rollout(policy, tokenizer, env, step + len(queue), 0, local_prompts, args,
-                                run.autocast)
-                queue.append(Sampled(step, ahead, time.time() - t))
-        sampled = queue.popleft()  # update step's batch; .version: the update whose weights drew it
+        sampled = ahead.pop(step)  # off-policy: .version, the update whose weights drew it
         batch = sampled.rollout
-        run.check_rewards(batch.scores, step + 1, lambda i: f"problem {batch.problems[i // G]}")
+        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R] every sampled token
@@ -352,7 +319,7 @@ def main(args):
         mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
         old_logprobs, ref_logprobs, kl = None, None, None
         with run.autocast:
-            # one pass of one minibatch: pi_old (pi_prox) is the policy itself, detached in the loss
+            # one pass of one minibatch: pi_old is the policy itself, detached in the loss
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
                 old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
                                                       fast=not args.plain)
@@ -374,7 +341,7 @@ def main(args):
         lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
-        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch)
+        for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
             norm = loss_normaliser(loss_mask[batch_rows], args, 1)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
@@ -397,8 +364,7 @@ def main(args):
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
-        if pair is not None and step + 1 + k < args.max_steps:  # two processes: to the sampler,
-            pair.send_weights(policy)  # which samples update step + 1 + k's batch with them
+        ahead.updated(policy, step)  # off-policy: two processes send the sampler the new weights
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
@@ -421,13 +387,12 @@ def main(args):
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        samples = [{**env.sample_fields(batch.problems[i // G]), "response": batch.texts[i],
-                    "reward": scores[i].item(), "advantage": advantages[i].item()}
-                   for i in range(0, N, max(1, N // 8))]
+        samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
+                    "reward": scores[k].item(), "advantage": advantages[k].item()}
+                   for k in range(0, N, max(1, N // 8))]
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)
-    if pair is not None:
-        pair.close()
+    ahead.close()
     return run.finish()
 
 

@@ -335,7 +335,7 @@ def main(args):
         lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
-        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
+        for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0

@@ -17,9 +17,10 @@ distillation does). Two forms:
     L      = (1/T) sum_it D_beta(pi(. | q, o_i<t), pi_T(. | q, o_i<t))
              (+ the clipped term of w A_i^reward)
     D_1 = KL(pi || pi_T) (reverse), D_0 = KL(pi_T || pi) (forward), and for 0 < beta < 1 the
-    generalised JSD, with m = beta pi_T + (1 - beta) pi:
+    generalised JSD, with m = beta pi_T + (1 - beta) pi (beta: --jsd_beta):
     beta KL(pi_T || m) + (1 - beta) KL(pi || m).
-T: the response tokens of the global batch. w: --reward_weight, which adds the verifier's GRPO group
+T: the response tokens of the global batch (--loss_type dapo, the default, as TRL's
+DistillationTrainer; grpo.py's other aggregations apply too). w: --reward_weight, which adds the verifier's GRPO group
 advantage A_i^reward to every token (0: the verifier only grades, for the log).
 
 Simplified versus the papers and TRL:
@@ -100,9 +101,12 @@ class Args(TrainArgs):
     loss_form: Literal["sampled", "full"] = "sampled"
     """sampled: the reverse KL on the sampled tokens as a per-token reward; full: the divergence of
     the whole next-token distributions (TRL's DistillationTrainer)"""
-    beta: float = 1.0
-    """full form: which divergence, as TRL's DistillationTrainer names it: 1 reverse KL, 0 forward
-    KL, in between the generalised JSD (not a KL-penalty weight, as in grpo.py)"""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    """how per-token losses are aggregated, by TRL GRPOTrainer's names (dapo: a token mean over the
+    global batch, as TRL's DistillationTrainer)"""
+    jsd_beta: float = 1.0
+    """full form: which divergence, the generalised JSD's beta: 1 the reverse KL, 0 the forward KL,
+    in between the JSD (TRL's DistillationTrainer calls it beta)"""
     reward_weight: float = 0.0
     """w: the verifier's group advantage times w is added to every token's (0: it only grades)"""
 
@@ -116,9 +120,6 @@ def check_args(args, world_size):
                          "runs/teacher`, then --teacher_model_name_or_path "
                          "runs/teacher/checkpoint-20).")
     check_model_name(args.teacher_model_name_or_path, "--teacher_model_name_or_path")
-    if args.beta > 1:
-        raise UsageError(f"--beta {args.beta}: the divergence's mix must be in [0, 1] (1: reverse "
-                         "KL, the default; 0: forward KL; in between: the generalised JSD).")
     if args.reward_weight > 0 and args.num_generations < 2:
         raise UsageError("--reward_weight adds the verifier's group advantage, which needs "
                          "--num_generations >= 2.")
@@ -153,8 +154,8 @@ def rollout(policy, tokenizer, env, position, first, local_prompts, args, autoca
 # Advantages
 # ------------------------------------------------------------------------------------------------
 def group_advantages(rewards, group_size, scale=True):
-    """[N * G] rewards -> [N * G] advantages: each response against the others of its group (GRPO's,
-    for --reward_weight)."""
+    """[N * G] rewards -> [N * G] advantages: each response against the others of its group. Dr.GRPO
+    (scale=False) keeps the std out: it up-weights questions whose rewards barely vary."""
     r = rewards.view(-1, group_size)  # [N, G]: consecutive rows form a group
     advantages = r - r.mean(dim=1, keepdim=True)
     if scale:  # a group of equal rewards gets 0; the std is unbiased, as torch and TRL take it
@@ -178,11 +179,30 @@ def distill_advantages(old_logprobs, teacher_logprobs, reward_advantages, loss_f
 # ------------------------------------------------------------------------------------------------
 # Loss
 # ------------------------------------------------------------------------------------------------
-def loss_normaliser(loss_mask, world_size):
+def loss_normaliser(loss_mask, args, world_size):
     """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
-    losses sum to the minibatch loss: the tokens of the global minibatch, per rank (after gradients
-    are averaged over ranks this is a token mean over everything every rank generated, as TRL's)."""
-    return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
+    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
+    the tokens that count."""
+    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()  # a dropped group's count nowhere
+    if args.loss_type == "grpo":
+        return float(sequences)
+    if args.loss_type == "bnpo":
+        return loss_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
+    if args.loss_type == "dapo":
+        # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
+        # a token mean over everything every rank generated.
+        return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
+    if args.loss_type == "dr_grpo":
+        return float(sequences * args.max_new_tokens)
+    raise ValueError(f"unknown loss_type {args.loss_type!r}")
+
+
+def aggregate(per_token, mask, loss_type, normaliser):
+    """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
+    if loss_type == "grpo":
+        # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / normaliser
+    return (per_token * mask).sum() / normaliser
 
 
 def divergence(student_logits, teacher_logits, beta):
@@ -234,7 +254,7 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     per_token = pg_loss
     if divergences is not None:  # the full form: the divergence is differentiated itself
         per_token = per_token + divergences
-    loss = (per_token * mask).sum() / normaliser
+    loss = aggregate(per_token, mask, args.loss_type, normaliser)
     with torch.no_grad():
         clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
@@ -311,8 +331,7 @@ def main(args):
         reward_advantages = torch.zeros_like(scores)  # [N]
         if args.reward_weight:  # GRPO's group advantage, times w
             reward_advantages = args.reward_weight * group_advantages(scores, G)
-        groups = scores.view(-1, G)  # [N / G, G]
-        zero_std = (groups.amax(dim=1) == groups.amin(dim=1)).repeat_interleave(G)  # [N]
+        zero_std = (scores.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         loss_mask = response_mask  # [N, R] the tokens that count in the loss
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
@@ -320,8 +339,8 @@ def main(args):
         policy.train()
         stats, grad_norms, t_teacher = [], [], 0.0
         full = args.loss_form == "full"
-        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
-            norm = loss_normaliser(loss_mask[batch_rows], run.world)
+        for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
+            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
@@ -344,7 +363,7 @@ def main(args):
                         divergences = full_divergence(
                             hidden[0][:, -R - 1:-1], teacher_hidden[0][:, -R - 1:-1],
                             backbone_and_head(policy)[1], backbone_and_head(teacher)[1],
-                            args.beta, args.temperature)
+                            args.jsd_beta, args.temperature)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 advantages = distill_advantages(old, teacher_logprobs, reward_advantages[rows],
                                                 args.loss_form)

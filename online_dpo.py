@@ -81,7 +81,7 @@ class Args(TrainArgs):
     num_generations: int = 2
     """G: responses sampled per prompt (TRL: 2); the best and the worst of them form the pair"""
     beta: float = 0.1
-    """the implicit reward's scale, beta log(pi / pi_ref): the weight of the KL to the reference"""
+    """weight of the KL to the frozen reference: DPO's implicit reward is beta log(pi / pi_ref)"""
     preference_loss: Literal["sigmoid", "ipo"] = "sigmoid"
     """sigmoid: DPO's -log sigmoid(beta h); ipo: (h - 1 / (2 beta))^2, with beta as IPO's tau"""
     ties: Literal["skip", "first"] = "skip"  # TRL: ties paired

@@ -96,7 +96,7 @@ class Args(TrainArgs):
     critic_type: Literal["separate", "shared"] = "separate"  # shared critic: --critic_type shared
     """separate: a second transformer and a value head (oat, TRL); shared: a head on the policy"""
     critic_learning_rate: float = 2e-4
-    """AdamW learning rate of the critic (or of the shared value head)"""
+    """learning rate of the critic (AdamW; or of the shared value head)"""
     critic_hidden_size: int = 1024
     """width of the value head's hidden layers"""
     critic_num_layers: int = 0
@@ -106,7 +106,7 @@ class Args(TrainArgs):
     vf_coef: float = 0.1
     """weight of the value loss"""
     gamma: float = 1.0
-    """discount per token (oat and TRL: 1)"""
+    """discount, per token (oat and TRL: 1)"""
     gae_lambda: float = 1.0
     """GAE lambda (oat: 1, i.e. A_t = return - V_t; TRL: 0.95)"""
     whiten_advantages: bool = True
@@ -357,7 +357,7 @@ def main(args):
         policy.train()
         critic.train()
         stats, grad_norms, critic_grad_norms = [], [], []
-        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
+        for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)

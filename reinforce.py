@@ -85,7 +85,7 @@ class Args(TrainArgs):
     num_prompts: int = 4
     """prompts per update, over all ranks"""
     num_generations: int = 8
-    """k: responses (stepwise: episodes) sampled per prompt, the RLOO group"""
+    """G: responses (stepwise: episodes) sampled per prompt, the RLOO group (LLM_RL's k)"""
     baseline: Literal["none", "mean", "rloo"] = "rloo"
     """what each return is measured against: none (the seed), the batch mean, or rloo"""
     beta: float = 0.05
@@ -101,9 +101,9 @@ class Args(TrainArgs):
     stepwise: bool = False  # stepwise: LLM_RL's policy
     """one action = one line (--max_new_tokens limits each line); episodes end on the answer"""
     max_episode_steps: int = 10  # stepwise:
-    """stepwise: lines per episode at most"""
+    """stepwise: steps per episode at most (a step is a line)"""
     gamma: float = 0.99  # stepwise:
-    """stepwise: discount of later rewards in each line's return"""
+    """stepwise: discount, per line of an episode's return"""
     sym_calc: bool = False  # stepwise:
     """stepwise: after <<expr>> a calculator writes the value of expr (never eval)"""
     tis_cap: float = 0.0  # TIS: truncated importance sampling

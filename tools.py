@@ -42,10 +42,10 @@ from typing import Literal, Optional
 import torch
 
 from common.env import (UsageError, find_call, make_envs, output_text, parse_tools, run_tool,
-                        stop_strings, system_prompt)
+                        show_tools, stop_strings)
 from common.models import (Generation, Rollout, encode_prompts, eos_token_ids, fast_decoding,
-                           generate, left_pad, load_tokenizer, reference_policy, trained_policy,
-                           unsharded)
+                           generate, left_pad, load_tokenizer, reference_policy, right_pad,
+                           trained_policy, unsharded)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
 from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
@@ -116,28 +116,6 @@ def check_args(args, world_size):
         parse_tools(args.tools)
     except ValueError as e:
         raise UsageError(str(e)) from None
-
-
-# ------------------------------------------------------------------------------------------------
-# Tools: the worked example the prompt shows
-# ------------------------------------------------------------------------------------------------
-# --num_few_shot 1 (the default) puts this problem before the question, worked with the calculator;
-# with --tools none, worked without it, so that the two runs differ in the tool alone.
-EXAMPLE = {"question": "Mia has 214 cards and buys 23 bags with 105 cards in each bag. How many "
-                       "cards does Mia have now?", "answer": "2629"}
-WITH_CALC = "<calc>214 + 23 * 105</calc><output>2629</output>\nThe answer is 2629."
-WITHOUT = "214 + 23 * 105 = 2629\nThe answer is 2629."
-
-
-def show_tools(env, tools, num_few_shot):
-    """The env's prompts name the tools (after the task's own instructions, unless --system_prompt
-    is given) and, where the calculator is one, work the example with it."""
-    if env is None:
-        return
-    if tools and env.system_prompt == env.task.system_prompt:
-        env.system_prompt = system_prompt(env.task.system_prompt, tools)
-    if num_few_shot and (not tools or "calc" in tools):
-        env.few_shot = [dict(EXAMPLE, solution=WITH_CALC if tools else WITHOUT)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -217,36 +195,26 @@ def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
     return gen, tool_mask.to(device), texts, torch.tensor(calls), torch.tensor(failures)
 
 
-def right_pad(rows, value, dtype=torch.long):
-    """Lists of unequal length -> [n, max(1, longest)] padded on the right with `value`, and the
-    mask of what is not padding."""
-    width = max(1, max(len(r) for r in rows))
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for k, r in enumerate(rows):
-        out[k, :len(r)] = torch.tensor(r, dtype=dtype)
-        mask[k, :len(r)] = 1
-    return out, mask
-
-
 def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
-    the prompt stream: sample G responses for each, with their tool calls, and grade them. Each
-    response's seed follows its global sample index, so 1 process and N processes draw the same
-    samples."""
+    the prompt stream: sample G responses for each and grade them. Each response's seed follows its
+    global sample index, so 1 process and N processes draw the same samples."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
     problems = problems[first:first + local_prompts]
     seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    with unsharded(policy):  # FSDP2: the whole weights for every turn (ranks take different counts)
+    # tools: turns of the model with the tools' answers between them; under FSDP2 the whole
+    # weights for every turn (ranks take different numbers of turns)
+    with unsharded(policy):
         gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, args,
                                                       args.temperature, autocast)
     # (reward, info): the verifier, plus your own --reward_fn rewards
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
+    # tools: the tool mask, the calls and their failures come with the rollout
     return ToolRollout(gen, texts, scores, correct, problems, tool_mask, calls, failures)
 
 
@@ -405,7 +373,7 @@ def main(args):
         lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
-        for batch_rows in run.minibatches(N, step):  # shuffled, seeded by (update, epoch, rank)
+        for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
             norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0

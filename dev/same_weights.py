@@ -44,9 +44,10 @@ RUNS = {
                                         "--overlong_buffer_len", "0",
                                         "--no_mask_truncated_completions", "--beta", "0.1",
                                         "--kl_penalty", "reward", "--loss_type", "dr_grpo"]),
-    # the whole recipe: overlong shaping and truncated responses out of the loss
+    # the recipe with the soft overlong punishment (the tiny model's responses all run to the
+    # budget: masking them, as the default does, would leave nothing to learn from)
     "dapo": ("dapo", ["--num_prompts", "2", "--num_generations", "4", "--overlong_buffer_len",
-                      "6"]),
+                      "6", "--no_mask_truncated_completions"]),
     "ppo": ("ppo", ["--num_prompts", "4", "--num_generations", "2"]),
     "ppo_shared": ("ppo", ["--num_prompts", "4", "--critic_type", "shared", "--beta", "0.05",
                            "--whiten_rewards", "--entropy_coef", "0.01", "--gae_lambda", "0.95",
@@ -70,8 +71,9 @@ RUNS = {
                                          "--is_cap", "2", "--loss_type", "dapo",
                                          "--num_mini_batches", "2"]),
     "tools": ("tools", ["--num_prompts", "2", "--num_generations", "4"]),
+    # the teacher is the student's starting point: the verifier's share moves the weights
     "distill": ("distill", ["--num_prompts", "2", "--num_generations", "4",
-                            "--teacher_model_name_or_path", "tiny-random"]),
+                            "--teacher_model_name_or_path", "tiny-random", "--reward_weight", "1"]),
     "async_grpo": ("async_grpo", ["--num_prompts", "2", "--num_generations", "4",
                                   "--max_staleness", "2", "--off_policy_correction", "seq_mis"]),
     # grpo's run, sampled 0 updates behind: the same weights, bit for bit (SAME_AS)

@@ -2,14 +2,16 @@
 
 - the lines of common/ a student reads to follow an algorithm file: a tiny run of the file (the
   tiny random model, 2 updates) under a call trace, counting every common/ definition that its
-  rollout, advantage, loss and update code reach, transitively. The run takes the plain path that
-  the page teaches: `generate` with its plain `Decoder`, `token_logprobs(fast=False)`. The speedups
-  (common/fast_*.py) are counted apart: each gives the plain path's numbers under a test.
+  rollout, advantage, loss and update code reach, transitively. Two runs: the plain path that the
+  page teaches (`--plain`: `generate` with its plain `Decoder`, `token_logprobs`' own lines), and
+  the default path, as `python grpo.py` runs it (the speedups of common/models/fast/ included).
+  Both are real runs of the file, nothing patched.
 - the core diff of two sibling files: `diff a.py b.py` without the module docstrings and without
   the lines tagged as a variant's (docs/reading.md, "Variants").
 
-    python docs/reading.py                  # both, for grpo.py and the four sibling pairs
+    python docs/reading.py                  # both, for grpo.py and the sibling pairs
     python docs/reading.py --reach ppo      # the lines of common/ ppo.py's student reads
+    python docs/reading.py --diffs          # the diffs only (no run)
 """
 
 import argparse
@@ -23,10 +25,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ROOT / "common"
+sys.path.insert(0, str(ROOT))
+from common.run.algorithms import SIBLINGS as ALGORITHM_SIBLINGS  # noqa: E402
 
 
 def units(path):
@@ -62,26 +65,10 @@ def _owner(path, line, table={}):
     return hits[0][1] if hits else None
 
 
-@contextlib.contextmanager
-def plain_path(module):
-    """The algorithm file's speedups switched off for the block: its sampler calls get the plain
-    `Decoder`, and `token_logprobs` runs its own lines."""
-    from common.rl import logprobs
-    from common.models.sampler import Decoder
-
-    @contextlib.contextmanager
-    def plain_decoding(model, *args, **kwargs):
-        yield Decoder(model)
-
-    defaults = logprobs.token_logprobs.__defaults__
-    with patch.object(module, "fast_decoding", plain_decoding), \
-            patch.object(logprobs.token_logprobs, "__defaults__", defaults[:-1] + (False,)):
-        yield
-
-
-def reached(algo, extra=()):
+def reached(algo, plain=True, extra=()):
     """{(module, unit): lines} of common/ that `algo`.py's rollout, advantage, loss and update code
-    reach on a tiny run of 2 updates, on the plain path."""
+    reach on a tiny run of 2 updates, on the plain path (--plain) or the default one. A module is
+    named by its path under common/, without .py (models/sampler)."""
     module = importlib.import_module(algo)
     from common.run.args import parse_args
 
@@ -119,8 +106,9 @@ def reached(algo, extra=()):
         args = parse_args(module.Args, ["--model_name_or_path", "tiny-random", "--max_steps", "2",
                                         "--no_eval_on_start", "--num_eval_problems", "1",
                                         "--num_prompts", "2", "--num_generations", "2",
-                                        "--output_dir", out, *extra])
-        with plain_path(module), contextlib.redirect_stdout(open(os.devnull, "w")):
+                                        "--output_dir", out, *(["--plain"] if plain else []),
+                                        *extra])
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
             sys.settrace(trace)
             try:
                 module.main(args)
@@ -129,27 +117,40 @@ def reached(algo, extra=()):
     counted = {}
     for path, cls in made:  # a dataclass built on the path: its fields are read
         table = {n: (a, b) for n, a, b in units(Path(path))}
-        counted[(Path(path).stem, cls)] = table[cls][1] - table[cls][0] + 1
+        counted[(module_name(path), cls)] = table[cls][1] - table[cls][0] + 1
     for path, line in found:
         name = _owner(Path(path), line)
         if name is None:
             continue
         table = {n: (a, b) for n, a, b in units(Path(path))}
-        counted[(Path(path).stem, name)] = table[name][1] - table[name][0] + 1
+        counted[(module_name(path), name)] = table[name][1] - table[name][0] + 1
         if "." in name:  # a method: its class's own lines are read too
             cls = name.split(".")[0]
-            counted[(Path(path).stem, cls)] = table[cls][1] - table[cls][0] + 1
+            counted[(module_name(path), cls)] = table[cls][1] - table[cls][0] + 1
     return counted
+
+
+def module_name(path):
+    """common/models/sampler.py -> models/sampler"""
+    return str(Path(path).resolve().relative_to(COMMON).with_suffix(""))
+
+
+def by_module(counted):
+    """{module: lines} of a `reached` count."""
+    lines = {}
+    for (module, _), n in counted.items():
+        lines[module] = lines.get(module, 0) + n
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------
 # Core diffs
 # ------------------------------------------------------------------------------------------------
-SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("appo", "tppo")]
+SIBLINGS = list(ALGORITHM_SIBLINGS)
 # A line whose comment starts with one of these names and a colon belongs to that variant only
-# ("# DAPO: more prompts until..."): the whole statement it starts is the variant's (a def, an if
+# ("# GSPO: one ratio per response"): the whole statement it starts is the variant's (a def, an if
 # block, an Args field with the docstring under it). docs/reading.md, "Variants", says what each is.
-VARIANTS = ("DAPO", "Dr.GRPO", "GSPO", "TIS", "BNPO", "IPO", "TRL", "stepwise", "shared critic",
+VARIANTS = ("GSPO", "TIS", "IPO", "TRL", "stepwise", "shared critic",
             "early stop", "ref sync")
 TAG = re.compile(r"#\s*(" + "|".join(re.escape(v) for v in VARIANTS) + r"):")
 
@@ -209,8 +210,9 @@ def plain_diff(a, b):
 
 
 def speedup_lines():
-    """{module: lines} of the speedup modules, common/fast_*.py."""
-    return {p.stem: len(p.read_text().splitlines()) for p in sorted(COMMON.glob("fast_*.py"))}
+    """{module: lines} of the speedup modules, common/models/fast/*.py."""
+    return {p.stem: len(p.read_text().splitlines())
+            for p in sorted((COMMON / "models/fast").glob("*.py")) if p.stem != "__init__"}
 
 
 def main():
@@ -220,10 +222,9 @@ def main():
     parser.add_argument("--json", action="store_true", help="the figures as one JSON line")
     args = parser.parse_args()
     if args.json:  # what tests/test_docs.py checks the page against
-        lines = {}
-        for (module, _), n in reached(args.reach).items():
-            lines[module] = lines.get(module, 0) + n
-        print(json.dumps({"reached": lines, "speedups": speedup_lines(),
+        print(json.dumps({"reached": by_module(reached(args.reach)),
+                          "default": by_module(reached(args.reach, plain=False)),
+                          "speedups": speedup_lines(),
                           "diffs": [[a, b, plain_diff(a, b), core_diff(a, b)]
                                     for a, b in SIBLINGS]}))
         return
@@ -232,17 +233,20 @@ def main():
     if args.diffs:
         return
     counted = reached(args.reach)
-    by_module = {}
+    units_of = {}
     for (module, name), lines in sorted(counted.items()):
-        by_module.setdefault(module, []).append((name, lines))
-    for module, defs in sorted(by_module.items()):
+        units_of.setdefault(module, []).append((name, lines))
+    for module, defs in sorted(units_of.items()):
         print(f"common/{module}.py: {sum(n for _, n in defs)} lines: "
               + ", ".join(f"{name} {n}" for name, n in defs))
-    print(f"{args.reach}.py reaches {sum(counted.values())} lines of common/ on the plain path")
+    print(f"{args.reach}.py reaches {sum(counted.values())} lines of common/ on the plain path "
+          f"(--plain)")
+    default = by_module(reached(args.reach, plain=False))
+    print(f"and {sum(default.values())} on the default path, as `python {args.reach}.py` runs: "
+          + ", ".join(f"{m} {n}" for m, n in sorted(default.items())))
     fast = speedup_lines()
     print(f"the speedups beside it: {sum(fast.values())} lines in {len(fast)} modules")
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()

@@ -147,7 +147,7 @@ def _loss_and_grad(policy, teacher, batch, args):
 def test_a_teacher_equal_to_the_student_gives_a_loss_and_gradient_of_0(loss_form, beta):
     from common.models.loading import load_policy
 
-    args = replace(distill.Args(), loss_form=loss_form, beta=beta, temperature=0.7)
+    args = replace(distill.Args(), loss_form=loss_form, jsd_beta=beta, temperature=0.7)
     loss, grads, _ = _loss_and_grad(load_policy("tiny-random"), load_policy("tiny-random"),
                                         a_batch(), args)
     norm = torch.stack([g.norm() for g in grads.values()]).norm().item()
@@ -178,7 +178,7 @@ def test_the_full_form_equals_trls_distillation_trainer_on_the_same_batch(tmp_pa
 
     batch = a_batch()
     n = len(batch.prompt_ids)
-    args = replace(distill.Args(), loss_form="full", beta=beta, temperature=0.7)
+    args = replace(distill.Args(), loss_form="full", jsd_beta=beta, temperature=0.7)
     # the student: the tiny model; the teacher: its moved copy, so that the two differ
     loss, grads, stats = _loss_and_grad(load_policy("tiny-random"), moved_policy(), batch, args)
 
@@ -267,8 +267,8 @@ def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(t
     ([], "distill.py needs a teacher: --teacher_model_name_or_path"),
     (["--teacher_model_name_or_path", "/no/such/teacher"], "--teacher_model_name_or_path "
                                                            "'/no/such/teacher': no such folder"),
-    (["--teacher_model_name_or_path", "tiny-random", "--beta", "1.5"], "--beta 1.5: the "
-                                                                        "divergence's mix"),
+    (["--teacher_model_name_or_path", "tiny-random", "--jsd_beta", "1.5"],
+     "--jsd_beta 1.5: must be in [0, 1]"),
     (["--teacher_model_name_or_path", "tiny-random", "--reward_weight", "1",
       "--num_generations", "1"], "--reward_weight adds the verifier's group advantage"),
 ])

@@ -18,7 +18,7 @@ from common.run.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = [*(f"{a}.py" for a in ALGORITHMS), "eval.py",
-           *(str(p.relative_to(ROOT)) for p in (ROOT / "common").glob("*.py"))]
+           *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "common").rglob("*.py")))]
 
 
 def test_links_to_code_lines_are_current():
@@ -133,7 +133,8 @@ FILES_COUNT = re.compile(rf"\b({'|'.join(WORDS[4:])})\s+(?:algorithm\s+)?files\b
 LINE_COUNT = re.compile(r"`([\w/.-]+\.py)` is (\d[\d,]*) lines\b"
                         r"|([\w/.-]+\.py)`?(?:\]\([^)\s]*\))?\s+\((\d[\d,]*) lines[),;]")
 # the pages, and the docstrings and comments of every script and module
-COUNTED = ["README.md", "docs/*.md", "*.py", "common/*.py", "bench/*.py", "dev/*.py", "dev/lab/*.py"]
+COUNTED = ["README.md", "docs/*.md", "*.py", "common/**/*.py", "bench/*.py", "dev/*.py",
+           "dev/lab/*.py"]
 
 
 def stale_counts(texts):

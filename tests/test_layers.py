@@ -194,8 +194,7 @@ def test_a_file_that_reaches_past_a_face_or_takes_too_many_names_fails():
 
 
 # ---- one name per concept ---------------------------------------------------------------------
-SIBLINGS = [("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("grpo", "tools"), ("grpo", "async_grpo"),
-            ("appo", "tppo")]
+from common.run.algorithms import SIBLINGS  # noqa: E402
 # a name the files used for the same concept as another, now retired: (retired, the name to use)
 RETIRED = [("action_mask", "response_mask")]
 
@@ -204,6 +203,12 @@ def signatures(source):
     """{name: parameter names} of the functions defined at the top level of `source`."""
     return {node.name: [a.arg for a in node.args.posonlyargs + node.args.args
                         + node.args.kwonlyargs]
+            for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+
+
+def required(source):
+    """{name: how many of its parameters have no default} of the top-level functions."""
+    return {node.name: len(node.args.posonlyargs + node.args.args) - len(node.args.defaults)
             for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
 
 
@@ -232,8 +237,12 @@ def name_violations(common, files, siblings=SIBLINGS):
                            f"{name}{tuple(defined[name][1])}")
     for a, b in siblings:
         sa, sb = signatures(files[a]), signatures(files[b])
+        ra, rb = required(files[a]), required(files[b])
         for name in sorted(set(sa) & set(sb)):
-            if sa[name] != sb[name]:
+            # the parameters a call must pass are the same; those with a default are each file's
+            # own (grpo.py's reference log-probs, async_grpo.py's sampler's, distill.py's
+            # divergences)
+            if sa[name][:ra[name]] != sb[name][:rb[name]]:
                 bad.append(f"{a}.{name}{tuple(sa[name])} vs {b}.{name}{tuple(sb[name])}")
     for module, source in sorted({**common, **files}.items()):
         names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
@@ -356,16 +365,30 @@ def option_fields(algo):
     return {name: (kind(hints[name]), docs.get(name, "")) for name in cls.__dataclass_fields__}
 
 
+def meaning(doc):
+    """What an option's docstring says it is: its head, before the first ' (', ':', ';' or ', ',
+    lower-cased; a leading 'stepwise: ' or 'full form: ' (where the option acts) is passed over."""
+    doc = re.sub(r"^(stepwise|full form|sampled form|tools|dynamic sampling|tis|icepop|seq_mis): ",
+                 "", doc.strip())
+    return re.split(r" \(|:|;|, ", doc)[0].strip().lower()
+
+
 def option_violations(fields):
     """fields: {algo: {option: (annotation, docstring)}}. An option that several files have takes
     the same type and, for a choice, the same values in each (defaults may differ: they are the
-    algorithm's); a retired name is nowhere a field but where it is kept with its own meaning."""
+    algorithm's), and its docstring says it is the same thing (`meaning`): the same name never
+    means two things, as grpo.py's KL weight and a divergence's mix once were both --beta; a
+    retired name is nowhere a field but where it is kept with its own meaning."""
     bad = []
     names = sorted({n for f in fields.values() for n in f})
     for name in names:
         kinds = {algo: f[name][0] for algo, f in fields.items() if name in f}
         if len(set(kinds.values())) > 1:
             bad.append(f"--{name}: " + "; ".join(f"{a} {k}" for a, k in sorted(kinds.items())))
+        said = {algo: meaning(f[name][1]) for algo, f in fields.items() if name in f}
+        if len(set(said.values())) > 1:
+            bad.append(f"--{name} means: " + "; ".join(f"{a} '{m}'" for a, m in
+                                                        sorted(said.items())))
     for old, new in RETIRED_OPTIONS:
         for algo in sorted(a for a, f in fields.items() if old in f):
             if algo not in RETIRED_KEPT.get(old, ()):
@@ -373,17 +396,110 @@ def option_violations(fields):
     return bad
 
 
-def test_one_meaning_per_option_name_in_the_six_files():
+def test_one_meaning_per_option_name_in_every_file():
     assert option_violations({a: option_fields(a) for a in ALGORITHMS}) == []
 
 
 def test_a_planted_second_vocabulary_or_retired_option_fails():
-    fields = {"grpo": {"loss_type": ("Literal['grpo', 'dapo']", ""), "beta": ("float", "")},
-              "ppo": {"loss_type": ("Literal['token', 'sequence']", ""), "beta": ("float", ""),
+    kl = "weight of the KL to the frozen reference (0: none)"
+    fields = {"grpo": {"loss_type": ("Literal['grpo', 'dapo']", ""), "beta": ("float", kl)},
+              "ppo": {"loss_type": ("Literal['token', 'sequence']", ""), "beta": ("float", kl),
                       "non_stop_penalty": ("float", "")},
+              "distill": {"beta": ("float", "full form: which divergence: 1 reverse KL")},
               "appo": {"target_kl": ("float", "")}}
     assert option_violations(fields) == [
+        "--beta means: distill 'which divergence'; grpo 'weight of the kl to the frozen "
+        "reference'; ppo 'weight of the kl to the frozen reference'",
         "--loss_type: grpo Literal['grpo', 'dapo']; ppo Literal['token', 'sequence']",
         "ppo has --non_stop_penalty: the option is --missing_eos_penalty",
         "appo has --target_kl: the option is --skip_kl",
     ]
+
+
+# ---- the copies: a helper that several files hold keeps one text ------------------------------
+def helper_lines(source, name):
+    """The lines of the top-level function `name` of `source` (None if it has none), and the
+    indices of those lines that belong to a statement some comment tags (`tagged`)."""
+    tree = ast.parse(source)
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        return None
+    return source.splitlines()[node.lineno - 1:node.end_lineno], node.lineno
+
+
+def tagged(lines, tag):
+    """Indices of `lines` (a function's) that the tag `# tag:` takes: a tag after code takes the
+    statement that starts on its line, a tag on a line of its own the next statement, each with
+    its whole block."""
+    if not tag:
+        return set()
+    mark = re.compile(r"#\s*" + re.escape(tag) + ":")
+    heads = set()
+    for i, line in enumerate(lines):
+        if mark.search(line):
+            heads.add(i)
+            if line.lstrip().startswith("#"):  # a comment line: the statement after it
+                nxt = next((j for j in range(i + 1, len(lines)) if lines[j].strip()
+                            and not lines[j].lstrip().startswith("#")), i)
+                heads.update(range(i, nxt + 1))  # and the comment's own next lines
+    out = set()
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.stmt) and node.lineno - 1 in heads:
+            out.update(range(node.lineno - 1, node.end_lineno))
+    out.update(i for i in heads if lines[i].lstrip().startswith("#"))
+    return out
+
+
+def copy_violations(sources, shared, tags):
+    """'file.py:line: helper ...' for each copy of a shared helper whose text is not its first
+    holder's: every line that differs must be one the file tags (`tags`: the file's own tag),
+    standing where the first holder's lines stand; a copy that leaves a line out, or changes one
+    without a tag, breaks the contract."""
+    import difflib
+
+    bad = []
+    for helper, holders in shared.items():
+        ref, _ = helper_lines(sources[holders[0]], helper)
+        for algo in holders[1:]:
+            found = helper_lines(sources[algo], helper)
+            if found is None:
+                bad.append(f"{algo}.py holds no {helper}, which common/run/algorithms.py says it "
+                           "shares")
+                continue
+            mine, first = found
+            said = tagged(mine, tags.get(algo))
+            for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ref, mine,
+                                                              autojunk=False).get_opcodes():
+                if op != "equal" and (j1 == j2 or not all(j in said for j in range(j1, j2))):
+                    where = first + (j1 if j1 < j2 else max(0, j1 - 1))
+                    bad.append(f"{algo}.py:{where}: {helper} differs from {holders[0]}.py's "
+                               f"without a '# {tags.get(algo, algo)}:' tag")
+                    break
+    return bad
+
+
+def test_the_helpers_that_files_share_keep_one_text():
+    from common.run.algorithms import SHARED, TAGS
+
+    sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
+    assert copy_violations(sources, SHARED, TAGS) == []
+
+
+def test_a_planted_change_to_one_copy_of_group_advantages_fails():
+    from common.run.algorithms import SHARED, TAGS
+
+    sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
+    line = "        advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)"
+    assert all(sources[a].count(line) == 1 for a in SHARED["group_advantages"])
+    planted = dict(sources, tools=sources["tools"].replace(line, line.replace("1e-4", "1e-6")))
+    where = sources["tools"][:sources["tools"].index(line)].count("\n") + 1
+    assert copy_violations(planted, SHARED, TAGS) == [
+        f"tools.py:{where}: group_advantages differs from grpo.py's without a '# tools:' tag"]
+    # the same change, tagged with the file's reason, is the file's own
+    said = dict(sources, tools=sources["tools"].replace(
+        line, line.replace("1e-4", "1e-6") + "  # tools: a smaller epsilon"))
+    assert copy_violations(said, SHARED, TAGS) == []
+    mean = "    advantages = r - r.mean(dim=1, keepdim=True)\n"
+    dropped = dict(sources, dapo=sources["dapo"].replace(mean, ""))
+    assert [v.split(":", 2)[2] for v in copy_violations(dropped, SHARED, TAGS)] == [
+        " group_advantages differs from grpo.py's without a '# new to DAPO:' tag"]

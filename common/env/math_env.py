@@ -106,6 +106,11 @@ class MathEnv:
         graded = [self.verify(response, index) for response, index in zip(responses, indices)]
         if not self.reward_funcs:
             return graded
+        return self._with_reward_funcs(graded, responses, indices, completion_ids)
+
+    def _with_reward_funcs(self, graded, responses, indices, completion_ids):
+        """The verifier's (reward, info) of each response, with each --reward_fn's reward added,
+        weighted, and logged under its name."""
         chat = self.template == "chat"
         prompts = [self.prompt(i) for i in indices]
         completions = [[{"role": "assistant", "content": r}] if chat else r for r in responses]

@@ -86,3 +86,22 @@ def system_prompt(task_prompt: str, names) -> str:
     """The task's instructions, and one line per tool."""
     return " ".join([task_prompt, "You can use tools; each call's result appears after it as "
                      "<output>...</output>."] + [f"{TOOLS[n][0]}." for n in names])
+
+
+# --num_few_shot 1 (the default) puts this problem before the question, worked with the calculator;
+# with --tools none, worked without it, so that the two runs differ in the tool alone.
+EXAMPLE = {"question": "Mia has 214 cards and buys 23 bags with 105 cards in each bag. How many "
+                       "cards does Mia have now?", "answer": "2629"}
+WITH_CALC = "<calc>214 + 23 * 105</calc><output>2629</output>\nThe answer is 2629."
+WITHOUT = "214 + 23 * 105 = 2629\nThe answer is 2629."
+
+
+def show_tools(env, names, num_few_shot):
+    """The env's prompts name the tools (after the task's own instructions, unless --system_prompt
+    is given) and, where the calculator is one, work the example with it (tools.py's prompts)."""
+    if env is None:
+        return
+    if names and env.system_prompt == env.task.system_prompt:
+        env.system_prompt = system_prompt(env.task.system_prompt, names)
+    if num_few_shot and (not names or "calc" in names):
+        env.few_shot = [dict(EXAMPLE, solution=WITH_CALC if names else WITHOUT)]

@@ -55,6 +55,18 @@ def left_pad(sequences, pad_id):
     return ids, mask
 
 
+def right_pad(rows, value, dtype=torch.long):
+    """Lists of unequal length -> [n, max(1, longest)] padded on the right with `value`, and the
+    mask [n, max(1, longest)] of what is not padding."""
+    width = max(1, max(len(r) for r in rows))
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, r in enumerate(rows):
+        out[k, :len(r)] = torch.tensor(r, dtype=dtype)
+        mask[k, :len(r)] = 1
+    return out, mask
+
+
 @dataclass
 class Generation:
     prompt_ids: torch.Tensor  # [B, P] left-padded

@@ -19,7 +19,6 @@ import sys
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from common.models.distributed import is_dtensor
 from common.models.hf import backbone_and_head
 
 
@@ -121,17 +120,21 @@ def _fsdp_modules(model):
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-@contextlib.contextmanager
 def unsharded(model):
     """Every weight of a sharded `model` gathered once for the block (a rollout or an evaluation),
-    then freed: decoding token by token would otherwise all-gather every layer for every token.
-    It costs one whole copy of the weights per rank while it lasts (bf16 under --bf16). A no-op on a
-    whole model and inside another `unsharded` block; under it, ranks may run different numbers of
-    forwards (each stops when its own rows are done)."""
+    then freed (`gathered`). A no-op on a whole model and inside another `unsharded` block."""
     modules = _fsdp_modules(model)
     if not modules or getattr(model, "_mathrl_unsharded", False):
-        yield
-        return
+        return contextlib.nullcontext()
+    return gathered(model, modules)
+
+
+@contextlib.contextmanager
+def gathered(model, modules):
+    """FSDP2's weights whole for the block: decoding token by token would otherwise all-gather
+    every layer for every token. It costs one whole copy of the weights per rank while it lasts
+    (bf16 under --bf16); under it, ranks may run different numbers of forwards (each stops when its
+    own rows are done)."""
     for m in modules:
         m.set_reshard_after_forward(False, recurse=False)
         m.unshard()
@@ -152,7 +155,8 @@ def clip_grad_norm(model, max_norm) -> float:
     norm is measured and nothing is clipped (transformers' Trainer reads 0 the same way)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-    return (norm.full_tensor() if is_dtensor(norm) else norm).item()
+    # sharded gradients give a DTensor norm, of this rank's shard: full_tensor() is every rank's
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
 
 
 # ------------------------------------------------------------------------------------------------

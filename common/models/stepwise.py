@@ -30,7 +30,7 @@ from common.models.fast.decoding import fast_decoding
 from common.models.hf import position_ids_from_mask
 from common.models.loading import TINY_RANDOM, load_reference, load_tokenizer, tiny_random_model
 from common.models.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
-                            left_pad)
+                                   left_pad, right_pad)
 from common.env.tasks import TASKS
 
 
@@ -240,17 +240,11 @@ class StepwiseEnvs:
         flat = [(obs_ids[k][t], actions[k][t], logprobs[k][t],
                  truncated[k][t]) for k in range(E) for t in range(T)]
         prompt_ids, prompt_mask = left_pad([f[0] for f in flat], tok.pad_token_id)
-        R = max(len(f[1]) for f in flat)
-
-        def right_pad(rows, value, dtype):
-            return torch.tensor([r + [value] * (R - len(r)) for r in rows], dtype=dtype)
-
-        response_mask = right_pad([[1] * len(f[1]) for f in flat], 0, torch.long)
+        response_ids, response_mask = right_pad([f[1] for f in flat], tok.pad_token_id)
         truncated = torch.tensor([f[3] for f in flat])  # hit max_new_tokens before a newline or EOS
-        gen = Generation(prompt_ids, prompt_mask,
-                         right_pad([f[1] for f in flat], tok.pad_token_id, torch.long),
-                         response_mask, right_pad([f[2] for f in flat], 0.0, torch.float),
-                         ~truncated, truncated)
+        gen = Generation(prompt_ids, prompt_mask, response_ids, response_mask,
+                         right_pad([f[2] for f in flat], 0.0, torch.float)[0], ~truncated,
+                         truncated)
         gen = Generation(*(x.to(device) for x in vars(gen).values()))
         return Segment(gen, rewards.to(device), dones.to(device), encode_prompts(tok, self.obs),
                        prm_rewards.to(device), [x for row in texts for x in row], episodes, indices)
@@ -433,19 +427,13 @@ def play_episodes(sample, tokenizer, env, indices, group_size, max_new_tokens, s
     steps.sort(key=lambda s: s[:2])  # CRUCIAL: episode by episode, the order of rewards[step_mask]
     actions = [s[3] for s in steps]
     prompt_ids, prompt_mask = left_pad([s[2] for s in steps], tokenizer.pad_token_id)
-    R = max(len(a.ids) for a in actions)
-
-    def right_pad(rows, value, dtype=torch.long):
-        return torch.tensor([r + [value] * (R - len(r)) for r in rows], dtype=dtype)
-
     # calculator tokens attended...
-    response_mask = right_pad([[1] * len(a.ids) for a in actions], 0)
-    loss_mask = right_pad([a.policy_mask for a in actions], 0)  # ...but not learned from
+    response_ids, response_mask = right_pad([a.ids for a in actions], tokenizer.pad_token_id)
+    loss_mask, _ = right_pad([a.policy_mask for a in actions], 0)  # ...but not learned from
     truncated = torch.tensor([len(a.ids) >= max_new_tokens for a in actions])
-    gen = Generation(prompt_ids, prompt_mask,
-                     right_pad([a.ids for a in actions], tokenizer.pad_token_id),
-                     response_mask, right_pad([a.logprobs for a in actions], 0.0, torch.float),
-                     ~truncated, truncated)
+    gen = Generation(prompt_ids, prompt_mask, response_ids, response_mask,
+                     right_pad([a.logprobs for a in actions], 0.0, torch.float)[0], ~truncated,
+                     truncated)
     gen = Generation(*(x.to(device) for x in vars(gen).values()))
     rewards = rewards.to(device)
     return Episodes(gen, ["\n".join(ep.steps) for ep in episodes], rewards.sum(1),

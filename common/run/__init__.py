@@ -21,10 +21,10 @@ from common.models.distributed import (all_gather_objects, all_reduce_mean, all_
 from common.run.args import DataArgs, TrainArgs, parse_args
 from common.run.checks import check_output_dir, check_ranges
 from common.run.logger import every, mean_of
-from common.run.pair import Pair, Sampled, rollout_from_state, rollout_state
+from common.run.pair import SampledAhead
 from common.run.run import Run
 
-__all__ = ["DataArgs", "Pair", "Run", "Sampled", "TrainArgs", "all_gather_objects",
+__all__ = ["DataArgs", "Run", "SampledAhead", "TrainArgs", "all_gather_objects",
            "all_reduce_mean", "all_reduce_sum", "check_output_dir", "check_ranges", "every",
-           "init_distributed", "mean_of", "parse_args", "print0", "prompt_indices",
-           "rollout_from_state", "rollout_state", "sample_seed", "set_seed"]
+           "init_distributed", "mean_of", "parse_args", "print0", "prompt_indices", "sample_seed",
+           "set_seed"]

@@ -177,7 +177,7 @@ RANGES = {
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
-    "reward_weight": (0, math.inf, "[)"), "overlong_penalty_factor": (0, math.inf, "[)"),
+    "reward_weight": (0, math.inf, "[)"), "jsd_beta": (0, 1, "[]"), "overlong_penalty_factor": (0, math.inf, "[)"),
     # async_grpo.py: a cap below 1 would weigh down the tokens of an on-policy batch too, and
     # IcePop's bounds hold 1 between them (its own are 0.5 and 5)
     "is_cap": (1, math.inf, "[)"), "icepop_low": (0, 1, "(]"), "icepop_high": (1, math.inf, "[)"),
@@ -360,21 +360,24 @@ def _unknown(name, options, table, algo):
 
 
 def lr_at(step, args, base=None):
-    """The learning rate of update `step` (0-based): linear warmup, then the schedule: constant, or
-    down to 0 at max_steps (linear, cosine), or to 1e-7 (polynomial of power 1, as transformers and
-    oat define it). A pure function of the step, so a resumed run continues the schedule where it
+    """The learning rate of update `step` (0-based): linear warmup, then --lr_scheduler
+    (SCHEDULES). A pure function of the step, so a resumed run continues the schedule where it
     stopped. base: another peak rate on the same schedule (a critic's)."""
     lr, warmup = args.learning_rate if base is None else base, args.warmup_steps
     if step < warmup:
         return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, args.max_steps - warmup)
-    if args.lr_scheduler == "linear":
-        return lr * (1.0 - progress)
-    if args.lr_scheduler == "cosine":
-        return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if args.lr_scheduler == "polynomial":
-        return (lr - 1e-7) * (1.0 - progress) + 1e-7 if lr > 1e-7 else lr
-    return lr
+    progress = (step - warmup) / max(1, args.max_steps - warmup)  # 0 to 1 after the warmup
+    return SCHEDULES[args.lr_scheduler](lr, progress)
+
+
+# the rate of a peak rate lr at `progress` (0 to 1) after the warmup: constant, down to 0 at
+# max_steps (linear, cosine), or to 1e-7 (polynomial of power 1, as transformers and oat define it)
+SCHEDULES = {
+    "constant": lambda lr, progress: lr,
+    "linear": lambda lr, progress: lr * (1.0 - progress),
+    "cosine": lambda lr, progress: lr * 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "polynomial": lambda lr, progress: (lr - 1e-7) * (1.0 - progress) + 1e-7 if lr > 1e-7 else lr,
+}
 
 
 def schedule(args, num_problems, problems_per_update):

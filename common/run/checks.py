@@ -138,6 +138,11 @@ def check_rewards(rewards, step, task, describe):
     """A NaN or inf reward would turn every weight into NaN through the update: stop before it,
     naming the sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that
     entry is."""
+    if not torch.isfinite(rewards).all():
+        _refuse_rewards(rewards, step, task, describe)
+
+
+def _refuse_rewards(rewards, step, task, describe):
     bad = (~torch.isfinite(rewards)).nonzero()
     if len(bad):
         where = tuple(bad[0].tolist())
@@ -151,13 +156,8 @@ def check_rewards(rewards, step, task, describe):
 
 
 class StepGuard:
-    """Skips an optimizer step whose loss or gradient norm is NaN or inf, on every rank alike, and
-    stops the run after `patience` skips in a row: one bad batch must not turn every weight into
-    NaN.
-
-        if guard.ok(loss, grad_norm):   # False: the step is skipped (and counted)
-            optimizer.step()
-    """
+    """`if guard.ok(loss, grad_norm): optimizer.step()`: a step whose loss or gradient norm is NaN
+    or inf is skipped on every rank alike, and `patience` skips in a row stop the run."""
 
     def __init__(self, patience=3):
         self.patience, self.in_a_row, self.skipped = patience, 0, 0
@@ -171,6 +171,10 @@ class StepGuard:
         if bad.item() == 0:
             self.in_a_row = 0
             return True
+        return self._skip(values)
+
+    def _skip(self, values):
+        """Count a skipped step, say so, and stop the run at `patience` in a row. -> False"""
         self.in_a_row += 1
         self.skipped += 1
         print0("non-finite loss or gradient norm "

@@ -8,12 +8,16 @@ listen: the sampler draws the next batch while the trainer trains on the last on
     pair.send_rollout(sampled)             sampled = pair.receive_rollout()
     pair.receive_weights(policy)           pair.send_weights(policy)
 
+`SampledAhead` runs the schedule over it, or in one process without it.
+
 The channel is a gloo group of its own, on the host, whatever the device: NCCL runs a pair's
 sends and receives in one stream each, where two sends that cross would wait on each other.
 A rollout travels as the bytes of torch.save and is read back with weights_only=True (tensors,
 numbers, strings: the same format as a checkpoint's queue of rollouts, `rollout_state`)."""
 
 import io
+import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -93,3 +97,67 @@ class Pair:
         for work, _ in self.in_flight:
             work.wait()
         self.in_flight = []
+
+
+class SampledAhead:
+    """The batches of the next updates, each sampled by the weights of k updates before its own
+    (async_grpo.py's schedule): batch n is always drawn by update max(0, n - k)'s weights.
+
+    One process: before update n it samples the batches up to update n + k with the weights as
+    they are, and keeps them in a queue. Two processes (torchrun --nproc_per_node 2): rank 1 samples
+    (`serve`) while rank 0 trains, and after each update rank 0 sends it the new weights. The queue
+    rides in the checkpoint (`state`), so a resumed run trains on what this one would have.
+
+    sample(position) -> the Rollout of update `position`'s problems with the weights as they are."""
+
+    def __init__(self, run, staleness, sample, saved=()):
+        self.k, self.sample, self.device, self.max_steps = staleness, sample, run.device, \
+            run.args.max_steps
+        self.queue = deque(rollout_from_state(s, run.device) for s in saved)
+        self.pair = Pair() if run.world == 2 else None  # two processes: from here they part ways
+        self.is_sampler = self.pair is not None and run.rank == SAMPLER
+
+    def _sampled(self, position, version):
+        t0 = time.time()
+        batch = self.sample(position)
+        return Sampled(version, batch, time.time() - t0)
+
+    def serve(self, policy, start):
+        """Rank 1 of two: it never trains. It samples update p's batch with the weights of update
+        p - k, receiving them from the trainer as they are made, and sends it on; `start` is the
+        update whose weights it loaded (a resumed run's checkpoint holds the queue before it)."""
+        version = start  # the update whose weights this process holds
+        for position in range(start + len(self.queue), self.max_steps):
+            while version < position - self.k:  # the weights of update position - k
+                self.pair.receive_weights(policy)
+                version += 1
+            self.pair.send_rollout(self._sampled(position, version))
+        self.pair.close()
+
+    def pop(self, step):
+        """Update `step`'s batch: a `Sampled`, whose .version is the update whose weights drew it."""
+        if self.pair is not None:  # two processes: rank 1 sampled it while the last updates trained
+            if not self.queue:
+                self.queue.append(self.pair.receive_rollout(self.device))
+        else:  # one process: the batches up to update step + k, with the weights as they are
+            while len(self.queue) <= self.k and step + len(self.queue) < self.max_steps:
+                self.queue.append(self._sampled(step + len(self.queue), step))
+        return self.queue.popleft()
+
+    def updated(self, policy, step):
+        """After update `step`: two processes send the weights to the sampler, which draws update
+        step + 1 + k's batch with them."""
+        if self.pair is not None and step + 1 + self.k < self.max_steps:
+            self.pair.send_weights(policy)
+
+    def state(self, step):
+        """The checkpoint's share after update `step`: the batches of the next updates, already
+        sampled by weights that no longer exist (two processes: received from the sampler
+        first)."""
+        while self.pair is not None and len(self.queue) < min(self.k, self.max_steps - (step + 1)):
+            self.queue.append(self.pair.receive_rollout(self.device))
+        return [rollout_state(s) for s in self.queue]
+
+    def close(self):
+        if self.pair is not None:
+            self.pair.close()

@@ -167,28 +167,26 @@ class Run:
         return schedule(self.args, num_problems, per_update)
 
     def set_lr(self, optimizer, step, base=None):
-        """The learning rate of update `step` (0-based) set in `optimizer`: the warmup, then
-        --lr_scheduler, a pure function of the step so that a resumed run goes on where it stopped.
-        base: another peak rate on the same schedule (a critic's). -> the rate"""
+        """Update `step`'s learning rate set in `optimizer` (common/run/args.py's lr_at; base:
+        another peak rate on the same schedule, a critic's). -> the rate"""
         lr = lr_at(step, self.args, base)
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr
 
     def minibatches(self, n, step):
-        """Row indices of update `step`'s minibatches: --num_ppo_epochs passes over its n rows, each
-        shuffled and cut into --num_mini_batches (one minibatch: the rows in order). The shuffles
-        are seeded by (seed, update, epoch, rank), so a resumed run takes the same ones."""
+        """Row indices of update `step`'s minibatches: --num_ppo_epochs passes over n rows, each
+        shuffled (seeded by the update, epoch and rank) and cut into --num_mini_batches."""
         world, rank = (self.world, self.rank) if self.data_parallel else (1, 0)
         seeds = [sample_seed(self.args.seed, step, epoch * world + rank)
                  for epoch in range(self.args.num_ppo_epochs)]
         return minibatches(n, self.args.num_mini_batches, seeds, self.device)
 
     def sync_gradients(self, model):
-        """After every micro-batch's backward: what DDP does, the mean of every rank's gradient
-        (under --fsdp the backward already reduced them), then the clip of their norm to
-        --max_grad_norm (0: no clip). -> the norm before the clip"""
-        average_gradients(model)
+        """What DDP does once the micro-batches' gradients are summed, their mean over ranks, then
+        the clip to --max_grad_norm (0: none). -> the norm before the clip"""
+        if self.world > 1:
+            average_gradients(model)
         return clip_grad_norm(model, self.args.max_grad_norm)
 
     def micro_batch_size(self, rows, width):
@@ -201,7 +199,8 @@ class Run:
     def check_rewards(self, rewards, step, describe):
         """Stop before an update whose rewards hold NaN or inf, naming the sample
         (describe(k) or describe(k, t) says which problem row k is)."""
-        check_rewards(rewards, step, self.args.dataset_name, describe)
+        if not torch.isfinite(rewards).all():
+            check_rewards(rewards, step, self.args.dataset_name, describe)
 
     def grader_timeouts(self):
         """Symbolic grades cut short by the time budget since the last call (or evaluation)."""

@@ -47,7 +47,7 @@ from common.models.sharding import unsharded
 @dataclass(frozen=True)
 class Speedups:
     """Which speedups `fast_decoding` uses: those that pay on the model's device
-    (`Speedups.for_device`) unless a caller says otherwise (the tests, bench/roofline.py's before
+    (`Speedups.for_device`) unless a caller says otherwise (the tests, dev/lab/roofline.py's before
     and after)."""
     shared_prefill: bool = True
     """prompts.py: prompt tokens another row or an earlier call of the rollout read run once"""
@@ -70,7 +70,7 @@ class Speedups:
         """The speedups that pay on `device` (a torch.device or its type). On a GPU an eager decode
         step is host work, one kernel launch per top-level op, so a speedup that saves memory
         traffic with more ops loses there: writing keys and values in place costs 4-5 ops more
-        per layer than the concatenation (+131 a step at SmolLM2's 30 layers, bench/host_ops.py);
+        per layer than the concatenation (+131 a step at SmolLM2's 30 layers, dev/lab/host_ops.py);
         --compile's static cache writes in place inside its graph. oneDNN's linears are a CPU's."""
         cpu = torch.device(device).type == "cpu"
         return cls(in_place_kv=cpu, packed_linears=cpu)
@@ -79,8 +79,16 @@ class Speedups:
 _KEPT_FUSED = weakref.WeakKeyDictionary()  # a compiled model -> its fused projections
 
 
-@contextlib.contextmanager
 def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None, enabled=True):
+    """A `FastDecoder` for `generate`, with the model's fast forms for the block (`fast_decoder`);
+    enabled False (--plain): the plain `Decoder`, and no speedup."""
+    if not enabled:
+        return contextlib.nullcontext(Decoder(model))
+    return fast_decoder(model, prefix_cache, speedups, check_every)
+
+
+@contextlib.contextmanager
+def fast_decoder(model, prefix_cache=None, speedups=None, check_every=None):
     """A `FastDecoder` for `generate`, with `model`'s decode attention, q/k/v and gate/up
     projections and (on a CPU, in fp32) linear layers in their fast forms for the block. Enter it
     inside the forwards' autocast (--bf16): the fused weights take its dtype.
@@ -89,10 +97,7 @@ def fast_decoding(model, prefix_cache=None, speedups=None, check_every=None, ena
     it holds, `FastDecoder.remember` stores each row's prompt and response for the next call, and
     it keeps the rollout's packed and fused weights. None: a prefix that all prompts share is read
     once, for this call only. speedups: a `Speedups` (default: `Speedups.for_device`). check_every:
-    see `FastDecoder`. enabled False (--plain): the plain `Decoder`, and no speedup."""
-    if not enabled:
-        yield Decoder(model)
-        return
+    see `FastDecoder`."""
     device = next(model.parameters()).device
     speedups = Speedups.for_device(device) if speedups is None else speedups
     autocast = torch.is_autocast_enabled(device.type)

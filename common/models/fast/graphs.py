@@ -1,7 +1,7 @@
 """Speedup (on a GPU, by default): the decode step over a static KV cache as one CUDA graph.
 
 An eager decode step of SmolLM2 is ~1,700 kernel launches, each a few microseconds of host work,
-so on a GPU the step costs what the host takes to launch it (bench/host_ops.py). A CUDA graph
+so on a GPU the step costs what the host takes to launch it (dev/lab/host_ops.py). A CUDA graph
 records the step's kernels once and replays them with one launch. `--compile` does this too, after
 fusing the kernels with inductor, which takes about a minute of compiling a run; a capture of the
 eager kernels takes one forward, a few milliseconds, once per rollout.
