@@ -61,8 +61,6 @@ def fails_in_one_line(cmd, says, within=120, loading=False):
      "--num_prompts 65536 x --num_generations 4096 over 1 process(es) is 268435456 sequences a rank"),
     # tracebacks from peft and from the sampling loop
     (["--lora_r", "-1"], "--lora_r -1: must be in [0, 4096] (the default is 0)."),
-    (["--max_sampling_rounds", "0", "--dynamic_sampling"],
-     "--max_sampling_rounds 0: must be in [1, 64] (the default is 4)."),
 ])
 def test_a_number_out_of_range_is_one_line_before_any_model_loads(flags, says, tmp_path):
     # the checks grpo.py makes before it loads a model, in this process: the same message
