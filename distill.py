@@ -20,8 +20,9 @@ distillation does). Two forms:
     generalised JSD, with m = beta pi_T + (1 - beta) pi (beta: --jsd_beta):
     beta KL(pi_T || m) + (1 - beta) KL(pi || m).
 T: the response tokens of the global batch (--loss_type dapo, the default, as TRL's
-DistillationTrainer; grpo.py's other aggregations apply too). w: --reward_weight, which adds the verifier's GRPO group
-advantage A_i^reward to every token (0: the verifier only grades, for the log).
+DistillationTrainer; grpo.py's other aggregations apply too). w: --reward_weight, which adds the
+verifier's GRPO group advantage A_i^reward to every token (0: the verifier only grades, for the
+log).
 
 Simplified versus the papers and TRL:
 - the teacher is a whole frozen copy on every rank (TRL: the same, or a vLLM server);
@@ -128,14 +129,15 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
+def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
-    problems = problems[first:first + local_prompts]
-    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    problems = problems[first_prompt:first_prompt + local_prompts]
+    seeds = [sample_seed(args.seed, position, first_prompt * G + k)
+             for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     # the same samples, faster (--plain: the plain Decoder)
@@ -308,9 +310,10 @@ def main(args):
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
-        first = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args, run.autocast)
-        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
+        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
+                        run.autocast)
+        run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R] every sampled token
@@ -319,12 +322,12 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy, before any update
-        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
         old_logprobs = None
         with run.autocast:
             # one pass of one minibatch: pi_old is the policy itself, detached in the loss
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, micro_batch,
                                                       fast=not args.plain)
 
         # ---- advantages: the verifier's share (the teacher's is per token, in the update)
@@ -340,10 +343,10 @@ def main(args):
         stats, grad_norms, t_teacher = [], [], 0.0
         full = args.loss_form == "full"
         for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
-            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
+            normaliser = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
+            for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
                 t1 = time.time()
                 # the teacher, micro-batch by micro-batch (its hidden states are not kept: memory
                 # stays flat with a big teacher; a second epoch runs it again)
@@ -367,11 +370,11 @@ def main(args):
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 advantages = distill_advantages(old, teacher_logprobs, reward_advantages[rows],
                                                 args.loss_form)
-                loss, s = policy_loss(logprobs, old, advantages, loss_mask[rows], norm, args,
-                                      divergences)
+                loss, loss_stats = policy_loss(logprobs, old, advantages, loss_mask[rows],
+                                               normaliser, args, divergences)
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
+                stats.append({**loss_stats, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
                               # the sampled estimate of KL(student || teacher), per token
                               "kl_teacher": masked_mean(old - teacher_logprobs, mask[rows]).item(),
                               "entropy": masked_mean(entropy.detach(), mask[rows]).item()})

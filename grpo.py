@@ -103,14 +103,15 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
+def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
-    problems = problems[first:first + local_prompts]
-    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    problems = problems[first_prompt:first_prompt + local_prompts]
+    seeds = [sample_seed(args.seed, position, first_prompt * G + k)
+             for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     # the same samples, faster (--plain: the plain Decoder)
@@ -234,9 +235,10 @@ def main(args):
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
-        first = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args, run.autocast)
-        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
+        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
+                        run.autocast)
+        run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R] every sampled token
@@ -245,16 +247,16 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy and of the reference, before any update
-        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
         old_logprobs, ref_logprobs, kl = None, None, None
         with run.autocast:
             # one pass of one minibatch: pi_old is the policy itself, detached in the loss
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, micro_batch,
                                                       fast=not args.plain)
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
-                                                      fast=not args.plain)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature,
+                                                      micro_batch, fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             # under the sampler's log-probs: a number, not a function of the weights
             kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
@@ -271,21 +273,21 @@ def main(args):
         policy.train()
         stats, grad_norms = [], []
         for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
-            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
+            normaliser = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
+            for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
                                                        attention_mask[rows], R, args.temperature,
                                                        fast=not args.plain)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
-                loss, s = policy_loss(logprobs, old, advantages[rows], loss_mask[rows], norm, args,
-                                      ref)
+                loss, loss_stats = policy_loss(logprobs, old, advantages[rows], loss_mask[rows],
+                                               normaliser, args, ref)
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
+                stats.append({**loss_stats, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
                               "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
             # what DDP does: the mean of every rank's gradient; then the clip
             grad_norms.append(run.sync_gradients(policy))

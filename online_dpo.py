@@ -103,14 +103,15 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
+def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
-    problems = problems[first:first + local_prompts]
-    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    problems = problems[first_prompt:first_prompt + local_prompts]
+    seeds = [sample_seed(args.seed, position, first_prompt * G + k)
+             for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     # the same samples, faster (--plain: the plain Decoder)
@@ -140,8 +141,8 @@ def preference_pairs(scores, group_size, ties="skip"):
     if ties == "first":  # TRL: the first of equals is chosen
         best, worst = torch.where(differ, best, 0), torch.where(differ, worst, 1)
         keep = torch.ones_like(differ)
-    first = torch.arange(len(s), device=scores.device) * group_size
-    return (first + best)[keep], (first + worst)[keep]
+    group_start = torch.arange(len(s), device=scores.device) * group_size
+    return (group_start + best)[keep], (group_start + worst)[keep]
 
 
 def rows_in_step(chosen, rejected):
@@ -234,10 +235,10 @@ def main(args):
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
-        first = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
                         run.autocast)
-        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
+        run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         response_mask = gen.response_mask  # [N, R] every sampled token
         t_rollout = time.time() - t0
@@ -258,11 +259,11 @@ def main(args):
         # ---- log-probs of the reference, before any update
         # CRUCIAL: the implicit reward is log pi itself: the log-probs are at temperature 1, not the
         # sampling temperature (as TRL)
-        mb = run.micro_batch_size(len(weights), 2 * input_ids.shape[1])  # in pairs
+        micro_batch = run.micro_batch_size(len(weights), 2 * input_ids.shape[1])  # in pairs
         ref_logprobs = None
         with run.autocast:
             if len(weights):
-                ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb,
+                ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * micro_batch,
                                                       fast=not args.plain)  # [2 P', R]
 
         # ---- update: one optimizer step on every pair (the policy's own), micro-batches of pairs
@@ -271,19 +272,20 @@ def main(args):
         stats, grad_norms = [], []
         if len(weights):  # no pair on any rank (every response scored the same): no step
             batch_rows = torch.arange(len(loss_mask), device=run.device)  # w, l of every pair
-            norm = loss_normaliser(loss_mask[:2 * P], args, run.world)
+            normaliser = loss_normaliser(loss_mask[:2 * P], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for rows in batch_rows.split(2 * mb):  # gradients accumulate over micro-batches
+            for rows in batch_rows.split(2 * micro_batch):  # gradients accumulate over them
                 with run.autocast:
                     logprobs, entropy = token_logprobs(policy, input_ids[rows],
                                                        attention_mask[rows], R, fast=not args.plain)
-                loss, s = dpo_loss(logprobs, ref_logprobs[rows], loss_mask[rows],
-                                   weights[rows[0::2] // 2], norm, args)
+                loss, loss_stats = dpo_loss(logprobs, ref_logprobs[rows], loss_mask[rows],
+                                            weights[rows[0::2] // 2], normaliser, args)
                 loss.backward()
                 total_loss += loss.item()
-                if s:  # the micro-batch holds a pair of weight 1
-                    stats.append({**s, "entropy": masked_mean(entropy.detach(), mask[rows]).item(),
+                if loss_stats:  # the micro-batch holds a pair of weight 1
+                    stats.append({**loss_stats,
+                                  "entropy": masked_mean(entropy.detach(), mask[rows]).item(),
                                   # per token, k1: TRL's objective/kl over the response's length
                                   "kl_ref": masked_mean(logprobs.detach() - ref_logprobs[rows],
                                                         mask[rows]).item()})

@@ -131,14 +131,15 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
+def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
-    problems = problems[first:first + local_prompts]
-    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    problems = problems[first_prompt:first_prompt + local_prompts]
+    seeds = [sample_seed(args.seed, position, first_prompt * G + k)
+             for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     # the same samples, faster (--plain: the plain Decoder)
@@ -274,12 +275,13 @@ def forward(policy, critic, input_ids, attention_mask, R, args):
 
 
 @torch.no_grad()
-def rollout_forward(policy, critic, gen, mb, args):
+def rollout_forward(policy, critic, gen, micro_batch, args):
     """pi_old's log-probs and V_old of the whole rollout batch, before any update: [N, R] each."""
     input_ids, attention_mask = gen.sequences()
     R = gen.response_mask.shape[1]
-    outs = [forward(policy, critic, input_ids[i:i + mb], attention_mask[i:i + mb], R, args)
-            for i in range(0, input_ids.shape[0], mb)]
+    outs = [forward(policy, critic, input_ids[i:i + micro_batch],
+                    attention_mask[i:i + micro_batch], R, args)
+            for i in range(0, input_ids.shape[0], micro_batch)]
     return torch.cat([o[0] for o in outs]), torch.cat([o[2] for o in outs]).float()
 
 
@@ -322,10 +324,10 @@ def main(args):
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: G responses to each of this rank's problems of the update, graded
-        first = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
                         run.autocast)
-        run.check_rewards(batch.scores, step + 1, lambda k: f"problem {batch.problems[k // G]}")
+        run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R] every sampled token
@@ -334,13 +336,14 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy, its values, and the reference, before any update
-        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
         old_logprobs, ref_logprobs, kl = None, None, None
         with run.autocast:
-            old_logprobs, values = rollout_forward(policy, critic, gen, mb, args)  # [N, R] each
+            # [N, R] each
+            old_logprobs, values = rollout_forward(policy, critic, gen, micro_batch, args)
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
-                                                      fast=not args.plain)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature,
+                                                      micro_batch, fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             # under pi_old's log-probs (PPO has them; the sampler's, grpo's, differ by rounding)
             kl = kl_estimate(old_logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
@@ -358,26 +361,27 @@ def main(args):
         critic.train()
         stats, grad_norms, critic_grad_norms = [], [], []
         for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
-            norm = loss_normaliser(loss_mask[batch_rows], args, run.world)
+            normaliser = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             total_loss, first_stat = 0.0, len(stats)
-            for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
+            for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
                 with run.autocast:
                     logprobs, entropy, new_values = forward(policy, critic, input_ids[rows],
                                                             attention_mask[rows], R, args)
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
-                pg, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows], loss_mask[rows],
-                                    norm, args, ref, gen.logprobs[rows])
-                vf, vs = value_loss(new_values.float(), values[rows], returns[rows],
-                                    loss_mask[rows], norm, args)
+                pg, pg_stats = policy_loss(logprobs, old_logprobs[rows], advantages[rows],
+                                           loss_mask[rows], normaliser, args, ref,
+                                           gen.logprobs[rows])
+                vf, v_stats = value_loss(new_values.float(), values[rows], returns[rows],
+                                         loss_mask[rows], normaliser, args)
                 loss = pg + args.vf_coef * vf
                 if args.entropy_coef:
-                    bonus = aggregate(entropy, mask[rows], args.loss_type, norm)
+                    bonus = aggregate(entropy, mask[rows], args.loss_type, normaliser)
                     loss = loss - args.entropy_coef * bonus
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**s, **vs,
+                stats.append({**pg_stats, **v_stats,
                               **mismatch_stats(old_logprobs[rows], gen.logprobs[rows], mask[rows]),
                               "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
             # what DDP does: the mean of every rank's gradient; then the clip

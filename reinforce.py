@@ -128,15 +128,16 @@ def check_args(args, world_size):
 # ------------------------------------------------------------------------------------------------
 # Rollout
 # ------------------------------------------------------------------------------------------------
-def rollout(policy, tokenizer, env, position, first, local_prompts, args, autocast):
+def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
     global sample index, so 1 process and N processes draw the same samples. -> N one-step
     episodes; with --stepwise, N episodes of lines (each line's seed made from its episode's)."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
-    problems = problems[first:first + local_prompts]
-    seeds = [sample_seed(args.seed, position, first * G + k) for k in range(local_prompts * G)]
+    problems = problems[first_prompt:first_prompt + local_prompts]
+    seeds = [sample_seed(args.seed, position, first_prompt * G + k)
+             for k in range(local_prompts * G)]
     if args.stepwise:  # stepwise: LLM_RL's policy, one line per step, with a calculator
         sample = policy_sampler(policy, tokenizer, args.temperature, args.top_p,
                                 lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
@@ -242,7 +243,8 @@ def main(args):
     stepwise = dict(stepwise=True, max_steps=args.max_episode_steps, calc_annotations=args.sym_calc,
                     system_prompt=args.system_prompt or stepwise_system_prompt(args.dataset_name,
                                                                                args.sym_calc))
-    env, eval_env = make_envs(args, stepwise if args.stepwise else None, True, say=run.print)
+    env, eval_env = make_envs(args, stepwise if args.stepwise else None, stepwise_eval=True,
+                              say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
@@ -274,10 +276,10 @@ def main(args):
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: k responses (or episodes) to each of this rank's problems, graded
-        first = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first, local_prompts, args,
+        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
                         run.autocast)
-        run.check_rewards(batch.rewards, step + 1, lambda k, t: f"problem {batch.problems[k // G]}")
+        run.check_rewards(batch.rewards, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores  # a row of gen per action: a response or line
         input_ids, attention_mask = gen.sequences()  # [n, P + R]
         response_mask = gen.response_mask  # [n, R] every token of the actions
@@ -287,12 +289,12 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- log-probs of the behaviour policy (the sampler's) and of the reference
-        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
         old_logprobs, ref_logprobs, kl = gen.logprobs, None, None
         with run.autocast:
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature, mb,
-                                                      fast=not args.plain)
+                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature,
+                                                      micro_batch, fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
             kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [n, R]
             ref_logprobs = None
@@ -311,18 +313,20 @@ def main(args):
         lr = run.set_lr(optimizer, step)
         policy.train()
         stats, total_loss = [], 0.0
-        norm = loss_normaliser(loss_mask, args, run.world)
+        normaliser = loss_normaliser(loss_mask, args, run.world)
         optimizer.zero_grad(set_to_none=True)
-        for rows in torch.arange(n, device=run.device).split(mb):  # gradients accumulate
+        for rows in torch.arange(n, device=run.device).split(micro_batch):  # gradients accumulate
             with run.autocast:
                 logprobs, entropy = token_logprobs(policy, input_ids[rows], attention_mask[rows], R,
                                                    args.temperature, fast=not args.plain)
             ref = None if ref_logprobs is None else ref_logprobs[rows]
-            loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[rows], loss_mask[rows],
-                                  norm, args, ref, gen.logprobs[rows])
+            loss, loss_stats = policy_loss(logprobs, old_logprobs[rows], advantages[rows],
+                                           loss_mask[rows], normaliser, args, ref,
+                                           gen.logprobs[rows])
             loss.backward()
             total_loss += loss.item()
-            stats.append({**s, **mismatch_stats(logprobs.detach(), gen.logprobs[rows], mask[rows]),
+            stats.append({**loss_stats,
+                          **mismatch_stats(logprobs.detach(), gen.logprobs[rows], mask[rows]),
                           "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
         # what DDP does: the mean of every rank's gradient; then the clip
         grad_norm = run.sync_gradients(policy)

@@ -249,7 +249,8 @@ def env_minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batche
             for m in range(num_mini_batches)]
 
 
-def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows, mb, args, run):
+def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows, micro_batch, args,
+                  run):
     """One critic step on the minibatch `batch_rows` of the rollout `gen`, in micro-batches of mb
     rows."""
     input_ids, attention_mask = gen.sequences()
@@ -257,22 +258,22 @@ def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows
     normaliser = loss_normaliser(response_mask[batch_rows], args, run.world)
     critic_optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for rows in batch_rows.split(mb):  # gradients accumulate over micro-batches
+    for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
         with run.autocast:
             values = critic_values(critic, input_ids[rows], attention_mask[rows], R)
-        loss, s = value_loss(values, old_values[rows], returns[rows], response_mask[rows],
-                             normaliser, args)
+        loss, loss_stats = value_loss(values, old_values[rows], returns[rows], response_mask[rows],
+                                      normaliser, args)
         loss.backward()
         total_loss += loss.item()
-        stats.append(s)
+        stats.append(loss_stats)
     grad_norm = run.sync_gradients(critic)  # DDP's mean over ranks, then the clip
     if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
         critic_optimizer.step()
     return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
 
 
-def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, mb, args, run,
-                  first=False):
+def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, micro_batch, args,
+                  run, unmoved=False):
     """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the
     rollout policy and the current one exceeds skip_kl on this minibatch, skip the step. The
     first minibatch of an update also compares the sampler's log-probs with the trainer's."""
@@ -284,20 +285,20 @@ def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, 
     advantages = masked_whiten(advantages[batch_rows], step_mask, eps_on_std=True)
     optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for k, rows in enumerate(batch_rows.split(mb)):  # micro-batches
-        in_batch = slice(k * mb, (k + 1) * mb)
+    for k, rows in enumerate(batch_rows.split(micro_batch)):  # micro-batches
+        in_batch = slice(k * micro_batch, (k + 1) * micro_batch)
         input_ids, attention_mask = trim_left_padding(all_ids[rows], all_mask[rows])
         with run.autocast:
             logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R,
                                                args.temperature, fast=not args.plain)
-        loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],
-                              response_mask[rows], entropy, normaliser, args)
+        loss, loss_stats = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],
+                                       response_mask[rows], entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
-        if first:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
-            s.update(mismatch_stats(logprobs.detach(), gen.logprobs[rows],
-                                    response_mask[rows].float()))
-        stats.append(s)
+        if unmoved:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
+            loss_stats.update(mismatch_stats(logprobs.detach(), gen.logprobs[rows],
+                                             response_mask[rows].float()))
+        stats.append(loss_stats)
     stats = all_reduce_mean(mean_of(stats), run.device)
     if args.skip_kl and stats["approx_kl"] > args.skip_kl:  # the same on every rank
         optimizer.zero_grad(set_to_none=True)
@@ -322,8 +323,8 @@ def main(args):
     stepwise = dict(stepwise=True, step_tag=args.step_tag, max_steps=args.max_episode_steps)
     env, eval_env = make_envs(args, stepwise, say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
-    args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_envs * args.num_steps
-                                                 / args.max_episode_steps)
+    per_update = args.num_envs * args.num_steps / args.max_episode_steps  # episodes an update
+    args.max_steps, args.warmup_steps = run.schedule(len(env), per_update)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_envs, T = args.num_envs // run.world, args.num_steps
@@ -367,9 +368,7 @@ def main(args):
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes go on next update
         segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p,
                                run.autocast, fast=not args.plain)
-        run.check_rewards(segment.rewards, step + 1,
-                          lambda k, t: f"env {run.rank * local_envs + k}, "
-                                       f"problem {segment.indices[k][t]}")
+        run.check_rewards(segment.rewards, step + 1, segment.indices)  # NaN or inf: the run stops
         gen = segment.gen
         input_ids, attention_mask = gen.sequences()  # [N, P + R], row k * T + t = env k, step t
         response_mask = gen.response_mask  # [N, R]
@@ -377,10 +376,11 @@ def main(args):
         t_rollout = time.time() - t0
 
         # ---- values and advantages (beyond grpo: a critic and GAE over tokens, the BAD backup)
-        mb = run.micro_batch_size(*input_ids.shape)  # rows per forward (on a GPU: fitted)
+        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
         with torch.no_grad(), run.autocast:
             values = torch.cat([critic_values(critic, input_ids[rows], attention_mask[rows], R)
-                                for rows in torch.arange(N).split(mb)]).float() * response_mask
+                                for rows in torch.arange(N).split(micro_batch)])
+            values = values.float() * response_mask
             next_obs = left_pad(segment.next_obs, tokenizer.pad_token_id)
             next_values = critic(*(x.to(run.device) for x in next_obs))[:, -1].float()  # at the cut
         advantages, returns = compute_advantages(
@@ -392,7 +392,7 @@ def main(args):
         old_logprobs = gen.logprobs  # [N, R]
         if args.bf16:  # CRUCIAL: bf16 sampling and training forwards round differently
             with run.autocast:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, mb,
+                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, micro_batch,
                                                       fast=not args.plain)
 
         # ---- update: num_ppo_epochs passes of num_mini_batches minibatches; the critic steps first
@@ -402,13 +402,14 @@ def main(args):
         stats = []
         for epoch in range(args.num_ppo_epochs):
             for batch_rows in env_minibatches(step, epoch, local_envs, run.rank * local_envs, T,
-                                   args.num_mini_batches, args.seed):
+                                              args.num_mini_batches, args.seed):
                 batch_rows = batch_rows.to(run.device)
-                s = update_critic(critic, critic_optimizer, gen, values, returns, batch_rows, mb,
-                                  args, run)
-                s.update(update_policy(policy, optimizer, gen, old_logprobs, advantages,
-                                       batch_rows, mb, args, run, first=not stats))
-                stats.append(s)
+                step_stats = update_critic(critic, critic_optimizer, gen, values, returns,
+                                           batch_rows, micro_batch, args, run)
+                step_stats.update(update_policy(policy, optimizer, gen, old_logprobs, advantages,
+                                                batch_rows, micro_batch, args, run,
+                                                unmoved=not stats))
+                stats.append(step_stats)
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)

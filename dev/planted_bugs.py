@@ -3,7 +3,7 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # all 15: 10 min on 2 cores another job kept busy
+    python dev/planted_bugs.py                 # all 16: 10 min on 2 cores another job kept busy
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
 The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
@@ -65,14 +65,14 @@ BUGS = {
         "tests/test_ppo.py::test_values_are_read_at_the_position_before_each_token"),
     "reference_is_the_policy": (
         "online_dpo.py",
-        "ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * mb)",
-        "ref_logprobs = batched_token_logprobs(policy, pairs, 1.0, 2 * mb)",
+        "ref_logprobs = batched_token_logprobs(ref_policy, pairs, 1.0, 2 * micro_batch,",
+        "ref_logprobs = batched_token_logprobs(policy, pairs, 1.0, 2 * micro_batch,",
         ("tests/test_online_dpo.py::"
          "test_the_reference_is_the_starting_policy_once_the_policy_moved")),
     "old_logprobs_of_other_rows": (
         "appo.py",
-        "loss, s = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],",
-        "loss, s = policy_loss(logprobs, old_logprobs[in_batch], advantages[in_batch],",
+        "loss, loss_stats = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],",
+        "loss, loss_stats = policy_loss(logprobs, old_logprobs[in_batch], advantages[in_batch],",
         ("tests/test_appo.py::"
          "test_each_micro_batch_is_compared_with_the_sampling_log_probs_of_its_own_rows")),
     "step_mean_copied_into_the_token_loss": (
@@ -96,6 +96,12 @@ BUGS = {
         "    log_r = (old_logprobs - sampler_logprobs) * mask",
         "    log_r = (sampler_logprobs - old_logprobs) * mask",
         "tests/test_async_grpo.py::test_each_correction_weighs_tokens_as_worked_by_hand"),
+    "cut_responses_kept_in_the_loss": (
+        "dapo.py",
+        "            loss_mask = loss_mask * (~gen.truncated)[:, None]",
+        "            loss_mask = loss_mask * gen.truncated[:, None]",
+        "tests/test_dapo.py::"
+        "test_every_cut_response_is_out_of_the_loss_and_pays_the_whole_penalty"),
     "grads_summed": (
         "common/models/distributed.py",
         "        g.div_(world_size())\n",

@@ -206,6 +206,16 @@ EXERCISES = [
         hint="A token sampled k updates ago weighs r = pi_prox / mu (docs/async_grpo.md): above "
              "1 where the trainer's policy now likes it more than the sampler did. Which "
              "log-probs does off_policy_weights subtract from which?"),
+    BugExercise(
+        "4.12", "cut_responses_kept_in_the_loss",
+        symptom="The tiny model writes to the 8-token budget every time: truncated_frac is 1.0 and "
+                "reward/overlong_penalty -1.0 in each of the 3 updates, and every response is cut, "
+                "so overlong filtering (on by default) should leave nothing to learn from. Yet "
+                "grad_norm is 1.53, 0.0 and 2.15 (the real file: 0.0 in every update, and the "
+                "weights never move).",
+        flags=f"{TINY} --max_steps 3 --overlong_buffer_len 8 --no_dynamic_sampling {CAPITAL}",
+        hint="DAPO's overlong filtering keeps the responses cut at the budget out of the loss "
+             "(docs/dapo.md). Which rows does the mask keep?"),
 ]
 BY_ID = {e.id: e for e in EXERCISES}
 

@@ -86,7 +86,7 @@ def plug(module, ids, solution=False, say=print, mistakes=None):
         if id in (mistakes or {}):
             words, wrong = exercise.mistakes[mistakes[id] - 1]
             # words made from a student's numbers have no text of their own: the list has them
-            said = words if isinstance(words, str) else "its words are in exercises/ps1/checks.py"
+            said = words if isinstance(words, str) else "its words are in exercises/ps1/cases.py"
             say(f"PS{id}: training with common mistake {mistakes[id]}: {said}")
             setattr(module, name, adapt(wrong, getattr(module, name)))
             bound[id] = name
@@ -154,7 +154,7 @@ def parse_mistakes(given, name):
         count = len(exercises[id].mistakes)
         if not k.isdigit() or not 1 <= int(k) <= count:
             raise SystemExit(f"error: --mistake {item}: give ID:K with K from 1 to {count}, the "
-                             f"mistakes of PS{id} in exercises/ps1/checks.py")
+                             f"mistakes of PS{id} in exercises/ps1/cases.py")
         mistakes[id] = int(k)
     return mistakes
 

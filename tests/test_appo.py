@@ -20,6 +20,7 @@ from common.run.checks import StepGuard, check_options
 from common.rl.logprobs import token_logprobs
 from common.models.loading import ValueHead, load_policy
 from common.models.sampler import Generation
+from common.models.sharding import clip_grad_norm
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +154,8 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     args = replace(appo.Args(), micro_batch_size=2, skip_kl=0.02)
     stats = appo.update_policy(policy, optimizer, *_tiny_batch(policy, shift), torch.arange(4), 2,
                                args, SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
-                                                     device=torch.device("cpu"), world=1))
+                                                     device=torch.device("cpu"), world=1,
+                                               sync_gradients=lambda m: clip_grad_norm(m, args.max_grad_norm)))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["early_stop_frac"] == float(skipped)
     assert stats["approx_kl"] == pytest.approx(0.0 if not skipped else float(torch.exp(torch.tensor(0.4)) - 1.4), abs=1e-5)
@@ -172,7 +174,8 @@ def test_each_micro_batch_is_compared_with_the_sampling_log_probs_of_its_own_row
     args = replace(appo.Args(), micro_batch_size=1, skip_kl=0.02)
     stats = appo.update_policy(policy, optimizer, *_tiny_batch(policy, 0.0), torch.tensor([3, 1]),
                                1, args, SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
-                                                        device=torch.device("cpu"), world=1))
+                                                        device=torch.device("cpu"), world=1,
+                                               sync_gradients=lambda m: clip_grad_norm(m, args.max_grad_norm)))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert stats["clipfrac"] == 0.0 and stats["early_stop_frac"] == 0.0 and moved > 1e-4

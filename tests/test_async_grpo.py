@@ -105,7 +105,9 @@ def test_the_logged_weight_statistics_are_the_masked_mean_and_the_cut_fraction()
     ({"icepop_low": 1.5}, 1, r"--icepop_low 1.5: must be in \(0, 1\]"),
     ({"icepop_high": 0.9}, 1, "--icepop_high 0.9: must be >= 1"),
 ])
-def test_option_errors_name_the_fix(change, world, message):
+def test_option_errors_name_the_fix(change, world, message, monkeypatch):
+    if world > 1:  # as under torchrun, which sets RANK (--fsdp's own check reads it)
+        monkeypatch.setenv("RANK", "0")
     args = replace(async_grpo.Args(), **change)
     with pytest.raises(UsageError, match=message):
         check_options(args, async_grpo.check_args, world, data_parallel=False)

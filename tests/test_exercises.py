@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from exercises.check import Wrong, all_exercises, check, run_checks
-from exercises.ps1.checks import EXERCISES as PS1
+from exercises.check import all_exercises, check
+from exercises.exercise import Wrong, run_checks
+from exercises.ps1.cases import EXERCISES as PS1
 
 ROOT = Path(__file__).resolve().parents[1]
 BY_ID = {e.id: e for e in PS1}
@@ -343,7 +344,7 @@ def test_ps4_errors_are_one_line_naming_the_fix(copies, capsys):
                + os.path.relpath(copies.BY_ID["4.7"].copy))
     for argv, said in [
             (["4.99"], ("no exercise 4.99; the exercises are 4.1, 4.2, 4.3, 4.4, 4.5, 4.6, "
-                        "4.7, 4.8, 4.9, 4.10, 4.11")),
+                        "4.7, 4.8, 4.9, 4.10, 4.11, 4.12")),
             (["4.7", "--check"], no_copy),
             (["4.7", "--run", "--", "--max_steps", "1"], no_copy),
             (["4.7", "--max_steps", "1"], "--max_steps 1: a file's flags go after --run --"),

@@ -242,14 +242,16 @@ def test_ppo_defaults_under_torchrun_with_two_processes(tmp_path):
 # ---- non-finite rewards, losses and weights -------------------------------------------------------------------
 def test_check_rewards_names_the_sample_the_problem_and_the_update():
     # finite: nothing
-    check_rewards(torch.tensor([0.0, 1.0, 0.1]), 3, "gsm8k", lambda k: f"problem {k}")
+    check_rewards(torch.tensor([0.0, 1.0, 0.1]), 3, "gsm8k", [4, 5, 6])
+    # groups of 2 rows: row 2 is the second group's, problem 7
     with pytest.raises(FloatingPointError,
                        match=r"reward inf for sample 2 \(problem 7\) of task 'gsm8k' in update 3"):
-        check_rewards(torch.tensor([0.0, 1.0, math.inf]), 3, "gsm8k", lambda k: f"problem {k + 5}")
+        check_rewards(torch.tensor([0.0, 1.0, math.inf, 0.0]), 3, "gsm8k", [5, 7])
+    # stepwise: each entry's own problem
     with pytest.raises(FloatingPointError,
-                       match=r"reward nan for sample 1, step 2 \(env 1, step 2\)"):
-        check_rewards(torch.tensor([[0.0, 0, 0], [0, 0, math.nan]]), 1, "math", lambda k,
-                      t: f"env {k}, step {t}")
+                       match=r"reward nan for sample 1, step 2 \(problem 9\)"):
+        check_rewards(torch.tensor([[0.0, 0, 0], [0, 0, math.nan]]), 1, "math",
+                      [[3, 3, 4], [8, 8, 9]])
 
 
 def test_step_guard_skips_non_finite_steps_and_stops_after_three_in_a_row():

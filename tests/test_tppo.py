@@ -22,6 +22,7 @@ from common.rl.logprobs import token_logprobs
 from common.models.loading import load_policy
 from common.rl.numerics import masked_whiten
 from common.models.sampler import Generation
+from common.models.sharding import clip_grad_norm
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +184,8 @@ def test_kl_early_stop_skips_the_policy_step(shift, skipped):
     stats = tppo.update_policy(policy, optimizer, gen, lp - shift, torch.randn(4, 4),
                                torch.arange(4), 2, args,
                                SimpleNamespace(autocast=nullcontext(), guard=StepGuard(),
-                                               device=torch.device("cpu"), world=1))
+                                               device=torch.device("cpu"), world=1,
+                                               sync_gradients=lambda m: clip_grad_norm(m, args.max_grad_norm)))
     moved = max((p - b).abs().max().item() for p, b in zip(policy.parameters(), before))
     assert stats["approx_kl"] == pytest.approx(float(torch.exp(torch.tensor(shift)) - 1 - shift),
                                                abs=1e-5)

@@ -13,8 +13,6 @@ whitelisted parser and run sympy in a grader worker, within the grader's budget 
 that starts with "error:", which the model reads; nothing is raised.
 """
 
-import re
-
 from common.env.answers import safe_arith
 from common.env.grader import SYMPY_TOOLS, run_sympy_tool
 

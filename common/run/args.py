@@ -145,7 +145,8 @@ NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_s
                 "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",
                 "max_staleness", "overlong_buffer_len")
 # The most a size that memory holds may be: far above any run that fits one machine, far below a
-# typo such as --num_prompts 1000000000000, which filled 8 GB in a minute before anything failed.
+# typo such as --num_prompts 1000000000000, which would fill 8 GB in a minute before anything
+# failed.
 MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_steps": 2**16,
         "max_new_tokens": 2**17, "eval_max_new_tokens": 2**17, "max_episode_steps": 4096,
         "micro_batch_size": 2**16, "eval_batch_size": 4096, "max_sampling_rounds": 64,
@@ -156,7 +157,7 @@ MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_s
 # step), and the update keeps each token's log-probs.
 MOST_ROWS, MOST_TOKENS = 2**14, 2**24
 # The most lora_alpha / lora_r may be (the default scales by 2): --lora_alpha 1e12 at --lora_r 4
-# merged into weights of 2e8 within two updates, and the run exited 0.
+# would merge into weights of 2e8 within two updates, and the run would exit 0.
 MOST_LORA_SCALE = 64
 # The range of each option, in whichever file defines it: (low, high, brackets), "(" leaving the
 # end out and "[" keeping it in. NaN lies outside every range, and a real-valued option that no
@@ -166,8 +167,8 @@ MOST_LORA_SCALE = 64
 RANGES = {
     # a learning rate of 0 is allowed: the tests use it to read gradients without moving weights.
     # AdamW moves every weight by about the learning rate each step, and these models' weights are
-    # at most about 1: at 1e30 they were 1e30 after two updates, and the run exited 0 (the largest
-    # rate the tests use is 0.05).
+    # at most about 1: at 1e30 they would be 1e30 after two updates, and the run would exit 0 (the
+    # largest rate the tests use is 0.05).
     "learning_rate": (0, 1, "[]"), "critic_learning_rate": (0, 1, "[]"),
     "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
     "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
@@ -177,7 +178,8 @@ RANGES = {
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),
-    "reward_weight": (0, math.inf, "[)"), "jsd_beta": (0, 1, "[]"), "overlong_penalty_factor": (0, math.inf, "[)"),
+    "reward_weight": (0, math.inf, "[)"), "jsd_beta": (0, 1, "[]"),
+    "overlong_penalty_factor": (0, math.inf, "[)"),
     # async_grpo.py: a cap below 1 would weigh down the tokens of an on-policy batch too, and
     # IcePop's bounds hold 1 between them (its own are 0.5 and 5)
     "is_cap": (1, math.inf, "[)"), "icepop_low": (0, 1, "(]"), "icepop_high": (1, math.inf, "[)"),

@@ -76,7 +76,8 @@ def check_options(args, check_args, world_size=1, data_parallel=True):
 def check_ranges(args):
     """Every number option of `args` within its range (RANGES), and every real-valued one a finite
     number, whether or not a range names it: the check covers an option added later too
-    (--temperature inf sampled from a flat distribution and exited 0). eval.py's options too."""
+    (--temperature inf would sample from a flat distribution, and the run would exit 0). eval.py's
+    options too."""
     defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
                 for f in fields(args)}
     for name, (low, high, brackets) in RANGES.items():
@@ -134,25 +135,24 @@ def check_output_dir(path, flag="--output_dir"):
                         f"you can write to.") from None
 
 
-def check_rewards(rewards, step, task, describe):
+def check_rewards(rewards, step, task, problems):
     """A NaN or inf reward would turn every weight into NaN through the update: stop before it,
-    naming the sample. rewards: [N] or [N, T]; describe(i) or describe(i, t) says which problem that
-    entry is."""
+    naming the sample and its problem. rewards: [N] or [N, T]; problems: the problem of each group
+    of rows (row k's is problems[k // (N / len(problems))]), or of each entry (problems[k][t])."""
     if not torch.isfinite(rewards).all():
-        _refuse_rewards(rewards, step, task, describe)
+        _refuse_rewards(rewards, step, task, problems)
 
 
-def _refuse_rewards(rewards, step, task, describe):
-    bad = (~torch.isfinite(rewards)).nonzero()
-    if len(bad):
-        where = tuple(bad[0].tolist())
-        raise NonFiniteError(
-            f"reward {rewards[where].item()} for sample "
-            f"{where[0]}{f', step {where[1]}' if len(where) > 1 else ''} "
-            f"({describe(*where)}) of task {task!r} in update {step}: rewards must be finite "
-            "numbers. The run stops "
-            "before this update, so no checkpoint holds it; fix the reward function (or PRM) that "
-            "produced it.")
+def _refuse_rewards(rewards, step, task, problems):
+    where = tuple((~torch.isfinite(rewards)).nonzero()[0].tolist())
+    k = where[0]
+    problem = (problems[k][where[1]] if isinstance(problems[0], (list, tuple))
+               else problems[k // (len(rewards) // len(problems))])
+    raise NonFiniteError(
+        f"reward {rewards[where].item()} for sample {k}"
+        f"{f', step {where[1]}' if len(where) > 1 else ''} (problem {problem}) of task {task!r} "
+        f"in update {step}: rewards must be finite numbers. The run stops before this update, so "
+        "no checkpoint holds it; fix the reward function (or PRM) that produced it.")
 
 
 class StepGuard:

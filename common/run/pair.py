@@ -135,7 +135,7 @@ class SampledAhead:
         self.pair.close()
 
     def pop(self, step):
-        """Update `step`'s batch: a `Sampled`, whose .version is the update whose weights drew it."""
+        """Update `step`'s batch: a `Sampled` (.version: the update whose weights drew it)."""
         if self.pair is not None:  # two processes: rank 1 sampled it while the last updates trained
             if not self.queue:
                 self.queue.append(self.pair.receive_rollout(self.device))

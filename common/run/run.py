@@ -196,11 +196,11 @@ class Run:
             return self.fit.rows(rows, width)
         return self.args.micro_batch_size or self.default_micro_batch
 
-    def check_rewards(self, rewards, step, describe):
-        """Stop before an update whose rewards hold NaN or inf, naming the sample
-        (describe(k) or describe(k, t) says which problem row k is)."""
+    def check_rewards(self, rewards, step, problems):
+        """Stop before an update whose rewards hold NaN or inf, naming the sample and its problem
+        (common/run/checks.py's check_rewards says how `problems` are read)."""
         if not torch.isfinite(rewards).all():
-            check_rewards(rewards, step, self.args.dataset_name, describe)
+            check_rewards(rewards, step, self.args.dataset_name, problems)
 
     def grader_timeouts(self):
         """Symbolic grades cut short by the time budget since the last call (or evaluation)."""

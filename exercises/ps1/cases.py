@@ -20,7 +20,7 @@ import tppo
 from common.rl import numerics
 from common.rl.logprobs import token_logprobs
 from common.models.sampler import inverse_cdf
-from exercises.check import Exercise
+from exercises.exercise import Exercise
 
 # The files' own functions, taken once at import: PS2 (exercises/train.py) binds these names in the
 # files to a student's functions, and an oracle or a mistake must never call the student's.

@@ -1,0 +1,135 @@
+"""What an exercise is and how a student's function is held to it: the oracle on the same inputs,
+the hand-worked cases, and the mistakes named when the student's output matches one. The problem
+sets (exercises/ps1/cases.py) are made of these; exercises/check.py runs them."""
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+class Wrong(Exception):
+    """What is wrong with a student's function, in words."""
+
+
+@dataclass
+class Exercise:
+    """One exercise: the function a student writes, and how it is checked.
+
+    module, name: where the student's function is (exercises/ps1/e05_group_advantages.py: name).
+    oracle: the project's function, called as the student's is.
+    cases: () -> [(what the case is, keyword arguments)]: inputs on which both are compared.
+    worked: [(what, keyword arguments, expected output)]: small cases worked by hand, in the
+        exercise's docstring too; the oracle passes them as well (tests/test_exercises.py).
+    mistakes: [(what the student probably did, that wrong function)]: where the student's output
+        differs from the oracle's, the first mistake that gives the student's outputs on every
+        input is named; the words may be a function (kwargs, the student's output) -> str, to
+        quote the student's own numbers.
+    explain: optional (kwargs, student's output, oracle's output) -> a sentence on what differs.
+    """
+
+    id: str
+    title: str
+    module: str
+    name: str
+    oracle: Callable
+    cases: Callable
+    worked: list = field(default_factory=list)
+    mistakes: list = field(default_factory=list)
+    explain: Callable | None = None
+
+    @property
+    def path(self) -> str:
+        return self.module.replace(".", "/") + ".py"
+
+    def student(self):
+        """The student's function, imported fresh from its file."""
+        module = importlib.import_module(self.module)
+        return getattr(importlib.reload(module), self.name)
+
+
+def _clone(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+def close(a, b, tol=1e-5) -> bool:
+    """Are two outputs equal: tensors of the same shape within tol (NaN where the other has NaN),
+    or tuples of such, or equal numbers?"""
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return (isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b)
+                and all(close(x, y, tol) for x, y in zip(a, b)))
+    if isinstance(b, torch.Tensor):
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+            return False
+        if a.dtype in (torch.bool, torch.int64, torch.int32) or b.dtype in (torch.bool, torch.int64):
+            return bool(torch.equal(a.long(), b.long()))
+        return bool(torch.allclose(a.double(), b.double(), rtol=tol, atol=tol, equal_nan=True))
+    try:
+        return abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
+    except (TypeError, ValueError):
+        return a == b
+
+
+def show(value) -> str:
+    """A short text of an output: a tensor's shape and its first values."""
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(show(v) for v in value) + ")"
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().double().flatten()[:8].tolist()
+        numbers = ", ".join(f"{v:.4g}" for v in flat) + (", ..." if value.numel() > 8 else "")
+        return f"tensor of shape {list(value.shape)}: [{numbers}]"
+    return repr(value)
+
+
+def run_checks(exercise: Exercise, fn: Callable) -> None:
+    """Raise Wrong with the first problem found in fn, else return."""
+    where = f"{exercise.name} in {exercise.path}"
+    for what, kwargs, expected in exercise.worked:
+        _compare(exercise, fn, what, kwargs, expected, where)
+    for what, kwargs in exercise.cases():
+        _compare(exercise, fn, what, kwargs, exercise.oracle(**_clone(kwargs)), where)
+
+
+def _compare(exercise, fn, what, kwargs, expected, where):
+    given = _clone(kwargs)
+    try:
+        got = fn(**given)
+    except NotImplementedError:
+        raise Wrong(f"not written yet: fill in {where}") from None
+    except Exception as e:  # the student's bug, said in one line with the case that found it
+        raise Wrong(f"{what}: your {exercise.name} raised {type(e).__name__}: {e}") from None
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor) and not torch.equal(given[key], value):
+            raise Wrong(f"{what}: your {exercise.name} changed its input {key} in place; work "
+                        "on a copy (the trainer reuses its tensors)")
+    if close(got, expected):
+        return
+    if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) \
+            and got.shape != expected.shape:
+        raise Wrong(f"{what}: the output has shape {list(got.shape)}, it should have "
+                    f"{list(expected.shape)}")
+    for mistake, wrong in exercise.mistakes:
+        if _agrees_everywhere(exercise, fn, wrong):
+            said = mistake(kwargs, got) if callable(mistake) else mistake
+            raise Wrong(f"{what}: {said}")
+    said = exercise.explain(kwargs, got, expected) if exercise.explain else None
+    raise Wrong(f"{what}: {said or ''}{' ' if said else ''}expected {show(expected)}, got "
+                f"{show(got)}")
+
+
+def _agrees_everywhere(exercise, fn, wrong) -> bool:
+    """Does the student's function give the same outputs as a planted mistake on every input of
+    the exercise? One input may not tell two mistakes apart; all of them do."""
+    inputs = [kwargs for _, kwargs, _ in exercise.worked] + [kwargs for _, kwargs in
+                                                             exercise.cases()]
+    try:
+        return all(close(fn(**_clone(kwargs)), wrong(**_clone(kwargs))) for kwargs in inputs)
+    except Exception:  # the student's function or the mistake fails on some input
+        return False
