@@ -98,9 +98,9 @@ class Args(TrainArgs):
     """dynamic sampling: rounds of num_prompts prompts at most (then equal groups fill the batch)"""
     drop_zero_std_groups: bool = True  # new to DAPO: no zero-advantage groups in the loss
     """leave groups whose G rewards are all equal (advantage 0) out of the loss and normaliser"""
-    overlong_buffer_len: int = 16  # new to DAPO: soft overlong punishment
+    overlong_buffer_len: Optional[int] = None  # new to DAPO: soft overlong punishment
     """L_cache: a response longer than max_new_tokens - this loses reward, linearly in its excess
-    (0: off; the paper: 4,096 of 20,480)"""
+    (0: off; default: a fifth of max_new_tokens, the paper's 4,096 of 20,480)"""
     overlong_penalty_factor: float = 1.0  # new to DAPO: soft overlong punishment
     """the reward a response of max_new_tokens tokens loses (verl's
     overlong_buffer.penalty_factor)"""
@@ -113,7 +113,7 @@ def check_args(args, world_size):
     shared ones of common/run/checks.py first)."""
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
-    if args.overlong_buffer_len > args.max_new_tokens:  # new to DAPO: the buffer in the budget
+    if (args.overlong_buffer_len or 0) > args.max_new_tokens:  # new to DAPO: in the budget
         raise UsageError(f"--overlong_buffer_len {args.overlong_buffer_len} is longer than "
                          f"--max_new_tokens {args.max_new_tokens}: the buffer is the budget's last "
                          f"tokens; pass at most {args.max_new_tokens}.")
@@ -267,6 +267,8 @@ def main(args):
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
+    if args.overlong_buffer_len is None:  # new to DAPO: the paper's share of the budget
+        args.overlong_buffer_len = args.max_new_tokens // 5
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations

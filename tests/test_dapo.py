@@ -93,6 +93,7 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(monkeypatch):
 @pytest.mark.parametrize("change,message", [
     ({"overlong_buffer_len": 65}, "--overlong_buffer_len 65 is longer than --max_new_tokens 64"),
     ({"overlong_buffer_len": -1}, "--overlong_buffer_len -1: must be in [0, 131072]"),
+    ({"overlong_buffer_len": 9, "max_new_tokens": 8}, "--overlong_buffer_len 9 is longer than"),
     ({"overlong_penalty_factor": -0.5}, "--overlong_penalty_factor -0.5: must be >= 0"),
     ({"max_sampling_rounds": 0}, "--max_sampling_rounds 0: must be in [1, 64]"),
     ({"epsilon_high": 0.0}, "--epsilon_high 0.0: must be > 0"),
@@ -108,6 +109,7 @@ def test_the_defaults_are_the_papers():
     args = dapo.Args()
     assert (args.epsilon, args.epsilon_high, args.loss_type, args.beta) == (0.2, 0.28, "dapo", 0.0)
     assert args.dynamic_sampling and args.drop_zero_std_groups and args.mask_truncated_completions
+    assert args.overlong_buffer_len is None  # a fifth of the budget, in main: 4,096 of 20,480
 
 
 # ---- end to end --------------------------------------------------------------------------------------

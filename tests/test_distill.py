@@ -122,7 +122,7 @@ def _loss_and_grad(policy, teacher, batch, args):
     input_ids, attention_mask = gen.sequences()
     R = gen.response_mask.shape[1]
     full = args.loss_form == "full"
-    norm = distill.loss_normaliser(gen.response_mask, 1)
+    norm = distill.loss_normaliser(gen.response_mask, args, 1)
     with torch.no_grad():
         t_logprobs, _, *t_hidden = token_logprobs(teacher, input_ids, attention_mask, R,
                                                   args.temperature, return_hidden=full)
@@ -132,7 +132,7 @@ def _loss_and_grad(policy, teacher, batch, args):
     if full:
         divergences = distill.full_divergence(hidden[0][:, -R - 1:-1], t_hidden[0][:, -R - 1:-1],
                                               backbone_and_head(policy)[1],
-                                              backbone_and_head(teacher)[1], args.beta,
+                                              backbone_and_head(teacher)[1], args.jsd_beta,
                                               args.temperature)
     advantages = distill.distill_advantages(logprobs.detach(), t_logprobs,
                                             torch.zeros(len(logprobs)), args.loss_form)

@@ -40,6 +40,9 @@ SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, an
     "async_grpo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30"],
     "async_grpo_k2": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
                       "--max_staleness", "2", "--off_policy_correction", "icepop"],
+    # 4 tokens cut nearly every response: overlong filtering would leave nothing to learn from
+    "dapo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
+             "--max_sampling_rounds", "2", "--no_mask_truncated_completions"],
 }
 
 

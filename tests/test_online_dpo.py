@@ -242,8 +242,8 @@ def test_the_reference_is_the_starting_policy_once_the_policy_moved(tmp_path, mo
     def spy(name, record):  # online_dpo.name, with each call's arguments and result recorded
         real = getattr(online_dpo, name)
 
-        def call(*a):
-            out = real(*a)
+        def call(*a, **kw):
+            out = real(*a, **kw)
             record(a, out)
             return out
         monkeypatch.setattr(online_dpo, name, call)
