@@ -24,11 +24,12 @@ next:
   with --no_cuda_graphs and with --compile (TRL's wheels come in dev/carry.py's first piece);
 - grpo, grpo_compile: `python grpo.py --bf16` for 20 updates, as it is and --compile, held-out
   accuracy at updates 0, 10 and 20;
-- two_processes, fsdp, lora, gradient_checkpointing: grpo.py for 3 updates under `torchrun
+- two_processes, fsdp, lora, gradient_checkpointing, plain: grpo.py for 3 updates under `torchrun
   --nproc_per_node 2` on the one GPU, under --fsdp (one process), with --lora_r 16, with
-  --gradient_checkpointing;
+  --gradient_checkpointing, on the plain path (--plain: the plain Decoder, token_logprobs' own
+  lines);
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
-- appo, tppo, ppo, reinforce, online_dpo: 5 updates each in bf16;
+- the other algorithm files (dapo.py among them): 5 updates each in bf16;
 - eval: eval.py on the newest checkpoint a stage wrote (the embedded model without one);
 - fused_projections, roofline, roofline_grow, update_mfu: dev/lab/fused_projections.py (64 and 256
   rows), dev/lab/roofline.py, the same with a static cache that grows, and dev/lab/update_mfu.py, at
@@ -66,7 +67,7 @@ from common.run.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
 # every algorithm file but grpo.py, 5 updates each; the stepwise ones first (they ran the least)
 FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in STEPWISE)
 # grpo.py for 3 updates each way a GPU run can be launched besides the default
-WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing"]
+WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing", "plain"]
 # dev/lab/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
 BENCHES = ["cuda_graphs", "fused_projections", "roofline", "roofline_grow", "update_mfu"]
 TRL_PAIRS = ["trl_pair", "trl_pair_eager", "trl_pair_compile"]
@@ -143,7 +144,8 @@ def _stage_plan(name, tiny, work):
     if name in WAYS:
         run += ["--max_steps", "1" if tiny else "3", "--no_eval_on_start"]
         run += {"fsdp": ["--fsdp"], "lora": ["--lora_r", "16"],
-                "gradient_checkpointing": ["--gradient_checkpointing"]}.get(name, [])
+                "gradient_checkpointing": ["--gradient_checkpointing"],
+                "plain": ["--plain"]}.get(name, [])
         if not tiny:
             run += ["--num_eval_problems", "64"]
         if name in ("two_processes", "fsdp"):  # torchrun: ranks on the one device
