@@ -111,8 +111,8 @@ class SampledAhead:
     sample(position) -> the Rollout of update `position`'s problems with the weights as they are."""
 
     def __init__(self, run, staleness, sample, saved=()):
-        self.k, self.sample, self.device, self.max_steps = staleness, sample, run.device, \
-            run.args.max_steps
+        self.k, self.sample, self.device = staleness, sample, run.device
+        self.max_steps = run.args.max_steps
         self.queue = deque(rollout_from_state(s, run.device) for s in saved)
         self.pair = Pair() if run.world == 2 else None  # two processes: from here they part ways
         self.is_sampler = self.pair is not None and run.rank == SAMPLER
