@@ -57,8 +57,8 @@ from common.models import (Rollout, encode_prompts, fast_decoding, generate, loa
                            reference_policy, trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
-from common.run import (Run, SampledAhead, TrainArgs, all_reduce_sum, parse_args, prompt_indices,
-                        sample_seed)
+from common.run import (Run, SampledAhead, TrainArgs, all_reduce_sum, check_unused, parse_args,
+                        prompt_indices, sample_seed, saved_queue)
 
 
 @dataclass
@@ -134,6 +134,11 @@ def check_args(args, world_size):
                          "trains: drop --fsdp, or use grpo.py under torchrun.")
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
+    correction = args.off_policy_correction  # off-policy: each correction reads its own bounds
+    check_unused(args, [
+        ("is_cap", correction in ("tis", "seq_mis"), "--off_policy_correction tis or seq_mis"),
+        ("icepop_low", correction == "icepop", "--off_policy_correction icepop"),
+        ("icepop_high", correction == "icepop", "--off_policy_correction icepop")])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -284,6 +289,7 @@ def main(args):
               f"micro-batches of {args.micro_batch_size} | {len(env)} problems | "
               f"{args.max_steps} updates")
     start_step, resume_from = run.resume_point()
+    queue = saved_queue(run.state, args, start_step, len(env), resume_from)  # off-policy: checked
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
@@ -291,8 +297,7 @@ def main(args):
     # off-policy: the batches of the next updates, each drawn by the weights of k updates before
     # (under torchrun rank 1 samples them while rank 0 trains); a resumed run's from its checkpoint
     ahead = SampledAhead(run, staleness, lambda position: rollout(
-        policy, tokenizer, env, position, 0, local_prompts, args, run.autocast),
-        (run.state or {}).get("extra", {}).get("queue", []))
+        policy, tokenizer, env, position, 0, local_prompts, args, run.autocast), queue)
     if ahead.is_sampler:  # rank 1 of two: samples until the last batch is sent, never trains
         return ahead.serve(policy, start_step)
 

@@ -48,11 +48,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from common.env import UsageError, make_envs
-from common.models import (Rollout, backbone_and_head, check_model_name, encode_prompts,
-                           fast_decoding, generate, load_reference, load_tokenizer, trained_policy)
+from common.models import (Rollout, backbone_and_head, check_model_name, embedding_rows,
+                           encode_prompts, fast_decoding, generate, load_reference, load_tokenizer,
+                           trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
-from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
+from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
+                        sample_seed)
 
 
 @dataclass
@@ -121,6 +123,14 @@ def check_args(args, world_size):
                          "runs/teacher`, then --teacher_model_name_or_path "
                          "runs/teacher/checkpoint-20).")
     check_model_name(args.teacher_model_name_or_path, "--teacher_model_name_or_path")
+    rows = [embedding_rows(name) for name in (args.model_name_or_path,
+                                              args.teacher_model_name_or_path)]
+    if None not in rows and rows[1] < rows[0]:  # the teacher scores every token the student writes
+        raise UsageError(f"--teacher_model_name_or_path {args.teacher_model_name_or_path} has "
+                         f"{rows[1]} output rows, fewer than the student's {rows[0]}: the student "
+                         "can write a token the teacher cannot score. Pass a teacher with at least "
+                         "as many (a larger model of the student's family has them).")
+    check_unused(args, [("jsd_beta", args.loss_form == "full", "--loss_form full")])
     if args.reward_weight > 0 and args.num_generations < 2:
         raise UsageError("--reward_weight adds the verifier's group advantage, which needs "
                          "--num_generations >= 2.")
@@ -233,8 +243,12 @@ def full_divergence(student_hidden, teacher_hidden, student_head, teacher_head, 
         chunk_rows = max(1, (1 << 25) // max(1, logits_per_row))
 
     def chunk(h, h_teacher):
-        return divergence(student_head(h) / temperature, teacher_head(h_teacher) / temperature,
-                          beta)
+        # A teacher with the student's tokenizer may pad its output rows further (Qwen2.5 7B has
+        # 152,064, its 0.5B 151,936): past the student's rows there is no token the student can
+        # write, so the teacher's distribution is taken over the student's rows.
+        student_logits = student_head(h) / temperature
+        teacher_logits = teacher_head(h_teacher)[..., :student_logits.shape[-1]] / temperature
+        return divergence(student_logits, teacher_logits, beta)
 
     out = []
     for i in range(0, student_hidden.shape[0], chunk_rows):

@@ -48,8 +48,8 @@ from common.models import (Episodes, Rollout, encode_prompts, eos_token_ids, fas
                            reference_policy, stepwise_system_prompt, trained_policy, unsharded)
 from common.rl import (batched_token_logprobs, discounted_returns, kl_estimate, masked_mean,
                        mismatch_stats, token_logprobs)
-from common.run import (Run, TrainArgs, all_reduce_sum, every, parse_args, prompt_indices,
-                        sample_seed)
+from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, every, parse_args,
+                        prompt_indices, sample_seed)
 
 
 @dataclass
@@ -123,6 +123,8 @@ def check_args(args, world_size):
                          "--lora_r the reference is the frozen base (the adapters off): drop one.")
     if args.sym_calc and not args.stepwise:  # stepwise: the calculator
         raise UsageError("--sym_calc works line by line: add --stepwise.")
+    check_unused(args, [(name, args.stepwise, "--stepwise")  # stepwise: episodes of lines
+                        for name in ("max_episode_steps", "gamma")])
 
 
 # ------------------------------------------------------------------------------------------------

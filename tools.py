@@ -48,7 +48,8 @@ from common.models import (Generation, Rollout, encode_prompts, eos_token_ids, f
                            trained_policy, unsharded)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
-from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
+from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
+                        sample_seed)
 
 
 @dataclass
@@ -113,9 +114,10 @@ def check_args(args, world_size):
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
     try:  # tools: every name known
-        parse_tools(args.tools)
+        names = parse_tools(args.tools)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    check_unused(args, [("max_turns", bool(names), "--tools naming a tool (the default: calc)")])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -284,10 +284,14 @@ def near_teacher(path):
     size. At temperature 0.1 the student's distribution starts 1.3-1.8 nats (sampled reverse KL)
     away from it. A teacher of unrelated random weights is hundreds of words away from a student
     that holds its mass on a few of 49k: 256 sampled tokens an update find nothing to move to (the
-    full form still learned from it; the sampled did not, in 30 updates)."""
+    full form still learned from it; the sampled did not, in 30 updates). Its output layer has 64
+    rows more than the student's, as a 7B teacher of the 0.5B student's family pads its own further
+    (the full form stopped on them with a traceback at update 1)."""
     from common.models.loading import load_tokenizer
 
-    moved_policy(0.02).save_pretrained(path)
+    teacher = moved_policy(0.02)
+    teacher.resize_token_embeddings(teacher.config.vocab_size + 64)
+    teacher.save_pretrained(path)
     load_tokenizer("tiny-random").save_pretrained(path)
     return path
 

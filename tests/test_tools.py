@@ -226,13 +226,16 @@ def test_the_tool_s_tokens_get_exactly_zero_gradient(monkeypatch, tiny):
 
 def test_a_run_whose_tool_never_fires_trains_exactly_what_grpo_py_trains(tmp_path):
     # tiny-random never writes </calc>: tools.py's rollout is then grpo.py's, token for token, and
-    # so are its loss (a token mean, with the k3 KL to the reference) and its weights, bit for bit
+    # so are its loss (a token mean, with the k3 KL to the reference) and its weights, bit for bit.
+    # tools.py tells the model of its tool after a --system_prompt too: grpo.py gets that text.
     common = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "12", "--max_steps", "2",
               "--num_prompts", "2", "--num_generations", "4", "--learning_rate", "1e-2",
-              "--num_eval_problems", "4", "--system_prompt", "Answer.", "--num_few_shot", "0",
-              "--loss_type", "dapo", "--beta", "0.1"]
+              "--num_eval_problems", "4", "--num_few_shot", "0", "--loss_type", "dapo",
+              "--beta", "0.1"]
+    prompts = {"tools": "Answer.", "grpo": toolbox.system_prompt("Answer.", ("calc",))}
     for name in ("grpo", "tools"):  # the length reward, which varies within a group
         out = warm.run([sys.executable, "tests/run_with_test_reward.py", name, *common,
+                        "--system_prompt", prompts[name],
                         "--output_dir", str(tmp_path / name)], cwd=ROOT, capture_output=True,
                        text=True, timeout=600, env={**os.environ, "TEST_REWARD": "length"})
         assert out.returncode == 0, out.stderr[-3000:]
@@ -441,3 +444,17 @@ def test_torchrun_two_sharded_processes_match_one_process(tmp_path):
     one, two = (load_file(str(tmp_path / d / "checkpoint-2" / "model.safetensors"))
                 for d in ("one", "two"))
     assert max((one[n] - two[n]).abs().max().item() for n in one) < 1e-5
+
+
+@pytest.mark.parametrize("given,before", [(None, "task"), ("Answer in words.", "Answer in words. "),
+                                          ("", "")])
+def test_the_prompt_names_the_tools_after_any_system_prompt(given, before):
+    # a --system_prompt once replaced the tools' lines too: the model was offered <calc> untold
+    from common.env.math_env import make_env
+
+    env = make_env("arithmetic", num_examples=4, say=lambda *a: None, system_prompt=given)
+    before = env.task.system_prompt + " " if before == "task" else before
+    toolbox.show_tools(env, ("calc",), 0)
+    assert env.system_prompt == (before + "You can use tools; each call's result appears after it as "
+                                 "<output>...</output>. a calculator: <calc>214 + 23 * 105</calc> gives "
+                                 "its value.")

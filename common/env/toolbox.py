@@ -81,9 +81,10 @@ def output_text(result: str) -> str:
 
 
 def system_prompt(task_prompt: str, names) -> str:
-    """The task's instructions, and one line per tool."""
-    return " ".join([task_prompt, "You can use tools; each call's result appears after it as "
-                     "<output>...</output>."] + [f"{TOOLS[n][0]}." for n in names])
+    """The task's instructions (or the user's --system_prompt), and one line per tool."""
+    return " ".join([task_prompt] * bool(task_prompt) + [
+        "You can use tools; each call's result appears after it as <output>...</output>."]
+        + [f"{TOOLS[n][0]}." for n in names])
 
 
 # --num_few_shot 1 (the default) puts this problem before the question, worked with the calculator;
@@ -95,11 +96,12 @@ WITHOUT = "214 + 23 * 105 = 2629\nThe answer is 2629."
 
 
 def show_tools(env, names, num_few_shot):
-    """The env's prompts name the tools (after the task's own instructions, unless --system_prompt
-    is given) and, where the calculator is one, work the example with it (tools.py's prompts)."""
+    """The env's prompts name the tools (after the task's own instructions, or after the user's
+    --system_prompt: a model is never offered tools it was not told of) and, where the calculator
+    is one, work the example with it (tools.py's prompts). Once per env."""
     if env is None:
         return
-    if names and env.system_prompt == env.task.system_prompt:
-        env.system_prompt = system_prompt(env.task.system_prompt, names)
+    if names:
+        env.system_prompt = system_prompt(env.system_prompt, names)
     if num_few_shot and (not names or "calc" in names):
         env.few_shot = [dict(EXAMPLE, solution=WITH_CALC if names else WITHOUT)]

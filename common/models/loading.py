@@ -175,6 +175,51 @@ def check_model_name(name, flag="--model_name_or_path"):
             raise PathError(f"{flag} {name!r} has no config.json. Point it at a checkpoint folder "
                             "(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run "
                             "folder itself.")
+        for weights in sorted(path.glob("*.safetensors")):
+            try:
+                check_safetensors(weights)
+            except ValueError as e:
+                raise PathError(f"{flag} {name!r}: {e} (a copy or a save that stopped early?). "
+                                "Copy it again, or pass another checkpoint.") from None
+
+
+def check_safetensors(path):
+    """ValueError unless the safetensors file holds every byte its header promises: a file cut
+    short would fail deep inside the model loading, with a traceback. It reads the header only."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = int.from_bytes(f.read(8), "little")  # the header's length, then the header
+        text = f.read(head) if 8 + head <= size else None
+    try:
+        header = json.loads(text) if text is not None else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name} has {size} bytes, and no whole safetensors header")
+    end = 8 + head + max((v["data_offsets"][1] for k, v in header.items()
+                          if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v),
+                         default=0)
+    if end != size:
+        raise ValueError(f"{path.name} has {size} bytes, its header says {end}")
+
+
+def embedding_rows(name):
+    """The rows of model `name`'s output layer (its config's vocab_size, which may exceed the
+    tokenizer's size), read from the config before any weights load; None where no config can be
+    read here (a hub id offline: loading the model says why)."""
+    from transformers import AutoConfig
+
+    if name == TINY_RANDOM:
+        return len(load_tokenizer(TINY_RANDOM))
+    path = Path(_resolve(name))
+    if (path / "adapter_config.json").is_file():  # LoRA adapters: the rows of their base
+        base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        return embedding_rows(base) if base else None
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError):
+        return None
+    return getattr(config.get_text_config(), "vocab_size", None)
 
 
 @contextlib.contextmanager

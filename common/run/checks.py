@@ -37,6 +37,9 @@ def check_common_args(args, world_size=1):
     if hasattr(args, "num_prompts"):
         check_batch(args, world_size, args.num_prompts, args.num_generations)
     check_output_dir(args.output_dir)
+    if hasattr(args, "kl_estimator"):  # the files with a KL to a frozen reference, loaded if beta > 0
+        check_unused(args, [(name, args.beta > 0, "--beta > 0")
+                            for name in ("kl_estimator", "kl_penalty")])
     if args.lora_r and importlib.util.find_spec("peft") is None:
         raise PackageError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
                            "fine-tuning)")
@@ -97,6 +100,20 @@ def check_ranges(args):
 
 def default_text(default):
     return "(leave it out for its default)" if default is None else f"(the default is {default})"
+
+
+def check_unused(args, rules):
+    """Stop when an option was set (another value than its default) that the run would not read,
+    because another option turns off what reads it: a user who passes --jsd_beta 0.5 under the
+    sampled form expects a JSD and would get the reverse KL without a word. rules: (name, read,
+    needs) each, `read` whether this run reads args.<name>, `needs` the option that would."""
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
+                for f in fields(args)}
+    for name, read, needs in rules:
+        value = getattr(args, name)
+        if not read and value != defaults[name]:
+            raise UsageError(f"--{name} {value} changes nothing in this run: it is read only "
+                             f"with {needs}. Drop it, or pass that.")
 
 
 def check_rollout_size(args, world_size):

@@ -18,11 +18,12 @@ numbers, strings: the same format as a checkpoint's queue of rollouts, `rollout_
 import io
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
 
+from common.env.errors import UsageError
 from common.models.distributed import part_ways
 from common.models.sampler import Generation, Rollout
 
@@ -43,6 +44,51 @@ def rollout_state(sampled):
     return {"version": sampled.version, "seconds": sampled.seconds,
             "gen": {k: v.cpu() for k, v in vars(r.gen).items()}, "texts": list(r.texts),
             "scores": r.scores.cpu(), "correct": r.correct.cpu(), "problems": list(r.problems)}
+
+
+def saved_queue(state, args, start, num_problems, path):
+    """The queue of sampled batches in a resumed run's trainer state, checked against the options
+    and its own layout before any model loads: each entry as rollout_state writes it, a batch of
+    num_prompts x num_generations rows of the data's problems, drawn by weights no newer than the
+    checkpoint's (update `start`). A batch of another shape would be cut into groups of the wrong
+    size without a word, and a damaged one would fail mid-run with a traceback."""
+    queue = ((state or {}).get("extra") or {}).get("queue", [])
+    damaged = (f"--resume: the queue of sampled batches in {path} is damaged ({{}}): resume from "
+               "an earlier checkpoint (delete this one), or pass another --output_dir.")
+    if not isinstance(queue, list):
+        raise UsageError(damaged.format(f"a {type(queue).__name__}, not a list"))
+    keys = {"version", "seconds", "gen", "texts", "scores", "correct", "problems"}
+    for i, entry in enumerate(queue):
+        where = f"batch {i} of {len(queue)}"
+        if not (isinstance(entry, dict) and set(entry) == keys and isinstance(entry["gen"], dict)
+                and set(entry["gen"]) == {f.name for f in fields(Generation)}):
+            raise UsageError(damaged.format(f"{where} lacks the fields of a batch"))
+        gen, problems, version = entry["gen"], entry["problems"], entry["version"]
+        tensors = [*gen.values(), entry["scores"], entry["correct"]]
+        if not (all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in tensors)
+                and isinstance(entry["texts"], list) and isinstance(problems, list)
+                and type(version) is int):
+            raise UsageError(damaged.format(f"{where} holds a field of another type"))
+        rows = {len(t) for t in tensors} | {len(entry["texts"])}
+        shapes = {gen["prompt_ids"].shape, gen["prompt_mask"].shape}, \
+            {gen[k].shape for k in ("response_ids", "response_mask", "logprobs")}
+        if len(rows) > 1 or len(shapes[0]) > 1 or len(shapes[1]) > 1 or not problems \
+                or rows.pop() % len(problems):
+            raise UsageError(damaged.format(f"{where}'s fields differ in shape"))
+        samples = len(entry["texts"]) // len(problems)
+        if (len(problems), samples) != (args.num_prompts, args.num_generations):
+            raise UsageError(f"--resume: {path} holds batches sampled ahead of {len(problems)} "
+                             f"prompts x {samples} samples, which this run would cut into groups "
+                             "of another size: resume with the checkpoint's --num_prompts and "
+                             "--num_generations (the run folder's args.json has them), or pass "
+                             "another --output_dir.")
+        if not all(type(p) is int and 0 <= p < num_problems for p in problems):
+            raise UsageError(damaged.format(f"{where} names problems outside the data's "
+                                            f"{num_problems}: was the data changed?"))
+        if not 0 <= version <= start:
+            raise UsageError(damaged.format(f"{where} was drawn by the weights of update "
+                                            f"{version}, and the checkpoint is at update {start}"))
+    return queue
 
 
 def rollout_from_state(state, device):

@@ -315,7 +315,7 @@ def apply_rules(algo, args, seed, given, say, world_size):
             put("beta", reward_kl, f"--kl_penalty_coef is {OAT} KL-in-the-reward weight")
             put("kl_penalty", "reward", "  and its placement")
             put("kl_estimator", "k1", "  and its estimator")
-        else:
+        elif loss_kl:  # with neither, no reference loads, and its options would change nothing
             put("kl_penalty", "loss",
                 f"with --kl_penalty_coef 0, {OAT} --beta {loss_kl} is a KL loss")
             put("kl_estimator", "k3", "  and its estimator")

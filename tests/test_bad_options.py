@@ -1,0 +1,212 @@
+"""Options that another option makes meaningless, teachers of another size, and a resumed queue of
+sampled batches (issue 69): each is one line, `error: ...`, naming the fix, before any model loads.
+In process: each case calls the check a file runs first (check_options, saved_queue), so the suite
+pays milliseconds for it. tests/test_distill.py's runs train with a teacher of more output rows."""
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import async_grpo
+import distill
+import grpo
+import reinforce
+import tools
+from common.env.errors import PathError, UsageError
+from common.run.checks import check_options
+from common.run.pair import Sampled, rollout_state, saved_queue
+
+FILES = {"async_grpo": async_grpo, "distill": distill, "grpo": grpo, "reinforce": reinforce,
+         "tools": tools}
+
+
+def options(name, tmp_path, **given):
+    module = FILES[name]
+    extra = {"teacher_model_name_or_path": "tiny-random"} if name == "distill" else {}
+    args = replace(module.Args(), **{"model_name_or_path": "tiny-random",
+                                     "output_dir": str(tmp_path / "run"), **extra, **given})
+    return args, module.check_args
+
+
+# ---- an option read only under another's value -----------------------------------------------------------
+@pytest.mark.parametrize("name,given,says", [
+    ("distill", {"jsd_beta": 0.5}, "--jsd_beta 0.5 changes nothing in this run: it is read only with "
+                                   "--loss_form full. Drop it, or pass that."),
+    ("async_grpo", {"icepop_low": 0.3}, "--icepop_low 0.3 changes nothing in this run: it is read only "
+                                        "with --off_policy_correction icepop. Drop it, or pass that."),
+    ("async_grpo", {"icepop_high": 3.0, "off_policy_correction": "seq_mis"},
+     "--icepop_high 3.0 changes nothing in this run: it is read only with --off_policy_correction icepop."),
+    ("async_grpo", {"is_cap": 3.0, "off_policy_correction": "icepop"},
+     "--is_cap 3.0 changes nothing in this run: it is read only with --off_policy_correction tis or seq_mis."),
+    ("tools", {"tools": "none", "max_turns": 2},
+     "--max_turns 2 changes nothing in this run: it is read only with --tools naming a tool"),
+    ("grpo", {"kl_estimator": "k1"}, "--kl_estimator k1 changes nothing in this run: it is read only with "
+                                     "--beta > 0."),
+    ("grpo", {"kl_penalty": "reward"}, "--kl_penalty reward changes nothing in this run"),
+    ("reinforce", {"gamma": 0.5}, "--gamma 0.5 changes nothing in this run: it is read only with --stepwise."),
+    ("reinforce", {"max_episode_steps": 3}, "--max_episode_steps 3 changes nothing in this run"),
+])
+def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path):
+    args, check_args = options(name, tmp_path, **given)
+    with pytest.raises(UsageError) as e:
+        check_options(args, check_args)
+    assert str(e.value).startswith(says), str(e.value)
+
+
+@pytest.mark.parametrize("name,given", [
+    ("distill", {"jsd_beta": 0.5, "loss_form": "full"}),
+    ("async_grpo", {"icepop_low": 0.3, "off_policy_correction": "icepop"}),
+    ("async_grpo", {"is_cap": 3.0, "off_policy_correction": "seq_mis"}),
+    ("tools", {"max_turns": 2}),
+    ("grpo", {"kl_estimator": "k1", "kl_penalty": "reward", "beta": 0.1}),
+    ("reinforce", {"gamma": 0.5, "max_episode_steps": 3, "stepwise": True}),
+    ("distill", {"jsd_beta": 1.0}),  # the default, given: it changes nothing and says nothing
+])
+def test_the_same_option_with_what_reads_it_passes(name, given, tmp_path):
+    args, check_args = options(name, tmp_path, **given)
+    check_options(args, check_args)
+
+
+# ---- teachers: their output rows, their weights file ------------------------------------------------------
+def config_only(folder, vocab_size):
+    """A model folder as far as the checks read it: config.json alone (no weights load)."""
+    from common.models.loading import tiny_random_model
+
+    config = tiny_random_model().config.to_dict()
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": vocab_size}))
+    return str(folder)
+
+
+def test_a_teacher_with_fewer_output_rows_than_the_student_is_refused(tmp_path):
+    from common.models.loading import embedding_rows, load_tokenizer
+
+    rows = len(load_tokenizer("tiny-random"))  # 49,152: tiny-random's rows
+    student = config_only(tmp_path / "student", rows + 128)  # padded further, as big models are
+    assert embedding_rows(student) == rows + 128 and embedding_rows("tiny-random") == rows
+    args, check_args = options("distill", tmp_path, model_name_or_path=student)
+    with pytest.raises(UsageError) as e:
+        check_options(args, check_args)
+    assert str(e.value) == (f"--teacher_model_name_or_path tiny-random has {rows} output rows, fewer than "
+                            f"the student's {rows + 128}: the student can write a token the teacher cannot "
+                            "score. Pass a teacher with at least as many (a larger model of the student's "
+                            "family has them).")
+    # the other way round is the docstring's own pair (a 0.5B student, a 7B teacher): it trains
+    args, check_args = options("distill", tmp_path, teacher_model_name_or_path=student)
+    check_options(args, check_args)
+
+
+def test_a_teacher_weights_file_cut_short_is_named_before_it_loads(tmp_path):
+    from safetensors.torch import save_file
+
+    teacher = Path(config_only(tmp_path / "teacher", 64))
+    save_file({"w": torch.zeros(1000)}, teacher / "model.safetensors")
+    whole = (teacher / "model.safetensors").stat().st_size  # 8 + its header + 4,000
+    os.truncate(teacher / "model.safetensors", whole - 1000)
+    args, check_args = options("distill", tmp_path, teacher_model_name_or_path=str(teacher))
+    with pytest.raises(PathError) as e:
+        check_options(args, check_args)
+    assert str(e.value) == (f"--teacher_model_name_or_path {str(teacher)!r}: model.safetensors has "
+                            f"{whole - 1000} bytes, its header says {whole} (a copy or a save that stopped "
+                            "early?). Copy it again, or pass another checkpoint.")
+    os.truncate(teacher / "model.safetensors", 20)  # inside the header
+    with pytest.raises(PathError, match="model.safetensors has 20 bytes, and no whole safetensors header"):
+        check_options(args, check_args)
+
+
+def test_a_teacher_s_padding_rows_without_mass_change_no_divergence():
+    # the full form over a teacher with 3 more output rows: rows whose logits are -1e4 (no mass)
+    # give the divergence of the unpadded teacher, at every beta
+    torch.manual_seed(0)
+    student, teacher = torch.nn.Linear(8, 5, bias=False), torch.nn.Linear(8, 5, bias=False)
+    padded = torch.nn.Linear(8, 8, bias=True)
+    with torch.no_grad():
+        padded.weight.zero_()
+        padded.weight[:5] = teacher.weight
+        padded.bias.copy_(torch.tensor([0.0] * 5 + [-1e4] * 3))
+    h, h_teacher = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    for beta in (0.0, 0.5, 1.0):
+        want = distill.full_divergence(h, h_teacher, student, teacher, beta, 0.7)
+        got = distill.full_divergence(h, h_teacher, student, padded, beta, 0.7)
+        assert want.shape == (2, 3) and (want > 0).all()
+        torch.testing.assert_close(got, want)
+
+
+# ---- async_grpo.py: the queue of sampled batches a checkpoint holds ----------------------------------------
+def batch(version=0, prompts=2, samples=4, problems=(3, 7)):
+    """rollout_state of a batch as the sampler makes it: prompts x samples rows."""
+    from common.models.sampler import Generation, Rollout
+
+    rows = prompts * samples
+    gen = Generation(torch.ones(rows, 5, dtype=torch.long), torch.ones(rows, 5, dtype=torch.long),
+                     torch.ones(rows, 6, dtype=torch.long), torch.ones(rows, 6, dtype=torch.long),
+                     torch.zeros(rows, 6), torch.ones(rows, dtype=torch.bool),
+                     torch.zeros(rows, dtype=torch.bool))
+    rollout = Rollout(gen, ["x"] * rows, torch.zeros(rows), torch.zeros(rows), list(problems))
+    return rollout_state(Sampled(version, rollout, 0.5))
+
+
+def queue_error(queue, start=2, num_problems=10, **given):
+    args = replace(async_grpo.Args(), **{"num_prompts": 2, "num_generations": 4, **given})
+    with pytest.raises(UsageError) as e:
+        saved_queue({"extra": {"queue": queue}}, args, start, num_problems, "run/checkpoint-2")
+    return str(e.value)
+
+
+def test_a_resumed_queue_of_the_checkpoint_s_shape_is_taken_as_it_is():
+    args = replace(async_grpo.Args(), num_prompts=2, num_generations=4)
+    queue = [batch(0), batch(1)]
+    assert saved_queue({"extra": {"queue": queue}}, args, 2, 10, "run/checkpoint-2") is queue
+    assert saved_queue(None, args, 0, 10, None) == []  # a run from update 0
+
+
+def test_a_resumed_queue_of_another_batch_shape_names_the_options_to_resume_with():
+    # --num_generations 2 on a queue of 4 samples a prompt was trained on in groups of 2, silently
+    assert queue_error([batch()], num_generations=2) == (
+        "--resume: run/checkpoint-2 holds batches sampled ahead of 2 prompts x 4 samples, which this "
+        "run would cut into groups of another size: resume with the checkpoint's --num_prompts and "
+        "--num_generations (the run folder's args.json has them), or pass another --output_dir.")
+    assert "of 2 prompts x 4 samples" in queue_error([batch()], num_prompts=4)
+
+
+DAMAGED = ("--resume: the queue of sampled batches in run/checkpoint-2 is damaged ({}): resume from an "
+           "earlier checkpoint (delete this one), or pass another --output_dir.")
+
+
+def damaged(how):
+    queue = [batch(0), batch(1)]
+    if how == "not a list":
+        return {"0": queue[0]}
+    if how == "a key missing":
+        del queue[1]["scores"]
+    if how == "a field of another type":
+        queue[1]["gen"]["logprobs"] = [0.0] * 8
+    if how == "rows that differ":
+        queue[1]["scores"] = torch.zeros(7)
+    if how == "past the data":
+        queue[1]["problems"] = [3, 10]
+    if how == "from the future":
+        queue[1]["version"] = 3
+    if how == "a negative version":
+        queue[1]["version"] = -1
+    return queue
+
+
+@pytest.mark.parametrize("how,says", [
+    ("not a list", "a dict, not a list"),
+    ("a key missing", "batch 1 of 2 lacks the fields of a batch"),
+    ("a field of another type", "batch 1 of 2 holds a field of another type"),
+    ("rows that differ", "batch 1 of 2's fields differ in shape"),
+    ("past the data", "batch 1 of 2 names problems outside the data's 10: was the data changed?"),
+    # logged as a staleness of -1 before
+    ("from the future", "batch 1 of 2 was drawn by the weights of update 3, and the checkpoint is at "
+                        "update 2"),
+    ("a negative version", "batch 1 of 2 was drawn by the weights of update -1, and the checkpoint is "
+                           "at update 2"),
+])
+def test_a_damaged_queue_is_one_line_before_the_models_load(how, says):
+    assert queue_error(damaged(how)) == DAMAGED.format(says)
