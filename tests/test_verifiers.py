@@ -148,7 +148,9 @@ UNICODE_CASES = [
     ("The answer is １８.", "18", 1.0),  # full-width digits
     ("The answer is ١٨", "18", 1.0),  # Arabic-Indic digits
     ("The answer is ١٨", "81", 0.0),
-    ("The answer is 1\u00a0000", "1000", 0.0),  # a no-break space splits two numbers
+    # a no-break space groups thousands (issue 69), but splits numbers whose groups are not of three
+    ("The answer is 1\u00a0000", "1000", 1.0),
+    ("The answer is 1\u00a000", "100", 0.0),
     ("The answer is\u00a018.", "18", 1.0),
     ("The answer is 1\u200b8", "18", 1.0),  # an invisible zero-width space: it reads as 18
 ]

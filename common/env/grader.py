@@ -243,13 +243,16 @@ VALUE_WORDS = frozenset("""
     thousandths millionth millionths twice double triple thrice times squared
     cubed factorial plus minus
 """.split())
+# Abbreviated scales: 3k, 2 bn, 5 mn (thousand, billion, million), any case: `3\\text{K}` is no 3
+SCALE_ABBREVIATIONS = frozenset(["k", "bn", "mn", "mln", "bln"])
 
 
 def has_value_word(text: str) -> bool:
-    """Does the text hold a word of VALUE_WORDS, or any "-illion" or "-illionth" (quadrillion,
-    zillion)? LaTeX command names are not words."""
+    """Does the text hold a word of VALUE_WORDS or SCALE_ABBREVIATIONS, or any "-illion" or
+    "-illionth" (quadrillion, zillion)? LaTeX command names are not words."""
     words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", text).lower())
-    return any(w in VALUE_WORDS or re.fullmatch(r"[a-z]*illion(?:th)?s?", w) for w in words)
+    return any(w in VALUE_WORDS or w in SCALE_ABBREVIATIONS
+               or re.fullmatch(r"[a-z]*illion(?:th)?s?", w) for w in words)
 
 
 def _unit(m: re.Match) -> str:
