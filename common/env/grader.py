@@ -1204,6 +1204,8 @@ def sympy_tool(name: str, a) -> str:
     import sympy
 
     expr = to_sympy(a)
+    if expr.has(sympy.Sum):  # \sum_{k=1}^{10} k is 55 (the worker's budget bounds the work)
+        expr = expr.doit()
     if name == "solve":
         return str(sympy.solve(expr, sorted(expr.free_symbols, key=str) or None))
     return str({"simplify": sympy.simplify, "factor": sympy.factor}[name](expr))
@@ -1217,7 +1219,8 @@ def run_sympy_tool(name: str, text: str) -> str:
     if name not in SYMPY_TOOLS:
         return f"error: no tool {name!r}"
     try:
-        sides = normalize(text.replace("**", "^")).split("=")  # Python's power, written as TeX's
+        # Python's power, written as TeX's; the = of \sum_{k=1} is inside its braces
+        sides = _top_level_split(normalize(text.replace("**", "^")), "=")
         if len(sides) > 2 or (len(sides) == 2 and name != "solve"):
             return "error: one = at most, and only for solve"
         a = parse(sides[0]) if len(sides) == 1 else ["+", parse(sides[0]), ["neg", parse(sides[1])]]
