@@ -273,7 +273,7 @@ def _candidate_before(text: str, start: int) -> str | None:
 _CHANGES_BEFORE = re.compile(r"\b(?:reciprocal|inverse|negative|opposite|negation|square|cube|root"
                              r"|logarithm|log|factorial|half|twice|double|triple|thrice|minus)"
                              r"(?:\s+of)?(?:\s+the)?(?:\s|\$|\\\(|\\\[)*$", re.IGNORECASE)
-# Words that make a box a draft: a guess, a first try, a supposition, a counterfactual ("if it were")
+# Words that make a box a draft: a guess, a first try, a supposition, a counterfactual ("it were")
 _DRAFT = frozenset("""
     guess guessed guessing draft drafted initially originally tentative tentatively hypothetically
     suppose supposing assume assuming were estimate estimated thought

@@ -5,12 +5,14 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
    answer).
 2. `normalize` rewrites LaTeX so equal answers usually become equal strings (the PRM800K / Hendrycks
    `strip_string` idea): Unicode look-alikes to ASCII (`ascii_lookalikes`), `\\dfrac`->`\\frac`, no
-   `\\left`/`\\right`, spaces, units, degrees, percent. `\\text{ or }`, `\\text{ and }`, `\\quad`
-   separate a list like ",". A `\\text{}` that holds a number or a hedge word ("or", "about", ...)
-   is kept, never dropped as a unit.
-3. `_split` finds structure (tuples, intervals, sets, unions, matrices, `\\pm`, equations,
-   inequalities), compared part by part. An inequality is its solution set over the reals, so
-   `-x>-1` is `x<1` and `-1<x<3` is `(-1,3)`.
+   `\\left`/`\\right` or `\\Big`, spaces, units, degrees, percent; `\\over`, `\\choose`,
+   `\\sin^{-1}`, scientific notation and thousands grouped by spaces, apostrophes or periods as the
+   one value they write. `\\text{ or }`, `\\text{ and }`, `\\quad` separate a list like ",". A
+   `\\text{}` that holds a number or a hedge word ("or", "about", ...) is kept, never dropped as a
+   unit.
+3. `_split` finds structure (tuples, intervals, sets, unions, set differences, matrices, `\\pm`,
+   equations, inequalities), compared part by part. An inequality is its solution set over the
+   reals, so `-x>-1` is `x<1` and `-1<x<3` is `(-1,3)`.
    Names count where the gold has them: `x=5` vs `y=5` differ, and a gold equation with variables on
    its right (`y=2x+3`) needs an equivalent equation (`2y=4x+6`), not `x=2x+3` or `2x+3`. A plain
    `x=5` or `5=x` grades as its value against a gold 5; `x=1, y=2` is the tuple (1,2) (variables in
@@ -92,7 +94,8 @@ def ascii_lookalikes(text: str) -> str:
     `18²` -> `18^{2}`.
 
     Dashes used as minus, full-width forms, decimal digits of any script and odd spaces are mapped
-    one by one, and the fraction slash is `/`. Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is
+    one by one, and the fraction slash is `/`.
+    Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is
     left as it is.
     """
     if text.isascii():
@@ -124,7 +127,8 @@ _VULGAR = {"½": (1, 2), "⅓": (1, 3), "⅔": (2, 3), "¼": (1, 4), "¾": (3, 4
            "⅖": (2, 5), "⅗": (3, 5), "⅘": (4, 5), "⅙": (1, 6), "⅚": (5, 6), "⅛": (1, 8),
            "⅜": (3, 8), "⅝": (5, 8), "⅞": (7, 8)}
 _ROOTS = {"√": "\\sqrt", "∛": "\\sqrt[3]", "∜": "\\sqrt[4]"}
-_SYMBOLS = {"π": "\\pi ", "∞": "\\infty ", "ℝ": "\\mathbb{R}", "≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq "}
+_SYMBOLS = {"π": "\\pi ", "∞": "\\infty ", "ℝ": "\\mathbb{R}", "≥": "\\geq ", "≤": "\\leq ",
+            "≠": "\\neq "}
 
 
 def unicode_math(text: str) -> str:
@@ -369,7 +373,8 @@ def normalize(s: str) -> str:
     s = _infix_fractions(re.sub(r"\\displaystyle(?![a-zA-Z])", "", s))
     # \operatorname{arccot} is \arccot; \sin^{-1} is the inverse function \arcsin, not 1/\sin
     s = re.sub(r"\\operatorname\*?\s*\{\s*([a-z]+)\s*\}", r"\\\1 ", s)
-    s = re.sub(r"\\(sin|cos|tan|cot|sec|csc)\s*\^\s*(?:\{\s*-\s*1\s*\}|-\s*1(?![0-9]))", r"\\arc\1 ", s)
+    s = re.sub(r"\\(sin|cos|tan|cot|sec|csc)\s*\^\s*(?:\{\s*-\s*1\s*\}|-\s*1(?![0-9]))",
+               r"\\arc\1 ", s)
     # \sin 30^\circ is sin(30 pi / 180): the degree sign means something inside a function
     s = re.sub(r"(\\(?:sin|cos|tan|cot|sec|csc))\s*(\(?)\s*([0-9]+(?:\.[0-9]+)?)\s*"
                r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\degree|°)\s*(\)?)",
