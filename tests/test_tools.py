@@ -8,6 +8,7 @@ call the tool."""
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import grpo
 import tools
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 from common.env import toolbox
+from common.env.grader import math_equal
 from common.rl.logprobs import token_logprobs
 from common.models.loading import load_policy, load_tokenizer
 from common.models.sampler import Generation, left_pad
@@ -46,6 +48,21 @@ def test_sympy_tools_answer_in_a_worker_and_say_what_went_wrong():
     # sympy runs to the grader's budget of CPU time (1 s) and stops: a text, not a hang
     assert run("factor", "(x+y+z+1)^{30} - 1") == "error: out of time"
     assert run("factor", "x^2 - 4") == "(x - 2)*(x + 2)"  # and the worker still answers
+
+
+def test_sympy_tools_read_a_sum_as_the_grader_does():
+    run = toolbox.run_tool
+    # the = of \sum_{k=1} is the sum's own, not an equation's (issue 69: it was refused)
+    assert run("simplify", "\\sum_{k=1}^{10} k") == "55"
+    assert math_equal("\\sum_{k=1}^{10} k", "55")  # what the grader reads
+    assert run("factor", "\\sum_{k=1}^{n} k") == "n*(n + 1)/2"
+    assert run("solve", "\\sum_{k=1}^{n} k = 55") == "[-11, 10]"
+    assert run("factor", "\\sum_{k=1}^{n} k = 55") == "error: one = at most, and only for solve"
+    # a sum too long to add up stops at the budget, with a text
+    start = time.monotonic()
+    assert run("simplify", "\\sum_{k=1}^{10^{6}} \\sin(k)") == "error: out of time"
+    assert time.monotonic() - start < 5.0  # 1 s of the worker's CPU time
+    assert run("simplify", "\\sum_{k=1}^{3} k^2") == "14"
 
 
 def test_a_call_is_found_only_where_the_stop_string_ended_the_text():

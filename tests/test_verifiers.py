@@ -148,7 +148,9 @@ UNICODE_CASES = [
     ("The answer is １８.", "18", 1.0),  # full-width digits
     ("The answer is ١٨", "18", 1.0),  # Arabic-Indic digits
     ("The answer is ١٨", "81", 0.0),
-    ("The answer is 1\u00a0000", "1000", 0.0),  # a no-break space splits two numbers
+    # a no-break space groups thousands (issue 69), but splits numbers whose groups are not of three
+    ("The answer is 1\u00a0000", "1000", 1.0),
+    ("The answer is 1\u00a000", "100", 0.0),
     ("The answer is\u00a018.", "18", 1.0),
     ("The answer is 1\u200b8", "18", 1.0),  # an invisible zero-width space: it reads as 18
 ]
@@ -894,3 +896,235 @@ def test_the_grade_limit_never_cuts_a_sympy_request_from_its_reply(monkeypatch):
     assert verify("math", "\\boxed{\\sin^2 x + \\cos^2 x}", "1") == 1.0
     assert verify("math", "\\boxed{\\sin^2 x + \\cos^2 x}", "2") == 0.0
     assert verify("math", "\\boxed{\\frac{\\sqrt{2}}{2}}", "1/\\sqrt{2}") == 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 69: right forms a careful grader reads (item 2) and wrong answers that were paid (item 3),
+# by class, each right form with a close wrong twin. The cases are this file's own; the issue's
+# hidden suite is kept outside the project, so that a fix is to the class.
+
+
+def _boxed(answer: str) -> str:
+    return "So the answer is $\\boxed{" + answer + "}$."
+
+
+B = _boxed
+RIGHT_FORMS_69 = {
+    "sized and bar delimiters": [
+        ("math", B("\\Big(1, 2\\Big)"), "(1,2)", 1.0),
+        ("math", B("\\Big(1, 2\\Big)"), "(1,3)", 0.0),
+        ("math", B("\\bigl(3, 5\\bigr]"), "(3,5]", 1.0),
+        ("math", B("\\bigl(3, 5\\bigr]"), "(3,5)", 0.0),
+        ("math", B("\\left\\lvert -3 \\right\\rvert"), "3", 1.0),
+        ("math", B("\\left\\lvert -3 \\right\\rvert"), "-3", 0.0),
+        ("math", B("\\lvert x \\rvert"), "|x|", 1.0),
+        ("math", B("\\lvert x \\rvert"), "x", 0.0),
+        ("math", B("\\vert -5 \\vert"), "5", 1.0),
+        ("math", B("\\vert -5 \\vert"), "-5", 0.0),
+        ("math", B("\\biggl\\{1, 2\\biggr\\}"), "\\{1,2\\}", 1.0),
+        ("math", B("\\biggl\\{1, 2\\biggr\\}"), "\\{1,3\\}", 0.0),
+        ("math", B("\\Bigl[\\frac{1}{2}, 3\\Bigr)"), "[\\frac12, 3)", 1.0),
+        ("math", B("\\Bigl[\\frac{1}{2}, 3\\Bigr)"), "(\\frac12, 3)", 0.0),
+    ],
+    "older fraction and binomial commands": [
+        ("math", B("{3 \\over 4}"), "\\frac34", 1.0),
+        ("math", B("{3 \\over 4}"), "\\frac43", 0.0),
+        ("math", B("1 \\over 2"), "\\frac12", 1.0),
+        ("math", B("1 \\over 2"), "2", 0.0),
+        ("math", B("{x+1 \\over 2}"), "\\frac{x+1}{2}", 1.0),
+        ("math", B("{x+1 \\over 2}"), "x+\\frac12", 0.0),
+        ("math", B("{5 \\choose 2}"), "10", 1.0),
+        ("math", B("{5 \\choose 2}"), "20", 0.0),
+        ("math", B("\\nicefrac{3}{4}"), "0.75", 1.0),
+        ("math", B("\\nicefrac{3}{4}"), "\\frac43", 0.0),
+        ("math", B("\\nicefrac34"), "\\frac34", 1.0),
+        ("math", B("2{1 \\over 2}"), "\\frac52", 1.0),
+        ("math", B("2{1 \\over 2}"), "1", 0.0),
+    ],
+    "inverse trigonometric powers": [
+        ("math", B("\\sin^{-1}\\left(\\frac{1}{2}\\right)"), "\\frac{\\pi}{6}", 1.0),
+        ("math", B("\\sin^{-1}\\left(\\frac{1}{2}\\right)"), "\\csc\\frac12", 0.0),
+        ("math", B("\\tan^{-1} 1"), "\\frac{\\pi}{4}", 1.0),
+        ("math", B("\\tan^{-1} 1"), "\\cot 1", 0.0),
+        ("math", B("\\cos^{-1}(0)"), "\\frac\\pi2", 1.0),
+        ("math", B("\\cos^{-1}(0)"), "\\frac\\pi4", 0.0),
+        ("math", B("\\sin^{-1} x"), "\\arcsin x", 1.0),
+        ("math", B("\\sin^{-1} x"), "\\frac{1}{\\sin x}", 0.0),
+        ("math", B("\\operatorname{arccot}(1)"), "\\frac{\\pi}{4}", 1.0),
+        ("math", B("\\operatorname{arccot}(1)"), "\\frac{3\\pi}{4}", 0.0),
+        ("math", B("\\arcsin\\frac{\\sqrt3}{2}"), "\\frac\\pi3", 1.0),
+        ("math", B("\\arcsin\\frac{\\sqrt3}{2}"), "\\frac\\pi6", 0.0),
+        ("math", B("(\\sin x)^{-1}"), "\\csc x", 1.0),
+        ("math", B("(\\sin x)^{-1}"), "\\arcsin x", 0.0),
+    ],
+    "set differences": [
+        ("math", B("\\mathbb{R} \\setminus \\{0\\}"), "(-\\infty,0)\\cup(0,\\infty)", 1.0),
+        ("math", B("\\mathbb{R} \\setminus \\{0\\}"), "(-\\infty,0)\\cup(1,\\infty)", 0.0),
+        ("math", B("\\mathbb{R} \\backslash \\{2\\}"), "(-\\infty,2)\\cup(2,\\infty)", 1.0),
+        ("math", B("\\mathbb{R} \\backslash \\{2\\}"), "(-\\infty,\\infty)", 0.0),
+        ("math", B("[0, 5] \\setminus \\{3\\}"), "[0,3)\\cup(3,5]", 1.0),
+        ("math", B("[0, 5] \\setminus \\{3\\}"), "[0,3]\\cup(3,5]", 0.0),
+        ("math", B("(-\\infty, \\infty) \\setminus \\{-1, 1\\}"),
+         "(-\\infty,-1)\\cup(-1,1)\\cup(1,\\infty)", 1.0),
+        ("math", B("(-\\infty, \\infty) \\setminus \\{-1, 1\\}"),
+         "(-\\infty,-1)\\cup(1,\\infty)", 0.0),
+    ],
+    "scientific notation": [
+        ("math", B("3 \\times 10^{5}"), "300000", 1.0),
+        ("math", B("3 \\times 10^{5}"), "3 \\times 10^{4}", 0.0),
+        ("math", B("3\\cdot 10^5"), "300{,}000", 1.0),
+        ("math", B("3e5"), "300000", 1.0),
+        ("math", B("3e5"), "15e", 0.0),
+        ("math", B("3E+05"), "300000", 1.0),
+        ("math", B("3E+05"), "30000", 0.0),
+        ("math", B("1.5e-3"), "0.0015", 1.0),
+        ("math", B("1.5e-3"), "1.5", 0.0),
+        ("math", B("3 x 10^5"), "300000", 1.0),
+        ("math", B("3 x 10^5"), "3 \\times 10^6", 0.0),
+        ("math", B("2e"), "2e", 1.0),  # Euler's number stays
+        ("gsm8k", "The answer is 3 \\times 10^{5}.", "300000", 1.0),
+        ("gsm8k", "The answer is 3E+05.", "300000", 1.0),
+        ("gsm8k", "The answer is 3 x 10^5.", "300000", 1.0),
+        ("gsm8k", "The answer is 3 x 10^5.", "30", 0.0),
+    ],
+    "thousands separators": [
+        ("math", B("1\\,234\\,567"), "1234567", 1.0),
+        ("math", B("1{,}234{,}567"), "1234567", 1.0),
+        ("math", B("1 234 567"), "1234567", 1.0),
+        ("math", B("1'234'567"), "1234567", 1.0),
+        ("math", B("1.234.567"), "1234567", 1.0),
+        ("math", B("12 34"), "1234", 0.0),
+        ("math", B("1'23"), "123", 0.0),
+        ("math", B("1.23.456"), "123456", 0.0),
+        ("math", B("1.234"), "1234", 0.0),
+        ("gsm8k", "The answer is 1\u2009234\u2009567.", "1234567", 1.0),
+        ("gsm8k", "The answer is 1 234 567.", "1234567", 1.0),
+        ("gsm8k", "The answer is 1'234'567.", "1234567", 1.0),
+        ("gsm8k", "The answer is 1.234.567.", "1234567", 1.0),
+        ("gsm8k", "#### 1\\,234", "1234", 1.0),
+        ("gsm8k", "The answer is 12 34.", "1234", 0.0),
+        ("gsm8k", "The answer is 1.234.5", "12345", 0.0),
+    ],
+    "unicode minus, hyphens, roots, fraction slash": [
+        ("math", B("\u22125"), "-5", 1.0),
+        ("math", B("\u22125"), "5", 0.0),
+        ("math", B("\u20135"), "-5", 1.0),
+        ("math", B("\u20105"), "-5", 1.0),
+        ("math", B("\u20115"), "-5", 1.0),
+        ("math", B("\u20115"), "5", 0.0),
+        ("math", B("\u221a2"), "\\sqrt2", 1.0),
+        ("math", B("\u221b8"), "2", 1.0),
+        ("math", B("\u221b8"), "\\sqrt8", 0.0),
+        ("math", B("\u221c16"), "2", 1.0),
+        ("math", B("3\u20444"), "\\frac34", 1.0),
+        ("math", B("3\u20444"), "\\frac43", 0.0),
+        ("math", B("1\u22153"), "\\frac13", 1.0),
+        ("gsm8k", "The answer is \u22125.", "-5", 1.0),
+        ("gsm8k", "The answer is \u20115.", "-5", 1.0),
+        ("gsm8k", "The answer is 3\u20444.", "0.75", 1.0),
+        ("gsm8k", "The answer is 3\u20444.", "34", 0.0),
+        ("gsm8k", "The answer is \u221b8.", "2", 0.0),  # GSM8K wants a number
+    ],
+    "inequalities for an interval": [
+        ("math", B("x > 3"), "(3, \\infty)", 1.0),
+        ("math", B("x > 3"), "[3, \\infty)", 0.0),
+        ("math", B("\\{x \\mid x > 3\\}"), "(3, \\infty)", 1.0),
+        ("math", B("\\{x \\mid x \\geq 3\\}"), "(3, \\infty)", 0.0),
+        ("math", B("\\{x : -2 \\le x < 5\\}"), "[-2, 5)", 1.0),
+        ("math", B("\\{x : -2 \\le x < 5\\}"), "[-2, 5]", 0.0),
+        ("math", B("\\{x \\in \\mathbb{R} \\mid x < 1\\}"), "(-\\infty, 1)", 1.0),
+        ("math", B("\\{x \\in \\mathbb{R} \\mid x < 1\\}"), "(-\\infty, 1]", 0.0),
+        ("math", B("\\{x | x \\le 0\\}"), "(-\\infty, 0]", 1.0),
+        ("math", B("x < -1 \\text{ or } x > 2"), "(-\\infty,-1)\\cup(2,\\infty)", 1.0),
+        ("math", B("x < -1 \\text{ or } x > 2"), "(-\\infty,-1)\\cup[2,\\infty)", 0.0),
+        ("math", B("x \\neq 2"), "(-\\infty,2)\\cup(2,\\infty)", 1.0),
+        ("math", B("x \\neq 2"), "(-\\infty,2)\\cup(3,\\infty)", 0.0),
+        ("math", B("\\{x \\mid x > 3\\}"), "x > 3", 1.0),
+    ],
+}
+WRONG_PAID_69 = {
+    "magnitude suffix": [
+        ("gsm8k", "The answer is 5 million.", "5", 0.0),
+        ("math", "The answer is $5$ million.", "5", 0.0),
+        ("math", "The answer is $5$ thousand dollars.", "5", 0.0),
+        ("math", B("5\\text{ thousand}"), "5", 0.0),
+        ("math", B("5\\text{ thousand}"), "5000", 0.0),
+        ("math", B("3\\text{k}"), "3", 0.0),
+        ("math", B("3\\text{ K}"), "3", 0.0),
+        ("math", B("2\\text{ bn}"), "2", 0.0),
+        ("math", B("3k"), "3", 0.0),
+        ("gsm8k", "The answer is 3k.", "3", 0.0),
+        ("gsm8k", "The answer is \\boxed{3k}.", "3", 0.0),
+        ("gsm8k", "The answer is \\boxed{5\\text{ thousand}}.", "5", 0.0),
+        ("gsm8k", "The town has \\boxed{5} million people.", "5", 0.0),
+        ("math", "The town has $\\boxed{5}$ million people.", "5", 0.0),
+        ("math", "The town has $\\boxed{5}$ thousand people.", "5", 0.0),
+        # right twins
+        ("math", "The town has $\\boxed{5000}$ people.", "5000", 1.0),
+        ("gsm8k", "The answer is 5000 people.", "5000", 1.0),
+        ("math", B("3\\text{ km}"), "3", 1.0),
+    ],
+    "a word that changes the value": [
+        ("math", "The answer is the reciprocal of $\\boxed{4}$.", "4", 0.0),
+        ("math", "It is the inverse of $\\boxed{2}$.", "2", 0.0),
+        ("math", "So $x$ is the negative of \\boxed{3}.", "3", 0.0),
+        ("gsm8k", "The answer is the reciprocal of 4.", "4", 0.0),
+        ("gsm8k", "The answer is the negative of \\boxed{3}.", "3", 0.0),
+        ("math", "The answer is the reciprocal of $4$.", "4", 0.0),
+        ("math", "The answer is the inverse of 2.", "2", 0.0),
+        ("math", "The answer is twice $\\boxed{3}$.", "3", 0.0),
+        ("math", B("\\text{the reciprocal of }4"), "4", 0.0),
+        # right twins
+        ("math", "The sum of the roots is $\\boxed{4}$.", "4", 1.0),
+        ("math", "The reciprocal of 4 is $\\boxed{\\frac14}$.", "\\frac14", 1.0),
+        ("math", "The negative root is $\\boxed{-3}$.", "-3", 1.0),
+    ],
+    "a guess, a draft or a counterfactual": [
+        ("math", "My first guess was $\\boxed{12}$. Checking again, it is 15.", "12", 0.0),
+        ("math", "If it were $\\boxed{12}$, the sum would be 24, but it is 15.", "12", 0.0),
+        ("gsm8k", "My draft answer: \\boxed{12}. On a second look it is 15.", "12", 0.0),
+        ("gsm8k", "My first draft said the answer is 12. Recounting, it is 15.", "12", 0.0),
+        ("math", "At first I guessed \\boxed{12}, but the total is 15.", "12", 0.0),
+        ("gsm8k", "Initially I got \\boxed{12}; correcting the tax, 15.", "12", 0.0),
+        ("math", "Suppose it were \\boxed{12}: then 3 would be left, so it is 15.", "12", 0.0),
+        # right twins
+        ("math", "My first guess was 12. Checking again, it is $\\boxed{15}$.", "15", 1.0),
+        ("math", "If it were 12, the sum would be 24, but it is \\boxed{15}.", "15", 1.0),
+        ("math", "My first guess was $\\boxed{12}$, and checking confirms 12.", "12", 1.0),
+        ("math", "So the answer is $\\boxed{12}$. We check: 3 times 4 is 12.", "12", 1.0),
+    ],
+    "a question mark in a box": [
+        ("math", B("12?"), "12", 0.0),
+        ("gsm8k", "The answer is \\boxed{12?}", "12", 0.0),
+        ("math", "Is it $\\boxed{12}$?", "12", 0.0),
+        ("gsm8k", "Is it \\boxed{12}?", "12", 0.0),
+        ("math", B("12"), "12", 1.0),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind,task,response,gold,expected", [
+    (kind, *case) for table in (RIGHT_FORMS_69, WRONG_PAID_69) for kind, cases in table.items()
+    for case in cases])
+def test_issue_69_right_forms_and_their_wrong_twins(kind, task, response, gold, expected):
+    assert verify(task, response, gold) == expected
+
+
+def test_issue_69_each_class_has_a_right_form_and_a_wrong_twin():
+    for table in (RIGHT_FORMS_69, WRONG_PAID_69):
+        for kind, cases in table.items():
+            assert {case[-1] for case in cases} == {0.0, 1.0}, kind
+
+
+def test_issue_69_normal_forms():
+    # the rewrites themselves, so that a right form is read as the value, not matched by luck
+    assert normalize("2{1 \\over 2}") == "\\frac{5}{2}"  # a mixed number, as 2\\frac12
+    assert normalize("{5 \\choose 2}") == "\\binom{5}{2}"
+    assert normalize("3E+05") == "3\\times10^{5}"
+    assert normalize("2e-1") == "2e-1"  # Euler's number minus one: a sign needs a point or a 0
+    assert normalize("2e-01") == "2\\times10^{-1}"
+    assert normalize("\\sin^{-1}x") == "\\arcsin x"
+    assert normalize("\\{x \\mid x > 3\\}") == "x>3"
+    assert normalize("\\{x \\mid 3 > 2\\}") == "\\{x\\mid3>2\\}"  # no condition on x
+    assert normalize("12 34") == "12 34" and normalize("1 234") == "1234"
+    assert grader.digit_groups("1.234.567 and 1.234 and 1'23") == "1234567 and 1.234 and 1'23"

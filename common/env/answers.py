@@ -15,8 +15,8 @@ import operator
 import re
 from fractions import Fraction
 
-from common.env.grader import (MALFORMED_NUMBER, ascii_lookalikes, box_end, doubts, has_hedge,
-                           has_value_word, last_boxed, math_equal, unicode_math)
+from common.env.grader import (MALFORMED_NUMBER, ascii_lookalikes, box_end, digit_groups, doubts,
+                           has_hedge, has_value_word, last_boxed, math_equal, unicode_math)
 
 # ------------------------------------------------------------------------------------------------
 # Safe arithmetic
@@ -92,8 +92,6 @@ ANSWER_IS = re.compile(r"the (?:final )?answer is|\bfinal answer\W{0,4}:", re.IG
 MARKERS = re.compile(r"\\boxed|\\fbox|####|" + ANSWER_IS.pattern, re.IGNORECASE)
 MATH_MARKERS = re.compile(r"\\boxed|\\fbox|" + ANSWER_IS.pattern, re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\n|[.!?](?=\s|\Z)")  # the '.' of 18.5 is no sentence end
-# Abbreviated scales, beside the words of grader.VALUE_WORDS ("18 million", "5 lakh", "3 times 6")
-_SCALES = frozenset(["k", "bn", "mn"])
 # Two plain numbers joined by a dash and nothing else: a range ("3-5 apples"), not a subtraction
 _RANGE = re.compile(r"\$?[0-9][0-9,.]*\s*-\s*\$?[0-9][0-9,.]*(?:\s*[A-Za-z%][A-Za-z%'\s]*)?")
 _LEADING = re.compile(r"^(?:[:=$€£¥₹*\s]|\\\(|\\\[|\\\$)+")
@@ -200,9 +198,9 @@ def answer_value(span: str) -> Fraction | None:
     s = re.sub(r"\b(m|cm|mm|km|ft|in|yd|mi|units?|meters?|feet|inches)\^\{?[23]\}?", r"\1", s)
     s = s.replace("°", " ")
     approximate = re.search(r"[~≈±]|\\(?:approx|sim|pm)(?![a-zA-Z])", s)
-    scales = _SCALES.intersection(re.findall(r"[a-z]+", s.lower()))
+    s = digit_groups(s)  # 1 234 567, 1'234'567, 1.234.567
     if (not s or len(s) > MAX_ARITH_LEN or has_hedge(s) or approximate or has_value_word(s)
-            or scales or MALFORMED_NUMBER.search(s) or _RANGE.fullmatch(s)):
+            or MALFORMED_NUMBER.search(s) or _RANGE.fullmatch(s)):
         return None
     sides = _to_python_arith(s).split("=")
     if len(sides) > 1 and re.fullmatch(r"\s*[A-Za-z][A-Za-z_'\s]*", sides[0]):  # x = 18, total = 18
@@ -221,7 +219,7 @@ _TENTATIVE = frozenset("""
     if whether suppose supposing assume assuming unless maybe perhaps check checking verify
     verifying test testing might could would guess guessed think thinks thought believe mistake
     mistaken mistakenly naive naively wrong wrongly incorrect incorrectly error erroneously
-    tempting seem seems seemed claim claims hypothesis initially originally
+    tempting seem seems seemed claim claims hypothesis initially originally draft drafted
 """.split())
 
 
@@ -270,15 +268,35 @@ def _candidate_before(text: str, start: int) -> str | None:
     return None if re.search(r"[A-Za-z]", re.sub(r"\\[a-zA-Z]+", "", chain[-1])) else chain[-1]
 
 
-def box_is_hedged(text: str) -> bool:
-    """Is the last box one candidate of two, or a guess? Grading policy (data/README.md): such a
-    box is no answer.
+# A word right before a box that makes the box's value another one: "the reciprocal of
+# $\\boxed{4}$" is 1/4, "twice \\boxed{3}" is 6
+_CHANGES_BEFORE = re.compile(r"\b(?:reciprocal|inverse|negative|opposite|negation|square|cube|root"
+                             r"|logarithm|log|factorial|half|twice|double|triple|thrice|minus)"
+                             r"(?:\s+of)?(?:\s+the)?(?:\s|\$|\\\(|\\\[)*$", re.IGNORECASE)
+# Words that make a box a draft: a guess, a first try, a supposition, a counterfactual ("it were")
+_DRAFT = frozenset("""
+    guess guessed guessing draft drafted initially originally tentative tentatively hypothetically
+    suppose supposing assume assuming were estimate estimated thought
+""".split())
+_NUMBER_WORD_AFTER = frozenset("""
+    zero one two three four five six seven eight nine ten eleven twelve times
+""".split())
 
-    Two candidates: a box before it in the same sentence with a hedge word between them
-    (`\\boxed{3} or \\boxed{4}`), or a value right before "or" and the box (`x = 3 or x =
-    \\boxed{4}`), when the two values differ: "$1\\frac14$, or $\\boxed{1.25}$" restates one value,
-    as three MATH-500 solutions do. A guess: doubt in the rest of its sentence (`\\boxed{18} (I
-    think)`, `\\boxed{18}, or maybe 19`)."""
+
+def box_is_hedged(text: str) -> bool:
+    """Is the last box one candidate of two, a guess, a draft, or a value that words change? Grading
+    policy (data/README.md): such a box is no answer.
+
+    - Two candidates: a box before it in the same sentence with a hedge word between them
+      (`\\boxed{3} or \\boxed{4}`), or a value right before "or" and the box (`x = 3 or x =
+      \\boxed{4}`), when the two values differ: "$1\\frac14$, or $\\boxed{1.25}$" restates one
+      value, as three MATH-500 solutions do.
+    - A guess: doubt in the rest of its sentence (`\\boxed{18} (I think)`, `\\boxed{18}, or maybe
+      19`), a question mark in the box (`\\boxed{12?}`) or at the end of its sentence.
+    - A draft: its sentence calls it a guess, a draft or a supposition ("My first guess was
+      \\boxed{12}", "If it were \\boxed{12}") and a number after it differs from it.
+    - Its value changed by the words around it: "the reciprocal of \\boxed{4}", "\\boxed{5}
+      million"."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     content = last_boxed(text)
     before = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
@@ -290,14 +308,36 @@ def box_is_hedged(text: str) -> bool:
     other = other if other is not None else _candidate_before(text, start)
     if other is not None and content is not None and not math_equal(other, content):
         return True
-    return doubts(first_sentence(text[_box_end(text, start) :]))
+    after = text[_box_end(text, start) :]
+    sentence_end = _SENTENCE_END.search(after)
+    if "?" in (content or "") or (sentence_end and after[sentence_end.start()] == "?"):
+        return True
+    word_after = re.match(r"(?:[\s$)\]}.,]|\\[()\[\],; ]|\\text\s*\{)*([A-Za-z]+)", after)
+    if word_after and word_after[1].lower() not in _NUMBER_WORD_AFTER and has_value_word(
+            word_after[1]):
+        return True  # \boxed{5} million, \boxed{5}\text{ thousand}
+    near = text[max(0, start - 300) : start]
+    if _CHANGES_BEFORE.search(near):
+        return True
+    if content is not None and _drafted(near, after, content):
+        return True
+    return doubts(first_sentence(after))
+
+
+def _drafted(before: str, after: str, content: str) -> bool:
+    """Does the box's sentence (`before` it) call it a draft, while a number after it differs?"""
+    cut = max([m.end() for m in re.finditer(r"[.!?](?=\s)|\n", before)] + [0])
+    if not _DRAFT.intersection(re.findall(r"[a-z]+", before[cut:].lower())):
+        return False
+    later = re.findall(r"(?<![0-9.])-?[0-9]+(?:\.[0-9]+)?", after)
+    return any(not math_equal(number, content) for number in dict.fromkeys(later[:5]))
 
 
 def nothing_more(after: str) -> bool:
-    """The rest of the sentence after an answer holds no other number and no hedge (units are
-    fine)."""
+    """The rest of the sentence after an answer holds no other number, no hedge and no word that
+    changes the value ("$5$ million"); units are fine."""
     rest = first_sentence(after)
-    return re.search(r"[0-9]", rest) is None and not has_hedge(rest)
+    return re.search(r"[0-9]", rest) is None and not has_hedge(rest) and not has_value_word(rest)
 
 
 def extract_number(response: str) -> tuple[str | None, bool]:

@@ -5,12 +5,14 @@ The pipeline, cheapest step first (most grades stop at step 2 or 3):
    answer).
 2. `normalize` rewrites LaTeX so equal answers usually become equal strings (the PRM800K / Hendrycks
    `strip_string` idea): Unicode look-alikes to ASCII (`ascii_lookalikes`), `\\dfrac`->`\\frac`, no
-   `\\left`/`\\right`, spaces, units, degrees, percent. `\\text{ or }`, `\\text{ and }`, `\\quad`
-   separate a list like ",". A `\\text{}` that holds a number or a hedge word ("or", "about", ...)
-   is kept, never dropped as a unit.
-3. `_split` finds structure (tuples, intervals, sets, unions, matrices, `\\pm`, equations,
-   inequalities), compared part by part. An inequality is its solution set over the reals, so
-   `-x>-1` is `x<1` and `-1<x<3` is `(-1,3)`.
+   `\\left`/`\\right` or `\\Big`, spaces, units, degrees, percent; `\\over`, `\\choose`,
+   `\\sin^{-1}`, scientific notation and thousands grouped by spaces, apostrophes or periods as the
+   one value they write. `\\text{ or }`, `\\text{ and }`, `\\quad` separate a list like ",". A
+   `\\text{}` that holds a number or a hedge word ("or", "about", ...) is kept, never dropped as a
+   unit.
+3. `_split` finds structure (tuples, intervals, sets, unions, set differences, matrices, `\\pm`,
+   equations, inequalities), compared part by part. An inequality is its solution set over the
+   reals, so `-x>-1` is `x<1` and `-1<x<3` is `(-1,3)`.
    Names count where the gold has them: `x=5` vs `y=5` differ, and a gold equation with variables on
    its right (`y=2x+3`) needs an equivalent equation (`2y=4x+6`), not `x=2x+3` or `2x+3`. A plain
    `x=5` or `5=x` grades as its value against a gold 5; `x=1, y=2` is the tuple (1,2) (variables in
@@ -61,8 +63,9 @@ TIMEOUT_S = 1.0  # budget for the sympy part of one grade: seconds of the worker
 # ------------------------------------------------------------------------------------------------
 # 0. Unicode look-alikes and hedges (shared with the GSM8K grader in common/env/answers.py)
 
-# minus sign, figure dash, en dash, small/full-width/heavy minus
-_DASHES = "\u2212\u2012\u2013\ufe63\uff0d\u2796"
+# minus sign, hyphen, non-breaking hyphen, figure dash, en dash, small/full-width/heavy minus
+_DASHES = "\u2212\u2010\u2011\u2012\u2013\ufe63\uff0d\u2796"
+_SLASHES = "\u2044\u2215"  # the fraction slash (3⁄4) and the division slash
 _ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff\u00ad"  # invisible: "1\u200b8" looks like 18
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-"))
 _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
@@ -72,6 +75,8 @@ _SUPERSCRIPT_RUN = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 def _ascii_char(c: str) -> str:
     if c in _DASHES:
         return "-"
+    if c in _SLASHES:
+        return "/"
     if "\uff01" <= c <= "\uff5e":  # full-width ASCII: ＄１８ -> $18
         return chr(ord(c) - 0xFEE0)
     if c in _ZERO_WIDTH:
@@ -89,7 +94,8 @@ def ascii_lookalikes(text: str) -> str:
     `18²` -> `18^{2}`.
 
     Dashes used as minus, full-width forms, decimal digits of any script and odd spaces are mapped
-    one by one. Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is
+    one by one, and the fraction slash is `/`.
+    Not NFKC: that would turn `18²` into `182`. Everything else (letters, `×`, `½`) is
     left as it is.
     """
     if text.isascii():
@@ -120,17 +126,21 @@ DOUBT_WORDS = frozenset("""
 _VULGAR = {"½": (1, 2), "⅓": (1, 3), "⅔": (2, 3), "¼": (1, 4), "¾": (3, 4), "⅕": (1, 5),
            "⅖": (2, 5), "⅗": (3, 5), "⅘": (4, 5), "⅙": (1, 6), "⅚": (5, 6), "⅛": (1, 8),
            "⅜": (3, 8), "⅝": (5, 8), "⅞": (7, 8)}
-_SYMBOLS = {"π": "\\pi ", "∞": "\\infty ", "≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq "}
+_ROOTS = {"√": "\\sqrt", "∛": "\\sqrt[3]", "∜": "\\sqrt[4]"}
+_SYMBOLS = {"π": "\\pi ", "∞": "\\infty ", "ℝ": "\\mathbb{R}", "≥": "\\geq ", "≤": "\\leq ",
+            "≠": "\\neq "}
 
 
 def unicode_math(text: str) -> str:
     """Unicode math as LaTeX: ½ -> \\frac{1}{2} (2½ is then the mixed number 5/2), √2 ->
-    \\sqrt{2}, π, ∞, ≥, ≤, ≠ -> \\pi, \\infty, \\geq, \\leq, \\neq."""
+    \\sqrt{2}, ∛8 -> \\sqrt[3]{8}, ∜ -> \\sqrt[4]{}, π, ∞, ≥, ≤, ≠ -> \\pi, \\infty, \\geq,
+    \\leq, \\neq."""
     if text.isascii():
         return text
     text = "".join(f"\\frac{{{_VULGAR[c][0]}}}{{{_VULGAR[c][1]}}}" if c in _VULGAR
                    else _SYMBOLS.get(c, c) for c in text)
-    return re.sub(r"√\s*([0-9]+|[A-Za-z]|\([^()]*\)|\{[^{}]*\})", r"\\sqrt{\1}", text)
+    return re.sub(r"([√∛∜])\s*([0-9]+|[A-Za-z]|\([^()]*\)|\{[^{}]*\})",
+                  lambda m: _ROOTS[m[1]] + "{" + m[2] + "}", text)
 
 
 def doubts(text: str) -> bool:
@@ -237,13 +247,16 @@ VALUE_WORDS = frozenset("""
     thousandths millionth millionths twice double triple thrice times squared
     cubed factorial plus minus
 """.split())
+# Abbreviated scales: 3k, 2 bn, 5 mn (thousand, billion, million), any case: `3\\text{K}` is no 3
+SCALE_ABBREVIATIONS = frozenset(["k", "bn", "mn", "mln", "bln"])
 
 
 def has_value_word(text: str) -> bool:
-    """Does the text hold a word of VALUE_WORDS, or any "-illion" or "-illionth" (quadrillion,
-    zillion)? LaTeX command names are not words."""
+    """Does the text hold a word of VALUE_WORDS or SCALE_ABBREVIATIONS, or any "-illion" or
+    "-illionth" (quadrillion, zillion)? LaTeX command names are not words."""
     words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", text).lower())
-    return any(w in VALUE_WORDS or re.fullmatch(r"[a-z]*illion(?:th)?s?", w) for w in words)
+    return any(w in VALUE_WORDS or w in SCALE_ABBREVIATIONS
+               or re.fullmatch(r"[a-z]*illion(?:th)?s?", w) for w in words)
 
 
 def _unit(m: re.Match) -> str:
@@ -263,6 +276,57 @@ def _thousands(s: str) -> str:
     return s.replace(",", "") if re.fullmatch(r"-?[0-9]{1,3}(,[0-9]{3})+(\.[0-9]+)?", s) else s
 
 
+# Thousands grouped by an apostrophe, a space (thin or not, also `\\,`) or, two or more times, a
+# period: 1'234'567, 1 234 567, 1.234.567. One period is a decimal point (1.234), and groups of
+# other sizes (12 34, 1.23.456) are no number.
+_GROUPS = re.compile(r"(?<![0-9.,'])[0-9]{1,3}(?:(?:'[0-9]{3})+|(?:\.[0-9]{3}){2,}"
+                     r"|(?:(?:\s|\\[,;: ]|~)+[0-9]{3})+)(?![0-9]|[.'][0-9])")
+
+
+def digit_groups(s: str) -> str:
+    """A number written with thousands separators other than a comma, as plain digits."""
+    return _GROUPS.sub(lambda m: re.sub(r"[^0-9]", "", m[0]), s)
+
+
+# 3e5, 3E+05, 1.5e-3: scientific notation. With a sign and a small e, `2e-1` stays Euler's number
+# minus 1, unless a decimal point or a leading zero says otherwise (1.5e-3, 2e-01).
+_SCIENTIFIC = re.compile(r"(?<![0-9A-Za-z_.\\])([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([eE])([+-]?)"
+                         r"([0-9]{1,4})(?![0-9A-Za-z_.^])")
+
+
+def _scientific(m: re.Match) -> str:
+    mantissa, e, sign, exponent = m.groups()
+    if sign and e == "e" and "." not in mantissa and not exponent.startswith("0"):
+        return m[0]
+    return f"{mantissa}\\times10^{{{sign.replace('+', '')}{int(exponent)}}}"
+
+
+_INFIX = re.compile(r"\\(over|choose)(?![a-zA-Z])")
+
+
+def _infix_fractions(s: str) -> str:
+    """TeX's older infix commands: `{a \\over b}` is \\frac{a}{b} and `{n \\choose k}` is
+    \\binom{n}{k}, each taking the whole group it stands in (or the whole answer)."""
+    for _ in range(8):  # a few per answer; more are left unread (the parser refuses them)
+        m = _INFIX.search(s)
+        if m is None:
+            break
+        start, depth = m.start(), 0
+        while start > 0 and not (s[start - 1] == "{" and depth == 0):
+            depth += {"}": 1, "{": -1}.get(s[start - 1], 0)
+            start -= 1
+        end, depth = m.end(), 0
+        while end < len(s) and not (s[end] == "}" and depth == 0):
+            depth += {"{": 1, "}": -1}.get(s[end], 0)
+            end += 1
+        command = "\\frac" if m[1] == "over" else "\\binom"
+        whole = f"{command}{{{s[start:m.start()].strip()}}}{{{s[m.end():end].strip()}}}"
+        if 0 < start and end < len(s):  # the group's braces go: 2{1 \\over 2} is 2\\frac12
+            start, end = start - 1, end + 1
+        s = s[:start] + whole + s[end:]
+    return s
+
+
 def normalize(s: str) -> str:
     """Rewrite a LaTeX answer into a canonical string (equal answers -> usually equal strings)."""
     # `32, 349` is a list of two numbers: a comma followed by a space never groups thousands
@@ -270,8 +334,12 @@ def normalize(s: str) -> str:
     s = unicode_math(ascii_lookalikes(s)).strip().replace("\n", " ")
     # matrix row separator, before `\ ` below eats one of the backslashes
     s = s.replace("\\\\", ";")
-    s = re.sub(r"\\(?:left|right)(?:\.|(?![a-zA-Z]))", "", s)
-    s = s.replace("{,}", ",")  # 1{,}000
+    # sized delimiters are their delimiter: \Big( is (, \bigl\{ is \{; \lvert x \rvert is |x|
+    s = re.sub(r"\\(?:left|right|middle|[bB]igg?[lrm]?)(?:\.|(?![a-zA-Z]))", "", s)
+    s = re.sub(r"\\[lr]?vert(?![a-zA-Z])", "|", s)
+    s = digit_groups(s).replace("{,}", ",")  # 1 234 567, 1'234'567, 1.234.567; 1{,}000
+    s = _SCIENTIFIC.sub(_scientific, s)
+    s = re.sub(r"(?<=[0-9])\s+[xX]\s+(?=10\s*\^)", r"\\times ", s)  # 3 x 10^5
     # one symbol for each relation: \ge, \geq, >= and ≥ are \geq
     for pattern, symbol in ((r"\\geq?(?![a-zA-Z])|>=", r"\\geq "),
                             (r"\\leq?(?![a-zA-Z])|<=", r"\\leq "),
@@ -282,15 +350,31 @@ def normalize(s: str) -> str:
     s = re.sub(r"[\[(]?\s*\\begin\{array\}\{[^{}]*\}(.*?)\\end\{array\}\s*[\])]?",
                r"\\begin{pmatrix}\1\\end{pmatrix}", s)
     s = re.sub(r"\\mathrm\s*\{([ei])\}", r"\1", s)
+    # {x | x > 3}, {x : x > 3}, {x \in R \mid x > 3}: the set of the x that meet the condition is
+    # the condition (an inequality is compared as its solution set)
+    m = re.fullmatch(r"\s*\\\{\s*([a-zA-Z])\s*(?:\\in\s*\\mathbb\s*\{R\}\s*)?"
+                     r"(?:\\mid(?![a-zA-Z])|\||:)(.*)\\\}\s*", s)
+    if m and re.search(rf"(?<![a-zA-Z\\]){m[1]}(?![a-zA-Z])", m[2]):
+        s = m[2]
+    s = re.sub(r"\\mathbb\s*\{R\}", r"(-\\infty,\\infty)", s)  # the reals, as an interval
+    s = re.sub(r"\\backslash(?![a-zA-Z])", r"\\setminus ", s)
+    # `x<-1 \text{ or } x>2` is the union of two solution sets, where `3 \text{ or } 4` is a list
+    if re.search(r"[<>]|\\[gl]eq", s):
+        s = re.sub(r"\\text\s*\{\s*or\s*\}|\\(?:lor|vee)(?![a-zA-Z])|(?<=[0-9a-zA-Z}])\s+or\s+",
+                   r"\\cup ", s)
     s = re.sub(r"\\(?:mbox|textbf|textrm|mathrm|mathbf|textnormal)(?![a-zA-Z])", r"\\text", s)
     # `3 \text{ or } 4` and `3 \quad 4` are the list 3, 4 (deleting them would make 34)
     s = re.sub(r"\\text\s*\{\s*(?:or|and)\s*\}|\\q?quad(?![a-zA-Z])", ",", s)
     s = re.sub(r",\s*and\s+", ",", s)  # `19, 46, and 82` too
     s = re.sub(r",(\s*,)+", ",", s)  # `3, 5, \text{ and } 7` is 3, 5, 7
     s = re.sub(r"\\[!,;:> ]|~", " ", s)
-    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
+    s = re.sub(r"\\(?:[dtcs]|nice)frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
-    s = re.sub(r"\\displaystyle(?![a-zA-Z])", "", s)
+    s = _infix_fractions(re.sub(r"\\displaystyle(?![a-zA-Z])", "", s))
+    # \operatorname{arccot} is \arccot; \sin^{-1} is the inverse function \arcsin, not 1/\sin
+    s = re.sub(r"\\operatorname\*?\s*\{\s*([a-z]+)\s*\}", r"\\\1 ", s)
+    s = re.sub(r"\\(sin|cos|tan|cot|sec|csc)\s*\^\s*(?:\{\s*-\s*1\s*\}|-\s*1(?![0-9]))",
+               r"\\arc\1 ", s)
     # \sin 30^\circ is sin(30 pi / 180): the degree sign means something inside a function
     s = re.sub(r"(\\(?:sin|cos|tan|cot|sec|csc))\s*(\(?)\s*([0-9]+(?:\.[0-9]+)?)\s*"
                r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\degree|°)\s*(\)?)",
@@ -305,9 +389,10 @@ def normalize(s: str) -> str:
     s = re.sub(r"(?<=\S)\s*\\text\{([^{}]*)\}(?:\^\{?[0-9]\}?)?", _unit, s)
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
     s = re.sub(rf"(?<=[0-9}}])\s*(?:{_UNITS})(\^\{{?[0-9]\}}?)?\s*$", "", s)
-    # Spaces go, except between a command and a letter (`\cot x` must not become `\cotx`)
-    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|\s+",
-               lambda m: m.group(1) + " " if m.group(1) else "", s)
+    # Spaces go, except between a command and a letter (`\cot x` must not become `\cotx`), and
+    # between two digits: `12 34` is two numbers, which the parser refuses, not 1234
+    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])|(?<=[0-9])(\s)\s*(?=[0-9])|\s+",
+               lambda m: m[1] + " " if m[1] else m[2] or "", s)
     s = s.rstrip(".").rstrip().strip(",").rstrip("\\")  # `185\` is 185
     s = s if spaced else _thousands(s)
     s = re.sub(r"(?<![0-9])\.(?=[0-9])", "0.", s)  # .5 -> 0.5
@@ -389,8 +474,8 @@ def _expand_pm(items: list[str]) -> list[str]:
 
 
 def _split(s: str) -> tuple:
-    """(kind, parts): kind is matrix, union, set (unordered), tuple (ordered, with its brackets), eq
-    or scalar."""
+    """(kind, parts): kind is matrix, union, diff (a set difference), set (unordered), tuple
+    (ordered, with its brackets), ineq, eq or scalar."""
     # a vmatrix is a determinant, a number: it is no matrix, and is not evaluated here
     m = re.fullmatch(r"\\begin\{([pbB]?matrix)\}(.*)\\end\{\1\}", s)
     if m:
@@ -398,6 +483,8 @@ def _split(s: str) -> tuple:
         return "matrix", rows
     if len(parts := _top_level_split(s, "\\cup")) > 1:
         return "union", parts
+    if len(parts := _top_level_split(s, "\\setminus")) == 2:  # \mathbb{R} \setminus \{0\}
+        return "diff", parts
     if s.startswith("\\{") and s.endswith("\\}"):
         return "set", _expand_pm(_top_level_split(s[2:-2], ","))
     if s[:1] == "{" and _is_one_group(s) and len(parts := _top_level_split(s[1:-1], ",")) > 1:
@@ -420,10 +507,10 @@ def _split(s: str) -> tuple:
 def _relations(s: str) -> tuple[list[str], list[str]] | None:
     """`-1<x\\leq3` -> (["<", "\\leq"], ["-1", "x", "3"]): a chain of inequalities outside any
     brackets, else None."""
-    if not re.search(r"[<>]|\\[gl]eq", s):  # most answers: _split runs on every grade
+    if not re.search(r"[<>]|\\[gln]eq", s):  # most answers: _split runs on every grade
         return None
     ops, parts, depth, last = [], [], 0, 0
-    for m in re.finditer(r"[([{]|[)\]}]|\\geq(?![a-zA-Z])|\\leq(?![a-zA-Z])|<|>", s):
+    for m in re.finditer(r"[([{]|[)\]}]|\\[gln]eq(?![a-zA-Z])|<|>", s):
         if m.group() in "([{":
             depth += 1
         elif m.group() in ")]}":
@@ -433,6 +520,8 @@ def _relations(s: str) -> tuple[list[str], list[str]] | None:
             parts.append(s[last:m.start()].strip())
             last = m.end()
     parts.append(s[last:].strip())
+    if "\\neq" in ops and len(ops) > 1:  # x \neq 2 alone is a set; in a chain it is no order
+        return None
     return (ops, parts) if ops and all(parts) and "=" not in s else None
 
 
@@ -484,7 +573,9 @@ MALFORMED_NUMBER = re.compile(r"(?<![0-9A-Za-z_.])0[xXbBoO][0-9A-Fa-f]|[0-9]\.[0
 
 def math_equal(pred: str | None, gold: str) -> bool:
     """Is the extracted answer `pred` equivalent to `gold`? Both are raw LaTeX answer strings."""
-    if pred is None or len(pred) > 4 * MAX_LEN or MALFORMED_NUMBER.search(pred):
+    if pred is None or len(pred) > 4 * MAX_LEN:
+        return False
+    if MALFORMED_NUMBER.search(digit_groups(pred)):  # 1.5.2, but 1.234.567 is a million and more
         return False
     a, b = normalize(pred), normalize(gold)
     if a == b:
@@ -520,7 +611,8 @@ def _equal(a: str, b: str, grade: Grade) -> bool:
         ka, pa = "tuple", ("()", values)  # x=1, y=2 is the point (1,2)
     elif ka == "tuple" and kb == "set" and (values := _assigned_tuple(pb)) is not None:
         kb, pb = "tuple", ("()", values)
-    if "ineq" in (ka, kb):  # -x>-1 is x<1, and -1<x<3 is the interval (-1,3): solution sets
+    if _solution_set(ka, pa) or _solution_set(kb, pb):
+        # -x>-1 is x<1, -1<x<3 is the interval (-1,3), \mathbb{R}\setminus\{0\} is two intervals
         sa, sb = _real_set(ka, pa, gold=False), _real_set(kb, pb, gold=True)
         return sa is not None and sb is not None and _worker_equal(sa, sb, False, 0, grade)
     if ka != kb:
@@ -550,6 +642,13 @@ def _equal(a: str, b: str, grade: Grade) -> bool:
     return True
 
 
+def _solution_set(kind: str, parts) -> bool:
+    """Is an answer of this kind a set of reals given by a condition or an operation: an inequality,
+    a set difference, or a union with an inequality in it (`x<-1 \\text{ or } x>2`)?"""
+    return kind in ("ineq", "diff") or (
+        kind == "union" and any(_relations(p) is not None for p in parts))
+
+
 def _real_set(kind: str, parts, gold: bool) -> list | None:
     """An inequality chain, an interval or a union of intervals as a set AST for the worker, else
     None. A gold (1,2) may be a point, so a gold is read as an interval only where its brackets or
@@ -559,9 +658,14 @@ def _real_set(kind: str, parts, gold: bool) -> list | None:
         if kind == "ineq":
             ops, exprs = parts
             return ["ineq", ops, [parse(e) for e in exprs]]
-        if kind == "union":
-            intervals = [_real_set(*_split(p), gold=gold) for p in parts]
+        if kind == "union":  # (1,2) in a union is an interval, never a point
+            intervals = [_real_set(*_split(p), gold=False) for p in parts]
             return None if None in intervals else ["union", *intervals]
+        if kind == "diff":  # \setminus takes away an interval or a finite set of points
+            whole, (k, minus) = _real_set(*_split(parts[0]), gold=False), _split(parts[1])
+            taken = ["finite", *map(parse, minus)] if k == "set" else (
+                ["finite", parse(minus)] if k == "scalar" else _real_set(k, minus, gold=False))
+            return None if None in (whole, taken) else ["diff", whole, taken]
         if kind == "tuple" and len(parts[1]) == 2:
             brackets, (lo, hi) = parts
             if gold and brackets == "()" and "\\infty" not in lo + hi:
@@ -623,7 +727,7 @@ def _equal_equation(a: list, b: list, grade: Grade) -> bool:
 #   ["neg", a] ["inv", a] ["^", base, exp] ["sqrt", a, index|None] ["fn", "sin", a] ["log", a, base]
 # ["!", a]   ["binom", n, k]   ["abs", a]   ["idx", "F", n] (F_{n-1})   ["sum", "k", lo, hi, body]
 # Set ASTs (for inequalities and intervals): ["ineq", [op, ...], [a, ...]] ["interval", closed_left,
-# lo, hi, closed_right] ["union", set, ...]
+# lo, hi, closed_right] ["union", set, ...] ["diff", set, set] ["finite", a, ...]
 
 
 class ParseError(ValueError):
@@ -636,7 +740,8 @@ class _NotRational(Exception):
 
 _TOKEN = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+|\\[a-zA-Z]+|\\[{}]|\S")
 _CONSTS = {"\\pi": "pi", "\\infty": "oo", "\\infinity": "oo"}
-_FUNCS = {"\\" + f for f in "sin cos tan cot sec csc ln log exp arcsin arccos arctan".split()}
+_FUNCS = {"\\" + f for f in
+          "sin cos tan cot sec csc ln log exp arcsin arccos arctan arccot arcsec arccsc".split()}
 _GREEK = {"\\" + g for g in
           "alpha beta gamma delta epsilon theta lambda mu rho sigma tau phi omega".split()}
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
@@ -939,8 +1044,8 @@ def to_sympy(node):
             return -sympy.root(-x, n)
         return sympy.root(x, n)
     if op == "fn":
-        name = {"ln": "log", "arcsin": "asin", "arccos": "acos",
-                "arctan": "atan"}.get(args[0], args[0])
+        name = {"ln": "log", "arcsin": "asin", "arccos": "acos", "arctan": "atan",
+                "arccot": "acot", "arcsec": "asec", "arccsc": "acsc"}.get(args[0], args[0])
         return getattr(sympy, name)(to_sympy(args[1]))
     if op == "log":
         return sympy.log(to_sympy(args[0]), to_sympy(args[1]))
@@ -965,7 +1070,7 @@ def to_sympy(node):
     raise ParseError(f"unknown node {op}")
 
 
-_SET_NODES = ("ineq", "interval", "union")
+_SET_NODES = ("ineq", "interval", "union", "diff", "finite")
 
 
 def to_real_set(node) -> tuple:
@@ -979,6 +1084,13 @@ def to_real_set(node) -> tuple:
         return sympy.Interval(to_sympy(lo), to_sympy(hi), not closed_left, not closed_right), None
     if node[0] == "union":
         return sympy.Union(*[to_real_set(n)[0] for n in node[1:]]), None
+    if node[0] == "diff":
+        return sympy.Complement(to_real_set(node[1])[0], to_real_set(node[2])[0]), None
+    if node[0] == "finite":
+        points = [to_sympy(n) for n in node[1:]]
+        if not all(p.is_real for p in points):
+            raise ParseError("not a set of reals")
+        return sympy.FiniteSet(*points), None
     if node[0] != "ineq":
         raise ParseError("not a set")
     ops, exprs = node[1], [to_sympy(e) for e in node[2]]
@@ -986,7 +1098,8 @@ def to_real_set(node) -> tuple:
     if len(variables) != 1:
         raise ParseError("not an inequality in one variable")
     (x,) = variables
-    relation = {"<": sympy.Lt, ">": sympy.Gt, "\\leq": sympy.Le, "\\geq": sympy.Ge}
+    relation = {"<": sympy.Lt, ">": sympy.Gt, "\\leq": sympy.Le, "\\geq": sympy.Ge,
+                "\\neq": sympy.Ne}
     out = sympy.S.Reals
     for op, left, right in zip(ops, exprs, exprs[1:]):
         out = out & sympy.solveset(relation[op](left, right), x, sympy.S.Reals)
@@ -1096,6 +1209,8 @@ def sympy_tool(name: str, a) -> str:
     import sympy
 
     expr = to_sympy(a)
+    if expr.has(sympy.Sum):  # \sum_{k=1}^{10} k is 55 (the worker's budget bounds the work)
+        expr = expr.doit()
     if name == "solve":
         return str(sympy.solve(expr, sorted(expr.free_symbols, key=str) or None))
     return str({"simplify": sympy.simplify, "factor": sympy.factor}[name](expr))
@@ -1109,7 +1224,8 @@ def run_sympy_tool(name: str, text: str) -> str:
     if name not in SYMPY_TOOLS:
         return f"error: no tool {name!r}"
     try:
-        sides = normalize(text.replace("**", "^")).split("=")  # Python's power, written as TeX's
+        # Python's power, written as TeX's; the = of \sum_{k=1} is inside its braces
+        sides = _top_level_split(normalize(text.replace("**", "^")), "=")
         if len(sides) > 2 or (len(sides) == 2 and name != "solve"):
             return "error: one = at most, and only for solve"
         a = parse(sides[0]) if len(sides) == 1 else ["+", parse(sides[0]), ["neg", parse(sides[1])]]

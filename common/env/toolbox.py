@@ -9,8 +9,9 @@ A call is `<name>argument</name>`; its result goes back to the model as `<output
 No tool ever runs model text as code: `calc` is common/env/answers.py's AST whitelist (+ - * / and
 brackets, exact fractions), and solve / simplify / factor parse the text with the grader's
 whitelisted parser and run sympy in a grader worker, within the grader's budget of CPU time
-(common/env/grader.py, `run_sympy_tool`). A tool that fails, for any reason, answers with a text
-that starts with "error:", which the model reads; nothing is raised.
+(common/env/grader.py, `run_sympy_tool`); a sum (`\\sum_{k=1}^{10} k`) is added up there. A tool
+that fails, for any reason, answers with a text that starts with "error:", which the model reads;
+nothing is raised.
 """
 
 from common.env.answers import safe_arith
