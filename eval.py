@@ -281,10 +281,8 @@ def saved_responses(row, task, response_field, where):
 def gold_answer(task, row, where):
     """The gold answer of a saved row, derived from it exactly as the env derives it from a data
     file (the number after '####' for gsm8k, the `answer` or last \\boxed{} for math); the question
-    may be absent."""
-    if task == "countdown" and "numbers" not in row and str(row.get("answer", "")).startswith("{"):
-        # eval.py's output keeps countdown's gold as JSON
-        row = {**json.loads(row["answer"]), **row}
+    may be absent. eval.py's output keeps countdown's gold as JSON, which the countdown task
+    reads as it reads TinyZero's rows; every field is checked there, as in a data file."""
     return TASKS[task].from_row({"question": "", **row}, where)["answer"]
 
 
@@ -423,6 +421,12 @@ def main(args):
         tokenizer = load_tokenizer(args.model_name_or_path)
         policy = load_policy(args.model_name_or_path, device=dist_info.device)
         policy.eval()
+        # every evaluated prompt, with the answer's tokens, fits the model's positions
+        max_positions = getattr(policy.config, "max_position_embeddings", None)
+        if max_positions:
+            env.check_prompt_lengths(lambda ps: [len(ids) for ids in encode_prompts(tokenizer, ps)],
+                                     max_positions, max_new_tokens, args.model_name_or_path,
+                                     indices)
         if args.cuda_graphs:
             capture_decoding(policy)  # on a GPU; a CPU decodes as before
         # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.

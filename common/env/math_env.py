@@ -69,7 +69,9 @@ class MathEnv:
 
     def prompt(self, index: int):
         """The prompt for problem `index`: chat messages or, for template="plain", one string."""
-        question = self.examples[index]["question"]
+        return self._prompt_for(self.examples[index]["question"])
+
+    def _prompt_for(self, question: str):
         if self.template == "plain":
             parts = [self.system_prompt] if self.system_prompt else []
             parts += [f"Question: {ex['question']}\nAnswer: {self._solution(ex)}"
@@ -80,6 +82,35 @@ class MathEnv:
             messages += [{"role": "user", "content": ex["question"]},
                          {"role": "assistant", "content": self._solution(ex)}]
         return messages + [{"role": "user", "content": question}]
+
+    def check_prompt_lengths(self, count_tokens, max_positions: int, max_new_tokens: int,
+                             model: str, indices=None):
+        """Refuse, naming the row, a prompt whose tokens (chat template, system prompt and few-shot
+        examples included) plus max_new_tokens pass the model's max_positions: past them a model
+        reads positions it never learned, and trains on what it makes of them without a word.
+        count_tokens(prompts) -> their token counts, as the sampler encodes them. indices: the
+        problems to check (default: all).
+
+        A token holds at least one byte, so a prompt has at most as many tokens as the prompt
+        without its question, plus the question's bytes; only the rare row whose bound passes
+        the limit is tokenized, and a file of thousands of rows is checked in milliseconds."""
+        budget = max_positions - max_new_tokens
+        indices = range(len(self.examples)) if indices is None else indices
+        # a few tokens of slack: BPE may cut the text around the question otherwise
+        frame = count_tokens([self._prompt_for("")])[0] + 8
+        near = [i for i in indices
+                if frame + len(self.examples[i]["question"].encode("utf-8")) > budget]
+        for i, tokens in zip(near, count_tokens([self.prompt(i) for i in near])):
+            if tokens <= budget:
+                continue
+            where = self.examples[i].get("where", f"problem {i}")
+            fix = (f"lower --max_new_tokens to {max_positions - tokens} or less, or shorten the "
+                   "question" if tokens < max_positions else
+                   "shorten the question or drop the row" +
+                   (", or use fewer --num_few_shot examples" if self.few_shot else ""))
+            raise UsageError(f"{where}: the prompt is {tokens:,} tokens, which with "
+                             f"--max_new_tokens {max_new_tokens} passes the {max_positions:,} "
+                             f"positions of {model}: {fix}.")
 
     def reset(self, index: int | None = None):
         """Start an episode on problem `index` (None: drawn with the env's seeded RNG). Returns the
