@@ -53,8 +53,8 @@ import torch
 from tqdm.auto import tqdm
 
 from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math, grade as
-                        task_grade, make_env, make_env_options, normalize, read_rows, rename_fields,
-                        resolve_task, to_number)
+                        task_grade, make_env, make_env_options, named_rows, normalize,
+                        rename_fields, resolve_task, to_number)
 from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
                            generate, load_policy, load_tokenizer)
 from common.run import (DataArgs, all_gather_objects, check_output_dir, check_ranges,
@@ -288,10 +288,9 @@ def gold_answer(task, row, where):
 
 def regrade(args, task):
     """Records from a file of saved completions, graded again with the task's verifier."""
-    rows = read_rows(args.responses, task)[: args.num_eval_problems]
+    rows = named_rows(args.responses, task)[: args.num_eval_problems]
     records, fields_used = [], set()
-    for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
-        where = f"{args.responses}: row {i + 1}"
+    for i, (where, row) in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
         row = rename_fields(row, {"question": args.question_key, "answer": args.answer_key})
         name, saved = saved_responses(row, task, args.response_field, where)
         fields_used.add(name)

@@ -54,9 +54,9 @@ def _field(row: dict, names: tuple, task: str, where: str):
     )
 
 
-# The longest question a row may hold. The longest of GSM8K and MATH has under 2,000 characters; a
-# 400 KB question stalled the first update for minutes without a word, and no model of this
-# project's size reads 100,000 characters (some 25,000 tokens) in its context anyway.
+# The longest question a row may hold: the longest of GSM8K and MATH-500 has under 2,000
+# characters, and no model of this project's size reads 100,000 (some 25,000 tokens) in its context.
+# A longer one is refused at once, where its first update would take minutes without a word.
 MAX_QUESTION_CHARS = 100_000
 
 
@@ -120,11 +120,10 @@ class Task:
         if path is not None and is_hub_id(path):
             name, config, hub_split = str(path), None, split
         elif path is not None:
-            rows = read_rows(path, cls.name)
-            # "row": the row as the file has it, whose fields a --reward_fn receives
-            # "where": the row, for messages about it after loading (common/env/math_env.py)
+            # "row": the row as the file has it, whose fields a --reward_fn receives; "where": the
+            # words that name it, for messages after loading (common/env/math_env.py)
             return [{**cls.from_row(rename_fields(row, keys), where), "row": row, "where": where}
-                    for i, row in enumerate(rows) for where in [f"{path}: row {i + 1}"]]
+                    for where, row in named_rows(path, cls.name)]
         else:
             name, config, hub_split = cls.hub[split]
         rows = load_hub_rows(name, config, hub_split)
@@ -350,6 +349,10 @@ class Countdown(_Generated):
             f"<think> </think> tags. And return the final answer in <answer> </answer> tags, "
             f"for example <answer> (1 + 2) / 3 </answer>."
         )
+        if len(question) > MAX_QUESTION_CHARS:
+            raise UsageError(f"{where}: {len(numbers):,} numbers make a question of "
+                             f"{len(question):,} characters, more than the {MAX_QUESTION_CHARS:,} "
+                             "a question may have: give a few numbers a row, as CountDown does.")
         answer = json.dumps({"numbers": numbers, "target": target})
         return {"question": question, "answer": answer, "numbers": numbers, "target": target,
                 "solution": row.get("solution", "")}
@@ -582,6 +585,19 @@ def read_rows(path, task: str) -> list[dict]:
     """Rows of a .jsonl, .json (a list of objects) or .parquet file. A file that is not UTF-8, a
     .jsonl line over MAX_LINE_BYTES or a .json file over MAX_JSON_BYTES is refused, naming the line
     (and the byte where the UTF-8 breaks)."""
+    return _read(path, task)[0]
+
+
+def named_rows(path, task: str) -> list[tuple[str, dict]]:
+    """read_rows's rows, each with the words that name it in a message: "data.jsonl: row 3", and
+    its line where blank lines of a .jsonl file make the two differ ("row 3 (line 5)")."""
+    rows, lines = _read(path, task)
+    return [(f"{path}: row {i}" + (f" (line {line})" if line not in (None, i) else ""), row)
+            for i, (row, line) in enumerate(zip(rows, lines), 1)]
+
+
+def _read(path, task):
+    """(rows, the line of each row in a .jsonl file, else None each)."""
     path = Path(path)
     if not path.is_file():
         hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
@@ -590,9 +606,10 @@ def read_rows(path, task: str) -> list[dict]:
             f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
             f"path=... (--dataset_path on the command line){alt}."
         )
+    lines = None
     try:
         if path.suffix == ".jsonl":
-            rows = _jsonl_rows(path)
+            rows, lines = _jsonl_rows(path)
         elif path.suffix == ".json":
             rows = _json_rows(path)
         elif path.suffix == ".parquet":
@@ -605,11 +622,12 @@ def read_rows(path, task: str) -> list[dict]:
                         "read.") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
         raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
-    return rows
+    return rows, lines or [None] * len(rows)
 
 
 def _jsonl_rows(path):
-    rows, offset = [], 0
+    """(rows, the line number of each): blank lines hold no row."""
+    rows, lines, offset = [], [], 0
     with open(path, "rb") as f:
         # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as
         # it is. readline's limit keeps a line that is too long from being read whole.
@@ -624,7 +642,8 @@ def _jsonl_rows(path):
             offset += len(raw)
             if line.strip():
                 rows.append(_json(line, path, number))
-    return rows
+                lines.append(number)
+    return rows, lines
 
 
 def _json_rows(path):
