@@ -71,6 +71,12 @@ def _file(tmp_path, *lines):
      "must be a string."),
     ("arithmetic", {"question": 7, "answer": "3", "level": 1},
      "the question is int (7), not text; each row's 'question' field must be a string."),
+    # eval.py groups its accuracy by level: a list there was a traceback at the very end
+    ("math", {"problem": "p", "answer": "3", "level": [3]},
+     "the level is a list ([3]); it must be text or an integer, such as 3, or absent."),
+    ("math", {"problem": "p", "answer": "3", "type": {"a": 1}},
+     "the type is an object ({\"a\": 1}); it must be text or an integer, such as 'Algebra', or "
+     "absent."),
 ])
 def test_a_field_of_the_wrong_kind_is_one_line_naming_the_row(task, line, says, tmp_path):
     path = _file(tmp_path, {"numbers": [1, 2], "target": 3} if task == "countdown" else

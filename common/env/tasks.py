@@ -89,6 +89,17 @@ def _gold(value, where: str) -> str:
                      "answer.")
 
 
+def _label(row: dict, name: str, where: str):
+    """A row's level or subject, which filters and eval.py's accuracy by level group by: absent,
+    text or an integer ("Level 3", 3, "Algebra")."""
+    value = row.get(name)
+    if value is None or isinstance(value, str) or isinstance(value, int) and not isinstance(
+            value, bool):
+        return value
+    raise UsageError(f"{where}: the {name} is {_kind(value)}; it must be text or an integer, such "
+                     f"as {'3' if name == 'level' else repr('Algebra')}, or absent.")
+
+
 def _kind(value) -> str:
     """What a JSON value is, for messages: 'a list ([1, 2])', 'NaN', 'true'."""
     if isinstance(value, bool) or value is None:
@@ -279,6 +290,7 @@ class Arithmetic(_Generated):
         answer = _gold(_field(row, ("answer",), cls.name, where), where).strip()
         if to_number(answer) is None:
             raise UsageError(f"{where}: the answer {answer!r} is not a number")
+        _label(row, "level", where)
         return {**row, "question": _question(row, ("question",), cls.name, where),
                 "answer": answer}
 
@@ -477,7 +489,8 @@ class MATH(Task):
                                  "'answer' field")
         return {
             "question": question, "answer": str(answer), "solution": row.get("solution", ""),
-            "level": row.get("level"), "subject": row.get("subject") or row.get("type"),
+            "level": _label(row, "level", where),
+            "subject": _label(row, "subject", where) or _label(row, "type", where),
         }
 
     @classmethod
