@@ -14,6 +14,7 @@ subject, a data file or a hub dataset id), `make_envs` builds a training file's 
 builds its one env from the same pieces.
 """
 
+import copy
 import math
 import random
 import re
@@ -69,9 +70,7 @@ class MathEnv:
 
     def prompt(self, index: int):
         """The prompt for problem `index`: chat messages or, for template="plain", one string."""
-        return self._prompt_for(self.examples[index]["question"])
-
-    def _prompt_for(self, question: str):
+        question = self.examples[index]["question"]
         if self.template == "plain":
             parts = [self.system_prompt] if self.system_prompt else []
             parts += [f"Question: {ex['question']}\nAnswer: {self._solution(ex)}"
@@ -96,8 +95,11 @@ class MathEnv:
         the limit is tokenized, and a file of thousands of rows is checked in milliseconds."""
         budget = max_positions - max_new_tokens
         indices = range(len(self.examples)) if indices is None else indices
-        # a few tokens of slack: BPE may cut the text around the question otherwise
-        frame = count_tokens([self._prompt_for("")])[0] + 8
+        # what every prompt holds besides its question (template, system prompt, few-shot
+        # examples), and a few tokens of slack: BPE may cut the text around the question otherwise
+        empty = copy.copy(self)
+        empty.examples = [{"question": ""}]
+        frame = count_tokens([empty.prompt(0)])[0] + 8
         near = [i for i in indices
                 if frame + len(self.examples[i]["question"].encode("utf-8")) > budget]
         for i, tokens in zip(near, count_tokens([self.prompt(i) for i in near])):
