@@ -53,8 +53,8 @@ import torch
 from tqdm.auto import tqdm
 
 from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math, grade as
-                        task_grade, make_env, make_env_options, normalize, read_rows, rename_fields,
-                        resolve_task, to_number)
+                        task_grade, make_env, make_env_options, named_rows, normalize,
+                        rename_fields, resolve_task, to_number)
 from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
                            generate, load_policy, load_tokenizer)
 from common.run import (DataArgs, all_gather_objects, check_output_dir, check_ranges,
@@ -281,19 +281,16 @@ def saved_responses(row, task, response_field, where):
 def gold_answer(task, row, where):
     """The gold answer of a saved row, derived from it exactly as the env derives it from a data
     file (the number after '####' for gsm8k, the `answer` or last \\boxed{} for math); the question
-    may be absent."""
-    if task == "countdown" and "numbers" not in row and str(row.get("answer", "")).startswith("{"):
-        # eval.py's output keeps countdown's gold as JSON
-        row = {**json.loads(row["answer"]), **row}
+    may be absent. eval.py's output keeps countdown's gold as JSON, which the countdown task
+    reads as it reads TinyZero's rows; every field is checked there, as in a data file."""
     return TASKS[task].from_row({"question": "", **row}, where)["answer"]
 
 
 def regrade(args, task):
     """Records from a file of saved completions, graded again with the task's verifier."""
-    rows = read_rows(args.responses, task)[: args.num_eval_problems]
+    rows = named_rows(args.responses, task)[: args.num_eval_problems]
     records, fields_used = [], set()
-    for i, row in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
-        where = f"{args.responses}: row {i + 1}"
+    for i, (where, row) in enumerate(tqdm(rows, desc="regrade", dynamic_ncols=True)):
         row = rename_fields(row, {"question": args.question_key, "answer": args.answer_key})
         name, saved = saved_responses(row, task, args.response_field, where)
         fields_used.add(name)
@@ -423,6 +420,12 @@ def main(args):
         tokenizer = load_tokenizer(args.model_name_or_path)
         policy = load_policy(args.model_name_or_path, device=dist_info.device)
         policy.eval()
+        # every evaluated prompt, with the answer's tokens, fits the model's positions
+        max_positions = getattr(policy.config, "max_position_embeddings", None)
+        if max_positions:
+            env.check_prompt_lengths(lambda ps: [len(ids) for ids in encode_prompts(tokenizer, ps)],
+                                     max_positions, max_new_tokens, args.model_name_or_path,
+                                     indices)
         if args.cuda_graphs:
             capture_decoding(policy)  # on a GPU; a CPU decodes as before
         # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.

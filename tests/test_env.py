@@ -207,8 +207,9 @@ def test_generated_problems_are_right():
             assert safe_arith(ex["question"].removeprefix("What is ").removesuffix("?")) == int(ex["answer"])
         assert int(ex["answer"]) >= 0
     first = {"question": "What is 66 + 24?", "answer": "90", "level": 1}
-    # a file's row is kept as it is: its fields are what a --reward_fn receives
-    assert make_env("arithmetic", split="test").examples[0] == {**first, "row": first}
+    # a file's row is kept as it is: its fields are what a --reward_fn receives; "where" names it
+    assert make_env("arithmetic", split="test").examples[0] == {
+        **first, "row": first, "where": f"{DATA_DIR / 'arithmetic_test.jsonl'}: row 1"}
 
 
 def test_make_splits_is_deterministic(tmp_path):

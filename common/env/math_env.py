@@ -14,6 +14,7 @@ subject, a data file or a hub dataset id), `make_envs` builds a training file's 
 builds its one env from the same pieces.
 """
 
+import copy
 import math
 import random
 import re
@@ -80,6 +81,38 @@ class MathEnv:
             messages += [{"role": "user", "content": ex["question"]},
                          {"role": "assistant", "content": self._solution(ex)}]
         return messages + [{"role": "user", "content": question}]
+
+    def check_prompt_lengths(self, count_tokens, max_positions: int, max_new_tokens: int,
+                             model: str, indices=None):
+        """Refuse, naming the row, a prompt whose tokens (chat template, system prompt and few-shot
+        examples included) plus max_new_tokens pass the model's max_positions: past them a model
+        reads positions it never learned, and trains on what it makes of them without a word.
+        count_tokens(prompts) -> their token counts, as the sampler encodes them. indices: the
+        problems to check (default: all).
+
+        A token holds at least one byte, so a prompt has at most as many tokens as the prompt
+        without its question, plus the question's bytes; only the rare row whose bound passes
+        the limit is tokenized, and a file of thousands of rows is checked in milliseconds."""
+        budget = max_positions - max_new_tokens
+        indices = range(len(self.examples)) if indices is None else indices
+        # what every prompt holds besides its question (template, system prompt, few-shot
+        # examples), and a few tokens of slack: BPE may cut the text around the question otherwise
+        empty = copy.copy(self)
+        empty.examples = [{"question": ""}]
+        frame = count_tokens([empty.prompt(0)])[0] + 8
+        near = [i for i in indices
+                if frame + len(self.examples[i]["question"].encode("utf-8")) > budget]
+        for i, tokens in zip(near, count_tokens([self.prompt(i) for i in near])):
+            if tokens <= budget:
+                continue
+            where = self.examples[i].get("where", f"problem {i}")
+            fix = (f"lower --max_new_tokens to {max_positions - tokens} or less, or shorten the "
+                   "question" if tokens < max_positions else
+                   "shorten the question or drop the row" +
+                   (", or use fewer --num_few_shot examples" if self.few_shot else ""))
+            raise UsageError(f"{where}: the prompt is {tokens:,} tokens, which with "
+                             f"--max_new_tokens {max_new_tokens} passes the {max_positions:,} "
+                             f"positions of {model}: {fix}.")
 
     def reset(self, index: int | None = None):
         """Start an episode on problem `index` (None: drawn with the env's seeded RNG). Returns the

@@ -11,8 +11,11 @@ Number answers are graded by common/env/answers.py, MATH answers by common/env/g
 """
 
 import json
+import math
 import random
 import re
+import sys
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -51,6 +54,63 @@ def _field(row: dict, names: tuple, task: str, where: str):
     )
 
 
+# The longest question a row may hold: the longest of GSM8K and MATH-500 has under 2,000
+# characters, and no model of this project's size reads 100,000 (some 25,000 tokens) in its context.
+# A longer one is refused at once, where its first update would take minutes without a word.
+MAX_QUESTION_CHARS = 100_000
+
+
+def _question(row: dict, names: tuple, task: str, where: str) -> str:
+    """The question of a row: text, and no longer than MAX_QUESTION_CHARS. Every task reads its
+    question here, so that a list or an object never reaches a prompt."""
+    question = _field(row, names, task, where)
+    if not isinstance(question, str):
+        raise UsageError(f"{where}: the question is {_kind(question)}, not text; each row's "
+                         f"{' / '.join(repr(n) for n in names)} field must be a string.")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise UsageError(f"{where}: the question has {len(question):,} characters, more than the "
+                         f"{MAX_QUESTION_CHARS:,} a question may have: shorten it or drop the "
+                         "row (is the right field read? --question_key names another).")
+    return question
+
+
+def _gold(value, where: str) -> str:
+    """A gold answer as text: a string as it is, a finite number in decimals (5.5, 1e20 ->
+    100000000000000000000). NaN, infinity, true/false, a list or an object are refused: their text
+    ("nan", "[1, 2]") would be graded as if it were the answer."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return format(Decimal(repr(value)), "f")
+    raise UsageError(f"{where}: the gold answer is {_kind(value)}; it must be a string or a finite "
+                     "number. Fix the row, or point --answer_key at the field that holds the "
+                     "answer.")
+
+
+def _label(row: dict, name: str, where: str):
+    """A row's level or subject, which filters and eval.py's accuracy by level group by: absent,
+    text or an integer ("Level 3", 3, "Algebra")."""
+    value = row.get(name)
+    if value is None or isinstance(value, str) or isinstance(value, int) and not isinstance(
+            value, bool):
+        return value
+    raise UsageError(f"{where}: the {name} is {_kind(value)}; it must be text or an integer, such "
+                     f"as {'3' if name == 'level' else repr('Algebra')}, or absent.")
+
+
+def _kind(value) -> str:
+    """What a JSON value is, for messages: 'a list ([1, 2])', 'NaN', 'true'."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else "infinite"
+    name = {list: "a list", dict: "an object", str: "text"}.get(type(value), type(value).__name__)
+    shown = json.dumps(value) if isinstance(value, (list, dict)) else repr(value)
+    return f"{name} ({shown if len(shown) <= 40 else shown[:37] + '...'})"
+
+
 class Task:
     """Base class. A task loads problems as examples {"question", "answer", ...} and grades
     responses."""
@@ -71,18 +131,19 @@ class Task:
         if path is not None and is_hub_id(path):
             name, config, hub_split = str(path), None, split
         elif path is not None:
-            rows = read_rows(path, cls.name)
-            # "row": the row as the file has it, whose fields a --reward_fn receives
-            return [{**cls.from_row(rename_fields(row, keys), f"{path}: row {i + 1}"), "row": row}
-                    for i, row in enumerate(rows)]
+            # "row": the row as the file has it, whose fields a --reward_fn receives; "where": the
+            # words that name it, for messages after loading (common/env/math_env.py)
+            return [{**cls.from_row(rename_fields(row, keys), where), "row": row, "where": where}
+                    for where, row in named_rows(path, cls.name)]
         else:
             name, config, hub_split = cls.hub[split]
         rows = load_hub_rows(name, config, hub_split)
         examples, errors = [], []
         for i, row in enumerate(rows):
             try:
-                examples.append({**cls.from_row(rename_fields(row, keys), f"{name} row {i + 1}"),
-                                 "row": row})
+                where = f"{name} row {i + 1}"
+                examples.append({**cls.from_row(rename_fields(row, keys), where), "row": row,
+                                 "where": where})
             # hub data is not ours to fix: skip an odd row, e.g. a solution without \boxed{}
             except ValueError as e:
                 errors.append(e)
@@ -226,10 +287,12 @@ class Arithmetic(_Generated):
 
     @classmethod
     def from_row(cls, row, where):
-        answer = str(_field(row, ("answer",), cls.name, where)).strip()
+        answer = _gold(_field(row, ("answer",), cls.name, where), where).strip()
         if to_number(answer) is None:
             raise UsageError(f"{where}: the answer {answer!r} is not a number")
-        return {**row, "question": _field(row, ("question",), cls.name, where), "answer": answer}
+        _label(row, "level", where)
+        return {**row, "question": _question(row, ("question",), cls.name, where),
+                "answer": answer}
 
 
 @register
@@ -271,11 +334,25 @@ class Countdown(_Generated):
         # TinyZero's ground truth
         if not ({"numbers", "nums"} & set(row)) and isinstance(gold, (str, dict)):
             try:
-                row = {**row, **(json.loads(gold) if isinstance(gold, str) else gold)}
-            except ValueError:
-                pass
-        numbers = [int(n) for n in _field(row, ("numbers", "nums"), cls.name, where)]
-        target = int(_field(row, ("target",), cls.name, where))
+                gold = json.loads(gold) if isinstance(gold, str) else gold
+            except ValueError:  # not JSON, or an integer of too many digits
+                gold = None
+            if not isinstance(gold, dict):
+                raise UsageError(f"{where}: no 'numbers' (or 'nums') field, and the answer "
+                                 f"{str(row['answer'])[:60]!r} is not the JSON object "
+                                 '{"numbers": [...], "target": N} that holds them.')
+            row = {**row, **gold}
+        numbers = _field(row, ("numbers", "nums"), cls.name, where)
+        if not isinstance(numbers, list) or not numbers or not all(
+                _whole(n) and n >= 0 for n in numbers):
+            raise UsageError(f"{where}: the numbers are {_kind(numbers)}; they must be a list of "
+                             "whole numbers >= 0, such as [3, 7, 25] (the grader reads the "
+                             "digits of a response, without signs or decimals).")
+        target = _field(row, ("target",), cls.name, where)
+        if not _whole(target):
+            raise UsageError(f"{where}: the target is {_kind(target)}; it must be a whole "
+                             "number, such as 24.")
+        numbers, target = [int(n) for n in numbers], int(target)
         question = (
             f"Using the numbers {numbers}, create an equation that equals {target}. You can use "
             "basic "
@@ -284,6 +361,10 @@ class Countdown(_Generated):
             f"<think> </think> tags. And return the final answer in <answer> </answer> tags, "
             f"for example <answer> (1 + 2) / 3 </answer>."
         )
+        if len(question) > MAX_QUESTION_CHARS:
+            raise UsageError(f"{where}: {len(numbers):,} numbers make a question of "
+                             f"{len(question):,} characters, more than the {MAX_QUESTION_CHARS:,} "
+                             "a question may have: give a few numbers a row, as CountDown does.")
         answer = json.dumps({"numbers": numbers, "target": target})
         return {"question": question, "answer": answer, "numbers": numbers, "target": target,
                 "solution": row.get("solution", "")}
@@ -337,17 +418,30 @@ class GSM8K(Task):
 
     @classmethod
     def from_row(cls, row, where):
-        question = _field(row, ("question", "problem"), cls.name, where)
-        text = str(_field(row, ("answer", "solution"), cls.name, where))
+        question = _question(row, ("question", "problem"), cls.name, where)
+        text = _gold(_field(row, ("answer", "solution"), cls.name, where), where)
         answer = text.rsplit("####", 1)[1] if "####" in text else text
         said = re.search(r"the answer is:?\s*\$?\s*([-\d,.]+?)\.?\s*$", text, re.IGNORECASE)
         if "####" not in text and said:  # LLM_RL's files end their solutions "The answer is: N"
             answer = said.group(1)
-        answer = ascii_lookalikes(answer).strip().replace(",", "")
+        answer = ascii_lookalikes(answer).strip()
+        # to_number reads a comma as a thousands separator only (1,234): "5,5" may be 5.5 or 55
+        if to_number(answer) is None and re.fullmatch(r"-?[\d,]+(?:\.\d*)?", answer):
+            raise UsageError(f"{where}: the gold answer {answer!r} is ambiguous (a decimal comma, "
+                             "or thousands in groups of other than 3 digits): write it as "
+                             "'#### 5.5' or '#### 1,234'.")
         if to_number(answer) is None:
             raise UsageError(f"{where}: no number after '####' in {text[-80:]!r}")
+        answer = answer.replace(",", "")
         solution = text if "####" in text else row.get("solution", "")
         return {"question": question, "answer": answer, "solution": solution}
+
+
+def _whole(value) -> bool:
+    """A whole number as JSON gives one: 3 or 3.0, not 2.7, "12", true, NaN or infinity."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and value.is_integer()
 
 
 def _is_prose(answer: str) -> bool:
@@ -373,8 +467,11 @@ class MATH(Task):
 
     @classmethod
     def from_row(cls, row, where):
-        question = _field(row, ("problem", "question"), cls.name, where)
-        answer = row.get("answer") or row.get("final_answer")
+        question = _question(row, ("problem", "question"), cls.name, where)
+        # `is not None`, not `or`: a gold of 0 is an answer
+        answer = next((row[k] for k in ("answer", "final_answer") if row.get(k) not in (None, "")),
+                      None)
+        answer = None if answer is None else _gold(answer, where)
         if answer is not None and ("\\boxed" in str(answer) or "\\fbox" in str(answer)):
             answer = last_boxed(str(answer))  # a worked solution as the gold: its final answer
             if answer is None:
@@ -385,14 +482,15 @@ class MATH(Task):
                              f"({str(answer)[:60]!r}...); point --answer_key at the final answer, "
                              "or at a solution that ends in \\boxed{}")
         if answer is None:
-            answer = last_boxed(_field(row, ("answer", "final_answer", "solution"), cls.name,
-                                       where))
+            answer = last_boxed(_gold(_field(row, ("answer", "final_answer", "solution"),
+                                             cls.name, where), where))
             if answer is None:
                 raise UsageError(f"{where}: the solution has no \\boxed{{}} answer; add an "
                                  "'answer' field")
         return {
             "question": question, "answer": str(answer), "solution": row.get("solution", ""),
-            "level": row.get("level"), "subject": row.get("subject") or row.get("type"),
+            "level": _label(row, "level", where),
+            "subject": _label(row, "subject", where) or _label(row, "type", where),
         }
 
     @classmethod
@@ -500,6 +598,19 @@ def read_rows(path, task: str) -> list[dict]:
     """Rows of a .jsonl, .json (a list of objects) or .parquet file. A file that is not UTF-8, a
     .jsonl line over MAX_LINE_BYTES or a .json file over MAX_JSON_BYTES is refused, naming the line
     (and the byte where the UTF-8 breaks)."""
+    return _read(path, task)[0]
+
+
+def named_rows(path, task: str) -> list[tuple[str, dict]]:
+    """read_rows's rows, each with the words that name it in a message: "data.jsonl: row 3", and
+    its line where blank lines of a .jsonl file make the two differ ("row 3 (line 5)")."""
+    rows, lines = _read(path, task)
+    return [(f"{path}: row {i}" + (f" (line {line})" if line not in (None, i) else ""), row)
+            for i, (row, line) in enumerate(zip(rows, lines), 1)]
+
+
+def _read(path, task):
+    """(rows, the line of each row in a .jsonl file, else None each)."""
     path = Path(path)
     if not path.is_file():
         hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
@@ -508,9 +619,10 @@ def read_rows(path, task: str) -> list[dict]:
             f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
             f"path=... (--dataset_path on the command line){alt}."
         )
+    lines = None
     try:
         if path.suffix == ".jsonl":
-            rows = _jsonl_rows(path)
+            rows, lines = _jsonl_rows(path)
         elif path.suffix == ".json":
             rows = _json_rows(path)
         elif path.suffix == ".parquet":
@@ -523,11 +635,12 @@ def read_rows(path, task: str) -> list[dict]:
                         "read.") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
         raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
-    return rows
+    return rows, lines or [None] * len(rows)
 
 
 def _jsonl_rows(path):
-    rows, offset = [], 0
+    """(rows, the line number of each): blank lines hold no row."""
+    rows, lines, offset = [], [], 0
     with open(path, "rb") as f:
         # split on "\n" only: str.splitlines also breaks at U+2028, which a JSON string may hold as
         # it is. readline's limit keeps a line that is too long from being read whole.
@@ -542,7 +655,8 @@ def _jsonl_rows(path):
             offset += len(raw)
             if line.strip():
                 rows.append(_json(line, path, number))
-    return rows
+                lines.append(number)
+    return rows, lines
 
 
 def _json_rows(path):
@@ -580,11 +694,31 @@ def _utf8(raw: bytes, path, line=None, offset=0) -> str:
                          f"utf-8 {path.name} > fixed{path.suffix}.") from None
 
 
+class _TooManyDigits(ValueError):
+    def __init__(self, digits):
+        super().__init__(digits[:20])
+        self.digits = digits
+
+
+def _parse_int(digits: str) -> int:
+    """A JSON integer; one past Python's limit on int-string conversion (4,300 digits) is refused
+    by name, not with the ValueError that int() raises."""
+    limit = sys.get_int_max_str_digits()
+    if limit and len(digits.lstrip("-")) > limit:
+        raise _TooManyDigits(digits)
+    return int(digits)
+
+
 def _json(text: str, path, line=None):
     """text parsed as JSON, or the error naming the line. line: the .jsonl line that text is."""
     where = f"{path}, line {line}" if line is not None else f"{path}"
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_parse_int)
+    except _TooManyDigits as e:
+        number = line if line is not None else text.count("\n", 0, text.find(e.digits)) + 1
+        raise UsageError(f"{path}, line {number}: an integer of {len(e.digits):,} digits, more "
+                         f"than the {sys.get_int_max_str_digits():,} Python reads from text: "
+                         "write it as a string (in quotes), or drop the row.") from None
     except json.JSONDecodeError as e:
         number = line if line is not None else e.lineno
         shown = f": {text[:80]!r}. Each line of a .jsonl file is one JSON object" if line else ""
