@@ -293,6 +293,7 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
+    run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
     # off-policy: the batches of the next updates, each drawn by the weights of k updates before
     # (under torchrun rank 1 samples them while rank 0 trains); a resumed run's from its checkpoint

@@ -306,6 +306,7 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
+    run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     teacher_tokenizer = load_tokenizer(args.teacher_model_name_or_path,
                                        "--teacher_model_name_or_path")
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():  # it scores the student's token ids

@@ -308,6 +308,7 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
+    run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
     # new in PPO: the critic, a copy of the policy with a value head (or a head on the policy)
     critic = make_critic(args, policy, run.device, run.state)

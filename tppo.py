@@ -338,6 +338,7 @@ def main(args):
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
+    run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
     critic = make_critic(args, policy, run.device, run.state)  # beyond grpo: the value function
     prm = (ProcessRewardModel(args.prm_model_name_or_path, args.prm_step_tag, args.prm_good_token,

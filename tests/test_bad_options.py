@@ -5,11 +5,13 @@ pays milliseconds for it. tests/test_distill.py's runs train with a teacher of m
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 import async_grpo
 import distill
@@ -17,9 +19,11 @@ import grpo
 import reinforce
 import tools
 from common.env.errors import PathError, UsageError
+from common.run.algorithms import ALGORITHMS
 from common.run.checks import check_options
 from common.run.pair import Sampled, rollout_state, saved_queue
 
+ROOT = Path(__file__).resolve().parents[1]
 FILES = {"async_grpo": async_grpo, "distill": distill, "grpo": grpo, "reinforce": reinforce,
          "tools": tools}
 
@@ -210,3 +214,50 @@ def damaged(how):
 ])
 def test_a_damaged_queue_is_one_line_before_the_models_load(how, says):
     assert queue_error(damaged(how)) == DAMAGED.format(says)
+
+
+# ---- a prompt past the model's positions, in training ------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_file_checks_its_prompts_against_the_model_before_the_weights_load(name):
+    # common/env/math_env.py's check_prompt_lengths, called by Run.check_prompts: each training
+    # file calls it once its tokenizer is there, before any weights load
+    source = (ROOT / f"{name}.py").read_text()
+    call = source.index("    run.check_prompts(tokenizer, env, eval_env)")
+    assert source.index("tokenizer = load_tokenizer(") < call < source.index("trained_policy(")
+
+
+def test_a_training_prompt_past_the_model_s_positions_is_one_line_before_the_weights_load(tmp_path):
+    from common.models.loading import max_positions
+
+    assert max_positions("tiny-random") == 4096
+    data = tmp_path / "long.jsonl"
+    rows = [{"question": "What is 2 + 2?", "answer": "#### 4"},
+            {"question": "Add these. " + "1 + " * 1340 + "1", "answer": "#### 1341"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = warm.run([sys.executable, "grpo.py", "--model_name_or_path", "tiny-random", "--dataset_path",
+                    str(data), "--dataset_name", "gsm8k", "--num_few_shot", "0", "--num_prompts", "2",
+                    "--num_generations", "2", "--num_eval_problems", "0", "--max_new_tokens", "64",
+                    "--output_dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+                   timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    # it trained without a word on positions tiny-random never learned. The prompt: 3 tokens for
+    # each "1 + ", 50 for the rest (the chat template, the system prompt, "Add these. 1")
+    assert out.stderr.splitlines() == [(
+        f"error: {data}: row 2: the prompt is 4,070 tokens, which with --max_new_tokens 64 passes the "
+        "4,096 positions of tiny-random: lower --max_new_tokens to 26 or less, or shorten the question.")]
+    assert not (tmp_path / "run" / "checkpoint-1").exists()
+
+
+def test_an_arithmetic_difficulty_on_another_task_is_refused(tmp_path):
+    from common.env.math_env import make_envs
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "What is 2 + 2?", "answer": "#### 4"}) + "\n")
+    args, _ = options("grpo", tmp_path, dataset_name="gsm8k", dataset_path=str(data), difficulty="3")
+    with pytest.raises(UsageError) as e:
+        make_envs(args, say=lambda _: None)  # the problems were gsm8k's, at no difficulty, silently
+    assert str(e.value) == ("--difficulty 3 changes nothing in this run: it is read only by the arithmetic "
+                            "task, and this run's is gsm8k. Drop it.")
+    args, _ = options("grpo", tmp_path, difficulty="3", num_eval_problems=0)
+    env, _ = make_envs(args, say=lambda _: None)  # arithmetic reads it: level 3 alone
+    assert {ex["level"] for ex in env.examples} == {3}

@@ -18,6 +18,7 @@ import copy
 import math
 import random
 import re
+from dataclasses import fields
 from pathlib import Path
 
 from common.env.errors import UsageError
@@ -339,6 +340,9 @@ def make_env_options(args, task: str) -> dict:
                    reward_weights=args.reward_weights)
     if task == "arithmetic":
         options["difficulty"] = args.difficulty
+    elif args.difficulty != next(f.default for f in fields(args) if f.name == "difficulty"):
+        raise UsageError(f"--difficulty {args.difficulty} changes nothing in this run: it is read "
+                         f"only by the arithmetic task, and this run's is {task}. Drop it.")
     return options
 
 

@@ -203,23 +203,33 @@ def check_safetensors(path):
         raise ValueError(f"{path.name} has {size} bytes, its header says {end}")
 
 
-def embedding_rows(name):
-    """The rows of model `name`'s output layer (its config's vocab_size, which may exceed the
-    tokenizer's size), read from the config before any weights load; None where no config can be
-    read here (a hub id offline: loading the model says why)."""
+def text_config(name):
+    """Model `name`'s config (of its language model, in a multimodal one), read before any weights
+    load: a LoRA checkpoint's is its base's. None where none can be read here (a hub id offline:
+    loading the model says why)."""
     from transformers import AutoConfig
 
     if name == TINY_RANDOM:
-        return len(load_tokenizer(TINY_RANDOM))
+        return tiny_random_config()
     path = Path(_resolve(name))
-    if (path / "adapter_config.json").is_file():  # LoRA adapters: the rows of their base
+    if (path / "adapter_config.json").is_file():
         base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-        return embedding_rows(base) if base else None
+        return text_config(base) if base else None
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        return AutoConfig.from_pretrained(str(path)).get_text_config()
     except (OSError, ValueError):
         return None
-    return getattr(config.get_text_config(), "vocab_size", None)
+
+
+def embedding_rows(name):
+    """The rows of model `name`'s output layer (its config's vocab_size, which may exceed the
+    tokenizer's size), or None where its config cannot be read here."""
+    return getattr(text_config(name), "vocab_size", None)
+
+
+def max_positions(name):
+    """The positions model `name` was built for (max_position_embeddings), or None."""
+    return getattr(text_config(name), "max_position_embeddings", None)
 
 
 @contextlib.contextmanager
@@ -286,19 +296,26 @@ def load_tokenizer(name, flag="--model_name_or_path"):
     return tok
 
 
-def tiny_random_model(vocab_size=None, seed=0):
-    """A 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary. Same seed, same
-    weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_random_config(vocab_size=None):
+    """tiny-random's config: a 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary."""
+    from transformers import LlamaConfig
 
     tok = load_tokenizer(TINY_RANDOM)
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
+
+
+def tiny_random_model(vocab_size=None, seed=0):
+    """A 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary. Same seed, same
+    weights."""
+    from transformers import LlamaForCausalLM
+
+    config = tiny_random_config(vocab_size)
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -14,6 +14,8 @@ it changes what an update computes:
     run = Run(args, check_args)                     # ranks, checks, seed
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     start_step, resume_from = run.resume_point()
+    tokenizer = load_tokenizer(args.model_name_or_path)
+    run.check_prompts(tokenizer, env, eval_env)     # each prompt within the model's positions
     ...                                             # the models, the optimizers
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
     for step in range(start_step, args.max_steps):
@@ -43,6 +45,8 @@ from common.models.distributed import (all_gather_objects, all_reduce_mean, all_
 from common.run.evaluation import evaluate
 from common.env.grader import grader_counts
 from common.run.logger import Logger, every, report_end
+from common.models.loading import max_positions
+from common.models.sampler import encode_prompts
 from common.models.sharding import clip_grad_norm, load_optimizer_state
 
 
@@ -195,6 +199,17 @@ class Run:
         if self.fit is not None:
             return self.fit.rows(rows, width)
         return self.args.micro_batch_size or self.default_micro_batch
+
+    def check_prompts(self, tokenizer, *envs):
+        """Stop, naming the row and the fix, before the weights load, if a prompt with
+        --max_new_tokens passes the model's positions (its config's): past them the model reads
+        positions it never learned, and the run would train on what it makes of them."""
+        positions = max_positions(self.args.model_name_or_path)
+        for env in envs:
+            if positions is not None and env is not None:
+                env.check_prompt_lengths(lambda prompts: [len(p) for p in encode_prompts(
+                    tokenizer, prompts)], positions, self.args.max_new_tokens,
+                    self.args.model_name_or_path)
 
     def check_rewards(self, rewards, step, problems):
         """Stop before an update whose rewards hold NaN or inf, naming the sample and its problem
