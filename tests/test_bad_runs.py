@@ -270,3 +270,66 @@ def test_what_counts_as_a_full_disk():
     assert not out_of_room(OSError(errno.EACCES, "Permission denied"), "/", need=0)
     assert not out_of_room(RuntimeError("unexpected pos 576 vs 534"), "/", need=0)
     assert out_of_room(RuntimeError("unexpected pos 576 vs 534"), "/", need=2**80)
+
+
+# ---- torchrun killed with kill -9: its ranks stop within seconds --------------------------------
+# The three processes of a torchrun whose agent is killed: this reaper (a subreaper, so that the
+# orphaned rank becomes its child and its exit status can be read), the launcher (killed), and
+# the rank, set up as torchrun sets one up and then waiting, as a rank does in a collective.
+RANK = """
+import importlib.util, os, sys, time
+# the module alone, without common/models' face (transformers would cost seconds here)
+spec = importlib.util.spec_from_file_location("distributed", "common/models/distributed.py")
+distributed = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(distributed)
+distributed.init_distributed()
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+LAUNCHER = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1]]).wait()"
+REAPER = """
+import ctypes, json, os, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans below become this process's
+launcher = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]],
+                            stdout=subprocess.PIPE)
+rank = int(launcher.stdout.readline())
+os.kill(launcher.pid, signal.SIGKILL)
+launcher.wait()
+start = time.time()
+while not (done := os.waitpid(rank, os.WNOHANG))[0]:
+    if time.time() - start > 30:
+        os.kill(rank, signal.SIGKILL)
+    time.sleep(0.05)
+print(json.dumps({"status": os.waitstatus_to_exitcode(done[1]),
+                  "seconds": time.time() - start}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a subreaper is Linux's")
+def test_a_rank_whose_launcher_is_killed_stops_within_seconds():
+    import socket
+
+    with socket.socket() as s:  # a free port for the rank's rendezvous with itself
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "TORCHELASTIC_RUN_ID": "test"}
+    out = subprocess.run([sys.executable, "-c", REAPER, LAUNCHER, RANK], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    said = json.loads(out.stdout)
+    # the watch looks every second; 143 = 128 + SIGTERM, what torchrun's own shutdown gives
+    assert said["status"] == 143 and said["seconds"] < 5, (said, out.stderr[-2000:])
+    assert out.stderr.splitlines()[-1].startswith(
+        "error (rank 0): the launcher (torchrun, pid ") and out.stderr.endswith(
+        ") is gone, so this rank stops too; --resume continues from the last complete "
+        "checkpoint.\n")
+    assert "Traceback" not in out.stderr
+
+
+def test_no_watch_without_torchrun(monkeypatch):
+    import common.models.distributed as d
+
+    monkeypatch.delenv("RANK", raising=False)
+    d.init_distributed()
+    assert "launcher-watch" not in [t.name for t in threading.enumerate()]
