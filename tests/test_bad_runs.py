@@ -333,3 +333,71 @@ def test_no_watch_without_torchrun(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     d.init_distributed()
     assert "launcher-watch" not in [t.name for t in threading.enumerate()]
+
+
+# ---- the exercise checker: its verdict, in its own process, within a time limit ----------------
+def _student(tmp_path, monkeypatch, text, name="double"):
+    """An exercise whose student's file, on the path, holds `text`: its oracle doubles x."""
+    from exercises.exercise import Exercise
+
+    module = f"student_{abs(hash(text)) % 10**8}"
+    (tmp_path / f"{module}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return Exercise(id="9.1", title="double", module=module, name=name,
+                    oracle=lambda x: 2 * x, cases=lambda: [("x = 3", {"x": 3})])
+
+
+@pytest.mark.parametrize("body,says", [
+    ("return 2 * x", None),
+    # each of these hung the checker, or passed it with exit status 0 and no word
+    ("while True:\n        pass", "took more than 0.5 s, and was stopped: look for a loop that "
+     "never ends (or give it longer with --time_limit)"),
+    ("import sys; sys.exit(0)", "x = 3: your double called sys.exit(0): a function returns its "
+     "result, and the checker alone ends the check"),
+    ("import os; os._exit(0)", "the check ended before its verdict (exit status 0): your double or "
+     "its file ends the process (sys.exit, os._exit); a check passes only when it runs to the end"),
+])
+def test_the_checker_reaches_its_verdict_whatever_the_function_does(tmp_path, monkeypatch, body,
+                                                                    says):
+    from exercises.check import check_apart
+
+    exercise = _student(tmp_path, monkeypatch, f"def double(x):\n    {body}\n")
+    start = time.time()
+    assert check_apart(exercise, time_limit=0.5) == says
+    assert time.time() - start < 10
+
+
+def test_an_early_exit_fails_the_command_line_with_its_line(tmp_path, monkeypatch, capsys):
+    import exercises.check as checker
+
+    exercise = _student(tmp_path, monkeypatch, "import os\ndef double(x):\n    os._exit(0)\n")
+    monkeypatch.setattr(checker, "all_exercises", lambda: {"9.1": exercise})
+    assert checker.main(["9.1"]) == 1  # it was 0, with no output: a pass to a grader
+    assert capsys.readouterr().out.splitlines() == [
+        "PS9.1 double: the check ended before its verdict (exit status 0): your double or its file "
+        "ends the process (sys.exit, os._exit); a check passes only when it runs to the end",
+        "0 of 1 passed"]
+
+
+@pytest.mark.parametrize("text,says", [
+    ("def double(x):\n    return 2 * x +\n", "{path}, line 2: SyntaxError: invalid syntax; fix that "
+     "line, then check again"),
+    ("def double(x):\n  return 2 * x\n   y = 1\n", "{path}, line 3: IndentationError: unexpected "
+     "indent; fix that line, then check again"),
+    ("x = 1\nraise KeyboardInterrupt\n", "{path}, line 2: importing it raised KeyboardInterrupt"),
+    ("import no_such_module_anywhere\n", "{path}, line 1: importing it raised ModuleNotFoundError: "
+     "No module named 'no_such_module_anywhere'"),
+    ("def triple(x):\n    return 3 * x\n", "{path} has no function double: keep its name and "
+     "signature as given (`git show HEAD:{path}` shows the file as shipped)"),
+    (None, "{path} is missing: restore it with `git checkout -- {path}` (your version, if you had "
+     "one, is in your editor or git's history)"),
+])
+def test_a_students_file_that_does_not_import_is_one_line_naming_its_line(tmp_path, monkeypatch,
+                                                                         text, says):
+    # each was a traceback
+    from exercises.check import check
+
+    exercise = _student(tmp_path, monkeypatch, text or "")
+    if text is None:
+        (tmp_path / exercise.path).unlink()
+    assert check(exercise) == says.format(path=exercise.path)
