@@ -94,9 +94,14 @@ def disk_room(what, then=RESUME, need=0):
     except Exception as e:
         if not out_of_room(e, Path(what).parent, need):
             raise
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else os.strerror(errno.ENOSPC)
-        raise PathError(f"the disk is full ({reason}) while writing {what}: free some space (or "
-                        f"pass a folder on another disk), {then}.") from None
+        raise disk_full(what, e, then) from None
+
+
+def disk_full(what, error, then=RESUME):
+    """The one-line error of a full disk met while writing `what`."""
+    said = error.strerror if isinstance(error, OSError) and error.strerror else None
+    return PathError(f"the disk is full ({said or os.strerror(errno.ENOSPC)}) while writing "
+                     f"{what}: free some space (or pass a folder on another disk), {then}.")
 
 
 def out_of_room(error, folder, need=0):
@@ -158,11 +163,12 @@ def open_log(path):
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
                      0o644)
-    except OSError:
+    except OSError as e:
         if kind_of(path) not in (None, "a file"):  # a link, a pipe without a reader, a folder
             _refuse_log(path)
-        with disk_room(path):
-            raise
+        if out_of_room(e, path.parent):
+            raise disk_full(path, e) from None
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe with a reader, a device
         os.close(fd)
         _refuse_log(path)
@@ -171,6 +177,7 @@ def open_log(path):
 
 
 def _refuse_log(path):
+    """The PathError of a log that open_log will not append to, by what is there."""
     if kind_of(path) == "a symbolic link":
         raise PathError(f"{path} is a symbolic link (to {os.readlink(path)}): a run follows no "
                         "link in its folder; remove it, or pass another --output_dir.")
