@@ -57,8 +57,9 @@ from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math
                         rename_fields, resolve_task, to_number)
 from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
                            generate, load_policy, load_tokenizer)
-from common.run import (DataArgs, all_gather_objects, check_output_dir, check_ranges,
-                        init_distributed, parse_args, print0, sample_seed, set_seed)
+from common.run import (DataArgs, all_gather_objects, check_new_file, check_output_dir,
+                        check_ranges, init_distributed, parse_args, print0, replace_file,
+                        sample_seed, set_seed)
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -140,14 +141,11 @@ def check_args(args):
         raise PathError(f"--responses {args.responses}: no such file. Pass a jsonl written "
                         "by eval.py, or "
                         f"rows with 'response' and 'answer' fields.")
-    # checked now: generations must not be lost at the end
+    # checked now: generations must not be lost at the end. Both files eval.py writes, each
+    # absent or (with --overwrite) a file, never a link, a folder or a pipe (check_new_file)
     output = Path(args.output or default_output(args))
-    if output.is_dir():
-        raise PathError(f"--output {output} is a folder: pass the path of the .jsonl file "
-                        "to write.")
-    if output.exists() and not args.overwrite:
-        raise PathError(f"--output {output} exists (an earlier evaluation): pass --overwrite to "
-                        "replace it, or another --output.")
+    for path in (output, summary_path_of(output)):
+        check_new_file(path, "--output", args.overwrite)
     check_output_dir(output.parent, "--output")
 
 
@@ -366,6 +364,11 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
     return records
 
 
+def summary_path_of(output):
+    """<output>.summary.json, beside the per-problem jsonl."""
+    return output.with_name(output.name.removesuffix(".jsonl") + ".summary.json")
+
+
 def default_output(args):
     if args.responses is not None:
         return f"runs/eval/{Path(args.responses).stem}-regraded.jsonl"
@@ -440,15 +443,15 @@ def main(args):
         return summary
 
     output = Path(args.output or default_output(args))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    summary_path = output.with_name(output.name.removesuffix(".jsonl") + ".summary.json")
+    summary_path = summary_path_of(output)
     config = asdict(args)
     config["max_new_tokens"] = max_new_tokens
-    summary_path.write_text(json.dumps({**summary, "time_s": round(time.time() - t0, 2),
-                                        "args": config}, indent=2))
+    # each file by the rename of a new one (replace_file): a link or a pipe planted there since
+    # the check is replaced, never written through, and a full disk is one line
+    again = "then run eval.py again, with --overwrite"
+    replace_file(output, "".join(json.dumps(r) + "\n" for r in records), then=again)
+    replace_file(summary_path, json.dumps({**summary, "time_s": round(time.time() - t0, 2),
+                                           "args": config}, indent=2), then=again)
 
     P = summary["num_problems"]
     if all(len(r["responses"]) == 1 for r in records):

@@ -11,13 +11,21 @@ The reference is the project itself: each exercise's oracle is the function of t
 exercise and the code it teaches cannot drift apart. Where your output differs, the checker runs
 the mistakes students make most often (the wrong axis, the mask forgotten, the ratio inverted) on
 the same inputs, and when yours matches one of them it names it.
+
+Each exercise is checked in a process of its own, which the checker waits on for at most
+--time_limit seconds: a function that loops forever is stopped and said to, and one that ends the
+process (sys.exit, os._exit) fails, since a check passes only when the checker reaches its verdict.
+The exit status is 0 only when every exercise checked passed.
 """
 
 import argparse
+import multiprocessing
 import sys
 
 from exercises.exercise import Exercise, Wrong, run_checks
 from exercises.ps1.cases import EXERCISES as PS1
+
+TIME_LIMIT = 60.0  # seconds an exercise's checks may take; the project's own take under 1 s each
 
 
 def all_exercises() -> dict:
@@ -34,11 +42,55 @@ def check(exercise: Exercise, solution: bool = False) -> str | None:
     return None
 
 
+def check_apart(exercise: Exercise, solution: bool = False,
+                time_limit: float = TIME_LIMIT) -> str | None:
+    """check() in a child process: None if the function passes, else what is wrong, including
+    what a process cannot say of itself (that it looped past the time limit, or exited before its
+    verdict). The child is forked, so nothing is imported again."""
+    sys.stdout.flush()  # else the child would print the parent's buffered lines a second time
+    sys.stderr.flush()
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_check_and_send, args=(exercise, solution, send), daemon=True)
+    child.start()
+    send.close()  # the child's end: when the child is gone, recv() sees the end of the pipe
+    try:
+        if not receive.poll(time_limit):
+            return (f"took more than {time_limit:g} s, and was stopped: look for a loop that never "
+                    "ends (or give it longer with --time_limit)")
+        try:
+            return receive.recv()
+        except EOFError:  # the child ended without a verdict
+            child.join()
+            return (f"the check ended before its verdict (exit status {child.exitcode}): your "
+                    f"{exercise.name} or its file ends the process (sys.exit, os._exit); a check "
+                    "passes only when it runs to the end")
+    finally:
+        child.kill()
+        child.join()
+        receive.close()
+
+
+def _check_and_send(exercise, solution, send):
+    # A forked child of a process that ran torch's OpenMP threads hangs in its first parallel op
+    # unless it runs on one thread (torch's DataLoader workers do the same).
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        verdict = check(exercise, solution)
+    except Exception as e:  # outside the student's function: the checker's own bug
+        verdict = f"the checker failed ({type(e).__name__}: {e}); please report it"
+    send.send(verdict)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("ids", nargs="*", help="exercises (1.5) or problem sets (1); default: all")
     parser.add_argument("--solution", action="store_true",
                         help="check the project's own functions instead of yours (they all pass)")
+    parser.add_argument("--time_limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
+                        help="the most an exercise's checks may take (default: %(default)g)")
     args = parser.parse_args(argv)
     exercises = all_exercises()
     chosen = [e for e in exercises.values()
@@ -47,12 +99,20 @@ def main(argv=None) -> int:
         print(f"error: no exercise {' '.join(args.ids)}; the exercises are "
               f"{', '.join(exercises)}", file=sys.stderr)
         return 2
+    if not args.time_limit > 0:
+        print(f"error: --time_limit {args.time_limit:g}: give the seconds an exercise may take, "
+              f"more than 0 (the default is {TIME_LIMIT:g})", file=sys.stderr)
+        return 2
     failed = 0
-    for exercise in chosen:
-        problem = check(exercise, args.solution)
-        failed += problem is not None
-        status = "ok" if problem is None else problem
-        print(f"PS{exercise.id} {exercise.title}: {status}")
+    try:
+        for exercise in chosen:
+            problem = check_apart(exercise, args.solution, args.time_limit)
+            failed += problem is not None
+            status = "ok" if problem is None else problem
+            print(f"PS{exercise.id} {exercise.title}: {status}", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: no verdict on the rest, and no pass
+        print("error: interrupted (Ctrl-C) before every exercise was checked", file=sys.stderr)
+        return 130
     print(f"{len(chosen) - failed} of {len(chosen)} passed")
     return 1 if failed else 0
 

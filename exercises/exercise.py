@@ -3,6 +3,7 @@ the hand-worked cases, and the mistakes named when the student's output matches 
 sets (exercises/ps1/cases.py) are made of these; exercises/check.py runs them."""
 
 import importlib
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,9 +45,36 @@ class Exercise:
         return self.module.replace(".", "/") + ".py"
 
     def student(self):
-        """The student's function, imported fresh from its file."""
-        module = importlib.import_module(self.module)
-        return getattr(importlib.reload(module), self.name)
+        """The student's function, imported fresh from its file. A file that is missing, does not
+        parse, or stops while it is imported (an error, a KeyboardInterrupt, sys.exit) is Wrong,
+        said in one line with the file and its line."""
+        try:
+            module = importlib.import_module(self.module)
+            module = importlib.reload(module)
+        except ModuleNotFoundError as e:
+            if e.name != self.module and not self.module.startswith(f"{e.name}."):
+                raise Wrong(f"{self.path}, line {_line_in(e, self.path)}: importing it raised "
+                            f"ModuleNotFoundError: {e}") from None
+            raise Wrong(f"{self.path} is missing: restore it with `git checkout -- {self.path}` "
+                        "(your version, if you had one, is in your editor or git's history)") \
+                from None
+        except SyntaxError as e:  # IndentationError too
+            raise Wrong(f"{self.path}, line {e.lineno}: {type(e).__name__}: {e.msg}; fix that "
+                        "line, then check again") from None
+        except BaseException as e:  # what the file runs on import: it is the student's
+            raise Wrong(f"{self.path}, line {_line_in(e, self.path)}: importing it raised "
+                        f"{type(e).__name__}{f': {e}' if str(e) else ''}") from None
+        if not callable(getattr(module, self.name, None)):
+            raise Wrong(f"{self.path} has no function {self.name}: keep its name and signature "
+                        f"as given (`git show HEAD:{self.path}` shows the file as shipped)")
+        return getattr(module, self.name)
+
+
+def _line_in(error, path) -> str:
+    """The line of `path` where `error` was raised (its last frame in that file), or '?'."""
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__)
+             if f.filename.endswith(path)]
+    return str(lines[-1]) if lines else "?"
 
 
 def _clone(value):
@@ -103,7 +131,10 @@ def _compare(exercise, fn, what, kwargs, expected, where):
         got = fn(**given)
     except NotImplementedError:
         raise Wrong(f"not written yet: fill in {where}") from None
-    except Exception as e:  # the student's bug, said in one line with the case that found it
+    except SystemExit as e:  # a pass by exit status that no check gave
+        raise Wrong(f"{what}: your {exercise.name} called sys.exit({e.code!r}): a function returns "
+                    "its result, and the checker alone ends the check") from None
+    except (Exception, KeyboardInterrupt) as e:  # the student's bug, said with the case it met
         raise Wrong(f"{what}: your {exercise.name} raised {type(e).__name__}: {e}") from None
     for key, value in kwargs.items():
         if isinstance(value, torch.Tensor) and not torch.equal(given[key], value):

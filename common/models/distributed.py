@@ -6,6 +6,8 @@ would have)."""
 import os
 import random
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +50,8 @@ def init_distributed():
         return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun, which is this rank's parent
+        watch_launcher(rank)
     shared_gpu = False
     if use_cuda:
         gpus = torch.cuda.device_count()
@@ -63,6 +67,53 @@ def init_distributed():
         nccl = use_cuda and not shared_gpu
         dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
     return DistInfo(rank, world, local, device)
+
+
+# The exit status of a rank whose launcher died: 128 + SIGTERM, what torchrun's own shutdown of
+# its ranks gives them. Nothing reads it (the launcher is gone), but it says "stopped from outside".
+LAUNCHER_GONE = 143
+_WATCHING = False  # one watch a process, however often init_distributed is called
+
+
+def watch_launcher(rank, interval=1.0):
+    """Stop this rank within `interval` seconds of its launcher's death. torchrun's agent is each
+    rank's parent; killed with kill -9 it cannot stop its ranks, and they would train on and save
+    into the run folder, orphans racing the run that a resume loop starts next. A daemon thread
+    compares os.getppid() with the parent seen now: an orphan is handed to another parent (init or
+    a subreaper), so any change means the launcher is gone. It prints one line and ends the process
+    with os._exit: a thread cannot raise in the main thread, and a collective waiting on a peer that
+    will never answer would hold a normal exit forever. A save cut short this way leaves the
+    previous checkpoint whole, as any kill does (common/run/checkpoints.py)."""
+    global _WATCHING
+    if _WATCHING:
+        return
+    _WATCHING = True
+    parent = os.getppid()
+
+    def stop():
+        try:
+            print(f"error (rank {rank}): the launcher (torchrun, pid {parent}) is gone, so this "
+                  "rank stops too; --resume continues from the last complete checkpoint.",
+                  file=sys.__stderr__, flush=True)  # not sys.stderr: torch's excepthook buffers it
+        finally:
+            os._exit(LAUNCHER_GONE)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval)
+        stop()
+
+    # A rank waiting in a collective learns first that a peer stopped ("Connection reset by
+    # peer"); when its launcher is gone too, that error is this one, said as the others say it.
+    said = sys.excepthook
+
+    def excepthook(kind, error, traceback):
+        if os.getppid() != parent:
+            stop()
+        said(kind, error, traceback)
+
+    sys.excepthook = excepthook
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 # async_grpo.py's two processes share no collective once they part ways: one trains, one samples,

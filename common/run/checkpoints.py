@@ -16,7 +16,7 @@ import torch.distributed as dist
 from common.run.args import algorithm_of
 from common.models.distributed import all_gather_objects, print0
 from common.env.errors import NonFiniteError, PathError, UsageError, UserError
-from common.run.logger import LOG_FILES, RUN_FILES, plain_mode
+from common.run.logger import LOG_FILES, RUN_FILES, disk_room, kind_of, plain_mode
 from common.models.loading import load_policy, refuse_code
 from common.models.sharding import full_state_dict, optimizer_state, untied
 
@@ -59,11 +59,27 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
                              f"The previous checkpoint is intact; --resume continues from it.")
     if not main:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for left in path.parent.glob(f"{path.name}.*tmp"):  # by a save that was killed
-        if not left.is_symlink():
-            shutil.rmtree(left, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
+    # a full disk is one line that says so (disk_room); the unfinished folder goes, so that the
+    # room it took is free again, and --resume continues from the previous checkpoint
+    need = sum(t.numel() * t.element_size() for t in weights.values() if torch.is_tensor(t))
+    with disk_room(path, need=need):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for left in path.parent.glob(f"{path.name}.*tmp"):  # by a save that was killed
+            if not left.is_symlink():
+                shutil.rmtree(left, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
+    try:
+        with disk_room(path, need=need):
+            _write_checkpoint(path, tmp, model, weights, tokenizer, step, optimizer_states, extra,
+                              merge_base, algorithm)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_checkpoint(path, tmp, model, weights, tokenizer, step, optimizer_states, extra,
+                      merge_base, algorithm):
+    """save_checkpoint's files, written into the new folder `tmp`, then renamed to `path`."""
     plain_mode(tmp, 0o777)
     model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
@@ -188,18 +204,30 @@ def resume_point(output_dir, resume, max_steps, args=None):
 
 def check_run_folder(output_dir):
     """Stop, before any model loads, if a name the run writes in its folder (args.json, the logs,
-    tb/, checkpoint-N and its temporary folders) is a symbolic link: the run writes only what it
-    made there, and a link planted by someone sharing the folder (args.json -> a file of yours)
-    would take its writes elsewhere."""
+    tb/, checkpoint-N and its temporary folders) is a symbolic link, or of another kind than the
+    run writes there. The run writes only what it made there: a link planted by someone sharing
+    the folder (args.json -> a file of yours) would take its writes elsewhere; a named pipe as
+    metrics.jsonl would hold the run forever at its first line; a folder as args.json, or a file as
+    checkpoint-N, failed with a traceback at the first write."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return
     for entry in sorted(folder.iterdir()):
-        written = entry.name in RUN_FILES or re.fullmatch(r"checkpoint-\d+(\..*)?", entry.name)
+        checkpoint = re.fullmatch(r"checkpoint-\d+(\..*)?", entry.name)
+        written = entry.name in RUN_FILES or checkpoint
         if entry.is_symlink() and written:  # a checkpoint-best -> checkpoint-20 of yours may stay
             raise PathError(f"--output_dir {output_dir}: {entry.name} there is a symbolic link (to "
                             f"{os.readlink(entry)}), and a run follows no link in its folder: "
                             f"remove it (rm {entry}), or pass another --output_dir.")
+        # folders: tb/ and checkpoint-N/ (a leftover checkpoint-N.x.tmp of any kind is removed
+        # or passed over by the next save); files: args.json and the logs
+        folder_kind = entry.name == "tb" or (checkpoint and not checkpoint.group(1))
+        want = "a folder" if folder_kind else "a file" if entry.name in RUN_FILES else None
+        kind = kind_of(entry)
+        if want and kind != want:
+            raise PathError(f"--output_dir {output_dir}: {entry.name} there is {kind}, where a run "
+                            f"writes {want} of that name: remove it (rm -r {entry}), or pass "
+                            "another --output_dir.")
 
 
 def check_resumable(path, state, args):

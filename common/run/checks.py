@@ -20,6 +20,7 @@ from common.run.args import (
     range_text,
 )
 from common.models.distributed import collective_device, print0, world_size
+from common.run.logger import kind_of
 from common.env.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models.loading import check_model_name
 
@@ -139,11 +140,16 @@ def check_output_dir(path, flag="--output_dir"):
     that an unwritable path fails before hours of work rather than at the first save. Nothing is
     left behind."""
     path = Path(path).expanduser()
-    existing = next(p for p in [path, *path.parents] if p.exists())
+    # the first of the path and its parents that is there: lexists, so that a link to nothing
+    # (which mkdir would fail on, with a traceback) is found and said
+    existing = next(p for p in [path, *path.parents] if os.path.lexists(p))
+    if existing.is_symlink() and not existing.exists():
+        raise PathError(f"{flag} {path}: {existing} is a symbolic link to {os.readlink(existing)}, "
+                        "which does not exist: make that folder, remove the link, or pass "
+                        "another path.")
     if not existing.is_dir():
-        raise PathError(f"{flag} {path}: {existing} is a file, not a folder; pass a "
-                        "folder (it is created "
-                        f"if missing).")
+        raise PathError(f"{flag} {path}: {existing} is {kind_of(existing.resolve())}, not a "
+                        "folder; pass a folder (it is created if missing).")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:

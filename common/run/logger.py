@@ -1,9 +1,12 @@
 """What a run writes while it goes: a progress bar, metrics.jsonl, eval.jsonl, samples.jsonl,
 TensorBoard when installed and wandb with --track; the run's last line."""
 
+import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 import time
 from dataclasses import asdict
@@ -52,27 +55,134 @@ def plain_mode(path, mode):
     os.chmod(path, mode & ~umask)
 
 
-def replace_file(path, text):
+# What each kind of file-system entry is called in a message, by stat's S_IFMT bits.
+KINDS = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link",
+         stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket",
+         stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+# A run continues after its disk filled up by resuming; eval.py has no resume, it runs again.
+RESUME = "then run the same command with --resume: it continues from the last complete checkpoint"
+
+
+def kind_of(path):
+    """What is at `path`, unfollowed: None (nothing), "a file" (a regular one), or KINDS' name."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return "a file" if stat.S_ISREG(mode) else KINDS.get(stat.S_IFMT(mode), "no regular file")
+
+
+def refuse_special(path, fix):
+    """PathError if `path` is a folder, a named pipe, a socket or a device: what no rename of a
+    new file replaces (a folder), or what opening waits on forever (a pipe without a reader). A
+    symbolic link is each caller's policy: a rename replaces it, open_log and the run folder's
+    check refuse it. `fix`: what to do instead, ending the message."""
+    kind = kind_of(path)
+    if kind not in (None, "a file", "a symbolic link"):
+        raise PathError(f"{path} is {kind}, where a file is written: {fix}")
+
+
+@contextlib.contextmanager
+def disk_room(what, then=RESUME, need=0):
+    """A full disk (or a full quota) while writing `what` is one line that says so, not a
+    traceback: every write of the logs, checkpoints and eval.py's results goes through here, so
+    that the class is closed wherever a run writes. `then`: what to do once there is room. need:
+    the bytes being written, for writers whose error does not say why (torch.save's is "unexpected
+    pos 576 vs 534"): their failure is the disk's when it has less room than that."""
+    try:
+        yield
+    except Exception as e:
+        if not out_of_room(e, Path(what).parent, need):
+            raise
+        raise disk_full(what, e, then) from None
+
+
+def disk_full(what, error, then=RESUME):
+    """The one-line error of a full disk met while writing `what`."""
+    said = error.strerror if isinstance(error, OSError) and error.strerror else None
+    return PathError(f"the disk is full ({said or os.strerror(errno.ENOSPC)}) while writing "
+                     f"{what}: free some space (or pass a folder on another disk), {then}.")
+
+
+def out_of_room(error, folder, need=0):
+    """Whether `error`, raised while writing into `folder`, came from a full disk or quota: its
+    errno, its text (safetensors says "os error 28"), or less room left than `need` bytes."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = f"{error} {error.__context__}"
+    if any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT)):
+        return True
+    try:
+        room = os.statvfs(folder)
+    except OSError:
+        return False
+    return room.f_bavail * room.f_frsize < need
+
+
+def replace_file(path, text, then=RESUME):
     """Write `text` to `path` by a rename of a new file made beside it: a kill leaves the old file
-    or the new one whole, and a symbolic link planted at `path` is replaced, never followed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    plain_mode(tmp, 0o666)
-    os.replace(tmp, path)
+    or the new one whole, and a symbolic link planted at `path` is replaced, never followed. A
+    folder or a named pipe there is refused; a full disk leaves the old file and no temporary."""
+    refuse_special(path, f"remove it (rm -r {path}), or write elsewhere.")
+    with disk_room(path, then):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            plain_mode(tmp, 0o666)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+
+def check_new_file(path, flag, overwrite):
+    """Stop, before any work, unless `path` may take a new file: nothing there, or, with
+    --overwrite, a file. The rule of a training run's folder (check_run_folder) for a file written
+    outside one (eval.py's results and summary): a symbolic link is refused even with --overwrite
+    (the write would land where it points), and a folder, a named pipe, a socket or a device too."""
+    kind = kind_of(path)
+    if kind == "a symbolic link":
+        raise PathError(f"{flag}: {path} is a symbolic link (to {os.readlink(path)}), and nothing "
+                        f"is written through a link: remove it (rm {path}), or pass another "
+                        f"{flag}.")
+    if kind not in (None, "a file"):
+        raise PathError(f"{flag}: {path} is {kind}, not a file: pass the path of a file to write "
+                        f"(another {flag}).")
+    if kind == "a file" and not overwrite:
+        raise PathError(f"{flag} {path} exists (an earlier evaluation): pass --overwrite to "
+                        f"replace it, or another {flag}.")
 
 
 def open_log(path):
-    """`path` opened to append lines, created if missing; a symbolic link there is refused, not
-    followed (the run would write through it, outside its folder)."""
+    """`path` opened to append lines, created if missing. A symbolic link there is refused, not
+    followed (the run would write through it, outside its folder), and so is anything but a regular
+    file. O_NONBLOCK: a named pipe there fails at once instead of waiting for a reader that never
+    comes; the kind is checked on what was opened too, so that a swap after any check is caught."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                     0o644)
     except OSError as e:
-        if not path.is_symlink():
-            raise
-        raise PathError(f"{path} is a symbolic link (to {os.readlink(path)}): a run follows no "
-                        "link in its folder; remove it, or pass another --output_dir.") from e
+        if kind_of(path) not in (None, "a file"):  # a link, a pipe without a reader, a folder
+            _refuse_log(path)
+        if out_of_room(e, path.parent):
+            raise disk_full(path, e) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe with a reader, a device
+        os.close(fd)
+        _refuse_log(path)
+    os.set_blocking(fd, True)
     return os.fdopen(fd, "a")
+
+
+def _refuse_log(path):
+    """The PathError of a log that open_log will not append to, by what is there."""
+    if kind_of(path) == "a symbolic link":
+        raise PathError(f"{path} is a symbolic link (to {os.readlink(path)}): a run follows no "
+                        "link in its folder; remove it, or pass another --output_dir.")
+    refuse_special(path, f"remove it (rm -r {path}), or pass another --output_dir.")
+    raise PathError(f"{path} is no regular file: remove it, or pass another --output_dir.")
 
 
 def mean_of(stats):
@@ -118,7 +228,8 @@ class Logger:
         from tqdm.auto import tqdm
 
         self.dir = Path(args.output_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with disk_room(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
         config = asdict(args)
         replace_file(self.dir / "args.json", json.dumps(config, indent=2, default=str))
         files = [self.dir / name for name in LOG_FILES]
@@ -191,9 +302,10 @@ class Logger:
         self._show(step, metrics)
 
     def _write(self, file, step, metrics):
-        file.write(json_line({"step": step, "time": round(time.time() - self.start, 2),
-                              **metrics}) + "\n")
-        file.flush()
+        with disk_room(file.name):
+            file.write(json_line({"step": step, "time": round(time.time() - self.start, 2),
+                                  **metrics}) + "\n")
+            file.flush()
         if self.tb:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
@@ -210,9 +322,10 @@ class Logger:
         are printed so that reward hacking is visible while the run goes."""
         if not self.enabled:
             return
-        for s in samples:
-            self.samples_file.write(json_line({"step": step, **s}) + "\n")
-        self.samples_file.flush()
+        with disk_room(self.samples_file.name):
+            for s in samples:
+                self.samples_file.write(json_line({"step": step, **s}) + "\n")
+            self.samples_file.flush()
         for s in samples[:show]:
             self.bar.write(f"[step {step}] reward={s.get('reward')}  "
                            f"{s.get('response', '')[:300]!r}")
@@ -231,6 +344,7 @@ class Logger:
 
 def _set_aside(path):
     """Rename a non-empty log to the first free name.k.jsonl, and start an empty one."""
+    refuse_special(path, f"remove it (rm -r {path}), or pass another --output_dir.")
     if path.exists() and path.stat().st_size:
         k = 1
         while os.path.lexists(aside := path.with_name(f"{path.stem}.{k}{path.suffix}")):
@@ -242,11 +356,14 @@ def _set_aside(path):
 
 def _keep_lines_up_to(path, step):
     """Rewrite a jsonl log keeping the whole lines whose "step" is <= step."""
+    refuse_special(path, f"remove it (rm -r {path}), or pass another --output_dir.")
     if not path.exists():
         open_log(path).close()
         return
     kept = []
-    for line in path.read_text().splitlines():
+    # a link's target is not read (it may be a pipe): the rename below replaces the link
+    lines = path.read_text().splitlines() if kind_of(path) == "a file" else []
+    for line in lines:
         try:
             if json.loads(line)["step"] <= step:
                 kept.append(line + "\n")
