@@ -17,7 +17,7 @@ from common.run.args import algorithm_of
 from common.models.distributed import all_gather_objects, print0
 from common.env.errors import NonFiniteError, PathError, UsageError, UserError
 from common.run.logger import LOG_FILES, RUN_FILES, disk_room, kind_of, plain_mode
-from common.models.loading import load_policy, refuse_code
+from common.models.loading import check_safetensors, load_policy, refuse_code
 from common.models.sharding import full_state_dict, optimizer_state, untied
 
 
@@ -137,23 +137,10 @@ def load_trainer_state(path):
                                  f"the manifest says {size} bytes")
     else:  # written before manifests, or a copy that lost it: the weights' own headers say
         for weights in sorted(path.glob("*.safetensors")):
-            _check_safetensors(weights)
+            check_safetensors(weights)
     with refuse_code(f"--resume: {path / 'trainer_state.pt'}", "Resume only from checkpoints "
                      "written by mathrl, or start a new --output_dir."):
         return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-
-
-def _check_safetensors(path):
-    """ValueError unless the safetensors file holds every byte its header promises: a file cut
-    short would fail deep inside the model loading, with a traceback."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = int.from_bytes(f.read(8), "little")  # the header's length, then the header
-        header = json.loads(f.read(head)) if 8 + head <= size else {}
-    end = 8 + head + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-                         default=0)
-    if end != size:
-        raise ValueError(f"{path.name} has {size} bytes, its header says {end}")
 
 
 def resume_point(output_dir, resume, max_steps, args=None):
