@@ -48,9 +48,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from common.env import UsageError, make_envs
-from common.models import (Rollout, backbone_and_head, check_model_name, embedding_rows,
-                           encode_prompts, fast_decoding, generate, load_reference, load_tokenizer,
-                           trained_policy)
+from common.models import (Rollout, backbone_and_head, check_teacher, encode_prompts,
+                           fast_decoding, generate, load_reference, load_tokenizer, trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
 from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
@@ -122,14 +121,7 @@ def check_args(args, world_size):
                          "with the student's tokenizer (e.g. `python grpo.py --output_dir "
                          "runs/teacher`, then --teacher_model_name_or_path "
                          "runs/teacher/checkpoint-20).")
-    check_model_name(args.teacher_model_name_or_path, "--teacher_model_name_or_path")
-    rows = [embedding_rows(name) for name in (args.model_name_or_path,
-                                              args.teacher_model_name_or_path)]
-    if None not in rows and rows[1] < rows[0]:  # the teacher scores every token the student writes
-        raise UsageError(f"--teacher_model_name_or_path {args.teacher_model_name_or_path} has "
-                         f"{rows[1]} output rows, fewer than the student's {rows[0]}: the student "
-                         "can write a token the teacher cannot score. Pass a teacher with at least "
-                         "as many (a larger model of the student's family has them).")
+    check_teacher(args.teacher_model_name_or_path, args.model_name_or_path)
     check_unused(args, [("jsd_beta", args.loss_form == "full", "--loss_form full")])
     if args.reward_weight > 0 and args.num_generations < 2:
         raise UsageError("--reward_weight adds the verifier's group advantage, which needs "

@@ -114,10 +114,10 @@ def check_args(args, world_size):
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
     try:  # tools: every name known
-        names = parse_tools(args.tools)
+        parse_tools(args.tools)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_unused(args, [("max_turns", bool(names), "--tools naming a tool (the default: calc)")])
+    check_unused(args, [("max_turns", args.tools.strip() != "none", "--tools naming a tool")])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ in this order:
 from common.models.fast.decoding import fast_decoding
 from common.models.fast.graphs import capture_decoding
 from common.models.hf import backbone_and_head
-from common.models.loading import (check_model_name, critic_state, embedding_rows, load_policy,
+from common.models.loading import (check_model_name, check_teacher, critic_state, load_policy,
                                    load_reference, load_tokenizer, make_critic, reference_policy,
                                    trained_policy)
 from common.models.sampler import (Decoder, Generation, Rollout, encode_prompts, eos_token_ids,
@@ -28,9 +28,9 @@ from common.models.stepwise import (Episodes, ProcessRewardModel, StepwiseEnvs, 
                                     stepwise_system_prompt, trim_left_padding)
 
 __all__ = ["Decoder", "Episodes", "Generation", "ProcessRewardModel", "Rollout", "StepwiseEnvs",
-           "backbone_and_head", "capture_decoding", "check_model_name", "critic_state",
-           "embedding_rows", "encode_prompts", "eos_token_ids", "fast_decoding", "full_state_dict", "generate",
-           "left_pad", "load_policy", "load_prm_tokenizer", "load_reference", "load_tokenizer",
-           "make_critic", "play_episodes", "policy_sampler", "reference_policy", "right_pad",
-           "single_token_id", "stepwise_system_prompt", "trained_policy", "trim_left_padding",
-           "unsharded"]
+           "backbone_and_head", "capture_decoding", "check_model_name", "check_teacher",
+           "critic_state", "encode_prompts", "eos_token_ids", "fast_decoding", "full_state_dict",
+           "generate", "left_pad", "load_policy", "load_prm_tokenizer", "load_reference",
+           "load_tokenizer", "make_critic", "play_episodes", "policy_sampler", "reference_policy",
+           "right_pad", "single_token_id", "stepwise_system_prompt", "trained_policy",
+           "trim_left_padding", "unsharded"]

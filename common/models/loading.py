@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from common.models.distributed import broadcast_parameters
-from common.env.errors import PathError
+from common.env.errors import PathError, UsageError
 from common.models.fast.compile import compile_decoding
 from common.models.fast.graphs import capture_decoding
 from common.models.hf import decoder_layers, position_ids_from_mask
@@ -225,6 +225,20 @@ def embedding_rows(name):
     """The rows of model `name`'s output layer (its config's vocab_size, which may exceed the
     tokenizer's size), or None where its config cannot be read here."""
     return getattr(text_config(name), "vocab_size", None)
+
+
+def check_teacher(name, student, flag="--teacher_model_name_or_path"):
+    """A teacher's folder as check_model_name checks any, and at least as many output rows as the
+    student's, read from the two configs: it scores every token the student writes. (Families pad
+    their rows to different sizes, so more rows than the student's are common: Qwen2.5 7B has
+    152,064, its 0.5B 151,936.)"""
+    check_model_name(name, flag)
+    rows, student_rows = embedding_rows(name), embedding_rows(student)
+    if rows is not None and student_rows is not None and rows < student_rows:
+        raise UsageError(f"{flag} {name} has {rows} output rows, fewer than the student's "
+                         f"{student_rows}: the student can write a token the teacher cannot "
+                         "score. Pass a teacher with at least as many (a larger model of the "
+                         "student's family has them).")
 
 
 def max_positions(name):

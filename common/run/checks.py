@@ -38,7 +38,7 @@ def check_common_args(args, world_size=1):
     if hasattr(args, "num_prompts"):
         check_batch(args, world_size, args.num_prompts, args.num_generations)
     check_output_dir(args.output_dir)
-    if hasattr(args, "kl_estimator"):  # the files with a KL to a frozen reference, loaded if beta > 0
+    if hasattr(args, "kl_estimator"):  # the files with a KL to a reference, which beta > 0 loads
         check_unused(args, [(name, args.beta > 0, "--beta > 0")
                             for name in ("kl_estimator", "kl_penalty")])
     if args.lora_r and importlib.util.find_spec("peft") is None:
