@@ -15,6 +15,7 @@ family.
 
 import contextlib
 import fcntl
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -224,6 +225,8 @@ def text_config(name):
 def embedding_rows(name):
     """The rows of model `name`'s output layer (its config's vocab_size, which may exceed the
     tokenizer's size), or None where its config cannot be read here."""
+    if name == TINY_RANDOM:
+        return _embedded_token_ids()[0]
     return getattr(text_config(name), "vocab_size", None)
 
 
@@ -310,18 +313,23 @@ def load_tokenizer(name, flag="--model_name_or_path"):
     return tok
 
 
+@functools.lru_cache(maxsize=1)
+def _embedded_token_ids():
+    """(vocabulary size, BOS, EOS, pad) of the embedded tokenizer, read once: option checks ask
+    for tiny-random's config often, and loading the tokenizer takes a second."""
+    tok = load_tokenizer(TINY_RANDOM)
+    return len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+
+
 def tiny_random_config(vocab_size=None):
     """tiny-random's config: a 2-layer, hidden-64 Llama with the embedded tokenizer's vocabulary."""
     from transformers import LlamaConfig
 
-    tok = load_tokenizer(TINY_RANDOM)
+    size, bos, eos, pad = _embedded_token_ids()
     return LlamaConfig(
-        vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2,
+        vocab_size=vocab_size or size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
+        tie_word_embeddings=True, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
 
 
 def tiny_random_model(vocab_size=None, seed=0):
