@@ -56,7 +56,7 @@ from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math
                         task_grade, make_env, make_env_options, named_rows, normalize,
                         rename_fields, resolve_task, to_number)
 from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
-                           generate, load_policy, load_tokenizer)
+                           generate, load_policy, load_tokenizer, max_positions)
 from common.run import (DataArgs, all_gather_objects, check_new_file, check_output_dir,
                         check_ranges, init_distributed, parse_args, print0, replace_file,
                         sample_seed, set_seed)
@@ -421,14 +421,14 @@ def main(args):
                f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on "
                f"{dist_info.device}")
         tokenizer = load_tokenizer(args.model_name_or_path)
+        # every evaluated prompt, with the answer's tokens, fits the model's positions (its
+        # config's, read before the weights load)
+        positions = max_positions(args.model_name_or_path)
+        if positions:
+            env.check_prompt_lengths(lambda ps: [len(ids) for ids in encode_prompts(tokenizer, ps)],
+                                     positions, max_new_tokens, args.model_name_or_path, indices)
         policy = load_policy(args.model_name_or_path, device=dist_info.device)
         policy.eval()
-        # every evaluated prompt, with the answer's tokens, fits the model's positions
-        max_positions = getattr(policy.config, "max_position_embeddings", None)
-        if max_positions:
-            env.check_prompt_lengths(lambda ps: [len(ids) for ids in encode_prompts(tokenizer, ps)],
-                                     max_positions, max_new_tokens, args.model_name_or_path,
-                                     indices)
         if args.cuda_graphs:
             capture_decoding(policy)  # on a GPU; a CPU decodes as before
         # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.
