@@ -226,8 +226,6 @@ def text_config(name):
 def embedding_rows(name):
     """The rows of model `name`'s output layer (its config's vocab_size, which may exceed the
     tokenizer's size), or None where its config cannot be read here."""
-    if name == TINY_RANDOM:
-        return _embedded_token_ids()[0]
     return getattr(text_config(name), "vocab_size", None)
 
 

@@ -62,18 +62,19 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
     # a full disk is one line that says so (disk_room); the unfinished folder goes, so that the
     # room it took is free again, and --resume continues from the previous checkpoint
     need = sum(t.numel() * t.element_size() for t in weights.values() if torch.is_tensor(t))
-    with disk_room(path, need=need):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for left in path.parent.glob(f"{path.name}.*tmp"):  # by a save that was killed
-            if not left.is_symlink():
-                shutil.rmtree(left, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
+    tmp = None
     try:
         with disk_room(path, need=need):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for left in path.parent.glob(f"{path.name}.*tmp"):  # by a save that was killed
+                if not left.is_symlink():
+                    shutil.rmtree(left, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp"))
             _write_checkpoint(path, tmp, model, weights, tokenizer, step, optimizer_states, extra,
                               merge_base, algorithm)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

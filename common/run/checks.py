@@ -82,8 +82,7 @@ def check_ranges(args):
     number, whether or not a range names it: the check covers an option added later too
     (--temperature inf would sample from a flat distribution, and the run would exit 0). eval.py's
     options too."""
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
-                for f in fields(args)}
+    defaults = defaults_of(args)
     for name, (low, high, brackets) in RANGES.items():
         value = getattr(args, name, None)
         if value is not None and not in_range(value, low, high, brackets):
@@ -99,6 +98,12 @@ def check_ranges(args):
                              f"{default_text(defaults[f.name])}.")
 
 
+def defaults_of(args):
+    """{option: its default} of an options dataclass."""
+    return {f.name: f.default_factory() if f.default is MISSING else f.default
+            for f in fields(args)}
+
+
 def default_text(default):
     return "(leave it out for its default)" if default is None else f"(the default is {default})"
 
@@ -108,8 +113,7 @@ def check_unused(args, rules):
     because another option turns off what reads it: a user who passes --jsd_beta 0.5 under the
     sampled form expects a JSD and would get the reverse KL without a word. rules: (name, read,
     needs) each, `read` whether this run reads args.<name>, `needs` the option that would."""
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default
-                for f in fields(args)}
+    defaults = defaults_of(args)
     for name, read, needs in rules:
         value = getattr(args, name)
         if not read and value != defaults[name]:

@@ -72,14 +72,15 @@ def kind_of(path):
     return "a file" if stat.S_ISREG(mode) else KINDS.get(stat.S_IFMT(mode), "no regular file")
 
 
-def refuse_special(path, fix):
+def refuse_special(path, instead="pass another --output_dir"):
     """PathError if `path` is a folder, a named pipe, a socket or a device: what no rename of a
     new file replaces (a folder), or what opening waits on forever (a pipe without a reader). A
     symbolic link is each caller's policy: a rename replaces it, open_log and the run folder's
-    check refuse it. `fix`: what to do instead, ending the message."""
+    check refuse it. `instead`: what to do other than removing it, ending the message."""
     kind = kind_of(path)
     if kind not in (None, "a file", "a symbolic link"):
-        raise PathError(f"{path} is {kind}, where a file is written: {fix}")
+        raise PathError(f"{path} is {kind}, where a file is written: remove it (rm -r {path}), or "
+                        f"{instead}.")
 
 
 @contextlib.contextmanager
@@ -123,7 +124,7 @@ def replace_file(path, text, then=RESUME):
     """Write `text` to `path` by a rename of a new file made beside it: a kill leaves the old file
     or the new one whole, and a symbolic link planted at `path` is replaced, never followed. A
     folder or a named pipe there is refused; a full disk leaves the old file and no temporary."""
-    refuse_special(path, f"remove it (rm -r {path}), or write elsewhere.")
+    refuse_special(path, "write elsewhere")
     with disk_room(path, then):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -181,7 +182,7 @@ def _refuse_log(path):
     if kind_of(path) == "a symbolic link":
         raise PathError(f"{path} is a symbolic link (to {os.readlink(path)}): a run follows no "
                         "link in its folder; remove it, or pass another --output_dir.")
-    refuse_special(path, f"remove it (rm -r {path}), or pass another --output_dir.")
+    refuse_special(path)
     raise PathError(f"{path} is no regular file: remove it, or pass another --output_dir.")
 
 
@@ -344,7 +345,7 @@ class Logger:
 
 def _set_aside(path):
     """Rename a non-empty log to the first free name.k.jsonl, and start an empty one."""
-    refuse_special(path, f"remove it (rm -r {path}), or pass another --output_dir.")
+    refuse_special(path)
     if path.exists() and path.stat().st_size:
         k = 1
         while os.path.lexists(aside := path.with_name(f"{path.stem}.{k}{path.suffix}")):
@@ -356,7 +357,7 @@ def _set_aside(path):
 
 def _keep_lines_up_to(path, step):
     """Rewrite a jsonl log keeping the whole lines whose "step" is <= step."""
-    refuse_special(path, f"remove it (rm -r {path}), or pass another --output_dir.")
+    refuse_special(path)
     if not path.exists():
         open_log(path).close()
         return

@@ -69,11 +69,10 @@ def saved_queue(state, args, start, num_problems, path):
                 and isinstance(entry["texts"], list) and isinstance(problems, list)
                 and type(version) is int):
             raise UsageError(damaged.format(f"{where} holds a field of another type"))
-        rows = {len(t) for t in tensors} | {len(entry["texts"])}
-        shapes = {gen["prompt_ids"].shape, gen["prompt_mask"].shape}, \
-            {gen[k].shape for k in ("response_ids", "response_mask", "logprobs")}
-        if len(rows) > 1 or len(shapes[0]) > 1 or len(shapes[1]) > 1 or not problems \
-                or rows.pop() % len(problems):
+        alike = [{len(t) for t in tensors} | {len(entry["texts"])},  # each a set of one
+                 {gen["prompt_ids"].shape, gen["prompt_mask"].shape},
+                 {gen[k].shape for k in ("response_ids", "response_mask", "logprobs")}]
+        if any(len(s) > 1 for s in alike) or not problems or len(entry["texts"]) % len(problems):
             raise UsageError(damaged.format(f"{where}'s fields differ in shape"))
         samples = len(entry["texts"]) // len(problems)
         if (len(problems), samples) != (args.num_prompts, args.num_generations):

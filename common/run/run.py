@@ -205,11 +205,12 @@ class Run:
         --max_new_tokens passes the model's positions (its config's): past them the model reads
         positions it never learned, and the run would train on what it makes of them."""
         positions = max_positions(self.args.model_name_or_path)
-        for env in envs:
-            if positions is not None and env is not None:
-                env.check_prompt_lengths(lambda prompts: [len(p) for p in encode_prompts(
-                    tokenizer, prompts)], positions, self.args.max_new_tokens,
-                    self.args.model_name_or_path)
+        if positions is None:  # no config to read here: the loading says why
+            return
+        for env in filter(None, envs):
+            env.check_prompt_lengths(lambda prompts: [len(p) for p in encode_prompts(
+                tokenizer, prompts)], positions, self.args.max_new_tokens,
+                self.args.model_name_or_path)
 
     def check_rewards(self, rewards, step, problems):
         """Stop before an update whose rewards hold NaN or inf, naming the sample and its problem
