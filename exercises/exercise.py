@@ -28,6 +28,11 @@ class Exercise:
         input is named; the words may be a function (kwargs, the student's output) -> str, to
         quote the student's own numbers.
     explain: optional (kwargs, student's output, oracle's output) -> a sentence on what differs.
+    differentiable: the names of the float inputs that the training differentiates the output
+        through (the policy's log-probs, the critic's values); on each case the gradient of a
+        random projection of the output with respect to each is compared with the oracle's, so
+        that a detached or no_grad answer with the right numbers fails. () where the file uses
+        the output as a constant (advantages, weights, token ids).
     """
 
     id: str
@@ -39,6 +44,7 @@ class Exercise:
     worked: list = field(default_factory=list)
     mistakes: list = field(default_factory=list)
     explain: Callable | None = None
+    differentiable: tuple = ()
 
     @property
     def path(self) -> str:
