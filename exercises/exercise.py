@@ -112,23 +112,37 @@ def close(a, b, tol=1e-5) -> bool:
 
 
 def show(value) -> str:
-    """A short text of an output: a tensor's shape and its first values."""
+    """A short text of an output: a small tensor as its numbers ([[0.5, 0.75]]), a larger one as its
+    shape and first values."""
     if isinstance(value, (tuple, list)):
         return "(" + ", ".join(show(v) for v in value) + ")"
     if isinstance(value, torch.Tensor):
+        if value.numel() <= 8:
+            return _numbers(value.detach().double().tolist())
         flat = value.detach().double().flatten()[:8].tolist()
-        numbers = ", ".join(f"{v:.4g}" for v in flat) + (", ..." if value.numel() > 8 else "")
+        numbers = ", ".join(f"{v:.4g}" for v in flat) + ", ..."
         return f"tensor of shape {list(value.shape)}: [{numbers}]"
     return repr(value)
 
 
+def _numbers(values) -> str:
+    if isinstance(values, list):
+        return "[" + ", ".join(_numbers(v) for v in values) + "]"
+    return f"{values:.4g}"
+
+
 def run_checks(exercise: Exercise, fn: Callable) -> None:
-    """Raise Wrong with the first problem found in fn, else return."""
+    """Raise Wrong with the first problem found in fn, else return. The values first, on the
+    hand-worked cases (the smallest, so that a failure is said on numbers a student can follow)
+    and then the random ones; then, once every value is right, the gradients."""
     where = f"{exercise.name} in {exercise.path}"
+    cases = [(what, kwargs) for what, kwargs, _ in exercise.worked] + exercise.cases()
     for what, kwargs, expected in exercise.worked:
         _compare(exercise, fn, what, kwargs, expected, where)
-    for what, kwargs in exercise.cases():
+    for what, kwargs in cases[len(exercise.worked):]:
         _compare(exercise, fn, what, kwargs, exercise.oracle(**_clone(kwargs)), where)
+    for what, kwargs in cases:
+        _compare_gradients(exercise, fn, what, kwargs, cases)
 
 
 def _compare(exercise, fn, what, kwargs, expected, where):
@@ -152,13 +166,42 @@ def _compare(exercise, fn, what, kwargs, expected, where):
             and got.shape != expected.shape:
         raise Wrong(f"{what}: the output has shape {list(got.shape)}, it should have "
                     f"{list(expected.shape)}")
+    # The case in words first (its inputs, where the output differs, the expected and the got),
+    # then the mistake it looks like, when one of the listed mistakes gives the same numbers.
+    case = f"{what}: {difference(got, expected)}"
     for mistake, wrong in exercise.mistakes:
         if _agrees_everywhere(exercise, fn, wrong):
             said = mistake(kwargs, got) if callable(mistake) else mistake
-            raise Wrong(f"{what}: {said}")
+            raise Wrong(f"{case}. The likely mistake: {said}")
     said = exercise.explain(kwargs, got, expected) if exercise.explain else None
-    raise Wrong(f"{what}: {said or ''}{' ' if said else ''}expected {show(expected)}, got "
-                f"{show(got)}")
+    raise Wrong(f"{case}{'. ' + said if said else ''}")
+
+
+def difference(got, expected, noun="the output") -> str:
+    """Where two outputs differ, in words: the first entry that differs (its index, the expected
+    and the got), and the whole outputs when they are short."""
+    if isinstance(expected, (tuple, list)) and isinstance(got, (tuple, list)) \
+            and len(got) == len(expected):
+        for k, (a, b) in enumerate(zip(got, expected)):
+            if not close(a, b):
+                return f"output {k} of the {len(expected)}: {difference(a, b)}"
+    if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) \
+            and got.shape == expected.shape and expected.dim() > 0:
+        a, b = got.detach().double(), expected.detach().double()
+        differs = ~torch.isclose(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
+        if a.dtype != b.dtype or expected.dtype in (torch.bool, torch.int64, torch.int32):
+            differs = a != b
+        if differs.any():
+            index = [int(i) for i in differs.nonzero()[0]]
+            where = (f"row {index[0]}" if len(index) == 1
+                     else f"row {index[0]}, position {', '.join(map(str, index[1:]))}")
+            first = f"at {where} {noun} should be {b[tuple(index)].item():.4g}, yours is " \
+                    f"{a[tuple(index)].item():.4g}"
+            if expected.numel() <= 8:
+                return f"{first} (expected {show(expected)}, got {show(got)})"
+            count = int(differs.sum())
+            return f"{first}; {count} of the {expected.numel()} entries differ"
+    return f"expected {show(expected)}, got {show(got)}"
 
 
 def _agrees_everywhere(exercise, fn, wrong) -> bool:
@@ -170,3 +213,82 @@ def _agrees_everywhere(exercise, fn, wrong) -> bool:
         return all(close(fn(**_clone(kwargs)), wrong(**_clone(kwargs))) for kwargs in inputs)
     except Exception:  # the student's function or the mistake fails on some input
         return False
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+# A loss built from the right numbers can still fail to train: computed under torch.no_grad(), or
+# from a detached ratio, its values agree with the oracle's and its gradient is 0. The check takes
+# the gradient of one fixed random projection of the output, sum(w * output), with respect to each
+# input the training differentiates through, from the student's function and from the oracle's.
+
+
+def gradients(fn, kwargs, names):
+    """{name: d sum(w * output) / d input} for the inputs `names`, with w a fixed random
+    projection; None where the output carries no gradient at all."""
+    given = _clone(kwargs)
+    leaves = {}
+    for name in names:
+        leaves[name] = given[name].detach().double().requires_grad_()
+        # a copy of the leaf goes in, so that an in-place line in the function stays legal
+        given[name] = leaves[name].to(kwargs[name].dtype).clone()
+    out = fn(**given)
+    outputs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+               if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in outputs]
+    terms = [(w * t.double()).sum() for w, t in zip(weights, outputs) if t.requires_grad]
+    if not terms:
+        return None
+    grads = torch.autograd.grad(sum(terms), list(leaves.values()), allow_unused=True)
+    return {name: torch.zeros_like(leaves[name]) if grad is None else grad
+            for name, grad in zip(leaves, grads)}
+
+
+def _gradients_agree(a, b) -> bool:
+    """Equal gradients; an output without any gradient (None) agrees with gradients of 0, since
+    a right answer may return a constant where the oracle's gradient is 0 (an all-padding mask)."""
+    if a is None and b is None:
+        return True
+    if a is None or b is None:
+        return not any(g.any() for g in (a or b).values())
+    return all(torch.allclose(a[n], b[n], rtol=1e-4, atol=1e-6) for n in b)
+
+
+def _compare_gradients(exercise, fn, what, kwargs, cases):
+    names = exercise.differentiable
+    if not names:
+        return
+    expected = gradients(exercise.oracle, kwargs, names)
+    try:
+        got = gradients(fn, kwargs, names)
+    except (Exception, KeyboardInterrupt) as e:
+        raise Wrong(f"{what}: the values are right, but with gradients on (inputs that require "
+                    f"grad, as in training) your {exercise.name} raised {type(e).__name__}: "
+                    f"{e}") from None
+    if _gradients_agree(got, expected):
+        return
+    inputs = " and ".join(names)
+    if got is None:
+        said = (f"{what}: the values are right, but the output carries no gradient: it was "
+                "computed under torch.no_grad(), or from detached numbers (.detach(), .item(), "
+                f".tolist(), numpy). The training differentiates it through {inputs}, so with "
+                "no gradient nothing learns")
+    else:
+        name = next(n for n in names if not torch.allclose(got[n], expected[n], rtol=1e-4,
+                                                            atol=1e-6))
+        if not got[name].any():
+            said = (f"{what}: the values are right, but no gradient reaches {name}: a term that "
+                    "depends on it was detached (.detach(), torch.no_grad(), .item()) and acts "
+                    "as a constant")
+        else:
+            said = (f"{what}: the values are right, but the gradient with respect to {name} is "
+                    "not the file's (of one random projection of the output: "
+                    f"{difference(got[name], expected[name], 'the gradient')}): part of the expression was "
+                    "detached, or computed in a way that moves its gradient")
+    for mistake, wrong in exercise.mistakes:  # a mistake in the gradient alone, when listed
+        if _agrees_everywhere(exercise, fn, wrong) and all(
+                _gradients_agree(gradients(fn, k, names), gradients(wrong, k, names))
+                for _, k in cases):
+            said += f". The likely mistake: {mistake(kwargs, got) if callable(mistake) else mistake}"
+            break
+    raise Wrong(said)

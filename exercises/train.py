@@ -24,6 +24,9 @@ import importlib
 import os
 from pathlib import Path
 
+import torch
+
+from common.models.hf import position_ids_from_mask
 from common.run.plot import read_log
 from exercises.check import all_exercises, check_apart
 from exercises.exercise import Wrong
@@ -59,9 +62,49 @@ def _step_gae(student, original):  # appo.py's compute_advantages takes a mask i
         rewards, values, next_values, dones, gamma, lam)
 
 
+def _response_logprobs(student, original):
+    """token_logprobs, the training forward (common/rl/logprobs.py), with the student's PS1.4
+    scoring the response from the model's logits. The positions kept are the last R + 1, as the
+    file's own plain path keeps them; the entropy, a logged number, is computed beside it."""
+    def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0,
+                       return_hidden=False, fast=True):
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids_from_mask(attention_mask),
+                    logits_to_keep=response_len + 1, output_hidden_states=return_hidden)
+        logits = out.logits.float()  # [B, R + 1, V]
+        logprobs = student(logits, input_ids[:, -(response_len + 1):], response_len, temperature)
+        entropy = torch.distributions.Categorical(logits=logits[:, :-1] / temperature).entropy()
+        return (logprobs, entropy, out.hidden_states[-1]) if return_hidden else (logprobs, entropy)
+    return token_logprobs
+
+
+def _clipped_surrogate(student, original):
+    """grpo.py's policy_loss built around the student's PS1.9: their per-token surrogate, plus the
+    file's KL term, through the file's aggregate (the student's, when 1.3 or 1.6 are plugged too).
+    The logged numbers are the file's own. tests/test_exercises.py holds this equal to the file's
+    policy_loss, value and gradient, when the surrogate is the file's."""
+    def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
+                    ref_logprobs=None):
+        if args.importance_sampling_level != "token":  # GSPO's one ratio per response: not 1.9's
+            return original(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
+                            ref_logprobs)
+        file = original.__globals__  # the file's names, as plug() has bound them
+        _, stats = original(logprobs.detach(), old_logprobs, advantages, loss_mask, normaliser,
+                            args, ref_logprobs)
+        per_token = student(logprobs, old_logprobs, advantages[:, None].expand_as(logprobs),
+                            args.epsilon)
+        if ref_logprobs is not None:
+            per_token = per_token + args.beta * file["kl_estimate"](logprobs, ref_logprobs,
+                                                                    args.kl_estimator)
+        loss = file["aggregate"](per_token, loss_mask.float(), args.loss_type, normaliser)
+        return loss, stats
+    return policy_loss
+
+
 PLUGS = {
     "grpo": {"1.1": ("masked_mean", _same), "1.3": ("kl_estimate", _same),
-             "1.5": ("group_advantages", _same), "1.6": ("aggregate", _same)},
+             "1.4": ("token_logprobs", _response_logprobs), "1.5": ("group_advantages", _same),
+             "1.6": ("aggregate", _same), "1.9": ("policy_loss", _clipped_surrogate)},
     "ppo": {"1.1": ("masked_mean", _same), "1.2": ("masked_whiten", _same),
             "1.3": ("kl_estimate", _same), "1.6": ("aggregate", _same),
             "1.8": ("token_gae", _same)},

@@ -54,14 +54,16 @@ def test_every_ps1_exercise_names_at_least_two_mistakes():
 
 
 def test_the_group_advantage_message_quotes_the_students_numbers():
-    # the case [1, 0, 0, 1 | 1, 1, 1, 1 | 0, 0, 0, 1] normalised over the batch: mean 7/12, std
-    # 0.515, so group 1's four advantages are (1 - 0.583) / 0.515 = 0.809 each
+    # the hand-worked case [1, 0 | 1, 1] normalised over the batch: mean 3/4, unbiased std 1/2, so
+    # the advantages are [0.5, -1.5, 0.5, 0.5] and group 0's average (0.5 - 1.5) / 2 = -0.5
     def whole_batch(rewards, group_size, scale=True):
         centred = rewards - rewards.mean()
         return centred / (rewards.std() + 1e-4) if scale else centred
 
-    with pytest.raises(Wrong, match="group 1's advantages average 0.809, not 0: did you normalise "
-                                    "over the whole batch instead of each group?"):
+    with pytest.raises(Wrong, match=r"two groups \[1, 0 \| 1, 1\]: .* yours is 0.4999 \(expected "
+                       r"\[0.707, -0.707, 0, 0\], got \[0.4999, -1.5, 0.4999, 0.4999\]\). The "
+                       "likely mistake: group 0's advantages average -0.5, not 0: did you "
+                       "normalise over the whole batch instead of each group?"):
         run_checks(BY_ID["1.5"], whole_batch)
 
 
@@ -83,6 +85,113 @@ def test_a_students_own_code_passes_where_it_is_right():
     run_checks(BY_ID["1.7"], rloo_baselines)
 
 
+GRADIENT = [e for e in PS1 if e.differentiable]
+
+
+def test_the_exercises_whose_output_the_training_differentiates_say_through_what():
+    assert {"1.1", "1.3", "1.4", "1.6", "1.9", "1.10", "1.11"} <= {e.id for e in GRADIENT}
+    for e in GRADIENT:  # each name is an input of every case
+        assert all(set(e.differentiable) <= set(kwargs) for _, kwargs in e.cases())
+
+
+@pytest.mark.parametrize("exercise", GRADIENT, ids=lambda e: e.id)
+def test_the_right_numbers_under_no_grad_fail_saying_there_is_no_gradient(exercise):
+    def under_no_grad(**kwargs):
+        with torch.no_grad():
+            return exercise.oracle(**kwargs)
+
+    with pytest.raises(Wrong, match="the values are right, but the output carries no gradient: it "
+                                    r"was computed under torch.no_grad\(\)"):
+        run_checks(exercise, under_no_grad)
+
+
+@pytest.mark.parametrize("exercise", GRADIENT, ids=lambda e: e.id)
+def test_the_right_numbers_from_a_detached_input_fail_naming_it(exercise):
+    name = exercise.differentiable[-1]
+
+    def detached(**kwargs):
+        return exercise.oracle(**{**kwargs, name: kwargs[name].detach()})
+
+    said = ("the output carries no gradient" if len(exercise.differentiable) == 1
+            else f"no gradient reaches {name}: a term that depends on it was detached")
+    with pytest.raises(Wrong, match=f"the values are right, but {said}"):
+        run_checks(exercise, detached)
+
+
+def test_a_detached_ratio_in_the_surrogate_is_said_to_carry_no_gradient():
+    def clipped_surrogate(logprobs, old_logprobs, advantages, epsilon):
+        ratio = (logprobs - old_logprobs).exp().detach()  # right numbers, no gradient
+        return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - epsilon, 1 + epsilon))
+
+    with pytest.raises(Wrong) as said:
+        run_checks(BY_ID["1.9"], clipped_surrogate)
+    assert str(said.value).startswith(
+        "ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8): the values "
+        "are right, but the output carries no gradient")
+
+
+def test_a_gradient_that_differs_is_said_with_its_first_entry():
+    # k3 with its ratio detached: k3's values, and d/d log pi = 1 where k3's is 1 - pi_ref / pi;
+    # at pi = 0.5, pi_ref = 0.25 that is 1 against 0.5, times the projection's weight
+    def kl_estimate(logp, ref_logp, estimator):
+        log_ratio = ref_logp - logp
+        if estimator == "k3":
+            return log_ratio.exp().detach() - 1 - log_ratio
+        return -log_ratio if estimator == "k1" else log_ratio ** 2 / 2
+
+    with pytest.raises(Wrong) as said:
+        run_checks(BY_ID["1.3"], kl_estimate)
+    w = torch.randn(1, generator=torch.Generator().manual_seed(0), dtype=torch.float64).item()
+    assert (f"the gradient with respect to logp is not the file's (of one random projection of the "
+            f"output: at row 0 the gradient should be {0.5 * w:.4g}, yours is {w:.4g}" in
+            str(said.value))
+    assert str(said.value).endswith("The likely mistake: " + BY_ID["1.3"].mistakes[3][0])
+
+
+def test_right_answers_written_otherwise_keep_their_gradients():
+    import torch.nn.functional as F
+
+    def clipped_surrogate(logprobs, old_logprobs, advantages, epsilon):
+        ratio = torch.exp(logprobs - old_logprobs)
+        clipped = torch.where(ratio > 1 + epsilon, 1 + epsilon, torch.where(
+            ratio < 1 - epsilon, 1 - epsilon, ratio))
+        return -torch.minimum(advantages * ratio, advantages * clipped)
+
+    def kl_estimate(logp, ref_logp, estimator):
+        d = ref_logp - logp
+        return {"k1": -d, "k2": 0.5 * d * d, "k3": torch.expm1(d) - d}[estimator]
+
+    def preference_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta,
+                        loss_type):
+        h = (chosen_logps - rejected_logps) - (ref_chosen_logps - ref_rejected_logps)
+        return torch.log1p(torch.exp(-beta * h)) if loss_type == "sigmoid" else (
+            h - 0.5 / beta) ** 2
+
+    def response_logprobs(logits, input_ids, response_len, temperature=1.0):
+        scores = logits[:, -response_len - 1:-1] / temperature
+        picked = scores.gather(-1, input_ids[:, -response_len:, None])[..., 0]
+        return picked - torch.logsumexp(scores, -1)
+
+    for id, fn in (("1.9", clipped_surrogate), ("1.3", kl_estimate), ("1.11", preference_loss),
+                   ("1.4", response_logprobs)):
+        run_checks(BY_ID[id], fn)
+    F  # noqa: B018 (the import shows what a student may use)
+
+
+def test_the_draw_in_float32_fails_at_the_samplers_largest_u():
+    # 1 - 2^-32 rounds to 1 in float32: the threshold is the whole mass, and no cdf exceeds it
+    def inverse_cdf(probs, uniforms):
+        cdf = probs.float().cumsum(-1)
+        return torch.searchsorted(cdf, (uniforms.float() * cdf[:, -1])[:, None], right=True)[:, 0]
+
+    with pytest.raises(Wrong) as said:
+        run_checks(BY_ID["1.15"], inverse_cdf)
+    assert str(said.value).startswith(
+        "probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, whose "
+        "probability is 0: at row 0 the output should be 1, yours is 3")
+    assert "summed in float32" in str(said.value)
+
+
 def test_a_function_that_changes_its_input_in_place_is_told():
     def masked_mean(x, mask, dim=None):
         x.mul_(mask)
@@ -96,8 +205,7 @@ def test_a_function_that_changes_its_input_in_place_is_told():
 def test_a_wrong_shape_and_an_unknown_mistake_are_said_plainly():
     with pytest.raises(Wrong, match=r"the output has shape \[4\], it should have \[\]"):
         run_checks(BY_ID["1.1"], lambda x, mask, dim=None: (x * mask).sum(0))
-    with pytest.raises(Wrong, match=r"expected tensor of shape \[\]: \[1.5\], got tensor of "
-                                    r"shape \[\]: \[2\]"):
+    with pytest.raises(Wrong, match=r"expected 1.5, got 2"):
         run_checks(BY_ID["1.1"], lambda x, mask, dim=None: torch.tensor(2.0))
 
 
@@ -157,6 +265,42 @@ def test_the_adapters_call_the_students_function_where_the_file_calls_its_own():
     assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
 
 
+def test_the_logprob_and_surrogate_adapters_are_the_files_own_with_the_oracles():
+    """PS2 plugs 1.4 into the training forward and 1.9 into grpo.py's policy_loss through adapters
+    (exercises/train.py); with the oracles in them they give the file's loss, value and gradient,
+    and its entropy: the copy of the loss's composition cannot drift from the file's."""
+    import grpo
+    from common.rl.logprobs import token_logprobs
+    from exercises.ps1.cases import _Logits
+    from exercises.train import _clipped_surrogate, _response_logprobs
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 6, 9, generator=g)
+    ids = torch.randint(0, 9, (2, 6), generator=g)
+    model = _Logits(logits)
+    adapted = _response_logprobs(BY_ID["1.4"].oracle, token_logprobs)
+    for mine, theirs in zip(adapted(model, ids, torch.ones_like(ids), 3, 0.7),
+                            token_logprobs(model, ids, torch.ones_like(ids), 3, 0.7, fast=False)):
+        assert torch.allclose(mine, theirs, atol=1e-6)
+
+    loss_fn = _clipped_surrogate(BY_ID["1.9"].oracle, grpo.policy_loss)
+    old = -torch.rand(3, 4, generator=g) * 2
+    ref = -torch.rand(3, 4, generator=g) * 2
+    advantages, mask = torch.tensor([1.0, -0.5, 2.0]), torch.tensor([[1.0, 1, 1, 0]] * 3)
+    for flags in ([], ["--beta", "0.1", "--loss_type", "bnpo"]):
+        args = grpo.parse_args(grpo.Args, flags)
+        results = []
+        for fn in (loss_fn, grpo.policy_loss):
+            logprobs = (old + torch.randn(3, 4, generator=torch.Generator().manual_seed(6)) * 0.3
+                        ).requires_grad_()
+            loss, stats = fn(logprobs, old, advantages, mask, 3.0, args,
+                             ref if args.beta else None)
+            loss.backward()
+            results.append((loss.detach(), logprobs.grad, stats))
+        (a, ga, sa), (b, gb, sb) = results
+        assert torch.allclose(a, b, atol=1e-6) and torch.allclose(ga, gb, atol=1e-6) and sa == sb
+
+
 def test_ps2_with_the_projects_functions_is_the_plain_run(tmp_path):
     """--solution binds the oracles in place of the file's functions: the same numbers, so the
     weights after two updates are the plain run's, bit for bit."""
@@ -188,7 +332,8 @@ def test_ps2_stops_on_a_stub_with_one_line():
     with pytest.raises(SystemExit) as other:
         main(["grpo.py", "--plug", "1.8"])
     assert other.value.code == (
-        "error: grpo.py calls no function of PS1.8; it calls those of 1.1, 1.3, 1.5, 1.6")
+        "error: grpo.py calls no function of PS1.8; it calls those of 1.1, 1.3, 1.4, 1.5, 1.6, "
+        "1.9")
 
 
 def test_a_common_mistake_is_plugged_in_place_of_the_files_function(monkeypatch):

@@ -56,10 +56,13 @@ def _mean_cases():
 
 MASKED_MEAN = Exercise(
     "1.1", "masked mean", "exercises.ps1.e01_masked_mean", "masked_mean",
-    oracle=numerics.masked_mean, cases=_mean_cases,
+    oracle=numerics.masked_mean, cases=_mean_cases, differentiable=("x",),
     worked=[("x = [[1, 2, 3, 4]], mask = [[1, 1, 0, 0]]",
              dict(x=torch.tensor([[1.0, 2, 3, 4]]), mask=torch.tensor([[1.0, 1, 0, 0]])),
-             torch.tensor(1.5))],
+             torch.tensor(1.5)),
+            ("x = [[1, 2], [3, 4]], mask = [[1, 1], [0, 0]], dim=1: the second row is all padding",
+             dict(x=torch.tensor([[1.0, 2], [3, 4]]), mask=torch.tensor([[1.0, 1], [0, 0]]), dim=1),
+             torch.tensor([1.5, 0.0]))],
     mistakes=[
         ("that is the mean over every entry: the padding was counted (multiply by the mask and "
          "divide by the mask's sum)",
@@ -135,13 +138,20 @@ def _kl_cases():
             for k in ("k1", "k2", "k3")]
 
 
+def _kl_ratio_detached(logp, ref_logp, estimator):
+    if estimator != "k3":
+        return numerics.kl_estimate(logp, ref_logp, estimator)
+    log_ratio = ref_logp - logp
+    return log_ratio.exp().detach() - 1 - log_ratio
+
+
 def _kl_inverted(logp, ref_logp, estimator):
     return numerics.kl_estimate(ref_logp, logp, estimator)
 
 
 KL = Exercise(
     "1.3", "KL estimates k1, k2, k3", "exercises.ps1.e03_kl_estimates", "kl_estimate",
-    oracle=numerics.kl_estimate, cases=_kl_cases,
+    oracle=numerics.kl_estimate, cases=_kl_cases, differentiable=("logp",),
     worked=[("k3 with pi = 0.5, pi_ref = 0.25: 0.5 - 1 - log 0.5",
              dict(logp=torch.tensor([0.5]).log(), ref_logp=torch.tensor([0.25]).log(),
                   estimator="k3"), torch.tensor([0.5 - 1 + 0.6931472]))],
@@ -153,6 +163,9 @@ KL = Exercise(
              1.0 if estimator == "k3" else 0.0)),
         ("k2 is half the squared log-ratio: the 1/2 is missing",
          lambda logp, ref_logp, estimator: (logp - ref_logp) ** 2),
+        ("k3's ratio pi_ref / pi was detached: the values are k3's, but its gradient in log pi is "
+         "then 1, where k3's is 1 - pi_ref / pi (0 at pi = pi_ref): the loss would push log pi "
+         "down everywhere", _kl_ratio_detached),
     ])
 
 
@@ -195,6 +208,16 @@ def _no_shift(logits, input_ids, response_len, temperature=1.0):
 LOGPROBS = Exercise(
     "1.4", "response log-probs and the one-token shift", "exercises.ps1.e04_response_logprobs",
     "response_logprobs", oracle=_logprobs_oracle, cases=_logprobs_cases,
+    differentiable=("logits",),
+    worked=[("logits [1, 3, 2] with rows [log 3, 0], [log 3, 0], [0, 5]; input_ids [[0, 1, 0]], "
+             "a response of 2 tokens: log 1/4 and log 3/4",
+             dict(logits=torch.tensor([[[1.0986123, 0], [1.0986123, 0], [0, 5]]]),
+                  input_ids=torch.tensor([[0, 1, 0]]), response_len=2),
+             torch.tensor([[-1.3862944, -0.2876821]])),
+            ("the same at temperature 0.5: the logits doubled, log 1/10 and log 9/10",
+             dict(logits=torch.tensor([[[1.0986123, 0], [1.0986123, 0], [0, 5]]]),
+                  input_ids=torch.tensor([[0, 1, 0]]), response_len=2, temperature=0.5),
+             torch.tensor([[-2.3025851, -0.1053605]]))],
     mistakes=[
         ("the logits at position t were used to score token t; they predict token t + 1 (slice "
          "them one position earlier)", _no_shift),
@@ -239,7 +262,10 @@ GROUP = Exercise(
     "group_advantages", oracle=grpo_group_advantages, cases=_group_cases,
     worked=[("one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577",
              dict(rewards=torch.tensor([1.0, 0, 0, 1]), group_size=4),
-             torch.tensor([1.0, -1, -1, 1]) * 0.5 / (3 ** -0.5 * 1 + 1e-4))],
+             torch.tensor([1.0, -1, -1, 1]) * 0.5 / (3 ** -0.5 * 1 + 1e-4)),
+            ("two groups [1, 0 | 1, 1]: std 0.707 in the first; the second is all equal, so 0",
+             dict(rewards=torch.tensor([1.0, 0, 1, 1]), group_size=2),
+             torch.tensor([0.5, -0.5, 0, 0]) / (2 ** -0.5 + 1e-4))],
     mistakes=[
         (_group_means, _whole_batch),
         ("the std is the biased one (divided by G); GRPO, torch and TRL take the unbiased one "
@@ -275,11 +301,15 @@ def _aggregate_cases():
 
 AGGREGATE = Exercise(
     "1.6", "per-sequence and per-token loss normalisation", "exercises.ps1.e06_aggregate",
-    "aggregate", oracle=grpo_aggregate, cases=_aggregate_cases,
+    "aggregate", oracle=grpo_aggregate, cases=_aggregate_cases, differentiable=("per_token",),
     worked=[("grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2",
              dict(per_token=torch.tensor([[1.0, 3], [6, 100]]),
                   mask=torch.tensor([[1.0, 1], [1, 0]]), loss_type="grpo", normaliser=2.0),
-             torch.tensor(4.0))],
+             torch.tensor(4.0)),
+            ("bnpo: the same rows, normaliser 3: (1 + 3 + 6) / 3",
+             dict(per_token=torch.tensor([[1.0, 3], [6, 100]]),
+                  mask=torch.tensor([[1.0, 1], [1, 0]]), loss_type="bnpo", normaliser=3.0),
+             torch.tensor(10 / 3))],
     mistakes=[
         ("every loss type summed tokens; \"grpo\" first takes each sequence's mean over its own "
          "tokens", lambda per_token, mask, loss_type, normaliser:
@@ -349,7 +379,12 @@ GAE = Exercise(
     worked=[("one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1",
              dict(rewards=torch.tensor([[0.0, 1]]), values=torch.tensor([[0.5, 0.25]]),
                   mask=torch.ones(1, 2), gamma=1.0, lam=1.0),
-             (torch.tensor([[0.5, 0.75]]), torch.tensor([[1.0, 1.0]])))],
+             (torch.tensor([[0.5, 0.75]]), torch.tensor([[1.0, 1.0]]))),
+            ("the same row, gamma = 0.5, lam = 1: delta_0 = 0.5 x 0.25 - 0.5, A_0 = delta_0 + 0.5 x "
+             "0.75 = 0",
+             dict(rewards=torch.tensor([[0.0, 1]]), values=torch.tensor([[0.5, 0.25]]),
+                  mask=torch.ones(1, 2), gamma=0.5, lam=1.0),
+             (torch.tensor([[0.0, 0.75]]), torch.tensor([[0.5, 1.0]])))],
     mistakes=[
         ("V_{t+1} is missing from delta: delta_t = r_t + gamma V_{t+1} (1 - done_t) - V_t",
          _gae_no_bootstrap),
@@ -379,7 +414,7 @@ def _surrogate_oracle(logprobs, old_logprobs, advantages, epsilon):
     args = SimpleNamespace(epsilon=epsilon, tis_cap=0, loss_type="bnpo", kl_estimator="k3",
                            beta=0.0)
     return _each_token(lambda m: ppo.policy_loss(logprobs, old_logprobs, advantages, m, 1.0,
-                                                 args)[0].detach(), logprobs.shape)
+                                                 args)[0], logprobs.shape)
 
 
 def _surrogate_cases():
@@ -393,10 +428,10 @@ def _surrogate_cases():
 
 SURROGATE = Exercise(
     "1.9", "PPO's clipped surrogate", "exercises.ps1.e09_clipped_surrogate", "clipped_surrogate",
-    oracle=_surrogate_oracle, cases=_surrogate_cases,
-    worked=[("ratio 1.5, A = 1, epsilon 0.2: max(-1.5, -1.2)",
-             dict(logprobs=torch.tensor([[1.5]]).log(), old_logprobs=torch.zeros(1, 1),
-                  advantages=torch.ones(1, 1), epsilon=0.2), torch.tensor([[-1.2]]))],
+    oracle=_surrogate_oracle, cases=_surrogate_cases, differentiable=("logprobs",),
+    worked=[("ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)",
+             dict(logprobs=torch.tensor([[1.5, 0.5]]).log(), old_logprobs=torch.zeros(1, 2),
+                  advantages=torch.ones(1, 2), epsilon=0.2), torch.tensor([[-1.2, -0.5]]))],
     mistakes=[
         ("the ratio is inverted: pi_old / pi, where the surrogate needs pi / pi_old",
          lambda logprobs, old_logprobs, advantages, epsilon: _surrogate_oracle(
@@ -430,7 +465,7 @@ def _value_cases():
 
 VALUE = Exercise(
     "1.10", "PPO's clipped value loss", "exercises.ps1.e10_value_loss", "clipped_value_loss",
-    oracle=_value_oracle, cases=_value_cases,
+    oracle=_value_oracle, cases=_value_cases, differentiable=("values",),
     worked=[("V = 0.5 from 0, return 1, clip 0.2: 0.5 max(0.25, 0.64)",
              dict(values=torch.tensor([[0.5]]), old_values=torch.zeros(1, 1),
                   returns=torch.ones(1, 1), clip=0.2), torch.tensor([[0.32]]))],
@@ -478,10 +513,16 @@ def _swap(fn):
 PREFERENCE = Exercise(
     "1.11", "the DPO and IPO losses", "exercises.ps1.e11_preference_loss", "preference_loss",
     oracle=_preference_oracle, cases=_preference_cases,
+    differentiable=("chosen_logps", "rejected_logps"),
     worked=[("h = 0 (policy = reference), DPO: -log sigmoid(0) = log 2",
              dict(chosen_logps=torch.tensor([-3.0]), rejected_logps=torch.tensor([-5.0]),
                   ref_chosen_logps=torch.tensor([-3.0]), ref_rejected_logps=torch.tensor([-5.0]),
-                  beta=0.1, loss_type="sigmoid"), torch.tensor([0.6931472]))],
+                  beta=0.1, loss_type="sigmoid"), torch.tensor([0.6931472])),
+            ("chosen -3, rejected -5, both -4 under the reference, beta 1, DPO: h = 1 - (-1) = 2, "
+             "-log sigmoid(2) = log(1 + e^-2)",
+             dict(chosen_logps=torch.tensor([-3.0]), rejected_logps=torch.tensor([-5.0]),
+                  ref_chosen_logps=torch.tensor([-4.0]), ref_rejected_logps=torch.tensor([-4.0]),
+                  beta=1.0, loss_type="sigmoid"), torch.tensor([0.1269280]))],
     mistakes=[
         ("the reference log-probs were not subtracted: h compares log pi / pi_ref of the chosen "
          "and the rejected response",
@@ -515,7 +556,10 @@ PAIRS = Exercise(
                    ("2 prompts of 2", dict(scores=torch.tensor([1.0, 0, 0, 1]), group_size=2))],
     worked=[("[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none",
              dict(scores=torch.tensor([0.0, 1, 0, 1, 1, 1, 1, 1]), group_size=4),
-             (torch.tensor([1]), torch.tensor([0])))],
+             (torch.tensor([1]), torch.tensor([0]))),
+            ("[1, 1 | 0, 1]: the first prompt ties; the second gives rows 3 over 2",
+             dict(scores=torch.tensor([1.0, 1, 0, 1]), group_size=2),
+             (torch.tensor([3]), torch.tensor([2])))],
     mistakes=[
         ("a prompt whose responses all tie gave a pair; it gives none (ties='skip')",
          lambda scores, group_size: online_dpo_preference_pairs(scores, group_size, "first")),
@@ -599,10 +643,10 @@ def _bad_gamma_every_token(rewards, values, response_mask, next_values, dones, g
 BAD = Exercise(
     "1.14", "tppo's BAD backup", "exercises.ps1.e14_bad_backup", "bad_advantages",
     oracle=tppo_compute_advantages, cases=_bad_cases,
-    worked=[("one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 0, done, "
-             "gamma = 0.9, lam = 1: A = [0.5, 0.75]",
+    worked=[("one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the "
+             "step ends the episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]",
              dict(rewards=torch.tensor([[1.0]]), values=torch.tensor([[[0.5, 0.25]]]),
-                  response_mask=torch.ones(1, 1, 2), next_values=torch.tensor([0.0]),
+                  response_mask=torch.ones(1, 1, 2), next_values=torch.tensor([2.0]),
                   dones=torch.tensor([[1.0]]), gamma=0.9, lam=1.0),
              (torch.tensor([[[0.5, 0.75]]]), torch.tensor([[[1.0, 1.0]]])))],
     mistakes=[
@@ -635,7 +679,19 @@ INVERSE_CDF = Exercise(
     oracle=inverse_cdf, cases=_cdf_cases,
     worked=[("probs [0.25, 0.25, 0.5], u = 0.6: cdf [0.25, 0.5, 1] first exceeds 0.6 at 2",
              dict(probs=torch.tensor([[0.25, 0.25, 0.5]]), uniforms=torch.tensor([0.6])),
-             torch.tensor([2]))],
+             torch.tensor([2])),
+            ("the same probs, u = 0.5, exactly on a step of the cdf: 0.5 is not more than 0.5, so 2",
+             dict(probs=torch.tensor([[0.25, 0.25, 0.5]]), uniforms=torch.tensor([0.5])),
+             torch.tensor([2])),
+            ("probs [0.2, 0, 0.2], a mass of 0.4 (top-p zeroed the rest), u = 0.25: 0.25 x 0.4 = 0.1, "
+             "so 0",
+             dict(probs=torch.tensor([[0.2, 0.0, 0.2]]), uniforms=torch.tensor([0.25])),
+             torch.tensor([0])),
+            ("probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, "
+             "whose probability is 0",
+             dict(probs=torch.tensor([[0.5, 0.5, 0.0]]),
+                  uniforms=torch.tensor([1 - 2 ** -32], dtype=torch.float64)),
+             torch.tensor([1]))],
     mistakes=[
         ("the draw took the first token whose cdf reaches u x mass (right=False); it must exceed "
          "it, or a cdf step at exactly u picks the token before",
@@ -646,6 +702,12 @@ INVERSE_CDF = Exercise(
          lambda probs, uniforms: torch.searchsorted(
              probs.double().cumsum(-1), uniforms.double()[:, None], right=True)[:, 0].clamp(
                  max=probs.shape[1] - 1)),
+        ("the cdf was summed in float32, where u = 1 - 2^-32 rounds to 1 and the threshold to the "
+         "whole mass: no token's cdf exceeds it, and the draw falls past the last token. Compute "
+         "in float64 (.double())",
+         lambda probs, uniforms: torch.searchsorted(
+             probs.float().cumsum(-1), (uniforms.float() * probs.float().sum(-1))[:, None],
+             right=True)[:, 0]),
     ])
 
 
