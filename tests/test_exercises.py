@@ -49,6 +49,29 @@ def test_each_common_mistake_fails_with_its_own_words(exercise, k):
         assert str(said.value).endswith(": " + words)
 
 
+@pytest.mark.parametrize("exercise", PS1, ids=lambda e: e.id)
+def test_each_docstring_shows_the_worked_cases_the_checker_tries_first(exercise):
+    import ast
+
+    from exercises.exercise import show
+    doc = " ".join(ast.get_docstring(ast.parse((ROOT / exercise.path).read_text())).split())
+    assert exercise.worked
+    for what, _, expected in exercise.worked:
+        assert " ".join(f"- {what} -> {show(expected)}".split()) in doc
+    assert ("the checker compares gradients too" in doc) == bool(exercise.differentiable)
+
+
+def test_every_listed_mistake_is_told_on_a_hand_worked_case():
+    """A mistake's message starts with the first case it fails: a hand-worked one, small enough
+    to follow by hand, for every mistake listed."""
+    for e in PS1:
+        for k, (_, wrong) in enumerate(e.mistakes):
+            with pytest.raises(Wrong) as said:
+                run_checks(e, wrong)
+            assert any(str(said.value).startswith(what + ": ") for what, _, _ in e.worked), \
+                (e.id, k, str(said.value)[:120])
+
+
 def test_every_ps1_exercise_names_at_least_two_mistakes():
     assert all(len(e.mistakes) >= 2 for e in PS1)
 

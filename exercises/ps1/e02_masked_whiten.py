@@ -8,7 +8,11 @@ rewards and advantages with it).
 and 0 on the padding. The variance is the unbiased one (n - 1), as torch.var and TRL take it; with
 a single real entry (n = 1) divide by 1.
 
-Hint: compute mean and var from the masked entries only, then multiply the result by the mask.
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- x = [[1, 3, 9]], mask = [[1, 1, 0]]: mean 2, unbiased var 2  ->  [[-0.7071, 0.7071, 0]]
+
+Hint: which entries may the mean and the variance see, and what should the padding be afterwards?
 Check: python -m exercises.check 1.2
 """
 import torch  # noqa: F401

@@ -8,7 +8,18 @@ every position [B, T, V] of sequences input_ids [B, T] whose last R tokens are t
 
 for j = 0..R-1: the R response tokens are scored by the R positions just before them.
 
-Hint: slice the logits one position earlier than the labels; log_softmax over the vocabulary.
+The loss is differentiated through `logits`, so the checker compares gradients too: keep them (no
+.detach(), .item() or torch.no_grad() on the way).
+
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- logits [1, 3, 2] with rows [log 3, 0], [log 3, 0], [0, 5]; input_ids [[0, 1, 0]], a response
+  of 2 tokens: log 1/4 and log 3/4  ->  [[-1.386, -0.2877]]
+- the same at temperature 0.5: the logits doubled, log 1/10 and log 9/10  ->  [[-2.303,
+  -0.1054]]
+
+Hint: write out which position's logits score the first response token for T = 5, R = 2; and
+over which axis is a distribution normalised?
 Check: python -m exercises.check 1.4
 """
 import torch  # noqa: F401

@@ -8,7 +8,14 @@ rewards holds N groups of G = group_size responses to the same prompt, one group
 
 std is the unbiased one (torch.std's default). A group whose rewards are all equal gets 0.
 
-Hint: view the rewards as [N, G] and take statistics along dim=1.
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577  ->  [0.8659, -0.8659, -0.8659, 0.8659]
+- two groups [1, 0 | 1, 1]: std 0.707 in the first; the second is all equal, so 0  ->  [0.707,
+  -0.707, 0, 0]
+
+Hint: the groups are consecutive rows; a shape that puts each group on a row of its own lets
+every statistic be taken per group at once.
 Check: python -m exercises.check 1.5
 """
 import torch  # noqa: F401

@@ -11,6 +11,14 @@ whole minibatch (grpo.py's `loss_normaliser`).
 
 A row with no counted token adds 0.
 
+The loss is differentiated through `per_token`, so the checker compares gradients too: keep them
+(no .detach(), .item() or torch.no_grad() on the way).
+
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2  ->  4
+- bnpo: the same rows, normaliser 3: (1 + 3 + 6) / 3  ->  3.333
+
 Check: python -m exercises.check 1.6
 """
 import torch  # noqa: F401

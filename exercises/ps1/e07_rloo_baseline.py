@@ -7,7 +7,12 @@ baseline is the mean of the OTHER k - 1 samples of its group:
 
 so that b_i does not depend on sample i itself and the gradient estimate stays unbiased.
 
-Hint: view as [N / k, k]; one sum per group, minus each sample.
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3  ->  [0.3333, 0.6667, 0.6667, 0.3333]
+
+Hint: the sum of the others is the group's sum minus the sample itself; no loop over samples is
+needed.
 Check: python -m exercises.check 1.7
 """
 import torch  # noqa: F401

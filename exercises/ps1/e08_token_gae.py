@@ -9,7 +9,15 @@ successor has value 0. Backwards over t:
 
 done_t = 1 at the last real token of a row. Padding gets advantage and return 0.
 
-Hint: a loop over t from R - 1 down to 0, carrying the next A and V of every row at once.
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1  ->  ([[0.5, 0.75]], [[1,
+  1]])
+- the same row, gamma = 0.5, lam = 1: delta_0 = 0.5 x 0.25 - 0.5, A_0 = delta_0 + 0.5 x 0.75 = 0
+  ->  ([[0, 0.75]], [[0.5, 1]])
+
+Hint: A_t needs A_{t+1}: which direction must the loop over t go? Every row can be handled at
+once, and done_t and the padding can both be read off the mask.
 Check: python -m exercises.check 1.8
 """
 import torch  # noqa: F401

@@ -7,7 +7,17 @@ With ratio = exp(logprobs - old_logprobs), per token:
 The max of the two negated terms is the min of the two objectives: the pessimistic bound. A token
 whose ratio has left the clip range in the direction its advantage pushes gets no gradient.
 
-Hint: torch.max, torch.clamp; advantages is [b, R] here, one per token.
+The loss is differentiated through `logprobs`, so the checker compares gradients too: keep them
+(no .detach(), .item() or torch.no_grad() on the way).
+
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)  ->  [[-1.2,
+  -0.5]]
+
+Hint: work out one token with A > 0 and a ratio above 1 + epsilon, and one with A < 0 and a
+ratio below 1 - epsilon: which of the two terms does each take? (advantages is [b, R] here, one
+per token.)
 Check: python -m exercises.check 1.9
 """
 import torch  # noqa: F401

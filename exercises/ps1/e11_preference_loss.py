@@ -8,7 +8,17 @@ For each pair, with the log-probs of the whole responses (sums over their tokens
 
 y_w is the chosen response, y_l the rejected one.
 
-Hint: torch.nn.functional.logsigmoid is the stable -log(1 + exp(-z)).
+The loss is differentiated through `chosen_logps` and `rejected_logps`, so the checker compares
+gradients too: keep them (no .detach(), .item() or torch.no_grad() on the way).
+
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- h = 0 (policy = reference), DPO: -log sigmoid(0) = log 2  ->  [0.6931]
+- chosen -3, rejected -5, both -4 under the reference, beta 1, DPO: h = 1 - (-1) = 2, -log
+  sigmoid(2) = log(1 + e^-2)  ->  [0.1269]
+
+Hint: -log sigmoid(z) = log(1 + exp(-z)) overflows for very negative z if written as it reads;
+torch has a stable form of log sigmoid.
 Check: python -m exercises.check 1.11
 """
 import torch  # noqa: F401

@@ -10,6 +10,11 @@ next_values [E] is V of the observation after the segment. Backwards over t:
 
 At an episode's end nothing comes back from the next step: that is a new problem.
 
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], V_next = 2, gamma = lam
+  = 1  ->  ([[1, 1.5]], [[1, 2]])
+
 Check: python -m exercises.check 1.13
 """
 import torch  # noqa: F401

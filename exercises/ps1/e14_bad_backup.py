@@ -14,6 +14,11 @@ V_next is V of the next step's first token (next_values after the last step) and
 advantage of the next real token (across the step boundary too). Inside a step there is no reward
 and no discount. Padding gets 0 and passes A_after through. returns = (A + V) * mask.
 
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the step ends the
+  episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]  ->  ([[[0.5, 0.75]]], [[[1, 1]]])
+
 Check: python -m exercises.check 1.14
 """
 import torch  # noqa: F401

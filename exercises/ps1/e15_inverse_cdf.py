@@ -8,7 +8,17 @@ is the first token whose cumulative probability EXCEEDS u times the row's mass,
 
 computed in float64, so that a token of probability 0 is never drawn.
 
-Hint: torch.searchsorted(cdf, threshold, right=True) finds the first index whose value exceeds it.
+Worked cases (the checker tries these first, and says the first one your function gets wrong):
+
+- probs [0.25, 0.25, 0.5], u = 0.6: cdf [0.25, 0.5, 1] first exceeds 0.6 at 2  ->  [2]
+- the same probs, u = 0.5, exactly on a step of the cdf: 0.5 is not more than 0.5, so 2  ->  [2]
+- probs [0.2, 0, 0.2], a mass of 0.4 (top-p zeroed the rest), u = 0.25: 0.25 x 0.4 = 0.1, so 0
+  ->  [0]
+- probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, whose
+  probability is 0  ->  [1]
+
+Hint: the cdf is sorted, so the first index above a threshold is a binary search (torch has
+one; read what its `right` argument does). Try u = 1 - 2^-32 in float32 and in float64.
 Check: python -m exercises.check 1.15
 """
 import torch  # noqa: F401
