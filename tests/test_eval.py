@@ -285,6 +285,18 @@ def test_eval_checkpoint_greedy_matches_the_training_evaluator(checkpoint, tmp_p
     assert summary["num_problems"] == 6 and summary["args"]["max_new_tokens"] == 8
 
 
+@pytest.mark.parametrize("stepwise", [False, True])
+def test_the_training_evaluation_shows_its_progress_batch_by_batch(stepwise, capsys):
+    # 8 problems in batches of 4: the bar shows 0/8 before the first batch (a first batch can take
+    # minutes on a busy CPU), then 4/8 and 8/8, with the rate
+    env = make_env("arithmetic", "test", difficulty="1-2", stepwise=stepwise, max_steps=2)
+    evaluate(load_policy("tiny-random"), load_tokenizer("tiny-random"), env, 8, 2, batch_size=4)
+    err = capsys.readouterr().err
+    shown = [err.find(f"| {n}/8 [") for n in (0, 4, 8)]
+    assert -1 < shown[0] < shown[1] < shown[2] and "held-out eval:" in err[:shown[0]], err
+    assert "problem/s]" in err[shown[1]:]
+
+
 def test_sampled_eval_is_the_same_with_any_batch_size_and_under_torchrun(checkpoint, tmp_path, monkeypatch):
     common = ["--model_name_or_path", str(checkpoint), "--num_eval_problems", "4",
               "--max_new_tokens", "6",

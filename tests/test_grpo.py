@@ -4,6 +4,7 @@ model (single process, torchrun with 2 CPU processes, resume)."""
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -177,7 +178,13 @@ def test_help_documents_every_field():
 
 # ---- end to end -----------------------------------------------------------------------------------------------
 def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
-    run([sys.executable, "grpo.py", *TINY, "--max_steps", "2", "--output_dir", str(tmp_path)])
+    err = run([sys.executable, "grpo.py", *TINY, "--max_steps", "2", "--eval_batch_size", "2",
+               "--output_dir", str(tmp_path)]).stderr
+    # the held-out evaluation before the first update shows its progress, batch by batch, before
+    # the updates bar advances (a first evaluation can take minutes on a busy CPU)
+    evaluated = [re.search(rf"held-out eval: +\d+%\|[^|]*\| {n}/4 \[", err) for n in (2, 4)]
+    assert all(evaluated), err
+    assert evaluated[0].start() < evaluated[1].start() < err.index("| 1/2 ["), err
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     for key in ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated_frac",
