@@ -118,7 +118,8 @@ def show(value) -> str:
         return "(" + ", ".join(show(v) for v in value) + ")"
     if isinstance(value, torch.Tensor):
         if value.numel() <= 8:
-            return _numbers(value.detach().double().tolist())
+            return _numbers(value.detach().tolist() if value.dtype == torch.bool
+                            else value.detach().double().tolist())
         flat = value.detach().double().flatten()[:8].tolist()
         numbers = ", ".join(f"{v:.4g}" for v in flat) + ", ..."
         return f"tensor of shape {list(value.shape)}: [{numbers}]"
@@ -128,7 +129,7 @@ def show(value) -> str:
 def _numbers(values) -> str:
     if isinstance(values, list):
         return "[" + ", ".join(_numbers(v) for v in values) + "]"
-    return f"{values:.4g}"
+    return str(values) if isinstance(values, bool) else f"{values:.4g}"
 
 
 def run_checks(exercise: Exercise, fn: Callable) -> None:

@@ -1,6 +1,7 @@
 """The exercises' checker (exercises/check.py, docs/course.md): it passes the project's own
 functions, fails every stub naming its file, and names each common mistake in its own words."""
 
+import math
 import os
 import subprocess
 import sys
@@ -17,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 BY_ID = {e.id: e for e in PS1}
 
 
-def test_ps1_has_at_least_12_exercises_over_all_six_files():
-    assert len(PS1) >= 12 and len(set(BY_ID)) == len(PS1)
+def test_ps1_has_exercises_over_all_ten_algorithm_files():
+    assert len(PS1) >= 20 and len(set(BY_ID)) == len(PS1)
     text = "\n".join((ROOT / e.path).read_text() for e in PS1)
-    for algo in ("grpo.py", "ppo.py", "reinforce.py", "online_dpo.py", "appo.py", "tppo.py"):
+    for algo in ("grpo.py", "ppo.py", "reinforce.py", "online_dpo.py", "appo.py", "tppo.py",
+                 "tools.py", "async_grpo.py", "distill.py", "dapo.py"):
         assert algo in text, algo
 
 
@@ -213,6 +215,74 @@ def test_the_draw_in_float32_fails_at_the_samplers_largest_u():
         "probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, whose "
         "probability is 0: at row 0 the output should be 1, yours is 3")
     assert "summed in float32" in str(said.value)
+
+
+# PS1.16-1.20 (tools.py, async_grpo.py, distill.py, dapo.py), each written as a student might and
+# differently from the file: loops, torch.where, a product where the file sums logs.
+def _training_ids(said, answers, budget):
+    # the pieces in order, then one id at a time until the budget is full
+    pieces = [(turn, 1) for turn in said]
+    for k, answer in enumerate(answers):
+        pieces.insert(2 * k + 1, (answer, 0))
+    ids, mask = [], []
+    for piece, own in pieces:
+        for token in piece:
+            if len(ids) < budget:
+                ids.append(token)
+                mask.append(own)
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+
+def _off_policy_weights(old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5,
+                        high=5.0):
+    r = torch.where(mask > 0, old_logprobs - sampler_logprobs, 0.0).exp()
+    if correction == "none":
+        return torch.ones_like(r), torch.zeros(r.shape, dtype=torch.bool)
+    if correction == "tis":
+        return torch.where(r > cap, cap, r), r > cap
+    if correction == "icepop":
+        keep = (r >= low) & (r <= high)
+        return torch.where(keep, r, 0.0), ~keep
+    seq = torch.stack([row.prod() for row in r])[:, None].expand_as(r)  # seq_mis
+    return torch.where(seq > cap, 0.0, seq), seq > cap
+
+
+def _distill_advantages(old_logprobs, teacher_logprobs, reward_advantages, loss_form):
+    out = torch.empty_like(old_logprobs)
+    for i in range(out.shape[0]):
+        for t in range(out.shape[1]):
+            out[i, t] = reward_advantages[i]
+            if loss_form == "sampled":
+                out[i, t] += teacher_logprobs[i, t] - old_logprobs[i, t]
+    return out
+
+
+def _divergence(student_logits, teacher_logits, beta):
+    log_p = student_logits.float().log_softmax(-1)
+    log_t = teacher_logits.float().log_softmax(-1)
+
+    def kl(log_a, log_b):  # KL(a || b), a word without mass in a counting 0
+        return torch.where(log_a.exp() > 0, log_a.exp() * (log_a - log_b), 0.0).sum(-1)
+
+    if beta in (0, 1):
+        return kl(log_p, log_t) if beta == 1 else kl(log_t, log_p)
+    log_m = torch.stack([log_t + math.log(beta), log_p + math.log(1 - beta)]).logsumexp(0)
+    return beta * kl(log_t, log_m) + (1 - beta) * kl(log_p, log_m)
+
+
+def _overlong_penalty(lengths, max_new_tokens, buffer_len, factor):
+    start = max_new_tokens - buffer_len
+    return torch.tensor([0.0 if n <= start else -factor * (n - start) / buffer_len
+                         for n in lengths.tolist()])
+
+
+OTHER_WAYS = [("1.16", _training_ids), ("1.17", _off_policy_weights), ("1.18", _distill_advantages),
+              ("1.19", _divergence), ("1.20", _overlong_penalty)]
+
+
+@pytest.mark.parametrize("id,fn", OTHER_WAYS, ids=[id for id, _ in OTHER_WAYS])
+def test_another_right_way_to_write_a_new_files_exercise_passes(id, fn):
+    run_checks(BY_ID[id], fn)
 
 
 def test_a_function_that_changes_its_input_in_place_is_told():

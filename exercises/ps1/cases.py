@@ -6,19 +6,28 @@ piece of a larger function (the per-token loss of `policy_loss`, one pair's `dpo
 here is a second copy of a solution. The mistakes are wrong on purpose.
 """
 
+import contextlib
+import math
+from dataclasses import replace
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 import appo
+import async_grpo
+import dapo
+import distill
 import grpo
 import online_dpo
 import ppo
 import reinforce
+import tools
 import tppo
 from common.rl import numerics
 from common.rl.logprobs import token_logprobs
+from common.models import Generation
 from common.models.sampler import inverse_cdf
 from exercises.exercise import Exercise
 
@@ -30,6 +39,11 @@ reinforce_compute_baselines = reinforce.compute_baselines
 online_dpo_preference_pairs = online_dpo.preference_pairs
 appo_compute_advantages = appo.compute_advantages
 tppo_compute_advantages = tppo.compute_advantages
+tools_play = tools.play
+async_off_policy_weights = async_grpo.off_policy_weights
+distill_advantages = distill.distill_advantages
+distill_divergence = distill.divergence
+dapo_overlong_penalty = dapo.overlong_penalty
 
 
 def _gen(seed):
@@ -711,5 +725,342 @@ INVERSE_CDF = Exercise(
     ])
 
 
+# ------------------------------------------------------------------------------------------------
+# 1.16 the training ids and the tool mask (tools.py `play`)
+
+
+def _tool_oracle(said, answers, budget):
+    """tools.py's own `play` on one response, with a scripted model in place of the sampler: turn
+    k samples said[k], and each turn but the last closes a call that the tool answers with the ids
+    answers[k]. Only the sampler and the tool are scripted; how the ids, the mask and the budget
+    are put together is play's own code."""
+    turns, now = iter(range(len(said))), {}
+
+    def generate(policy, tokenizer, contexts, max_new_tokens, temperature, top_p,
+                 stop_strings=(), seeds=None, decoder=None):
+        k = now["turn"] = next(turns)
+        ids = torch.tensor([said[k]], dtype=torch.long)
+        closed = torch.tensor([k < len(answers)])  # the stop string ended the turn: a call
+        return Generation(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long),
+                          ids, torch.ones_like(ids), torch.zeros(ids.shape), closed, ~closed)
+
+    # The tool's answer travels as text (play wraps it in <output> tags and encodes it): here the
+    # text of the ids, which this tokenizer reads back; there is no EOS, a turn ends at its call.
+    tokenizer = SimpleNamespace(
+        eos_token_id=None, pad_token_id=0, decode=lambda ids, skip_special_tokens=False: "",
+        encode=lambda text, add_special_tokens=True: [
+            int(t) for t in text.removeprefix("<output>").removesuffix("</output>").split()])
+    args = replace(tools.Args(), max_new_tokens=budget, max_turns=len(said), tools="calc",
+                   plain=True)
+    with mock.patch.multiple(tools, generate=generate, find_call=lambda text, names: ("calc", ""),
+                             run_tool=lambda name, argument: " ".join(
+                                 map(str, answers[now["turn"]]))):
+        gen, tool_mask, _, _, _ = tools_play(torch.nn.Linear(1, 1), tokenizer, [[1]], [0], args,
+                                             1.0, contextlib.nullcontext())
+    return gen.response_ids[0], tool_mask[0]
+
+
+def _tool_cases():
+    said, answers = [[11, 12, 13], [14, 15], [16, 17, 18, 19]], [[91, 92, 93], [94]]
+    return [("3 turns, 2 calls, everything within a budget of 40",
+             dict(said=said, answers=answers, budget=40)),
+            ("the same in a budget of 9: the last call's answer fills it",
+             dict(said=said, answers=answers, budget=9)),
+            ("the same in a budget of 5: the first answer is cut",
+             dict(said=said, answers=answers, budget=5)),
+            ("a long answer, then a turn cut by a budget of 12",
+             dict(said=[[1, 2], [3, 4, 5, 6, 7]], answers=[[80, 81, 82, 83, 84, 85]], budget=12)),
+            ("one turn without a call, cut by a budget of 4",
+             dict(said=[[1, 2, 3, 4, 5, 6]], answers=[], budget=4))]
+
+
+def _tool_answers_counted_apart(said, answers, budget):
+    """The budget counts the model's ids only: neither the answers count nor are they cut."""
+    ids, mask, written = [], [], 0
+    for k, turn in enumerate(said):
+        new = turn[:budget - written]
+        ids, mask, written = ids + new, mask + [1] * len(new), written + len(new)
+        if len(new) < len(turn) or written >= budget or k == len(answers):
+            break
+        ids, mask = ids + answers[k], mask + [0] * len(answers[k])
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def _tool_answer_whole(said, answers, budget):
+    """The tool's answer goes in whole, past the budget."""
+    ids, mask = [], []
+    for k, turn in enumerate(said):
+        new = turn[:budget - len(ids)]
+        ids, mask = ids + new, mask + [1] * len(new)
+        if len(new) < len(turn) or len(ids) >= budget or k == len(answers):
+            break
+        ids, mask = ids + answers[k], mask + [0] * len(answers[k])
+        if len(ids) >= budget:
+            break
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+TOOL_IDS = Exercise(
+    "1.16", "the training ids and the tool mask", "exercises.ps1.e16_tool_ids", "training_ids",
+    oracle=_tool_oracle, cases=_tool_cases,
+    worked=[("said [[5, 6], [7, 8]], answers [[90, 91]], budget 10",
+             dict(said=[[5, 6], [7, 8]], answers=[[90, 91]], budget=10),
+             (torch.tensor([5, 6, 90, 91, 7, 8]), torch.tensor([1, 1, 0, 0, 1, 1]))),
+            ("the same in a budget of 3: the answer is cut after one id",
+             dict(said=[[5, 6], [7, 8]], answers=[[90, 91]], budget=3),
+             (torch.tensor([5, 6, 90]), torch.tensor([1, 1, 0])))],
+    mistakes=[
+        ("the tool's ids got mask 1: the model did not pick them, so they stay in the ids with "
+         "mask 0, out of the loss",
+         lambda said, answers, budget: (_tool_oracle(said, answers, budget)[0],
+                                        torch.ones_like(_tool_oracle(said, answers, budget)[1]))),
+        ("the tool's answer was left out of the ids: the model reads it in the turns after it, so "
+         "it stays in the sequence, with mask 0",
+         lambda said, answers, budget: _tool_oracle(said, [[] for _ in answers], budget)),
+        ("the budget counted the model's ids only: it holds the tools' ids too (TRL's "
+         "max_completion_length)", _tool_answers_counted_apart),
+        ("the tool's answer ran past the budget: cut it at the room that is left",
+         _tool_answer_whole),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.17 the off-policy weights (async_grpo.py)
+
+
+def _off_policy_oracle(old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5,
+                       high=5.0):
+    args = SimpleNamespace(off_policy_correction=correction, is_cap=cap, icepop_low=low,
+                           icepop_high=high)
+    return async_off_policy_weights(old_logprobs, sampler_logprobs, mask, args)
+
+
+def _off_policy_cases():
+    g = _gen(17)
+    mask = _padded_mask([6, 4, 3, 1], 6)
+    sampler = -torch.rand(4, 6, generator=g) * 3
+    spread = torch.tensor([[1.0], [0.15], [1.0], [1.0]])  # row 1 close to on-policy: R <= cap
+    old = sampler + torch.randn(4, 6, generator=g) * spread
+    old = old + 0.7 * (1 - mask)  # the padding's log-probs differ too, so that counting it shows
+    inputs = dict(old_logprobs=old, sampler_logprobs=sampler, mask=mask)
+    return [(f"{c} on [4, 6] with rows of 6, 4, 3 and 1 tokens, ratios from 0.18 to 3.6",
+             dict(inputs, correction=c)) for c in ("none", "tis", "icepop", "seq_mis")] + [
+        ("tis with cap 1.2", dict(inputs, correction="tis", cap=1.2)),
+        ("icepop within [0.8, 1.5]", dict(inputs, correction="icepop", low=0.8, high=1.5))]
+
+
+def _off_policy_ratio(old_logprobs, sampler_logprobs, mask):
+    return torch.exp(((old_logprobs - sampler_logprobs) * mask).clamp(-20, 20))
+
+
+def _tis_zeroed(old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5, high=5.0):
+    if correction != "tis":
+        return _off_policy_oracle(old_logprobs, sampler_logprobs, mask, correction, cap, low, high)
+    r = _off_policy_ratio(old_logprobs, sampler_logprobs, mask)
+    return r.masked_fill(r > cap, 0.0), r > cap
+
+
+def _icepop_clamped(old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5,
+                    high=5.0):
+    if correction != "icepop":
+        return _off_policy_oracle(old_logprobs, sampler_logprobs, mask, correction, cap, low, high)
+    r = _off_policy_ratio(old_logprobs, sampler_logprobs, mask)
+    return r.clamp(low, high), (r < low) | (r > high)
+
+
+def _mis_per_token(old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5,
+                   high=5.0):
+    if correction != "seq_mis":
+        return _off_policy_oracle(old_logprobs, sampler_logprobs, mask, correction, cap, low, high)
+    r = _off_policy_ratio(old_logprobs, sampler_logprobs, mask)
+    return r.masked_fill(r > cap, 0.0), r > cap
+
+
+OFF_POLICY = Exercise(
+    "1.17", "the off-policy weights: TIS, IcePop, sequence MIS",
+    "exercises.ps1.e17_off_policy_weights", "off_policy_weights",
+    oracle=_off_policy_oracle, cases=_off_policy_cases,
+    worked=[(f"r = [[0.5, 1.5, 3.0]], {correction} with "
+             + ", ".join(f"{k} {v:g}" for k, v in bounds.items()),
+             dict(old_logprobs=torch.tensor([[0.2, 0.6, 0.3]]).log(),
+                  sampler_logprobs=torch.tensor([[0.4, 0.4, 0.1]]).log(),
+                  mask=torch.ones(1, 3), correction=correction, **bounds),
+             (torch.tensor([weights]), torch.tensor([cut])))
+            for correction, bounds, weights, cut in (
+                ("tis", dict(cap=2.0), [0.5, 1.5, 2.0], [False, False, True]),
+                ("icepop", dict(low=0.6, high=2.0), [0.0, 1.5, 0.0], [True, False, True]),
+                ("seq_mis", dict(cap=2.0), [0.0, 0.0, 0.0], [True, True, True]))] + [
+        ("r = [[2, 3]] with the second token padding, seq_mis, cap 2.5: the padding counts as "
+         "r = 1, so R = 2",
+         dict(old_logprobs=torch.tensor([[0.2, 0.3]]).log(),
+              sampler_logprobs=torch.tensor([[0.1, 0.1]]).log(), mask=torch.tensor([[1.0, 0]]),
+              correction="seq_mis", cap=2.5),
+         (torch.tensor([[2.0, 2.0]]), torch.tensor([[False, False]])))],
+    mistakes=[
+        ("the ratio is inverted: r = pi_prox / mu, the trainer's probability over the sampler's "
+         "(exp(old_logprobs - sampler_logprobs))",
+         lambda old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5, high=5.0:
+         _off_policy_oracle(sampler_logprobs, old_logprobs, mask, correction, cap, low, high)),
+        ("the padding was not masked: its log-ratio counts as 0 (a weight of 1), and a response's "
+         "product R takes in its real tokens only",
+         lambda old_logprobs, sampler_logprobs, mask, correction, cap=2.0, low=0.5, high=5.0:
+         _off_policy_oracle(old_logprobs, sampler_logprobs, torch.ones_like(mask), correction,
+                            cap, low, high)),
+        ("TIS truncates a weight above cap to cap; it was set to 0 (masking is IcePop's and MIS's)",
+         _tis_zeroed),
+        ("IcePop masks a token outside [low, high] (weight 0); it was clamped into the range",
+         _icepop_clamped),
+        ("sequence MIS weighs every token of a response by the product of its ratios R; this used "
+         "each token's own ratio", _mis_per_token),
+    ])
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.18 distillation's per-token advantage, 1.19 the full-vocabulary divergence (distill.py)
+
+
+def _distill_cases():
+    g = _gen(18)
+    old, teacher = -torch.rand(3, 5, generator=g) * 4, -torch.rand(3, 5, generator=g) * 4
+    reward = torch.randn(3, generator=g)
+    return [(f"[3, 5] log-probs, a verifier's share per response, {form}",
+             dict(old_logprobs=old, teacher_logprobs=teacher, reward_advantages=reward,
+                  loss_form=form)) for form in ("sampled", "full")] + [
+        ("sampled, without a verifier's share", dict(
+            old_logprobs=old, teacher_logprobs=teacher, reward_advantages=torch.zeros(3),
+            loss_form="sampled"))]
+
+
+DISTILL_ADVANTAGES = Exercise(
+    "1.18", "distillation's per-token advantage", "exercises.ps1.e18_distill_advantages",
+    "distill_advantages", oracle=distill_advantages, cases=_distill_cases,
+    worked=[(f"pi_old [0.5, 0.25], pi_T [0.25, 0.5], A_i = 1, {form}",
+             dict(old_logprobs=torch.tensor([[0.5, 0.25]]).log(),
+                  teacher_logprobs=torch.tensor([[0.25, 0.5]]).log(),
+                  reward_advantages=torch.tensor([1.0]), loss_form=form), expected)
+            for form, expected in (("sampled", torch.tensor([[1 - 0.6931472, 1 + 0.6931472]])),
+                                   ("full", torch.tensor([[1.0, 1.0]])))],
+    mistakes=[
+        ("the sign of the log-ratio is flipped: the reward is log pi_T - log pi_old, above 0 where "
+         "the teacher likes the token more than the student",
+         lambda old_logprobs, teacher_logprobs, reward_advantages, loss_form: distill_advantages(
+             teacher_logprobs, old_logprobs, reward_advantages, loss_form)),
+        ("the verifier's share A_i was left out: it is added to every token of its response",
+         lambda old_logprobs, teacher_logprobs, reward_advantages, loss_form: distill_advantages(
+             old_logprobs, teacher_logprobs, 0 * reward_advantages, loss_form)),
+        ("in the full form the advantage is the verifier's share alone: the divergence is the loss "
+         "itself (1.19), not a reward",
+         lambda old_logprobs, teacher_logprobs, reward_advantages, loss_form: distill_advantages(
+             old_logprobs, teacher_logprobs, reward_advantages, "sampled")),
+    ])
+
+
+def _divergence_cases():
+    g = _gen(19)
+    student, teacher = torch.randn(2, 3, 7, generator=g) * 2, torch.randn(2, 3, 7, generator=g) * 2
+    student[0, 0, :3] = teacher[0, 0, :3] = -1000.0  # words that neither would write
+    return [(f"logits [2, 3, 7], beta {beta}",
+             dict(student_logits=student, teacher_logits=teacher, beta=beta))
+            for beta in (1.0, 0.0, 0.5, 0.2, 0.9)]
+
+
+def _divergence_mixture_swapped(student_logits, teacher_logits, beta):
+    if beta in (0, 1):
+        return distill_divergence(student_logits, teacher_logits, beta)
+    log_p = F.log_softmax(student_logits.float(), dim=-1)
+    log_t = F.log_softmax(teacher_logits.float(), dim=-1)
+    log_m = torch.logaddexp(log_p + math.log(beta), log_t + math.log(1 - beta))
+    return (beta * (log_t.exp() * (log_t - log_m)).sum(-1)
+            + (1 - beta) * (log_p.exp() * (log_p - log_m)).sum(-1))
+
+
+def _divergence_mixture_of_probs(student_logits, teacher_logits, beta):
+    if beta in (0, 1):
+        return distill_divergence(student_logits, teacher_logits, beta)
+    p, t = F.softmax(student_logits.float(), dim=-1), F.softmax(teacher_logits.float(), dim=-1)
+    m = beta * t + (1 - beta) * p
+    return beta * (t * (t / m).log()).sum(-1) + (1 - beta) * (p * (p / m).log()).sum(-1)
+
+
+DIVERGENCE = Exercise(
+    "1.19", "distillation's full-vocabulary divergence", "exercises.ps1.e19_divergence",
+    "divergence", oracle=distill_divergence, cases=_divergence_cases,
+    worked=[(f"pi = [0.5, 0.5], pi_T = [0.25, 0.75], beta {beta}",
+             dict(student_logits=torch.zeros(2), teacher_logits=torch.tensor([0.25, 0.75]).log(),
+                  beta=beta), torch.tensor(expected))
+            for beta, expected in (
+                (1.0, 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)),
+                (0.0, 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)),
+                # m = [0.375, 0.625]
+                (0.5, 0.5 * (0.25 * math.log(0.25 / 0.375) + 0.75 * math.log(0.75 / 0.625))
+                 + 0.5 * (0.5 * math.log(0.5 / 0.375) + 0.5 * math.log(0.5 / 0.625))),
+                # m = 0.25 pi_T + 0.75 pi = [0.4375, 0.5625]
+                (0.25, 0.25 * (0.25 * math.log(0.25 / 0.4375) + 0.75 * math.log(0.75 / 0.5625))
+                 + 0.75 * (0.5 * math.log(0.5 / 0.4375) + 0.5 * math.log(0.5 / 0.5625))))] + [
+        ("student and teacher logits [0, -1000]: neither puts any mass on the second word, so 0 "
+         "at beta 0.5",
+         dict(student_logits=torch.tensor([0.0, -1000]), teacher_logits=torch.tensor([0.0, -1000]),
+              beta=0.5), torch.tensor(0.0))],
+    mistakes=[
+        ("the student's and the teacher's distributions are swapped: beta 1 is the reverse "
+         "KL(pi || pi_T), weighted by the student's pi",
+         lambda student_logits, teacher_logits, beta: distill_divergence(teacher_logits,
+                                                                         student_logits, beta)),
+        ("the mixture's weights are swapped: m = beta pi_T + (1 - beta) pi",
+         _divergence_mixture_swapped),
+        ("the divergence sums over the vocabulary; this is the mean (divided by V)",
+         lambda student_logits, teacher_logits, beta: distill_divergence(
+             student_logits, teacher_logits, beta) / student_logits.shape[-1]),
+        ("m was taken as probabilities and then its log: where both put (almost) no mass that is "
+         "log 0, and NaN; take log m with logaddexp of the log-probs",
+         _divergence_mixture_of_probs),
+    ],
+    differentiable=("student_logits",))
+
+
+# ------------------------------------------------------------------------------------------------
+# 1.20 DAPO's soft overlong punishment (dapo.py)
+
+
+def _overlong_cases():
+    lengths = torch.tensor([0, 10, 15, 16, 17, 18, 20])
+    return [(f"lengths {lengths.tolist()}, max_new_tokens 20, buffer_len {b}, factor {f}",
+             dict(lengths=lengths, max_new_tokens=20, buffer_len=b, factor=f))
+            for b, f in ((4, 1.0), (10, 0.5), (20, 2.0), (0, 1.0))]
+
+
+def _overlong_unclamped(lengths, max_new_tokens, buffer_len, factor):
+    if buffer_len == 0:
+        return torch.zeros(lengths.shape)
+    return -factor * (lengths - (max_new_tokens - buffer_len)).float() / buffer_len
+
+
+OVERLONG = Exercise(
+    "1.20", "DAPO's soft overlong punishment", "exercises.ps1.e20_overlong_penalty",
+    "overlong_penalty", oracle=dapo_overlong_penalty, cases=_overlong_cases,
+    worked=[("lengths [10, 18, 20], max_new_tokens 20, buffer_len 4, factor 1: the buffer starts "
+             "after 16 tokens",
+             dict(lengths=torch.tensor([10, 18, 20]), max_new_tokens=20, buffer_len=4, factor=1.0),
+             torch.tensor([0.0, -0.5, -1.0])),
+            ("lengths [20], max_new_tokens 20, buffer_len 0: no buffer, and no penalty",
+             dict(lengths=torch.tensor([20]), max_new_tokens=20, buffer_len=0, factor=1.0),
+             torch.tensor([0.0]))],
+    mistakes=[
+        ("the tokens into the buffer were not clamped at 0: a response shorter than "
+         "max_new_tokens - buffer_len got a bonus; it gets 0", _overlong_unclamped),
+        ("the excess is divided by buffer_len, so that a response at the budget gets -factor; it "
+         "was divided by max_new_tokens",
+         lambda lengths, max_new_tokens, buffer_len, factor: dapo_overlong_penalty(
+             lengths, max_new_tokens, buffer_len, factor) * buffer_len / max_new_tokens),
+        ("the sign is wrong: it is a penalty, from 0 down to -factor",
+         lambda lengths, max_new_tokens, buffer_len, factor: -dapo_overlong_penalty(
+             lengths, max_new_tokens, buffer_len, factor)),
+        ("with buffer_len 0 there is no buffer and no penalty; this divided 0 by 0",
+         lambda lengths, max_new_tokens, buffer_len, factor: -factor * (
+             lengths - (max_new_tokens - buffer_len)).clamp(min=0).float() / buffer_len),
+    ])
+
+
 EXERCISES = [MASKED_MEAN, MASKED_WHITEN, KL, LOGPROBS, GROUP, AGGREGATE, RLOO, GAE, SURROGATE, VALUE,
-             PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF]
+             PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF, TOOL_IDS, OFF_POLICY, DISTILL_ADVANTAGES,
+             DIVERGENCE, OVERLONG]
