@@ -220,9 +220,10 @@ def grade(folder: Path, exercises: list, all_names: list, seed: int, points: dic
                 (copy / exercise.path).write_bytes(taken[Path(exercise.path).name].read_bytes())
             verdicts, stopped = check_in(copy, [e.id for e in to_check], seed, time_limit)
         for exercise in to_check:
-            verdict = verdicts.get(exercise.id)
-            rows[exercise.id] = (dict(passed=verdict["passed"] is True, message=verdict["message"])
-                                 if verdict else dict(passed=False, message=f"no verdict: {stopped}"))
+            verdict = verdicts.get(exercise.id) or dict(passed=False,
+                                                        message=f"no verdict: {stopped}")
+            rows[exercise.id] = dict(passed=verdict["passed"] is True,
+                                     message=str(verdict["message"]))
     results = [dict(id=e.id, title=e.title, points=points[e.id] if rows[e.id]["passed"] else 0,
                     **rows[e.id]) for e in exercises]
     return dict(student=folder.name, seed=seed, points=sum(r["points"] for r in results),
@@ -260,11 +261,14 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv=None) -> int:
     parser = _Parser(description=__doc__.split("\n\n")[0],
-                     epilog="The students' code runs with your rights: grade in a container.")
+                     epilog="A student's seed, in the report, gives their inputs again: python "
+                            "-m exercises.check --seed SEED in their clone. Their code runs with "
+                            "your rights: grade in a container.")
     parser.add_argument("submissions", metavar="SUBMISSIONS",
                         help="a folder of one folder per student, each holding the student's "
                              "exercises/ps1/e*.py, or the e*.py files alone "
-                             "(SUBMISSIONS/alice/e05_group_advantages.py)")
+                             "(SUBMISSIONS/alice/e05_group_advantages.py); any other file is "
+                             "ignored, and the report names it")
     parser.add_argument("--exercises", nargs="+", default=[], metavar="ID",
                         help="the exercises to grade (1.5) or problem sets (1); default: all")
     parser.add_argument("--points", nargs="+", default=[], metavar="ID=POINTS",

@@ -181,7 +181,8 @@ def test_a_file_that_reaches_for_the_solution_is_refused_naming_its_line(source,
 
 
 @pytest.mark.parametrize("source", [
-    "from __future__ import annotations\nimport math\nimport itertools\nfrom functools import reduce\nfrom typing import Optional\n"
+    "from __future__ import annotations\nimport math\nimport itertools\n"
+    "from functools import reduce\nfrom typing import Optional\n"
     "from collections import defaultdict\nimport numpy as np\nimport torch\n"
     "import torch.nn.functional as F\n",
     RIGHT_MEAN, RIGHT_GROUPS, PADDING_COUNTED,
@@ -212,6 +213,11 @@ def test_bad_input_is_one_line_before_any_student_is_read(tmp_path, capsys):
     assert "--out" in error(tmp_path, "--out", tmp_path / "grades.csv")
 
 
+def test_the_grader_gives_the_checker_its_own_time_limit():
+    from exercises import check, grade
+    assert grade.TIME_LIMIT == check.TIME_LIMIT
+
+
 def test_a_student_with_no_exercise_file_gets_0_and_says_why(tmp_path, capsys):
     (tmp_path / "alice").mkdir()
     (tmp_path / "alice" / "notes.txt").write_text("I ran out of time")
@@ -225,3 +231,12 @@ def test_a_student_with_no_exercise_file_gets_0_and_says_why(tmp_path, capsys):
     # the report's folder inside the submissions is not a student
     assert main([str(tmp_path), "--exercises", "1.1", "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.count("alice (seed") == 2
+
+
+def test_a_checker_that_stops_short_gives_no_verdict_and_its_last_words(tmp_path):
+    from exercises.grade import check_in
+    copy = tmp_path / "project"  # a copy whose checker dies before its first verdict
+    _write(copy, {"exercises/__init__.py": "", "exercises/check.py": "import sys\n"
+                  "print('out of memory', file=sys.stderr)\nsys.exit(3)\n"})
+    assert check_in(copy, ["1.1"], seed=5, time_limit=60.0) == (
+        {}, "the checker stopped (exit status 3), its last words: out of memory")
