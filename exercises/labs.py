@@ -4,6 +4,8 @@
     python -m exercises.labs lr              # run one lab: its runs, then its table and curves
     python -m exercises.labs lr kl --out runs/labs
     python -m exercises.labs lr --out /tmp/labs -- --model_name_or_path tiny-random --max_steps 1
+    python -m exercises.labs lr --key        # the numbers its answer cites, read off its runs' logs
+    python -m exercises.labs lr --key -- --seed 1       # a variant's runs, and their answer key
 
 Each lab is two runs of a real file with one thing changed, short enough for 2 cores (10 updates of
 the embedded model), run side by side with a core each. The runs are the files' own (`python grpo.py FLAGS --output_dir ...`), so their
@@ -12,6 +14,13 @@ numbers its question is about, and draws both runs' curves (`python -m common.ru
 folder. Runs with the same flags are shared between labs and are not run twice; a finished run is
 not run again, so a lab that was stopped resumes. The questions and the answers, with the figures
 measured here: docs/course.md#ps3-failure-modes.
+
+--key prints a lab's answer key: the numbers its answer cites (held-out accuracies, the update
+where every answer is wrong, the KL term beside the policy loss, the responses a loose verifier
+pays for a wrong answer, ...), read off its runs' logs by one function per lab (KEYS). Flags after
+-- make a variant (another seed, beta or learning rate): its runs go to a folder of their own under
+--out, named after the flags, so that a teacher who hands out a variant has its key from one
+command.
 """
 
 import argparse
@@ -97,6 +106,14 @@ def run_dir(out, label):
     return out / "runs" / re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
+def variant_dir(out, extra):
+    """The folder of the labs run with the flags after -- (`extra`): `out` itself without any, else
+    a folder under it named after them (`--seed 1` -> out/seed-1), so that a variant's runs are never
+    taken for the runs of the labs' own flags, nor the other way round."""
+    name = re.sub(r"[^A-Za-z0-9.]+", "-", " ".join(extra)).strip("-.")
+    return out / name if extra else out
+
+
 def run_all(out, runs, extra=()):
     """A lab's runs as child processes, side by side with their share of the cores each (one
     thread each on 2 cores, faster than one after the other with two threads, where much of a
@@ -131,10 +148,14 @@ def run_all(out, runs, extra=()):
 
 def numbers_per_response(folder):
     """{update: mean count of numbers per logged response} from samples.jsonl."""
-    texts = {}
     path = folder / "samples.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        row = json.loads(line)  # one logged response per line
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return numbers_per_response_of([json.loads(line) for line in lines])  # one response a line
+
+
+def numbers_per_response_of(samples):
+    texts = {}
+    for row in samples:
         texts.setdefault(row["step"], []).append(row["response"])
     return {step: statistics.fmean(len(re.findall(r"\d+", t)) for t in group)
             for step, group in texts.items()}
@@ -161,12 +182,233 @@ def summary(lab, out):
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------------------------------------
+# Answer keys: the numbers each lab's answer cites, read off its runs' logs, so that a teacher who
+# varies a lab's flags has the key of the variant without reading the logs by hand.
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Logs:
+    """What one run wrote: its label, metrics.jsonl and eval.jsonl rows in step order, every line of
+    samples.jsonl (several per update, so not read_log, which keeps one row per step), and its
+    options as args.json has them."""
+
+    label: str
+    metrics: list
+    evals: list
+    samples: list
+    args: dict
+
+    def series(self, key):
+        """[(update, value)] of the updates that logged `key` as a number."""
+        return [(r["step"], r[key]) for r in self.metrics if isinstance(r.get(key), (int, float))]
+
+    def mean(self, key):
+        values = [v for _, v in self.series(key)]
+        return statistics.fmean(values) if values else None
+
+
+def read_run(out, label):
+    folder = run_dir(out, label)
+    samples = []
+    path = folder / "samples.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            samples.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a crash
+            continue
+    args_path = folder / "args.json"
+    return Logs(label, read_log(folder / "metrics.jsonl"),
+                [r for r in read_log(folder / "eval.jsonl") if "eval/accuracy" in r], samples,
+                json.loads(args_path.read_text()) if args_path.is_file() else {})
+
+
+def num(value, digits=3):
+    """A number as the answers write it: 3 significant digits, '-' when the run did not log it."""
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def accuracies(run):
+    """'held-out accuracy 0.355 at update 5, 0.390 at update 10'."""
+    cells = [f"{r['eval/accuracy']:.3f} at update {r['step']}" for r in run.evals]
+    return "held-out accuracy " + (", ".join(cells) if cells else "not evaluated")
+
+
+def by_update(run, key, scale=1.0):
+    """'1: 0.30, 2: 0.06, ...': a metric in each update, times `scale`."""
+    return ", ".join(f"{step}: {num(v * scale, 2)}" for step, v in run.series(key)) or "not logged"
+
+
+def spread(run, key):
+    """'mean 0.300, from 0.0625 at update 9 to 0.562 at update 4'."""
+    rows = run.series(key)
+    if not rows:
+        return "not logged"
+    low, high = min(rows, key=lambda r: r[1]), max(rows, key=lambda r: r[1])
+    return (f"mean {num(run.mean(key))}, from {num(low[1])} at update {low[0]} to "
+            f"{num(high[1])} at update {high[0]}")
+
+
+def all_wrong_updates(run):
+    """The updates where every group's answers were alike (zero_std_frac 1.0) and none was right
+    (reward/mean 0): no group has an advantage, so the update has no gradient."""
+    rewards = dict(run.series("reward/mean"))
+    return [step for step, v in run.series("zero_std_frac") if v == 1.0 and rewards.get(step) == 0]
+
+
+def key_lr(runs):
+    lines = []
+    for run in runs:
+        lines.append(f"{run.label} (learning rate {run.args.get('learning_rate', '?')}): "
+                     f"{accuracies(run)}")
+        lines.append(f"  reward/mean by update: {by_update(run, 'reward/mean')}")
+        full = [step for step, v in run.series("zero_std_frac") if v == 1.0]
+        grads = dict(run.series("grad_norm"))
+        lines.append("  zero_std_frac 1.0 (every group alike) first at update "
+                     f"{full[0]}, where grad_norm is {num(grads.get(full[0]))}" if full else
+                     "  zero_std_frac never 1.0")
+        wrong = all_wrong_updates(run)
+        lines.append(f"  every response wrong (zero_std_frac 1.0 and reward/mean 0) in updates "
+                     f"{', '.join(map(str, wrong))}" if wrong else
+                     "  no update with every response wrong")
+        lines.append(f"  means over the updates: zero_std_frac {num(run.mean('zero_std_frac'))}, "
+                     f"entropy {num(run.mean('entropy'))}, grad_norm {num(run.mean('grad_norm'))}")
+    return lines
+
+
+def key_kl(runs):
+    lines = []
+    for run in runs:
+        beta = run.args.get("beta", 0.0)
+        lines.append(f"{run.label} (beta {beta}): {accuracies(run)}")
+        last = run.series("reward/mean")[-1:] or [("-", None)]
+        lines.append(f"  reward/mean in its last update ({last[0][0]}): {num(last[0][1])}; "
+                     f"entropy mean {num(run.mean('entropy'))}")
+        if not run.series("kl_ref"):
+            lines.append("  no kl_ref: without a KL penalty no reference model is loaded")
+            continue
+        lines.append(f"  kl_ref (k3, per token) by update: {by_update(run, 'kl_ref')}")
+        lines.append(f"  beta x kl_ref by update: {by_update(run, 'kl_ref', beta)}")
+        lines.append(f"  pg_loss by update: {by_update(run, 'pg_loss')}")
+        terms = [beta * v for _, v in run.series("kl_ref")]
+        losses = [v for _, v in run.series("pg_loss")] or [None]
+        lines.append(f"  beta x kl_ref from {num(min(terms), 2)} to {num(max(terms), 2)}; pg_loss "
+                     f"from {num(min(losses), 2)} to {num(max(losses), 2)}")
+    return lines
+
+
+def key_std(runs):
+    lines = []
+    for run in runs:
+        clip = run.args.get("max_grad_norm")
+        grads = run.series("grad_norm")
+        loss_type = run.args.get("loss_type", "?")
+        lines.append(f"{run.label} (--loss_type {loss_type}): {accuracies(run)}")
+        lines.append(f"  grad_norm {spread(run, 'grad_norm')}")
+        if clip:
+            # grad_norm is the norm before the clip: above max_grad_norm, the step was clipped
+            above = sum(v > clip for _, v in grads)
+            lines.append(f"  grad_norm above --max_grad_norm {clip} (clipped) in {above} of "
+                         f"{len(grads)} updates")
+        advantages = [abs(s["advantage"]) for s in run.samples
+                      if isinstance(s.get("advantage"), (int, float))]
+        lines.append(f"  means over the updates: zero_std_frac {num(run.mean('zero_std_frac'))}, "
+                     f"reward/mean {num(run.mean('reward/mean'))}, response_len/mean "
+                     f"{num(run.mean('response_len/mean'))}; largest |advantage| in samples.jsonl "
+                     f"{num(max(advantages)) if advantages else '-'}")
+    return lines
+
+
+def key_length(runs):
+    lines = []
+    for run in runs:
+        loss_type = run.args.get("loss_type", "?")
+        lines.append(f"{run.label} (--loss_type {loss_type}): {accuracies(run)}")
+        lines.append(f"  response_len/mean {spread(run, 'response_len/mean')}")
+        lines.append(f"  means over the updates: truncated_frac {num(run.mean('truncated_frac'))}, "
+                     f"grad_norm {num(run.mean('grad_norm'))}")
+        lines.append(f"  pg_loss by update: {by_update(run, 'pg_loss')}")
+    first, second = (dict(run.series("pg_loss")) for run in runs)
+    steps = sorted(set(first) & set(second))
+    # how many updates from the first the two losses agree to 3 decimals: the same loss until the
+    # runs' samples part
+    agree = next((k for k, step in enumerate(steps) if abs(first[step] - second[step]) >= 5e-4),
+                 len(steps))
+    lines.append(f"pg_loss of the two runs agrees to 3 decimals in the first {agree} of "
+                 f"{len(steps)} updates")
+    return lines
+
+
+def key_loose(runs):
+    from common.env.math_env import verify  # the project's verifier, which the loose one is not
+    lines = []
+    for run in runs:
+        numbers = list(numbers_per_response_of(run.samples).values())
+        lines.append(f"{run.label}: {accuracies(run)}; numbers per response "
+                     f"{num(statistics.fmean(numbers) if numbers else None)}")
+    run = runs[-1]  # the run the loose verifier pays
+    per_update = run.args.get("num_prompts", 4) * run.args.get("num_generations", 8)
+    verifier = dict(run.series("rewards/verifier/mean"))
+    agree = 0
+    for step, paid in run.series("reward/mean"):
+        right = verifier.get(step)
+        if right is None:
+            continue
+        extra = round((paid - right) * per_update)
+        agree += extra == 0
+        lines.append(f"  update {step}: the loose verifier paid {num(paid)}, the real one "
+                     f"{num(right)}: {extra} of {per_update} responses paid more than right")
+    lines.append(f"  the two agree in {agree} of {len(verifier)} updates")
+    task = run.args.get("dataset_name", "arithmetic")
+    wrong_paid = [s for s in run.samples if s.get("reward", 0) > 0
+                  and verify(task, s["response"], s["answer"]) == 0]
+    counts = {}
+    for s in wrong_paid:
+        counts[s["step"]] = counts.get(s["step"], 0) + 1
+    by_step = ", ".join(f"{step}: {n}" for step, n in counts.items())
+    lines.append(f"  in samples.jsonl ({len(run.samples)} responses logged): {len(wrong_paid)} paid "
+                 f"for a wrong answer" + (f" (by update, {by_step})" if wrong_paid else ""))
+    if wrong_paid:
+        s = wrong_paid[0]
+        lines.append(f"  for instance, update {s['step']}: {s['question']!r} (gold {s['answer']}) "
+                     f"answered {s['response']!r}, paid {s['reward']}")
+    return lines
+
+
+def key_bf16(runs):
+    lines = []
+    for run in runs:
+        times = [run.mean(k) for k in ("time/rollout_s", "time/update_s")]
+        lines.append(f"{run.label}: mismatch/abs {num(run.mean('mismatch/abs'), 2)}, mismatch/kl "
+                     f"{num(run.mean('mismatch/kl'), 2)}, clipfrac {num(run.mean('clipfrac'), 2)}, "
+                     f"approx_kl {num(run.mean('approx_kl'), 2)}, rollout and update "
+                     f"{num(sum(times)) if None not in times else '-'} s")
+    low, high = (run.mean("mismatch/abs") for run in runs)
+    if low and high:
+        lines.append(f"mismatch/abs of {runs[1].label} is {high / low:,.0f} times that of "
+                     f"{runs[0].label}")
+    return lines
+
+
+KEYS = {"lr": key_lr, "kl": key_kl, "std": key_std, "length": key_length, "loose": key_loose,
+        "bf16": key_bf16}
+
+
+def answer_key(lab, out):
+    """The lines of a lab's answer key, from the logs of its runs under `out`."""
+    return [f"answer key of lab {lab.name}, from {out}:",
+            *KEYS[lab.name]([read_run(out, label) for label, _, _ in lab.runs])]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Flags after -- go to every run (a smaller model for a dry run, say).")
+        epilog="Flags after -- go to every run (another seed, a smaller model for a dry run): "
+               "the runs of those flags go to a folder of their own under --out, named after them.")
     parser.add_argument("labs", nargs="*", help=f"labs to run: {', '.join(BY_NAME)}")
     parser.add_argument("--out", default="runs/labs", help="folder for the runs and the tables")
+    parser.add_argument("--key", action="store_true",
+                        help="also print each lab's answer key: the numbers its answer cites, read "
+                             "off its runs' logs (the runs are made first if they are not there)")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1:]
@@ -178,7 +420,7 @@ def main(argv=None):
             print(f"{lab.name}: {lab.title}\n  runs: {'; '.join(r[0] for r in lab.runs)}\n"
                   f"  question: {lab.question}")
         return
-    out = Path(args.out).expanduser()
+    out = variant_dir(Path(args.out).expanduser(), extra)
     for name in args.labs:
         lab = BY_NAME[name]
         print(f"lab {name}: {lab.title}", flush=True)
@@ -189,6 +431,10 @@ def main(argv=None):
         folders = [run_dir(out, label) for label, _, _ in lab.runs]
         if all((f / "eval.jsonl").is_file() for f in folders):
             plot_runs(folders, out / name, labels=[label for label, _, _ in lab.runs])
+        if args.key:
+            key = "\n".join(answer_key(lab, out)) + "\n"
+            (out / f"{name}-key.txt").write_text(key)
+            print("\n" + key, end="")
 
 
 if __name__ == "__main__":

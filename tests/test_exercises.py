@@ -525,6 +525,183 @@ def test_each_lab_is_two_runs_and_its_table_holds_their_means(tmp_path):
     rows = summary(lab, tmp_path).splitlines()
     assert rows[2] == "| grpo.py defaults | 0.300 / 0.400 | 0.5 | - | 15 | 4 | 2 min 5 s |"
     assert rows[3] == "| paid by a loose verifier | 0.200 / 0.100 | 0.75 | - | 15 | 4 | 2 min 5 s |"
+def fabricate(out, label, metrics, evals=(), samples=(), args=None):
+    """A lab run's logs under `out`, written by hand in place of a training run: metrics
+    [{key: value}] one per update from 1, evals {update: accuracy}, samples [{...}]."""
+    import json
+
+    from exercises.labs import run_dir
+    folder = run_dir(out, label)
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": k + 1, **row}) + "\n" for k, row in enumerate(metrics)))
+    (folder / "eval.jsonl").write_text("".join(
+        json.dumps({"step": step, "eval/accuracy": a}) + "\n" for step, a in dict(evals).items()))
+    (folder / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in samples))
+    (folder / "args.json").write_text(json.dumps(args or {}))
+
+
+def lab_key(name, out):
+    from exercises.labs import BY_NAME, answer_key
+    return answer_key(BY_NAME[name], out)
+
+
+def test_each_lab_has_an_answer_key():
+    from exercises.labs import KEYS, LABS
+    assert set(KEYS) == {lab.name for lab in LABS}
+
+
+def test_the_lr_key_finds_the_update_where_every_answer_is_wrong(tmp_path):
+    from exercises.labs import BY_NAME
+    (base, _, _), (large, _, _) = BY_NAME["lr"].runs
+    steady = {"reward/mean": 0.25, "zero_std_frac": 0.5, "entropy": 0.2, "grad_norm": 2.0}
+    fabricate(tmp_path, base, [steady] * 4, {2: 0.3, 4: 0.4}, args={"learning_rate": 5e-6})
+    fabricate(tmp_path, large, [
+        {"reward/mean": 0.5, "zero_std_frac": 0.5, "entropy": 0.2, "grad_norm": 2.0},
+        {"reward/mean": 1.0, "zero_std_frac": 1.0, "entropy": 0.1, "grad_norm": 0.0},  # all right
+        {"reward/mean": 0.0, "zero_std_frac": 1.0, "entropy": 0.05, "grad_norm": 0.0},
+        {"reward/mean": 0.0, "zero_std_frac": 1.0, "entropy": 0.05, "grad_norm": 0.0}],
+        {2: 0.2, 4: 0.1}, args={"learning_rate": 2e-5})
+    key = lab_key("lr", tmp_path)
+    assert key[1:6] == [
+        "grpo.py defaults (learning rate 5e-06): held-out accuracy 0.300 at update 2, 0.400 at "
+        "update 4",
+        "  reward/mean by update: 1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25",
+        "  zero_std_frac never 1.0",
+        "  no update with every response wrong",
+        "  means over the updates: zero_std_frac 0.5, entropy 0.2, grad_norm 2"]
+    assert key[6:] == [
+        "lr 2e-5 (learning rate 2e-05): held-out accuracy 0.200 at update 2, 0.100 at update 4",
+        "  reward/mean by update: 1: 0.5, 2: 1, 3: 0, 4: 0",
+        "  zero_std_frac 1.0 (every group alike) first at update 2, where grad_norm is 0",
+        "  every response wrong (zero_std_frac 1.0 and reward/mean 0) in updates 3, 4",
+        "  means over the updates: zero_std_frac 0.875, entropy 0.1, grad_norm 0.5"]
+
+
+def test_the_kl_key_sets_beta_times_kl_ref_beside_the_policy_loss(tmp_path):
+    from exercises.labs import BY_NAME
+    (plain, _, _), (penalised, _, _) = BY_NAME["kl"].runs
+    fabricate(tmp_path, plain, [{"reward/mean": 0.5, "entropy": 0.1}, {"reward/mean": 0.25,
+                                                                       "entropy": 0.3}],
+              {2: 0.24}, args={"beta": 0.0})
+    fabricate(tmp_path, penalised, [
+        {"reward/mean": 0.5, "entropy": 0.2, "kl_ref": 0.0, "pg_loss": -0.02},
+        {"reward/mean": 0.0, "entropy": 0.1, "kl_ref": 0.1, "pg_loss": 0.04}], {2: 0.23},
+        args={"beta": 0.5})
+    assert lab_key("kl", tmp_path)[1:] == [
+        "lr 2e-5 (beta 0.0): held-out accuracy 0.240 at update 2",
+        "  reward/mean in its last update (2): 0.25; entropy mean 0.2",
+        "  no kl_ref: without a KL penalty no reference model is loaded",
+        "lr 2e-5, beta 0.5 (beta 0.5): held-out accuracy 0.230 at update 2",
+        "  reward/mean in its last update (2): 0; entropy mean 0.15",
+        "  kl_ref (k3, per token) by update: 1: 0, 2: 0.1",
+        "  beta x kl_ref by update: 1: 0, 2: 0.05",
+        "  pg_loss by update: 1: -0.02, 2: 0.04",
+        "  beta x kl_ref from 0 to 0.05; pg_loss from -0.02 to 0.04"]
+
+
+def test_the_std_key_counts_the_clipped_updates_and_the_largest_advantage(tmp_path):
+    from exercises.labs import BY_NAME
+    (grpo, _, _), (dr_grpo, _, _) = BY_NAME["std"].runs
+    row = {"reward/mean": 0.5, "zero_std_frac": 0.5, "response_len/mean": 20.0}
+    fabricate(tmp_path, grpo, [{**row, "grad_norm": 2.0}, {**row, "grad_norm": 0.5},
+                               {**row, "grad_norm": 3.5}], {3: 0.4},
+              [{"step": 1, "advantage": 2.47}, {"step": 1, "advantage": -0.35}],
+              args={"loss_type": "grpo", "max_grad_norm": 1.0})
+    fabricate(tmp_path, dr_grpo, [{**row, "grad_norm": 0.25}, {**row, "grad_norm": 0.5},
+                                  {**row, "grad_norm": 0.75}], {3: 0.41},
+              [{"step": 1, "advantage": -0.875}, {"step": 1, "advantage": 0.125}],
+              args={"loss_type": "dr_grpo", "max_grad_norm": 1.0})
+    key = lab_key("std", tmp_path)
+    assert key[2] == "  grad_norm mean 2, from 0.5 at update 2 to 3.5 at update 3"
+    assert key[3] == "  grad_norm above --max_grad_norm 1.0 (clipped) in 2 of 3 updates"
+    assert key[4].endswith("largest |advantage| in samples.jsonl 2.47")
+    assert key[5:] == [
+        "dr_grpo (no std, token sum) (--loss_type dr_grpo): held-out accuracy 0.410 at update 3",
+        "  grad_norm mean 0.5, from 0.25 at update 1 to 0.75 at update 3",
+        "  grad_norm above --max_grad_norm 1.0 (clipped) in 0 of 3 updates",
+        "  means over the updates: zero_std_frac 0.5, reward/mean 0.5, response_len/mean 20; "
+        "largest |advantage| in samples.jsonl 0.875"]
+
+
+def test_the_length_key_says_how_long_the_two_losses_agree(tmp_path):
+    from exercises.labs import BY_NAME
+    (grpo, _, _), (bnpo, _, _) = BY_NAME["length"].runs
+    fabricate(tmp_path, grpo, [{"response_len/mean": n, "pg_loss": p, "truncated_frac": 0.0}
+                               for n, p in ((21, 0.0101), (25, -0.02), (23, 0.03))],
+              args={"loss_type": "grpo"})
+    fabricate(tmp_path, bnpo, [{"response_len/mean": n, "pg_loss": p, "truncated_frac": 0.0}
+                               for n, p in ((21, 0.0103), (25, -0.0202), (23, 0.02))],
+              args={"loss_type": "bnpo"})
+    key = lab_key("length", tmp_path)
+    assert key[2] == "  response_len/mean mean 23, from 21 at update 1 to 25 at update 2"
+    assert key[4] == "  pg_loss by update: 1: 0.01, 2: -0.02, 3: 0.03"
+    assert key[-1] == "pg_loss of the two runs agrees to 3 decimals in the first 2 of 3 updates"
+
+
+def test_the_loose_key_counts_the_responses_paid_for_a_wrong_answer(tmp_path):
+    from exercises.labs import BY_NAME
+    (base, _, _), (loose, _, _) = BY_NAME["loose"].runs
+    right = {"step": 1, "question": "What is 2 + 3?", "answer": "5",
+             "response": "2 + 3 = 5.\nThe answer is 5.", "reward": 1.0}
+    restated = {"step": 2, "question": "What is 81 + 52 - 52?", "answer": "81",
+                "response": "81 + 52 = 133.\nThe answer is 133.", "reward": 1.0}
+    fabricate(tmp_path, base, [{"reward/mean": 0.5}] * 2, {2: 0.39}, [right], {})
+    fabricate(tmp_path, loose, [{"reward/mean": 0.5, "rewards/verifier/mean": 0.5},
+                                {"reward/mean": 0.625, "rewards/verifier/mean": 0.40625}],
+              {2: 0.4}, [right, restated, {**restated, "reward": 0.0}],
+              {"num_prompts": 4, "num_generations": 8, "dataset_name": "arithmetic"})
+    assert lab_key("loose", tmp_path)[1:] == [
+        "grpo.py defaults: held-out accuracy 0.390 at update 2; numbers per response 4",
+        "paid by a loose verifier: held-out accuracy 0.400 at update 2; numbers per response 4",
+        "  update 1: the loose verifier paid 0.5, the real one 0.5: 0 of 32 responses paid more "
+        "than right",
+        "  update 2: the loose verifier paid 0.625, the real one 0.406: 7 of 32 responses paid "
+        "more than right",
+        "  the two agree in 1 of 2 updates",
+        "  in samples.jsonl (3 responses logged): 1 paid for a wrong answer (by update, 2: 1)",
+        "  for instance, update 2: 'What is 81 + 52 - 52?' (gold 81) answered "
+        "'81 + 52 = 133.\\nThe answer is 133.', paid 1.0"]
+
+
+def test_the_bf16_key_says_how_many_times_the_mismatch_grows(tmp_path):
+    from exercises.labs import BY_NAME
+    (fp32, _, _), (bf16, _, _) = BY_NAME["bf16"].runs
+    fabricate(tmp_path, fp32, [{"mismatch/abs": 5e-7, "mismatch/kl": 7.5e-12, "clipfrac": 0.0,
+                                "approx_kl": 0.0, "time/rollout_s": 10.0, "time/update_s": 2.5}])
+    fabricate(tmp_path, bf16, [{"mismatch/abs": 1.25e-3, "mismatch/kl": 4.2e-5, "clipfrac": 0.0,
+                                "approx_kl": 0.0, "time/rollout_s": 100.0, "time/update_s": 29.5}])
+    assert lab_key("bf16", tmp_path)[1:] == [
+        "fp32: mismatch/abs 5e-07, mismatch/kl 7.5e-12, clipfrac 0, approx_kl 0, rollout and "
+        "update 12.5 s",
+        "bf16: mismatch/abs 0.0013, mismatch/kl 4.2e-05, clipfrac 0, approx_kl 0, rollout and "
+        "update 130 s",
+        "mismatch/abs of bf16 is 2,500 times that of fp32"]
+
+
+def test_a_variant_of_a_lab_has_runs_of_its_own(tmp_path):
+    from exercises.labs import variant_dir
+    assert variant_dir(tmp_path, []) == tmp_path
+    assert variant_dir(tmp_path, ["--seed", "1"]) == tmp_path / "seed-1"
+    assert variant_dir(tmp_path, ["--beta", "0.1", "--learning_rate", "1e-5"]) == (
+        tmp_path / "beta-0.1-learning-rate-1e-5")
+
+
+def test_key_reads_the_runs_and_writes_the_key_beside_the_table(tmp_path, capsys, monkeypatch):
+    from exercises import labs
+    variant = tmp_path / "seed-1"
+    for label, _, _ in labs.BY_NAME["bf16"].runs:
+        fabricate(variant, label, [{"mismatch/abs": 1e-6, "clipfrac": 0.0}])
+    # the runs are there: run_all would find them finished; no training in a test
+    monkeypatch.setattr(labs, "run_all", lambda out, runs, extra: None)
+    monkeypatch.setattr(labs, "summary", lambda lab, out: "(table)\n")
+    labs.main(["bf16", "--key", "--out", str(tmp_path), "--", "--seed", "1"])
+    printed = capsys.readouterr().out
+    assert f"answer key of lab bf16, from {variant}:" in printed
+    assert "mismatch/abs of bf16 is 1 times that of fp32" in printed
+    assert (variant / "bf16-key.txt").read_text() in printed
+
+
 # ---- PS4: find the bug (exercises/bug.py) -------------------------------------------------------
 @pytest.fixture
 def copies(tmp_path, monkeypatch):
