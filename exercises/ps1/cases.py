@@ -354,7 +354,9 @@ RLOO = Exercise(
     cases=lambda: [("2 groups of 4 returns", dict(episode_returns=torch.tensor(
         [1.0, 0, 0, 1, 0.5, 2, -1, 0]), group_size=4)),
         ("3 groups of 2", dict(episode_returns=torch.tensor([1.0, 0, 3, 3, -2, 5]),
-                               group_size=2))],
+                               group_size=2)),
+        ("3 groups of 3 random returns", dict(episode_returns=torch.randn(9, generator=_gen(7)),
+                                              group_size=3))],
     worked=[("one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3",
              dict(episode_returns=torch.tensor([1.0, 0, 0, 1]), group_size=4),
              torch.tensor([1.0, 2, 2, 1]) / 3)],
@@ -479,8 +481,13 @@ def _value_cases():
     old = torch.tensor([[0.0, 0.0, 1.0], [0.5, -0.5, 0.0]])
     values = old + torch.tensor([[0.5, -0.05, -0.4], [0.5, 0.3, -0.3]])
     returns = torch.tensor([[1.0, -1.0, 0.0], [0.0, 1.0, -2.0]])
+    g = _gen(110)
+    random_old = torch.randn(3, 4, generator=g)
     return [("values moved 0.05 to 0.5 from old values, towards their returns and away, clip 0.2",
-             dict(values=values, old_values=old, returns=returns, clip=0.2))]
+             dict(values=values, old_values=old, returns=returns, clip=0.2)),
+            ("random values [3, 4] moved about 0.3 from their old values, clip 0.2",
+             dict(values=random_old + 0.3 * torch.randn(3, 4, generator=g), old_values=random_old,
+                  returns=torch.randn(3, 4, generator=g), clip=0.2))]
 
 
 VALUE = Exercise(
@@ -573,7 +580,10 @@ PAIRS = Exercise(
     cases=lambda: [("3 prompts of 4 responses, the second all tied",
                     dict(scores=torch.tensor([0.0, 1, 0, 1, 1, 1, 1, 1, 0.5, 0, 1, 0.5]),
                          group_size=4)),
-                   ("2 prompts of 2", dict(scores=torch.tensor([1.0, 0, 0, 1]), group_size=2))],
+                   ("2 prompts of 2", dict(scores=torch.tensor([1.0, 0, 0, 1]), group_size=2)),
+                   ("4 prompts of 4 random scores in {0, 0.5, 1}, with ties", dict(
+                       scores=torch.randint(0, 3, (16,), generator=_gen(112)) / 2,
+                       group_size=4))],
     worked=[("[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none",
              dict(scores=torch.tensor([0.0, 1, 0, 1, 1, 1, 1, 1]), group_size=4),
              (torch.tensor([1]), torch.tensor([0]))),
@@ -691,7 +701,15 @@ def _cdf_cases():
     probs = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.3, 0.0, 0.3]])
     return [("u at a step of the cdf, on a flat part and past a row's mass of 0.6",
              dict(probs=probs, uniforms=torch.tensor([0.5, 0.05, 0.4]))),
-            ("u = 0 and u near 1", dict(probs=probs, uniforms=torch.tensor([0.0, 0.999, 0.999])))]
+            ("u = 0 and u near 1", dict(probs=probs, uniforms=torch.tensor([0.0, 0.999, 0.999]))),
+            ("random probs [4, 6] with zeros, random u", _random_draw(_gen(115)))]
+
+
+def _random_draw(g):
+    probs = torch.rand(4, 6, generator=g)
+    probs = probs * (torch.rand(4, 6, generator=g) > 0.3)  # top-p zeroes some
+    probs[:, 0] += 0.01  # no row without mass
+    return dict(probs=probs, uniforms=torch.rand(4, generator=g, dtype=torch.float64))
 
 
 INVERSE_CDF = Exercise(
@@ -777,7 +795,16 @@ def _tool_cases():
             ("a long answer, then a turn cut by a budget of 12",
              dict(said=[[1, 2], [3, 4, 5, 6, 7]], answers=[[80, 81, 82, 83, 84, 85]], budget=12)),
             ("one turn without a call, cut by a budget of 4",
-             dict(said=[[1, 2, 3, 4, 5, 6]], answers=[], budget=4))]
+             dict(said=[[1, 2, 3, 4, 5, 6]], answers=[], budget=4)),
+            ("3 turns of random ids in a random budget", _random_turns(_gen(116)))]
+
+
+def _random_turns(g):
+    def ids(n):
+        return torch.randint(1, 100, (n,), generator=g).tolist()
+    lengths = torch.randint(1, 6, (5,), generator=g).tolist()
+    return dict(said=[ids(n) for n in lengths[:3]], answers=[ids(n) for n in lengths[3:]],
+                budget=int(torch.randint(4, 20, (1,), generator=g)))
 
 
 def _tool_answers_counted_apart(said, answers, budget):
@@ -1032,7 +1059,13 @@ def _overlong_cases():
     lengths = torch.tensor([0, 10, 15, 16, 17, 18, 20])
     return [(f"lengths {lengths.tolist()}, max_new_tokens 20, buffer_len {b}, factor {f}",
              dict(lengths=lengths, max_new_tokens=20, buffer_len=b, factor=f))
-            for b, f in ((4, 1.0), (10, 0.5), (20, 2.0), (0, 1.0))]
+            for b, f in ((4, 1.0), (10, 0.5), (20, 2.0), (0, 1.0))] + [
+        ("8 random lengths up to 24, a random buffer", _random_lengths(_gen(120)))]
+
+
+def _random_lengths(g):
+    return dict(lengths=torch.randint(0, 25, (8,), generator=g), max_new_tokens=24,
+                buffer_len=int(torch.randint(1, 13, (1,), generator=g)), factor=1.0)
 
 
 def _overlong_unclamped(lengths, max_new_tokens, buffer_len, factor):
