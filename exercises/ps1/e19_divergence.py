@@ -23,8 +23,9 @@ Worked cases (the checker tries these first, and says the first one your functio
 - student and teacher logits [0, -1000]: neither puts any mass on the second word, so 0 at beta
   0.5  ->  0
 
-Hint: take log-probs with log_softmax; log m is a logaddexp of two shifted log-probs, which stays
-finite where a probability underflows.
+Hint: stay in log space: log m can be formed from the two log-probs and log beta, log(1 - beta)
+without ever taking a probability (torch has log(e^a + e^b)), which stays finite where a
+probability underflows.
 Check: python -m exercises.check 1.19
 """
 import math  # noqa: F401

@@ -14,7 +14,8 @@ Worked cases (the checker tries these first, and says the first one your functio
   tokens  ->  [0, -0.5, -1]
 - lengths [20], max_new_tokens 20, buffer_len 0: no buffer, and no penalty  ->  [0]
 
-Hint: the tokens into the buffer are a difference clamped at 0.
+Hint: how many tokens into the buffer is a response, and what should that number be for a
+response that never reaches it?
 Check: python -m exercises.check 1.20
 """
 import torch  # noqa: F401
