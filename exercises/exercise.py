@@ -129,7 +129,7 @@ def show(value) -> str:
 def _numbers(values) -> str:
     if isinstance(values, list):
         return "[" + ", ".join(_numbers(v) for v in values) + "]"
-    return str(values) if isinstance(values, bool) else f"{values:.4g}"
+    return str(values) if isinstance(values, bool) else f"{values + 0.0:.4g}"  # no "-0"
 
 
 def run_checks(exercise: Exercise, fn: Callable) -> None:

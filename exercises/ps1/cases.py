@@ -395,6 +395,15 @@ def _gae_no_bootstrap(rewards, values, mask, gamma, lam):
     return adv, (adv + values) * mask
 
 
+def _gae_through_padding(rewards, values, mask, gamma, lam):
+    """Every row taken as R tokens long, then masked: the padding is bootstrapped from."""
+    adv, last, next_value = torch.zeros_like(rewards), torch.zeros(len(rewards)), 0.0
+    for t in reversed(range(rewards.shape[1])):
+        last = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * last
+        adv[:, t], next_value = last, values[:, t]
+    return adv * mask, (adv + values) * mask
+
+
 GAE = Exercise(
     "1.8", "GAE and returns over tokens", "exercises.ps1.e08_token_gae", "token_gae",
     oracle=numerics.token_gae, cases=_gae_cases,
@@ -406,7 +415,12 @@ GAE = Exercise(
              "0.75 = 0",
              dict(rewards=torch.tensor([[0.0, 1]]), values=torch.tensor([[0.5, 0.25]]),
                   mask=torch.ones(1, 2), gamma=0.5, lam=1.0),
-             (torch.tensor([[0.0, 0.75]]), torch.tensor([[0.5, 1.0]])))],
+             (torch.tensor([[0.0, 0.75]]), torch.tensor([[0.5, 1.0]]))),
+            ("r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends at "
+             "its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75",
+             dict(rewards=torch.tensor([[0.0, 1, 0]]), values=torch.tensor([[0.5, 0.25, 9]]),
+                  mask=torch.tensor([[1.0, 1, 0]]), gamma=1.0, lam=0.5),
+             (torch.tensor([[0.125, 0.75, 0]]), torch.tensor([[0.625, 1.0, 0]])))],
     mistakes=[
         ("V_{t+1} is missing from delta: delta_t = r_t + gamma V_{t+1} (1 - done_t) - V_t",
          _gae_no_bootstrap),
@@ -414,6 +428,9 @@ GAE = Exercise(
             numerics.token_gae(rewards, values, mask, gamma, lam)[0],) * 2),
         ("gamma and lam are swapped", lambda rewards, values, mask, gamma, lam:
          numerics.token_gae(rewards, values, mask, lam, gamma)),
+        ("the row did not end at its last real token: the padding's values came back through "
+         "gamma V_{t+1} and A_{t+1} (done_t = 1 at the last real token, where nothing is "
+         "bootstrapped)", _gae_through_padding),
     ])
 
 

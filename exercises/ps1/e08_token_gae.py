@@ -15,6 +15,9 @@ Worked cases (the checker tries these first, and says the first one your functio
   1]])
 - the same row, gamma = 0.5, lam = 1: delta_0 = 0.5 x 0.25 - 0.5, A_0 = delta_0 + 0.5 x 0.75 = 0
   ->  ([[0, 0.75]], [[0.5, 1]])
+- r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends at its
+  second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75  ->  ([[0.125, 0.75, 0]],
+  [[0.625, 1, 0]])
 
 Hint: A_t needs A_{t+1}: which direction must the loop over t go? Every row can be handled at
 once, and done_t and the padding can both be read off the mask.
