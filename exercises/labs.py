@@ -146,46 +146,6 @@ def run_all(out, runs, extra=()):
     return records
 
 
-def numbers_per_response(folder):
-    """{update: mean count of numbers per logged response} from samples.jsonl."""
-    path = folder / "samples.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return numbers_per_response_of([json.loads(line) for line in lines])  # one response a line
-
-
-def numbers_per_response_of(samples):
-    texts = {}
-    for row in samples:
-        texts.setdefault(row["step"], []).append(row["response"])
-    return {step: statistics.fmean(len(re.findall(r"\d+", t)) for t in group)
-            for step, group in texts.items()}
-
-
-def summary(lab, out):
-    """A markdown table: each run's held-out accuracy at each evaluation, its metrics' means over
-    the updates, and its wall time."""
-    head = ["run", "held-out accuracy", *[f"`{m}`" for m in lab.metrics], "wall time"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, _, _ in lab.runs:
-        folder = run_dir(out, label)
-        evals = [r for r in read_log(folder / "eval.jsonl") if "eval/accuracy" in r]
-        metrics = read_log(folder / "metrics.jsonl")
-        numbers = numbers_per_response(folder)
-        cells = [" / ".join(f"{r['eval/accuracy']:.3f}" for r in evals) or "-"]
-        for key in lab.metrics:
-            values = (list(numbers.values()) if key == "numbers/mean" else
-                      [r[key] for r in metrics if isinstance(r.get(key), (int, float))])
-            cells.append(f"{statistics.fmean(values):.3g}" if values else "-")
-        wall = json.loads((folder / "run.json").read_text())["wall_s"]
-        cells.append(f"{int(wall // 60)} min {int(wall % 60)} s")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------------------------------
-# Answer keys: the numbers each lab's answer cites, read off its runs' logs, so that a teacher who
-# varies a lab's flags has the key of the variant without reading the logs by hand.
-# ------------------------------------------------------------------------------------------------
 @dataclass
 class Logs:
     """What one run wrote: its label, metrics.jsonl and eval.jsonl rows in step order, every line of
@@ -208,6 +168,7 @@ class Logs:
 
 
 def read_run(out, label):
+    """The logs of a lab's run `label` under `out` (Logs)."""
     folder = run_dir(out, label)
     samples = []
     path = folder / "samples.jsonl"
@@ -222,6 +183,38 @@ def read_run(out, label):
                 json.loads(args_path.read_text()) if args_path.is_file() else {})
 
 
+def numbers_per_response(samples):
+    """{update: mean count of numbers per logged response} from samples.jsonl's rows."""
+    texts = {}
+    for row in samples:
+        texts.setdefault(row["step"], []).append(row["response"])
+    return {step: statistics.fmean(len(re.findall(r"\d+", t)) for t in group)
+            for step, group in texts.items()}
+
+
+def summary(lab, out):
+    """A markdown table: each run's held-out accuracy at each evaluation, its metrics' means over
+    the updates, and its wall time."""
+    head = ["run", "held-out accuracy", *[f"`{m}`" for m in lab.metrics], "wall time"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, _, _ in lab.runs:
+        run = read_run(out, label)
+        numbers = list(numbers_per_response(run.samples).values())
+        cells = [" / ".join(f"{r['eval/accuracy']:.3f}" for r in run.evals) or "-"]
+        for key in lab.metrics:
+            mean = (statistics.fmean(numbers) if numbers else None) if key == "numbers/mean" \
+                else run.mean(key)
+            cells.append(f"{mean:.3g}" if mean is not None else "-")
+        wall = json.loads((run_dir(out, label) / "run.json").read_text())["wall_s"]
+        cells.append(f"{int(wall // 60)} min {int(wall % 60)} s")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Answer keys: the numbers each lab's answer cites, read off its runs' logs, so that a teacher who
+# varies a lab's flags has the key of the variant without reading the logs by hand.
+# ------------------------------------------------------------------------------------------------
 def num(value, digits=3):
     """A number as the answers write it: 3 significant digits, '-' when the run did not log it."""
     return "-" if value is None else f"{value:.{digits}g}"
@@ -342,7 +335,7 @@ def key_loose(runs):
     from common.env.math_env import verify  # the project's verifier, which the loose one is not
     lines = []
     for run in runs:
-        numbers = list(numbers_per_response_of(run.samples).values())
+        numbers = list(numbers_per_response(run.samples).values())
         lines.append(f"{run.label}: {accuracies(run)}; numbers per response "
                      f"{num(statistics.fmean(numbers) if numbers else None)}")
     run = runs[-1]  # the run the loose verifier pays
