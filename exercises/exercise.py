@@ -189,9 +189,8 @@ def difference(got, expected, noun="the output") -> str:
     if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) \
             and got.shape == expected.shape and expected.dim() > 0:
         a, b = got.detach().double(), expected.detach().double()
-        differs = ~torch.isclose(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
-        if a.dtype != b.dtype or expected.dtype in (torch.bool, torch.int64, torch.int32):
-            differs = a != b
+        differs = (a != b) if not expected.is_floating_point() else ~torch.isclose(
+            a, b, rtol=1e-5, atol=1e-5, equal_nan=True)  # as close() compares them
         if differs.any():
             index = [int(i) for i in differs.nonzero()[0]]
             where = (f"row {index[0]}" if len(index) == 1
@@ -245,6 +244,10 @@ def gradients(fn, kwargs, names):
             for name, grad in zip(leaves, grads)}
 
 
+def _grad_close(a, b) -> bool:
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def _gradients_agree(a, b) -> bool:
     """Equal gradients; an output without any gradient (None) agrees with gradients of 0, since
     a right answer may return a constant where the oracle's gradient is 0 (an all-padding mask)."""
@@ -252,7 +255,7 @@ def _gradients_agree(a, b) -> bool:
         return True
     if a is None or b is None:
         return not any(g.any() for g in (a or b).values())
-    return all(torch.allclose(a[n], b[n], rtol=1e-4, atol=1e-6) for n in b)
+    return all(_grad_close(a[n], b[n]) for n in b)
 
 
 def _compare_gradients(exercise, fn, what, kwargs, cases):
@@ -275,21 +278,21 @@ def _compare_gradients(exercise, fn, what, kwargs, cases):
                 f".tolist(), numpy). The training differentiates it through {inputs}, so with "
                 "no gradient nothing learns")
     else:
-        name = next(n for n in names if not torch.allclose(got[n], expected[n], rtol=1e-4,
-                                                            atol=1e-6))
+        name = next(n for n in names if not _grad_close(got[n], expected[n]))
         if not got[name].any():
             said = (f"{what}: the values are right, but no gradient reaches {name}: a term that "
                     "depends on it was detached (.detach(), torch.no_grad(), .item()) and acts "
                     "as a constant")
         else:
+            where = difference(got[name], expected[name], "the gradient")
             said = (f"{what}: the values are right, but the gradient with respect to {name} is "
-                    "not the file's (of one random projection of the output: "
-                    f"{difference(got[name], expected[name], 'the gradient')}): part of the expression was "
-                    "detached, or computed in a way that moves its gradient")
+                    f"not the file's (of one random projection of the output: {where}): part of "
+                    "the expression was detached, or computed in a way that moves its gradient")
     for mistake, wrong in exercise.mistakes:  # a mistake in the gradient alone, when listed
         if _agrees_everywhere(exercise, fn, wrong) and all(
                 _gradients_agree(gradients(fn, k, names), gradients(wrong, k, names))
                 for _, k in cases):
-            said += f". The likely mistake: {mistake(kwargs, got) if callable(mistake) else mistake}"
+            said += ". The likely mistake: " + (mistake(kwargs, got) if callable(mistake)
+                                                else mistake)
             break
     raise Wrong(said)

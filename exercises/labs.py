@@ -108,8 +108,8 @@ def run_dir(out, label):
 
 def variant_dir(out, extra):
     """The folder of the labs run with the flags after -- (`extra`): `out` itself without any, else
-    a folder under it named after them (`--seed 1` -> out/seed-1), so that a variant's runs are never
-    taken for the runs of the labs' own flags, nor the other way round."""
+    a folder under it named after them (`--seed 1` -> out/seed-1), so that a variant's runs are
+    never taken for the runs of the labs' own flags, nor the other way round."""
     name = re.sub(r"[^A-Za-z0-9.]+", "-", " ".join(extra)).strip("-.")
     return out / name if extra else out
 
@@ -358,8 +358,8 @@ def key_loose(runs):
     for s in wrong_paid:
         counts[s["step"]] = counts.get(s["step"], 0) + 1
     by_step = ", ".join(f"{step}: {n}" for step, n in counts.items())
-    lines.append(f"  in samples.jsonl ({len(run.samples)} responses logged): {len(wrong_paid)} paid "
-                 f"for a wrong answer" + (f" (by update, {by_step})" if wrong_paid else ""))
+    lines.append(f"  in samples.jsonl ({len(run.samples)} responses logged): {len(wrong_paid)} "
+                 f"paid for a wrong answer" + (f" (by update, {by_step})" if wrong_paid else ""))
     if wrong_paid:
         s = wrong_paid[0]
         lines.append(f"  for instance, update {s['step']}: {s['question']!r} (gold {s['answer']}) "

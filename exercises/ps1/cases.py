@@ -411,13 +411,13 @@ GAE = Exercise(
              dict(rewards=torch.tensor([[0.0, 1]]), values=torch.tensor([[0.5, 0.25]]),
                   mask=torch.ones(1, 2), gamma=1.0, lam=1.0),
              (torch.tensor([[0.5, 0.75]]), torch.tensor([[1.0, 1.0]]))),
-            ("the same row, gamma = 0.5, lam = 1: delta_0 = 0.5 x 0.25 - 0.5, A_0 = delta_0 + 0.5 x "
-             "0.75 = 0",
+            ("the same row, gamma = 0.5, lam = 1: delta_0 = 0.5 x 0.25 - 0.5, A_0 = delta_0 "
+             "+ 0.5 x 0.75 = 0",
              dict(rewards=torch.tensor([[0.0, 1]]), values=torch.tensor([[0.5, 0.25]]),
                   mask=torch.ones(1, 2), gamma=0.5, lam=1.0),
              (torch.tensor([[0.0, 0.75]]), torch.tensor([[0.5, 1.0]]))),
-            ("r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends at "
-             "its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75",
+            ("r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the "
+             "row ends at its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75",
              dict(rewards=torch.tensor([[0.0, 1, 0]]), values=torch.tensor([[0.5, 0.25, 9]]),
                   mask=torch.tensor([[1.0, 1, 0]]), gamma=1.0, lam=0.5),
              (torch.tensor([[0.125, 0.75, 0]]), torch.tensor([[0.625, 1.0, 0]])))],
@@ -735,11 +735,12 @@ INVERSE_CDF = Exercise(
     worked=[("probs [0.25, 0.25, 0.5], u = 0.6: cdf [0.25, 0.5, 1] first exceeds 0.6 at 2",
              dict(probs=torch.tensor([[0.25, 0.25, 0.5]]), uniforms=torch.tensor([0.6])),
              torch.tensor([2])),
-            ("the same probs, u = 0.5, exactly on a step of the cdf: 0.5 is not more than 0.5, so 2",
+            ("the same probs, u = 0.5, exactly on a step of the cdf: 0.5 is not more than 0.5, "
+             "so 2",
              dict(probs=torch.tensor([[0.25, 0.25, 0.5]]), uniforms=torch.tensor([0.5])),
              torch.tensor([2])),
-            ("probs [0.2, 0, 0.2], a mass of 0.4 (top-p zeroed the rest), u = 0.25: 0.25 x 0.4 = 0.1, "
-             "so 0",
+            ("probs [0.2, 0, 0.2], a mass of 0.4 (top-p zeroed the rest), u = 0.25: "
+             "0.25 x 0.4 = 0.1, so 0",
              dict(probs=torch.tensor([[0.2, 0.0, 0.2]]), uniforms=torch.tensor([0.25])),
              torch.tensor([0])),
             ("probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, "
@@ -1117,6 +1118,6 @@ OVERLONG = Exercise(
     ])
 
 
-EXERCISES = [MASKED_MEAN, MASKED_WHITEN, KL, LOGPROBS, GROUP, AGGREGATE, RLOO, GAE, SURROGATE, VALUE,
-             PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF, TOOL_IDS, OFF_POLICY, DISTILL_ADVANTAGES,
-             DIVERGENCE, OVERLONG]
+EXERCISES = [MASKED_MEAN, MASKED_WHITEN, KL, LOGPROBS, GROUP, AGGREGATE, RLOO, GAE, SURROGATE,
+             VALUE, PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF, TOOL_IDS, OFF_POLICY,
+             DISTILL_ADVANTAGES, DIVERGENCE, OVERLONG]
