@@ -42,8 +42,6 @@ is graded as the response, which checks the verifier: `python eval.py --dataset_
 """
 
 import json
-import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,13 +51,14 @@ import torch
 from tqdm.auto import tqdm
 
 from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math, grade as
-                        task_grade, make_env, make_env_options, named_rows, normalize,
-                        rename_fields, resolve_task, to_number)
+                        task_grade, make_env, make_env_options, named_rows, rename_fields,
+                        resolve_task)
 from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
                            generate, load_policy, load_tokenizer, max_positions)
 from common.run import (DataArgs, all_gather_objects, check_new_file, check_output_dir,
-                        check_ranges, init_distributed, parse_args, print0, replace_file,
-                        sample_seed, set_seed)
+                        check_ranges, chosen_problems, init_distributed, majority_vote, pass_at_k,
+                        parse_args, print0, problem_metrics, replace_file, sample_seed, set_seed,
+                        vote_key)
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl.
@@ -147,59 +146,6 @@ def check_args(args):
     for path in (output, summary_path_of(output)):
         check_new_file(path, "--output", args.overwrite)
     check_output_dir(output.parent, "--output")
-
-
-# ------------------------------------------------------------------------------------------------
-# Metrics: pass@k, majority vote
-# ------------------------------------------------------------------------------------------------
-def pass_at_k(n, c, k):
-    """Unbiased estimate of P(at least one of k samples is correct) from n samples with c correct:
-    1 - C(n - c, k) / C(n, k), the chance that k samples drawn without replacement from the n all
-    miss."""
-    if not 1 <= k <= n:
-        raise ValueError(f"pass@{k} needs 1 <= k <= n (n = {n})")
-    if n - c < k:  # every draw of k contains a correct sample
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def vote_key(task, pred):
-    """What two answers must share to count as the same vote: the number, MATH's normalised LaTeX,
-    or the text without spaces. None (no answer extracted) stays None."""
-    if pred is None:
-        return None
-    if task == "math":
-        return normalize(pred)
-    number = to_number(pred)
-    return number if number is not None else re.sub(r"\s+", "", pred)
-
-
-def majority_vote(keys, k):
-    """Position (in the first k) of the first sample of the most common non-None key, or None if
-    none has an answer. Ties go to the key seen first."""
-    counts, first = {}, {}
-    for i, key in enumerate(keys[:k]):
-        if key is not None:
-            counts[key] = counts.get(key, 0) + 1
-            first.setdefault(key, i)
-    if not counts:
-        return None
-    return first[max(counts, key=lambda key: (counts[key], -first[key]))]
-
-
-def problem_metrics(task, samples, ks):
-    """Per-problem num_correct, pass@k and maj@k from its graded samples (dicts with correct, pred,
-    format_ok)."""
-    n, c = len(samples), sum(s["correct"] for s in samples)
-    # an answer without the task's answer marker is no answer (data/README.md, grading policy): it
-    # has no vote
-    keys = [vote_key(task, s["pred"]) if s["format_ok"] else None for s in samples]
-    out = {"num_correct": c}
-    for k in ks:
-        out[f"pass@{k}"] = pass_at_k(n, c, k)
-        winner = majority_vote(keys, k)
-        out[f"maj@{k}"] = winner is not None and bool(samples[winner]["correct"])
-    return out
 
 
 def summarize(records, ks):
@@ -312,12 +258,10 @@ def regrade(args, task):
 # Generation
 # ------------------------------------------------------------------------------------------------
 def problem_indices(num_total, num_problems):
-    """All problems, or the fixed random subset that training's evaluate() uses (test files are
-    often ordered by level or subject, so the first N would be biased)."""
+    """All problems, or the fixed random subset that training's evaluation reads."""
     if num_problems is None or num_problems >= num_total:
         return list(range(num_total))
-    chosen = torch.randperm(num_total, generator=torch.Generator().manual_seed(0))[:num_problems]
-    return sorted(chosen.tolist())
+    return chosen_problems(num_total, num_problems)
 
 
 def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show_bar):

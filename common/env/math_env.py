@@ -372,6 +372,38 @@ def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
     return train, evaluation
 
 
+def make_eval_sets(args, say=print) -> dict:
+    """--eval_datasets as {name: held-out env}: a task or benchmark's test split, a data file's
+    rows or a hub dataset's, each read whole and prompted as its own task prompts (its system
+    prompt and worked examples; --template and --num_few_shot as the run's). The training task's
+    name stands for the run's own held-out set (`make_envs`'s), which is None here and filled in by
+    the caller. A set's name is the one given, or a file's or hub dataset's stem, as its metrics
+    name it (eval/<name>/...). Empty without --eval_datasets."""
+    sets = {}
+    for given in args.eval_datasets or ():
+        name = Path(given).stem if Path(given).suffix in (".jsonl", ".json", ".parquet") \
+            else given.rsplit("/", 1)[-1]
+        if name in sets:
+            raise UsageError(f"--eval_datasets names two sets {name!r}: give each once (a file's "
+                             "metrics are named by its stem, so rename one of two files)")
+        if given == args.dataset_name:
+            sets[name] = None
+            continue
+        default_difficulty = next(f.default for f in fields(args) if f.name == "difficulty")
+        one = copy.copy(args)
+        one.dataset_name, one.dataset_path = given, None
+        one.question_key = one.answer_key = one.system_prompt = one.levels = None
+        one.reward_fn = one.reward_weights = None
+        task, path, subject = resolve_task(one, say)
+        if task != "arithmetic":
+            one.difficulty = default_difficulty
+        sets[name] = make_env(task, "test", path=path, seed=args.seed, say=lambda _: None,
+                              **make_env_options(one, task))
+        if subject:
+            filter_math(sets[name], subject, None, say)
+    return sets
+
+
 def hold_out(train, evaluation, num_eval_problems, seed, path, say=print):
     """Split one file's problems, in place: a seeded random fifth of its distinct questions (at most
     num_eval_problems) for evaluation, once each, and the rows of the others for training. A

@@ -78,7 +78,18 @@ class TrainArgs(DataArgs):
     eval_on_start: bool = True
     """evaluate before the first update (--no_eval_on_start: skip it)"""
     num_eval_problems: int = 200
-    """held-out problems per evaluation (greedy pass@1)"""
+    """held-out problems per evaluation and set (greedy pass@1)"""
+    eval_datasets: Optional[list[str]] = None
+    """held-out sets to evaluate, each on its own: a task or benchmark (gsm8k, math500, aime24...),
+    a data file or a hub dataset id, e.g. --eval_datasets arithmetic data/gsm8k_test.jsonl. The
+    training task's name stands for its own held-out set; every set at this run's response budget.
+    Logged per set as eval/<set>/greedy_pass@1 (default: the training task's held-out set alone)"""
+    eval_samples: int = 0
+    """k: also sample k responses per held-out problem at --eval_temperature, and log avg@k (mean
+    accuracy of the samples), pass@k and maj@k per set. Costs about k times the greedy evaluation's
+    time (0: greedy pass@1 only)"""
+    eval_temperature: float = 0.6
+    """sampling temperature of --eval_samples (0.6, as DeepSeek-R1's and Qwen's reports sample)"""
     eval_batch_size: int = 64
     """prompts per generate call in evaluation"""
     log_interval: int = 5
@@ -141,7 +152,7 @@ POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eva
             "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
             "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
             "critic_hidden_size")
-NON_NEGATIVE = ("num_eval_problems", "eval_interval", "save_interval", "warmup_steps",
+NON_NEGATIVE = ("num_eval_problems", "eval_samples", "eval_interval", "save_interval", "warmup_steps",
                 "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",
                 "max_staleness", "overlong_buffer_len")
 # The most a size that memory holds may be: far above any run that fits one machine, far below a
@@ -151,7 +162,7 @@ MOST = {"num_prompts": 2**16, "num_envs": 2**16, "num_generations": 4096, "num_s
         "max_new_tokens": 2**17, "eval_max_new_tokens": 2**17, "max_episode_steps": 4096,
         "micro_batch_size": 2**16, "eval_batch_size": 4096, "max_sampling_rounds": 64,
         "lora_r": 4096, "critic_hidden_size": 16384, "critic_num_layers": 16,
-        "overlong_buffer_len": 2**17}
+        "overlong_buffer_len": 2**17, "eval_samples": 4096}
 # What one rank's rollout holds at once, in sequences and in sampled tokens: the sampler decodes
 # every row in one batch (16,384 rows of SmolLM2's 49,152-word vocabulary are 3.2 GB of logits a
 # step), and the update keeps each token's log-probs.
@@ -175,6 +186,8 @@ RANGES = {
     "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
     "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
     "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
+    # 0 would draw k copies of the greedy response
+    "eval_temperature": (0, math.inf, "()"),
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),

@@ -16,6 +16,7 @@ from common.run.args import (
     MOST_ROWS,
     MOST_TOKENS,
     RANGES,
+    algorithm_of,
     in_range,
     range_text,
 )
@@ -66,6 +67,26 @@ def check_common_args(args, world_size=1):
                            "-r requirements-extra.txt (wandb and tensorboard), or drop --track "
                            "(metrics.jsonl is written anyway, TensorBoard logs when installed).")
     check_model_name(args.model_name_or_path)
+    check_eval_sets(args)
+
+
+def check_eval_sets(args):
+    """--eval_datasets and --eval_samples where the evaluation can do them: held-out problems to
+    evaluate, and whole responses sampled by `generate` (a stepwise evaluation plays episodes, and
+    tools.py's answers with its tools, greedily, on prompts that show the tools)."""
+    if (args.eval_datasets or args.eval_samples) and not args.num_eval_problems:
+        raise UsageError("--eval_datasets and --eval_samples evaluate held-out problems, but "
+                         "--num_eval_problems is 0: drop them or give --num_eval_problems N.")
+    if args.eval_datasets is not None and not args.eval_datasets:
+        raise UsageError("--eval_datasets needs at least one set, e.g. --eval_datasets "
+                         f"{args.dataset_name} gsm8k (or leave it out: the training task's own).")
+    alone = ("tools.py evaluates with its tools" if algorithm_of(args) == "tools" else
+             "--stepwise evaluates stepwise episodes" if getattr(args, "stepwise", False) else None)
+    own = [args.dataset_name]
+    if alone and (args.eval_samples or any(name not in own for name in args.eval_datasets or ())):
+        raise UsageError(f"{alone}, greedily, on its own held-out set: drop --eval_samples and "
+                         "--eval_datasets, and evaluate a checkpoint on other sets with eval.py "
+                         "(--eval_datasets A B --num_generations k --temperature 0.6).")
 
 
 def check_options(args, check_args, world_size=1, data_parallel=True):

@@ -42,7 +42,8 @@ from common.run.checks import StepGuard, check_options, check_rewards
 from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
                                 average_gradients, init_distributed, minibatches, print0,
                                 sample_seed, set_seed)
-from common.run.evaluation import evaluate
+from common.run.evaluation import evaluate, evaluate_sets
+from common.env import make_eval_sets
 from common.env.grader import grader_counts
 from common.run.logger import Logger, every, report_end
 from common.models.loading import max_positions
@@ -124,6 +125,8 @@ class Run:
         self.device, self.is_main = info.device, info.is_main
         self.data_parallel = data_parallel
         check_options(args, check_args, self.world, data_parallel)
+        # --eval_datasets: read now, so that a bad name or file fails before any model loads
+        self.eval_sets = make_eval_sets(args, print0)
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if args.bf16
@@ -154,6 +157,11 @@ class Run:
         when not by one greedy `generate` (common/run/evaluation.py)."""
         args = self.args
         self.policy, self.tokenizer, self.eval_env = policy, tokenizer, eval_env
+        if eval_env is not None and (args.eval_samples or self.eval_sets):
+            # each set on its own, the training task's name standing for eval_env
+            own = args.dataset_name.rsplit("/", 1)[-1]
+            self.eval_sets = ({name: env or eval_env for name, env in self.eval_sets.items()}
+                              or {own: eval_env})
         self.respond = respond
         self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
         self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
@@ -244,15 +252,33 @@ class Run:
             self.logger.log_samples(step, list(samples))
 
     def evaluate(self, step):
-        """Greedy held-out accuracy of the policy (None without a held-out env), logged."""
+        """Greedy held-out accuracy of the policy (None without a held-out env), logged; with
+        --eval_datasets or --eval_samples, each set's greedy pass@1 and sampled avg@k, pass@k and
+        maj@k too (common/run/evaluation.py's evaluate_sets), eval/accuracy being the first set's
+        greedy pass@1."""
         if self.eval_env is None:
             return None
         args = self.args
-        acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
-                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
-                       respond=self.respond, fast=not args.plain)
-        self.logger.log_eval(step, {"eval/accuracy": acc})
-        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
+        if not self.eval_sets:
+            acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
+                           self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
+                           respond=self.respond, fast=not args.plain)
+            self.logger.log_eval(step, {"eval/accuracy": acc})
+            print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
+        else:
+            metrics = evaluate_sets(self.policy, self.tokenizer, self.eval_sets,
+                                    args.num_eval_problems, self.eval_max_new_tokens,
+                                    args.eval_batch_size, self.autocast, args.eval_samples,
+                                    args.eval_temperature, args.seed, self.respond,
+                                    fast=not args.plain)
+            acc = metrics[f"eval/{next(iter(self.eval_sets))}/greedy_pass@1"]
+            self.logger.log_eval(step, {"eval/accuracy": acc, **metrics})
+            for name in self.eval_sets:
+                shown = ", ".join(f"{key.rsplit('/', 1)[1]} {value:.3f}"
+                                  for key, value in metrics.items()
+                                  if key.startswith(f"eval/{name}/") and "num_" not in key)
+                print0(f"[update {step}] held-out {name} "
+                       f"({metrics[f'eval/{name}/num_problems']} problems): {shown}")
         self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's
         return acc
 
