@@ -217,11 +217,18 @@ ENV_OPTIONS = {
 }
 
 
+def _names(benchmark: bool) -> str:
+    """The tasks, or the benchmarks, by name: messages list the benchmarks apart, since they are
+    evaluated only."""
+    return ", ".join(name for name, cls in TASKS.items() if cls.benchmark == benchmark)
+
+
 def _task(name: str) -> type[Task]:
     if name not in TASKS:
-        raise UsageError(f"unknown task {name!r}; the tasks are {', '.join(TASKS)}. For your own "
+        raise UsageError(f"unknown task {name!r}; the tasks are {_names(False)}. For your own "
                          "data and reward, pass a file with the task whose answers it holds and "
-                         "--reward_fn file.py:name (docs/your_own_task.md)")
+                         "--reward_fn file.py:name (docs/your_own_task.md). The benchmarks, "
+                         f"evaluated only: {_names(True)}.")
     return TASKS[name]
 
 
@@ -235,11 +242,12 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=prin
              **options) -> "MathEnv":
     """Build an env over a task's problems.
 
-    task: one of TASKS ("arithmetic", "countdown", "gsm8k", "math").
+    task: one of TASKS ("arithmetic", "countdown", "gsm8k", "math", and the benchmarks "aime24",
+        "aime25", "amc23", "math500", "minerva_math", "olympiadbench").
     split: "train" or "test". gsm8k/math load the hub split; generated tasks use
     data/<task>_test.jsonl
         for "test" and generate `num_examples` problems from `seed` for "train", excluding test
-        problems.
+        problems. A benchmark has only "test".
     path: a local .jsonl/.json/.parquet file to use instead (the split is then ignored).
     seed: seeds problem generation and the env's own RNG for `reset()`.
     Options:
@@ -264,6 +272,7 @@ def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=prin
     cls = _task(task)
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    cls.check_split(split)  # a benchmark has only a test split: refused before any data loads
     unknown = sorted(set(options) - set(ENV_OPTIONS) - set(cls.options))
     if unknown:
         raise UsageError(f"unknown option(s) {unknown} for task {task!r}; accepted: "
@@ -315,8 +324,9 @@ def resolve_task(args, say=print):
     elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):  # TRL's way: the data
         task, path = None, path or task
     elif task not in TASKS:
-        raise UsageError(f"--dataset_name {task!r}: not a task ({', '.join(TASKS)}), a MATH "
-                         f"subject ({', '.join(MATH_SUBJECTS)}), a data file or a hub dataset id.")
+        raise UsageError(f"--dataset_name {task!r}: not a task ({_names(False)}), a MATH "
+                         f"subject ({', '.join(MATH_SUBJECTS)}), a benchmark ({_names(True)}), "
+                         "a data file or a hub dataset id.")
     keys = {"question": args.question_key, "answer": args.answer_key}
     if path is not None and Path(path).is_file() and task in (None, "arithmetic"):
         found = detect_task([rename_fields(read_rows(path, "arithmetic")[0], keys)])

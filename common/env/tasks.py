@@ -122,6 +122,25 @@ class Task:
     # ends a stepwise episode
     final_answer = MARKERS
     options = {}  # task-specific make_env options and their defaults
+    # The most new tokens a usual evaluation of the task gives a response, for eval.py's default;
+    # None: eval.py's own default for the task.
+    budget = None
+    # The task whose data/few_shot_<name>.jsonl holds this task's worked examples, read as that task
+    # reads them; None: this task's own file. A benchmark borrows MATH's, so no file is copied.
+    few_shot_task = None
+    # A benchmark papers report: evaluated, never trained on, so its only split is "test".
+    benchmark = False
+
+    @classmethod
+    def check_split(cls, split: str) -> None:
+        """Refuse a split the task does not have, before any data loads (make_env calls it): a
+        benchmark's train split."""
+        if cls.benchmark and split != "test":
+            raise UsageError(
+                f"{cls.name} is a benchmark: it is evaluated, not trained on, and has only a test "
+                f"split. Evaluate it during training with --eval_datasets {cls.name}, or "
+                f"afterwards with python eval.py --dataset_name {cls.name}; train on another task "
+                "(e.g. --dataset_name math).")
 
     @classmethod
     def load(cls, split: str, path, seed: int, keys=None, **options) -> list[dict]:
@@ -533,6 +552,153 @@ class MATH(Task):
         return float(format_ok and math_equal(pred, answer)), pred, format_ok
 
 
+# ------------------------------------------------------------------------------------------------
+# The benchmarks papers report, named as Qwen2.5-Math's and SimpleRL's evaluation scripts name them.
+# Each is MATH with a test split only: MATH's system prompt and worked examples, a \boxed{} answer
+# graded with math_equal (AIME: an integer alone), and the budget its usual evaluation gives.
+
+
+class _Benchmark(MATH):
+    """A benchmark: evaluated, never trained on, so its only split is "test" (`hub` maps only
+    "test", whatever the hub calls that split)."""
+
+    benchmark = True
+    few_shot_task = "math"
+    # Qwen2.5-Math's math_eval.py gives 2,048 new tokens a call by default, and the forks of it that
+    # RL papers evaluate these benchmarks with (SimpleRL's among them) 3,000 to 4,096 for models
+    # that do not "think" at length: 4,096 seldom cuts such a model's answer short.
+    budget = 4096
+
+    @classmethod
+    def load(cls, split, path, seed, keys=None, **options):
+        cls.check_split(split)  # make_env has checked it; Task.load called alone has not
+        return super().load(split, path, seed, keys, **options)
+
+    @classmethod
+    def from_row(cls, row, where):
+        # A parquet column of whole answers may hold floats (amc23's 27.0): the gold is "27", as
+        # written, not "27.0".
+        row = {k: int(v) if k in ("answer", "final_answer") and isinstance(v, float)
+               and v.is_integer() else v for k, v in row.items()}
+        return super().from_row(row, where)
+
+
+class _AIME(_Benchmark):
+    """AIME: every answer is an integer from 0 to 999. A response is right only when its last
+    \\boxed{} holds that integer alone, in digits; leading zeros are allowed, since AIME answers
+    are written with three digits (`\\boxed{033}` is 33). `\\boxed{33.0}`, `\\boxed{\\frac{66}{2}}`
+    and `\\boxed{33 \\text{ ways}}` are wrong however their value reads: the answer sheet takes
+    digits, and nothing the model writes is evaluated. "The answer is 33" without a box is no
+    answer."""
+
+    fields = "'problem' (or 'question') and 'answer', an integer 0-999 (\"033\", 33 or \"33\")"
+
+    @classmethod
+    def from_row(cls, row, where):
+        example = super().from_row(row, where)
+        digits = _aime_integer(example["answer"])
+        if digits is None:
+            raise UsageError(f"{where}: the answer {example['answer']!r} is not an AIME answer, an "
+                             "integer from 0 to 999: is this AIME data? (--answer_key names the "
+                             "field that holds the answer)")
+        return {**example, "answer": str(digits)}
+
+    @classmethod
+    def extract(cls, response):
+        marker = last_marker(ascii_lookalikes(response), MATH_MARKERS)
+        if marker is None or marker[0] not in ("\\boxed", "\\fbox"):
+            return None, False
+        return super().extract(response)
+
+    @classmethod
+    def grade(cls, response, answer):
+        pred, format_ok = cls.extract(response)
+        value, gold = _aime_integer(pred), _aime_integer(answer)
+        return float(format_ok and value is not None and value == gold), pred, format_ok
+
+
+def _aime_integer(text) -> int | None:
+    """The integer 0-999 that text writes in digits alone, leading zeros allowed ("033" -> 33);
+    None for anything else ("33.0", "\\frac{66}{2}", "1000", None)."""
+    digits = re.fullmatch(r"\s*0*(\d{1,3})\s*", text) if isinstance(text, str) else None
+    return int(digits.group(1)) if digits else None
+
+
+@register
+class AIME24(_AIME):
+    """AIME 2024, I and II: 30 problems. HuggingFaceH4/aime_2024 (id, problem, solution, answer,
+    url, year), the AIME 2024 of open-r1, TRL's recipes and NeMo-RL; its one split is named
+    "train"."""
+
+    name = "aime24"
+    hub = {"test": ("HuggingFaceH4/aime_2024", None, "train")}
+
+
+@register
+class AIME25(_AIME):
+    """AIME 2025, I and II: 30 problems. math-ai/aime25 (problem, answer, id; split "test"), the
+    AIME 2025 of verl-based recipes and AReaL's math data; opencompass/AIME2025 holds I and II as
+    two configs, which one hub entry cannot name."""
+
+    name = "aime25"
+    hub = {"test": ("math-ai/aime25", None, "test")}
+
+
+@register
+class AMC23(_Benchmark):
+    """AMC 2023: 40 problems. math-ai/amc23 (question, answer; split "test"), as verl-based
+    recipes load it. Its answers are numbers, some stored as floats (27.0 reads as "27")."""
+
+    name = "amc23"
+    fields = "'question' (or 'problem') and 'answer'"
+    hub = {"test": ("math-ai/amc23", None, "test")}
+
+
+@register
+class MATH500(_Benchmark):
+    """MATH-500: the 500 MATH test problems of "Let's Verify Step by Step" (problem, solution,
+    answer, subject, level, unique_id), the math task's own test split, by its benchmark name;
+    --levels and the MATH subjects filter the math task only."""
+
+    name = "math500"
+    hub = {"test": ("HuggingFaceH4/MATH-500", None, "test")}
+
+
+@register
+class MinervaMath(_Benchmark):
+    """Minerva's OCW courses: 272 science and engineering problems. math-ai/minervamath (question,
+    answer; split "test"), the copy verl-based recipes and AReaL's math data load."""
+
+    name = "minerva_math"
+    fields = "'question' (or 'problem') and 'answer'"
+    hub = {"test": ("math-ai/minervamath", None, "test")}
+
+
+@register
+class OlympiadBench(_Benchmark):
+    """OlympiadBench's English, text-only, open-ended math (OE_TO_maths_en_COMP): 674 problems.
+    math-ai/olympiadbench (question, final_answer, solution, ...; split "test"), the copy
+    verl-based recipes and AReaL's math data load. final_answer is a list of "$...$" strings: the
+    gold is the list without its $, joined with ", ", which math_equal reads as a list in any
+    order (a problem of several answers asks for all of them)."""
+
+    name = "olympiadbench"
+    fields = "'question' (or 'problem') and 'final_answer': a list of \"$...$\" strings, or text"
+    hub = {"test": ("math-ai/olympiadbench", None, "test")}
+
+    @classmethod
+    def from_row(cls, row, where):
+        answers = row.get("final_answer")
+        if isinstance(answers, list):
+            if not answers or not all(isinstance(a, str) and a.strip("$ ") for a in answers):
+                raise UsageError(f"{where}: the final_answer is {_kind(answers)}; it must be a "
+                                 'non-empty list of answers as text, such as ["$\\\\frac{1}{2}$"].')
+            row = {**row, "final_answer": ", ".join(a.strip().strip("$").strip() for a in answers)}
+        if isinstance(row.get("solution"), list):  # its worked solutions: shown, never graded
+            row = {**row, "solution": "\n\n".join(map(str, row["solution"]))}
+        return super().from_row(row, where)
+
+
 def grade(task: type[Task], response: str, answer: str) -> tuple[float, str | None, bool]:
     """task.grade within GRADE_LIMIT_S of CPU time; past it, wrong and counted as a timeout."""
     try:
@@ -756,6 +922,8 @@ def load_few_shot(task: type[Task], k: int, say=print) -> list[dict]:
     """The first k worked examples of data/few_shot_<task>.jsonl; none for a task without one."""
     if k == 0:
         return []
+    # a benchmark's worked examples are MATH's, graded and read as the math task reads them
+    task = TASKS[task.few_shot_task] if task.few_shot_task else task
     path = DATA_DIR / f"few_shot_{task.name}.jsonl"
     if not path.is_file():  # a task of your own: the system prompt alone states the format
         say(f"task {task.name}: no worked examples ({path.relative_to(DATA_DIR.parent)} does not "
