@@ -7,12 +7,17 @@
     python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl
     python eval.py --dataset_name prealgebra --levels 1-3 --model_name_or_path ...   # MATH-500's
     python eval.py --dataset_name test.jsonl --model_name_or_path ...   # the task its fields say
+    python eval.py --eval_datasets gsm8k math500 aime24 --n 4 --temperature 0.6 --k 1 4 \\
+        --model_name_or_path ...     # several sets, one model load, one table (runs/eval/<model>/)
     torchrun --nproc_per_node 8 eval.py --model_name_or_path ... --dataset_name math \\
         --num_generations 4 --temperature 0.6
 
 The data options are training's (common/run/args.py's DataArgs), read by the same code
-(common/env/math_env.py's `resolve_task`): --dataset_name is a task, a MATH subject, a data file or
-a hub dataset id, and a problem is prompted as in training.
+(common/env/math_env.py's `resolve_task`): --dataset_name is a task, a benchmark (aime24, aime25,
+amc23, math500, minerva_math, olympiadbench: data/README.md has their hub ids and answer
+conventions; offline, --dataset_path a file of the same columns), a MATH subject, a data file or a
+hub dataset id, and a problem is prompted as in training. --eval_datasets names several such sets,
+as training's option of that name does; each is evaluated at its task's default budget.
 
 Metrics, over the evaluated problems (a problem is solved by a sample whose reward is exactly 1.0):
 - accuracy = pass@1: the mean fraction of correct samples per problem (greedy: the fraction of
@@ -43,16 +48,16 @@ is graded as the response, which checks the verifier: `python eval.py --dataset_
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
 import torch
 from tqdm.auto import tqdm
 
-from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, filter_math, grade as
-                        task_grade, make_env, make_env_options, named_rows, rename_fields,
-                        resolve_task)
+from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, eval_set_env,
+                        eval_set_name, filter_math, grade as task_grade, make_env,
+                        make_env_options, named_rows, rename_fields, resolve_task)
 from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
                            generate, load_policy, load_tokenizer, max_positions)
 from common.run import (DataArgs, all_gather_objects, check_new_file, check_output_dir,
@@ -61,8 +66,14 @@ from common.run import (DataArgs, all_gather_objects, check_new_file, check_outp
                         vote_key)
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
-# that the numbers match the held-out accuracy in a run's eval.jsonl.
+# that the numbers match the held-out accuracy in a run's eval.jsonl. A benchmark's is its task's
+# `budget` (common/env/tasks.py), the one its usual evaluation gives.
 DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 64, "countdown": 256, "gsm8k": 512, "math": 1024}
+
+
+def default_budget(task):
+    """The default --max_new_tokens of a task's evaluation."""
+    return TASKS[task].budget or DEFAULT_MAX_NEW_TOKENS.get(task, 512)
 
 
 @dataclass
@@ -77,7 +88,7 @@ class Args(DataArgs):
     """seeds sampling (sample j of problem i has its own seed) and train-split generation"""
     max_new_tokens: Optional[int] = None
     """response length limit (default per task: arithmetic 64 as in training, countdown 256, gsm8k
-    512, math 1024)"""
+    512, math 1024, the benchmarks 4096)"""
     temperature: float = 0.0
     """sampling temperature; 0 is greedy (then --num_generations must be 1)"""
     top_p: float = 1.0
@@ -108,6 +119,12 @@ class Args(DataArgs):
     """regrade the completions saved in this jsonl/json/parquet file (no model is loaded)"""
     response_field: Optional[str] = None
     """with --responses: the field to grade (default: responses, response, or the reference)"""
+    eval_datasets: Optional[list[str]] = None
+    """several sets in one call, each a task, benchmark (aime24, aime25, amc23, math500,
+    minerva_math, olympiadbench), MATH subject, data file or hub dataset id, read as --dataset_name
+    reads one, or TASK=FILE (offline: aime24=aime.jsonl), each at its own default budget: one model
+    load, one table. --output is then a folder, with <set>.jsonl and its summary per set and
+    table.md (default: runs/eval/<model>/)"""
 
 
 def check_args(args):
@@ -140,12 +157,51 @@ def check_args(args):
         raise PathError(f"--responses {args.responses}: no such file. Pass a jsonl written "
                         "by eval.py, or "
                         f"rows with 'response' and 'answer' fields.")
-    # checked now: generations must not be lost at the end. Both files eval.py writes, each
+    if args.eval_datasets is not None:
+        check_sets(args)
+    # checked now: generations must not be lost at the end. Every file eval.py writes, each
     # absent or (with --overwrite) a file, never a link, a folder or a pipe (check_new_file)
-    output = Path(args.output or default_output(args))
-    for path in (output, summary_path_of(output)):
-        check_new_file(path, "--output", args.overwrite)
-    check_output_dir(output.parent, "--output")
+    for output in outputs(args).values():
+        for path in (output, summary_path_of(output)):
+            check_new_file(path, "--output", args.overwrite)
+        check_output_dir(output.parent, "--output")
+    if args.eval_datasets:
+        check_new_file(table_path_of(args), "--output", args.overwrite)
+
+
+def check_sets(args):
+    """--eval_datasets: sets given there alone, each named once."""
+    one_set = [f"--{f.name}" for f in fields(args)
+               if f.name in ("dataset_path", "question_key", "answer_key", "system_prompt",
+                             "levels", "reward_fn", "responses")
+               and getattr(args, f.name) is not None]
+    if args.dataset_name != "arithmetic":
+        one_set.insert(0, "--dataset_name")
+    if one_set:
+        raise UsageError(f"{' and '.join(one_set)} describe one set, and --eval_datasets names "
+                         "several, each read with its task's own fields and prompt: drop "
+                         f"{'it' if len(one_set) == 1 else 'them'}, or evaluate that one set "
+                         "without --eval_datasets.")
+    names = [eval_set_name(given) for given in args.eval_datasets]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UsageError(f"--eval_datasets names the set {twice[0]!r} twice: give each once (a "
+                         "file goes by its stem, so rename one of two files of one name).")
+
+
+def outputs(args):
+    """{set name: the per-problem jsonl eval.py writes for it}: --output (or its default) for one
+    set; with --eval_datasets, <set>.jsonl in the --output folder."""
+    if not args.eval_datasets:
+        return {None: Path(args.output or default_output(args))}
+    folder = Path(args.output or default_output(args))
+    return {eval_set_name(given): folder / f"{eval_set_name(given)}.jsonl"
+            for given in args.eval_datasets}
+
+
+def table_path_of(args):
+    """--eval_datasets: the table of every set, table.md in the --output folder."""
+    return Path(args.output or default_output(args)) / "table.md"
 
 
 def summarize(records, ks):
@@ -196,7 +252,8 @@ def saved_responses(row, task, response_field, where):
         name = next((f for f in ("responses", "response") if f in row), None)
         if name is None and task == "gsm8k" and "####" in str(row.get("answer", "")):
             name = "answer"  # a GSM8K reference row: its solution text is the response
-        elif name is None and task == "math" and "\\boxed" in str(row.get("solution", "")):
+        elif name is None and issubclass(TASKS[task], TASKS["math"]) and "\\boxed" in str(
+                row.get("solution", "")):
             name = "solution"  # a MATH reference row
     if name is None or name not in row:
         wanted = repr(name) if name else "'response' or 'responses'"
@@ -318,6 +375,9 @@ def default_output(args):
         return f"runs/eval/{Path(args.responses).stem}-regraded.jsonl"
     # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
     model = "_".join(Path(args.model_name_or_path).parts[-2:])
+    if args.eval_datasets:  # a folder: one jsonl per set, and the table
+        sampled = f"-n{args.num_generations}-t{args.temperature:g}" if args.temperature > 0 else ""
+        return f"runs/eval/{model}{sampled}"
     data = Path(args.dataset_path).stem if args.dataset_path else args.split
     data = f"{args.dataset_name}-{data}"
     if Path(args.dataset_name).stem != args.dataset_name:  # a data file or hub id: its own name
@@ -330,10 +390,10 @@ def default_output(args):
 # Main
 # ------------------------------------------------------------------------------------------------
 def main(args):
+    """-> the summary of the set evaluated ({set name: summary} with --eval_datasets)."""
     check_args(args)
     t0 = time.time()
     if args.responses is not None:  # regrade: no model, no env, one process
-        is_main = True
         task = resolve_task(args, print0)[0]
         records = regrade(args, task)
         n_min = min(len(r["responses"]) for r in records)
@@ -342,54 +402,81 @@ def main(args):
             raise UsageError(f"--k {bad}: a row of {args.responses} has only {n_min} response(s); "
                              f"use k <= {n_min}.")
         ks = sorted(set(args.k or [1, n_min]))
-        max_new_tokens = None
-    else:
-        dist_info = init_distributed()
-        rank, world, is_main = dist_info.rank, dist_info.world_size, dist_info.is_main
-        set_seed(args.seed)
-        # --dataset_name as training reads it: a task, a MATH subject (the math task, filtered), a
-        # data file or a hub dataset id (the task its fields say)
+        return report(args, task, records, ks, None, outputs(args)[None], t0, is_main=True)
+    dist_info = init_distributed()
+    rank, world, is_main = dist_info.rank, dist_info.world_size, dist_info.is_main
+    set_seed(args.seed)
+    # Every set's problems read before the model loads, so that a bad name or file fails at once
+    sets = {name: data_set(args, given) for name, given in
+            (zip(outputs(args), args.eval_datasets) if args.eval_datasets else [(None, None)])}
+    ks = sorted(set(args.k or [1, args.num_generations]))
+    tokenizer = load_tokenizer(args.model_name_or_path)
+    # every evaluated prompt, with the answer's tokens, fits the model's positions (its config's,
+    # read before the weights load)
+    positions = max_positions(args.model_name_or_path)
+    for s in sets.values():
+        if positions:
+            s["env"].check_prompt_lengths(
+                lambda ps: [len(ids) for ids in encode_prompts(tokenizer, ps)], positions,
+                s["max_new_tokens"], args.model_name_or_path, s["indices"])
+    policy = load_policy(args.model_name_or_path, device=dist_info.device)
+    policy.eval()
+    if args.cuda_graphs:
+        capture_decoding(policy)  # on a GPU; a CPU decodes as before
+    mode = ("greedy" if args.temperature == 0
+            else f"temperature {args.temperature}, top_p {args.top_p}")
+    summaries = {}
+    for name, s in sets.items():
+        print0(f"eval | {args.model_name_or_path} | {s['what']}: {len(s['indices'])} of "
+               f"{len(s['env'])} problems x {args.num_generations} sample(s) ({mode}) | "
+               f"max_new_tokens {s['max_new_tokens']} | {world} process(es) on "
+               f"{dist_info.device}")
+        # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.
+        local = sample_and_grade(policy, tokenizer, s["env"], s["indices"][rank::world], args,
+                                 s["max_new_tokens"], is_main)
+        records = sorted((r for part in all_gather_objects(local) for r in part),
+                         key=lambda r: r["index"])
+        summaries[name] = report(args, s["task"], records, ks, s["max_new_tokens"],
+                                 outputs(args)[name], t0, is_main, s["given"])
+    if args.eval_datasets and is_main:
+        table = sets_table(summaries, ks, {name: s["max_new_tokens"] for name, s in sets.items()})
+        replace_file(table_path_of(args), table, then="then run eval.py again, with --overwrite")
+        print(table + f"wrote {table_path_of(args)}")
+    return summaries if args.eval_datasets else summaries[None]
+
+
+def data_set(args, given):
+    """One set to evaluate: --dataset_name as training reads it (a task, a benchmark, a MATH subject,
+    a data file or a hub dataset id), or, with --eval_datasets, the entry `given`. -> {"task",
+    "env", "indices", "max_new_tokens", "what", "given"}"""
+    if given is None:
         task, path, subject = resolve_task(args, print0)
         env = make_env(task, args.split, path=path, seed=args.seed, say=print0,
                        **make_env_options(args, task))
         if subject or args.levels:
             filter_math(env, subject, args.levels, print0)
-        indices = problem_indices(len(env), args.num_eval_problems)
-        max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(task, 512)
-        ks = sorted(set(args.k or [1, args.num_generations]))
-        mode = ("greedy" if args.temperature == 0
-                else f"temperature {args.temperature}, top_p {args.top_p}")
-        print0(f"eval | {args.model_name_or_path} | {subject or task} "
-               f"{path or args.split}: {len(indices)} of {len(env)} problems x "
-               f"{args.num_generations} sample(s) "
-               f"({mode}) | max_new_tokens {max_new_tokens} | {world} process(es) on "
-               f"{dist_info.device}")
-        tokenizer = load_tokenizer(args.model_name_or_path)
-        # every evaluated prompt, with the answer's tokens, fits the model's positions (its
-        # config's, read before the weights load)
-        positions = max_positions(args.model_name_or_path)
-        if positions:
-            env.check_prompt_lengths(lambda ps: [len(ids) for ids in encode_prompts(tokenizer, ps)],
-                                     positions, max_new_tokens, args.model_name_or_path, indices)
-        policy = load_policy(args.model_name_or_path, device=dist_info.device)
-        policy.eval()
-        if args.cuda_graphs:
-            capture_decoding(policy)  # on a GPU; a CPU decodes as before
-        # Under torchrun each rank takes a strided share of the problems; rank 0 writes them all.
-        local = sample_and_grade(policy, tokenizer, env, indices[rank::world], args, max_new_tokens,
-                                 is_main)
-        records = sorted((r for part in all_gather_objects(local) for r in part),
-                         key=lambda r: r["index"])
+        what = f"{subject or task} {path or args.split}"
+    else:
+        env = eval_set_env(args, given, args.split, print0)
+        task, what = env.task.name, f"{given} ({env.task.name})"
+    return {"task": task, "env": env, "indices": problem_indices(len(env), args.num_eval_problems),
+            "max_new_tokens": args.max_new_tokens or default_budget(task), "what": what,
+            "given": given}
+
+
+def report(args, task, records, ks, max_new_tokens, output, t0, is_main, given=None):
+    """The per-problem metrics and the summary of one set, written to `output` and its
+    summary.json and printed (rank 0). -> the summary"""
     for r in records:
         r.update(problem_metrics(task, r["responses"], ks))
     summary = summarize(records, ks)
     if not is_main:
         return summary
-
-    output = Path(args.output or default_output(args))
     summary_path = summary_path_of(output)
     config = asdict(args)
     config["max_new_tokens"] = max_new_tokens
+    if given is not None:
+        config["dataset_name"] = given  # the set this file holds
     # each file by the rename of a new one (replace_file): a link or a pipe planted there since
     # the check is replaced, never written through, and a full disk is one line
     again = "then run eval.py again, with --overwrite"
@@ -419,6 +506,24 @@ def main(args):
     print(" | ".join(extra))
     print(f"wrote {output} and {summary_path}")
     return summary
+
+
+def sets_table(summaries, ks, budgets):
+    """--eval_datasets: one markdown table, a row per set: problems, samples each, its budget,
+    pass@1 (greedy, or the mean over samples: avg@n), pass@k and maj@k, the answers in format and
+    the responses cut at the budget."""
+    more = [k for k in ks if k > 1]
+    head = (["set", "problems", "samples", "max_new_tokens", "pass@1"]
+            + [f"{m}@{k}" for k in more for m in ("pass", "maj")] + ["format ok", "truncated"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in summaries.items():
+        cells = [name, str(s["num_problems"]), str(s["num_samples"] // s["num_problems"]),
+                 str(budgets[name]), f"{s['accuracy']:.4f}"]
+        cells += [f"{s[f'{m}@{k}']:.4f}" for k in more for m in ("pass", "maj")]
+        cells += [f"{s['format_ok_frac']:.3f}",
+                  f"{s['truncated_frac']:.3f}" if "truncated_frac" in s else "n/a"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

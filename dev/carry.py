@@ -1,6 +1,7 @@
 """Split a file into pieces small enough to carry, and join them back with a hash check.
 
-    python dev/carry.py embedded --to .dev   # the embedded model's pieces, tokenizer, gguf wheel
+    python dev/carry.py embedded --to .dev   # the embedded model's pieces, tokenizer, gguf wheel,
+                                             # GSM8K's files (beside piece 2)
     python dev/carry.py split FILE --parts 2 --to .dev     # .dev/a/FILE.part1, .dev/b/FILE.part2
     python dev/carry.py join .dev/a .dev/b --to FILE         # checks the sha256 split wrote
 
@@ -97,6 +98,13 @@ def embedded(to):
     from common.models.loading import EMBEDDED_MODEL, _find_gguf, embedded_tokenizer_dir
 
     pieces = split(_find_gguf(), 2, to)
+    # GSM8K's two files (4.9 MB) beside piece 2, for the device check's gsm8k_curve stage: the
+    # lent machines reach no dataset hub
+    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    for name in ("gsm8k_train.jsonl", "gsm8k_test.jsonl"):
+        if (data / name).is_file():
+            (Path(to) / "b" / "data").mkdir(parents=True, exist_ok=True)
+            shutil.copy(data / name, Path(to) / "b" / "data" / name)
     tokenizer = Path(to) / "a" / "cache" / EMBEDDED_MODEL
     tokenizer.mkdir(parents=True, exist_ok=True)
     for f in embedded_tokenizer_dir().iterdir():

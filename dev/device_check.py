@@ -31,6 +31,9 @@ next:
 - grpo_big: a GPU-sized batch (64 prompts x 8 samples, 256 new tokens), 3 updates;
 - the other algorithm files (dapo.py among them): 5 updates each in bf16;
 - eval: eval.py on the newest checkpoint a stage wrote (the embedded model without one);
+- gsm8k_curve: bench/gsm8k_curve.py at a GPU's batch (16 prompts x 8 samples, 40 updates), all
+  1,319 GSM8K test problems at updates 0, 20 and 40, greedy and avg@4; GSM8K's files travel with
+  the model's second piece (dev/carry.py), found by --data_dir;
 - fused_projections, roofline, roofline_grow, update_mfu: dev/lab/fused_projections.py (64 and 256
   rows), dev/lab/roofline.py, the same with a static cache that grows, and dev/lab/update_mfu.py, at
   the Qwen2.5-1.5B shape on random weights (no model file needed).
@@ -72,18 +75,32 @@ WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing", "plain"]
 BENCHES = ["cuda_graphs", "fused_projections", "roofline", "roofline_grow", "update_mfu"]
 TRL_PAIRS = ["trl_pair", "trl_pair_eager", "trl_pair_compile"]
 STAGES = ["env", "cuda_graphs", "model", "trl_pair", "grpo", *TRL_PAIRS[1:], *WAYS, "grpo_compile",
-          "grpo_big", *FILES, "eval", *BENCHES[1:]]
+          "grpo_big", *FILES, "eval", "gsm8k_curve", *BENCHES[1:]]
+# GSM8K's train and test files for the gsm8k_curve stage: ../shared/data here, and on a lent GPU
+# the copy dev/carry.py puts beside the model's second piece (--data_dir)
+DATA_DIRS = [ROOT.parent / "shared" / "data", ROOT / ".dev" / "b" / "data"]
 
 
-def stage_plan(name, tiny, work):
+def stage_plan(name, tiny, work, data_dir=None):
     """(command, time cap in seconds) of a stage; the command is None for the in-process ones.
-    With `tiny` the cap is infinite: a CPU's speed is not what the tiny run checks."""
-    command, cap = _stage_plan(name, tiny, work)
+    With `tiny` the cap is infinite: a CPU's speed is not what the tiny run checks. data_dir: GSM8K's
+    files, for gsm8k_curve."""
+    command, cap = _stage_plan(name, tiny, work, data_dir)
     return command, math.inf if tiny else cap
 
 
-def _stage_plan(name, tiny, work):
+def _stage_plan(name, tiny, work, data_dir=None):
     py = [sys.executable]
+    if name == "gsm8k_curve":  # bench/gsm8k_curve.py at a GPU's batch, all 1,319 test problems
+        sizes = (["--tiny"] if tiny else
+                 ["--updates", "40", "--eval_interval", "20", "--test_problems", "1319",
+                  "--num_prompts", "16", "--num_generations", "8", "--eval_samples", "4",
+                  *(["--data_dir", str(data_dir)] if data_dir else []),
+                  "--", "--bf16", "--eval_batch_size", "256"])
+        # estimated from grpo.py's ~1.5 s an update at this batch and ~60 s an evaluation of the
+        # 1,319 problems, greedy and 4 samples, in 256-row batches: about 4.5 min
+        return py + [str(ROOT / "bench" / "gsm8k_curve.py"), "--out", str(work / name),
+                     *sizes], 360
     if name in ("env", "model"):
         return None, 120
     if name in TRL_PAIRS:  # bench/trl_vs_mathrl.py, both sides in bf16 on the GPU
@@ -300,6 +317,9 @@ def figures_of(name, lines, work):
         return {**summary, "line": [line for line in lines if line.startswith("median step")]}
     if name == "eval":
         return {"lines": [line for line in lines if line.startswith(("accuracy", "pass@"))]}
+    if name == "gsm8k_curve":  # the curve's table and the reading of its samples
+        path = work / name / "curve.json"
+        return json.loads(path.read_text()) if path.exists() else {}
     figures = read_run(work / name, work / f"{name}.child.json")
     if name in ("two_processes", "fsdp") and "updates" in figures:  # no child to load it
         figures.update(load_last_checkpoint(work / name))
@@ -358,6 +378,9 @@ def main():
                         "the budget's end (default: 575 on a GPU, none with --tiny)")
     p.add_argument("--tiny", action="store_true",
                    help="tiny sizes and the tiny-random model: a CPU check that the script runs")
+    p.add_argument("--data_dir", default=next((str(d) for d in DATA_DIRS if d.is_dir()), None),
+                   help="GSM8K's gsm8k_train.jsonl and gsm8k_test.jsonl, for gsm8k_curve "
+                        "(default: ../shared/data, or .dev/b/data as dev/carry.py leaves them)")
     args = p.parse_args()
     if args.budget_s is None:
         args.budget_s = math.inf if args.tiny else 575
@@ -371,7 +394,7 @@ def main():
     with open(out / "logs.txt", "a") as log:
         for name in args.stages:
             left = args.budget_s - (time.perf_counter() - start)
-            cmd, cap = stage_plan(name, args.tiny, work)
+            cmd, cap = stage_plan(name, args.tiny, work, args.data_dir)
             t0 = time.perf_counter()
             log.write(f"\n===== {name}: {' '.join(cmd) if cmd else 'in process'}\n")
             log.flush()

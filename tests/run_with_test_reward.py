@@ -12,6 +12,10 @@
 - "tie_on_rank:K": the length reward, except 0.5 for every response of rank K (under torchrun), so
   that its prompts all tie; "tie": 0.5 everywhere.
 
+$TEST_CORRECT=parity also grades the held-out evaluation's responses by their length: correct when
+it is even, the "answer" being the parity, so that accuracies, avg@k, pass@k and maj@k vary even
+for the tiny random model.
+
 usage: TEST_REWARD=lowercase python tests/run_with_test_reward.py grpo --model_name_or_path
 tiny-random ... (torchrun works too)
 """
@@ -55,6 +59,9 @@ class TestRewardEnv(envlib.MathEnv):
 
     def verify(self, response, index):  # what score() and score_all() call for each response
         reward, info = super().verify(response, index)
+        if os.environ.get("TEST_CORRECT") == "parity":
+            info = {**info, "correct": len(response) % 2 == 0, "pred": str(len(response) % 2),
+                    "format_ok": True}
         if self.stepwise:
             # an episode that the policy closes with EOS is graded here, after step() rewarded its
             # last step (and counted it): the same reward, not the verifier's

@@ -1,6 +1,7 @@
 """The benchmarks' arithmetic by hand: the TRL comparison's summary (the benchmark itself needs TRL
 and ~20 min: bench/trl_vs_mathrl.py), the baseline-variance statistics
-(bench/baseline_variance.py) and the roofline's bounds (dev/lab/roofline.py); and that
+(bench/baseline_variance.py), the roofline's bounds (dev/lab/roofline.py) and the GSM8K curve's
+reading of samples (bench/gsm8k_curve.py; its run is the device check's --tiny stage); and that
 dev/lab/decode_sketch.py samples what `generate` samples."""
 
 import sys
@@ -14,6 +15,7 @@ from common.run.checks import check_options
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from baseline_variance import estimator_stats, last_layer_param, per_sample_grads  # noqa: E402
 from trl_vs_mathrl import summarize  # noqa: E402
+from gsm8k_curve import equations, reading  # noqa: E402
 
 
 def test_summary_ratios_and_rollout_time_by_hand():
@@ -193,3 +195,22 @@ def test_every_planted_bug_still_has_its_line_and_its_test():
         assert (ROOT / path).read_text().count(right) == 1, name
         test_file, test_name = test.split("::")
         assert f"def {test_name}(" in (ROOT / test_file).read_text(), name
+
+
+def test_the_gsm8k_curve_reads_the_equations_a_response_writes():
+    text = ("He works 6 + 4 = 10 hours.\nHe earns 10 * 12 = $120.\nThen 3 x 4 = 13 boxes, and "
+            "1,000 + 24 = 1,024, and $4.50 + 2 = 6.5.\nThe answer is 120.")
+    assert equations(text) == (4, 5)  # 3 x 4 = 13 is the wrong one
+    assert equations("The answer is 7.") == (0, 0)  # no equation: nothing to check
+    assert equations("It is 10 / 0 = 5") == (0, 0)  # no value: not counted
+
+
+def test_the_gsm8k_curve_reading_counts_format_correct_and_equations():
+    samples = [
+        {"response": "2 + 3 = 5\nThe answer is 5.", "answer": "5"},   # right, in format, 1/1
+        {"response": "2 + 3 = 6\nThe answer is 6.", "answer": "5"},   # wrong, in format, 0/1
+        {"response": "2 + 3 = 5, so 5 apples", "answer": "5"},         # no answer, 1/1
+        {"response": "I do not know.", "answer": "5"},                 # nothing
+    ]
+    assert reading(samples) == {"responses": 4, "in_format": 0.5, "correct": 0.25,
+                                "equations_per_response": 0.75, "equations_right": 2 / 3}

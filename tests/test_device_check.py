@@ -75,8 +75,8 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     # roofline_grow and trl_pair_compile compile under inductor, and each file's own stage is a
     # run like grpo's: they run in the slow test below
     results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "roofline",
-                                   "fused_projections", "cuda_graphs")
-    assert [r["status"] for r in results.values()] == ["ok"] * 5
+                                   "fused_projections", "cuda_graphs", "gsm8k_curve")
+    assert [r["status"] for r in results.values()] == ["ok"] * 6
     grpo = results["grpo"]["figures"]
     metrics = [json.loads(line) for line in
                (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
@@ -98,9 +98,17 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     # the static step of the GPU's default (no graph on a CPU) drew eager decoding's tokens
     assert any(line.startswith("| 8 |") and line.endswith("rows as eager 8/8 |")
                for line in results["cuda_graphs"]["figures"]["table"])
+    # the GSM8K curve's table: updates 0, 1 and 2, greedy and 2 samples, on its 3 test problems
+    curve = results["gsm8k_curve"]["figures"]
+    assert [row["step"] for row in curve["evaluations"]] == [0, 1, 2]
+    assert all(row["eval/gsm8k/num_problems"] == 3 and "eval/gsm8k/avg@2" in row
+               for row in curve["evaluations"])
+    assert set(curve["reading"]) == {"first updates", "last updates"}
+    gpu, _ = stage_plan("gsm8k_curve", False, tmp_path, "/data")
+    assert gpu[gpu.index("--test_problems") + 1] == "1319" and "/data" in gpu
     assert "| grpo | ok |" in stdout
     logs = (tmp_path / "out" / "logs.txt").read_text()
-    assert logs.count("=====") == 5 and "\r" not in logs
+    assert logs.count("=====") == 6 and "\r" not in logs
 
 
 @pytest.mark.slow  # ~56 s; the slow test of every stage runs these stages too

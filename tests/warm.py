@@ -35,7 +35,7 @@ from pathlib import Path
 
 # variables read when a script runs, not when torch or transformers are imported (pytest sets the
 # second for each test)
-RUNTIME_ENV = {"TEST_REWARD", "PYTEST_CURRENT_TEST", "MATHRL_REWARD_FN_TIMEOUT"}
+RUNTIME_ENV = {"TEST_REWARD", "TEST_CORRECT", "PYTEST_CURRENT_TEST", "MATHRL_REWARD_FN_TIMEOUT"}
 TORCHRUN = ["-m", "torch.distributed.run"]
 
 _warm, _warm_env, _buffer = None, None, b""

@@ -15,14 +15,16 @@ from common.env.answers import to_number
 from common.env.errors import (NonFiniteError, PackageError, PathError, UsageError, UserError,
                                report_user_errors)
 from common.env.grader import normalize
-from common.env.math_env import (MATH_SUBJECTS, MathEnv, filter_math, make_env, make_env_options,
-                                 make_envs, make_eval_sets, resolve_task, verify)
+from common.env.math_env import (MATH_SUBJECTS, MathEnv, eval_set_env, eval_set_name,
+                                 filter_math, make_env, make_env_options, make_envs,
+                                 make_eval_sets, resolve_task, verify)
 from common.env.tasks import TASKS, grade, named_rows, read_rows, rename_fields
 from common.env.toolbox import (find_call, output_text, parse_tools, run_tool, show_tools,
                                 stop_strings)
 
 __all__ = ["MATH_SUBJECTS", "MathEnv", "NonFiniteError", "PackageError", "PathError", "TASKS",
-           "UsageError", "UserError", "filter_math", "find_call", "grade", "make_env",
-           "make_env_options", "make_envs", "make_eval_sets", "named_rows", "normalize",
-           "output_text", "parse_tools", "read_rows", "rename_fields", "report_user_errors",
-           "resolve_task", "run_tool", "show_tools", "stop_strings", "to_number", "verify"]
+           "UsageError", "UserError", "eval_set_env", "eval_set_name", "filter_math", "find_call",
+           "grade", "make_env", "make_env_options", "make_envs", "make_eval_sets", "named_rows",
+           "normalize", "output_text", "parse_tools", "read_rows", "rename_fields",
+           "report_user_errors", "resolve_task", "run_tool", "show_tools", "stop_strings",
+           "to_number", "verify"]

@@ -387,31 +387,50 @@ def make_eval_sets(args, say=print) -> dict:
     rows or a hub dataset's, each read whole and prompted as its own task prompts (its system
     prompt and worked examples; --template and --num_few_shot as the run's). The training task's
     name stands for the run's own held-out set (`make_envs`'s), which is None here and filled in by
-    the caller. A set's name is the one given, or a file's or hub dataset's stem, as its metrics
-    name it (eval/<name>/...). Empty without --eval_datasets."""
+    the caller. A set's metrics are named by `eval_set_name` (eval/<name>/...). Empty without
+    --eval_datasets."""
     sets = {}
     for given in args.eval_datasets or ():
-        name = Path(given).stem if Path(given).suffix in (".jsonl", ".json", ".parquet") \
-            else given.rsplit("/", 1)[-1]
+        name = eval_set_name(given)
         if name in sets:
             raise UsageError(f"--eval_datasets names two sets {name!r}: give each once (a file's "
                              "metrics are named by its stem, so rename one of two files)")
         if given == args.dataset_name:
             sets[name] = None
             continue
-        default_difficulty = next(f.default for f in fields(args) if f.name == "difficulty")
-        one = copy.copy(args)
-        one.dataset_name, one.dataset_path = given, None
-        one.question_key = one.answer_key = one.system_prompt = one.levels = None
-        one.reward_fn = one.reward_weights = None
-        task, path, subject = resolve_task(one, say)
-        if task != "arithmetic":
-            one.difficulty = default_difficulty
-        sets[name] = make_env(task, "test", path=path, seed=args.seed, say=lambda _: None,
-                              **make_env_options(one, task))
-        if subject:
-            filter_math(sets[name], subject, None, say)
+        sets[name] = eval_set_env(args, given, "test", say)
     return sets
+
+
+def eval_set_name(given: str) -> str:
+    """The name an --eval_datasets entry goes by in metrics and file names: a task's or
+    benchmark's own (TASK=FILE's TASK), a data file's stem, a hub dataset's name without its
+    owner."""
+    if "=" in given:
+        return given.split("=", 1)[0]
+    if Path(given).suffix in (".jsonl", ".json", ".parquet"):
+        return Path(given).stem
+    return given.rsplit("/", 1)[-1]
+
+
+def eval_set_env(args, given: str, split: str = "test", say=print) -> "MathEnv":
+    """The env of one --eval_datasets entry, `given`: a task, benchmark, MATH subject, data file or
+    hub dataset id, or TASK=FILE, a file (or hub id) read as TASK reads its rows (aime24=aime.jsonl:
+    offline, a benchmark's file with its answer convention). Read whole with its task's own
+    fields, system prompt and verifier; the run's --template and --num_few_shot; --difficulty only
+    where the set is arithmetic."""
+    one = copy.copy(args)
+    one.dataset_name, one.dataset_path = given.split("=", 1) if "=" in given else (given, None)
+    one.question_key = one.answer_key = one.system_prompt = one.levels = None
+    one.reward_fn = one.reward_weights = None
+    task, path, subject = resolve_task(one, say)
+    if task != "arithmetic":
+        one.difficulty = next(f.default for f in fields(args) if f.name == "difficulty")
+    env = make_env(task, split, path=path, seed=args.seed, say=lambda _: None,
+                   **make_env_options(one, task))
+    if subject:
+        filter_math(env, subject, None, say)
+    return env
 
 
 def hold_out(train, evaluation, num_eval_problems, seed, path, say=print):

@@ -81,9 +81,10 @@ class TrainArgs(DataArgs):
     """held-out problems per evaluation and set (greedy pass@1)"""
     eval_datasets: Optional[list[str]] = None
     """held-out sets to evaluate, each on its own: a task or benchmark (gsm8k, math500, aime24...),
-    a data file or a hub dataset id, e.g. --eval_datasets arithmetic data/gsm8k_test.jsonl. The
-    training task's name stands for its own held-out set; every set at this run's response budget.
-    Logged per set as eval/<set>/greedy_pass@1 (default: the training task's held-out set alone)"""
+    a data file, a hub dataset id, or TASK=FILE (a file read as that task: aime24=aime.jsonl), e.g.
+    --eval_datasets arithmetic gsm8k=gsm8k_test.jsonl. The training task's name stands for its own
+    held-out set; every set at this run's response budget. Logged per set as
+    eval/<set>/greedy_pass@1 (default: the training task's held-out set alone)"""
     eval_samples: int = 0
     """k: also sample k responses per held-out problem at --eval_temperature, and log avg@k (mean
     accuracy of the samples), pass@k and maj@k per set. Costs about k times the greedy evaluation's

@@ -77,9 +77,6 @@ def check_eval_sets(args):
     if (args.eval_datasets or args.eval_samples) and not args.num_eval_problems:
         raise UsageError("--eval_datasets and --eval_samples evaluate held-out problems, but "
                          "--num_eval_problems is 0: drop them or give --num_eval_problems N.")
-    if args.eval_datasets is not None and not args.eval_datasets:
-        raise UsageError("--eval_datasets needs at least one set, e.g. --eval_datasets "
-                         f"{args.dataset_name} gsm8k (or leave it out: the training task's own).")
     alone = ("tools.py evaluates with its tools" if algorithm_of(args) == "tools" else
              "--stepwise evaluates stepwise episodes" if getattr(args, "stepwise", False) else None)
     own = [args.dataset_name]

@@ -3,7 +3,8 @@
     python -m common.run.plot runs/grpo runs/ppo [--out plots/] [--labels GRPO PPO] [--smooth 0.9]
 
 Reads each run folder's metrics.jsonl (one line per update) and eval.jsonl (held-out greedy
-accuracy; step 0 is before training) and draws four panels: training reward, held-out accuracy,
+accuracy, and each --eval_datasets set's greedy pass@1 and sampled avg@k; step 0 is before
+training) and draws four panels: training reward, held-out accuracy,
 response length and KL (`kl_ref` when the run used a reference model, else `approx_kl`). One PNG has
 them against the update step (curves_step.png), one against wall-clock time (curves_time.png). They
 go to --out (default: the first run folder) and their paths are printed. matplotlib is optional:
@@ -18,7 +19,7 @@ from pathlib import Path
 # (key, log file, panel title, y label)
 PANELS = [
     ("reward/mean", "metrics", "Training reward", "mean reward per update"),
-    ("eval/accuracy", "eval", "Held-out accuracy", "greedy pass@1"),
+    ("eval/accuracy", "eval", "Held-out accuracy", "greedy pass@1 (dashed: avg@k)"),
     ("response_len/mean", "metrics", "Response length", "mean tokens per response"),
     ("kl", "metrics", "KL", None),  # y label: the key(s) actually plotted
 ]
@@ -64,6 +65,19 @@ def series(rows, key):
     return steps, times, [float(r[key]) for r in rows]
 
 
+def eval_keys(rows):
+    """The held-out panel's curves of one run: [(key, what it is)], each set's greedy pass@1 and
+    avg@k when the run logged sets (--eval_datasets, --eval_samples: eval/<set>/<metric>), else
+    eval/accuracy alone."""
+    keys = list(dict.fromkeys(k for row in rows for k in row if k.startswith("eval/")
+                              and k.count("/") == 2 and k.rsplit("/", 1)[1].startswith(
+                                  ("greedy_pass@1", "avg@"))))
+    if not keys:
+        return [("eval/accuracy", None)]
+    return [(k, f"{k.split('/')[1]} {k.rsplit('/', 1)[1].replace('greedy_pass@1', 'greedy')}")
+            for k in keys]
+
+
 def ema(values, alpha):
     """Exponential moving average with bias correction (the first points are not pulled towards
     0)."""
@@ -106,8 +120,10 @@ def plot_runs(run_dirs, out_dir, labels=None, smooth=0.0):
         for ax, (key, log, title, y_label) in zip(axes.flat, PANELS):
             used = set()
             kl_keys = {kl_key(run["metrics"]) for run in runs if run["metrics"]}
-            for i, (run, label) in enumerate(zip(runs, labels)):
-                panel_key = kl_key(run["metrics"]) if key == "kl" else key
+            curves = [(i, run, label, k, what) for i, (run, label) in enumerate(zip(runs, labels))
+                      for k, what in (eval_keys(run["eval"]) if log == "eval" else [(key, None)])]
+            for n, (i, run, label, panel_key, what) in enumerate(curves):
+                panel_key = kl_key(run["metrics"]) if key == "kl" else panel_key
                 # runs with and without a reference: say which is which
                 if key == "kl" and len(kl_keys) > 1:
                     label = f"{label} ({panel_key})"
@@ -116,11 +132,14 @@ def plot_runs(run_dirs, out_dir, labels=None, smooth=0.0):
                     continue
                 used.add(panel_key)
                 x = steps if x_name == "step" else [t / scale for t in times]
-                color = colors[i % len(colors)]
+                # one color per run, or per set when one run has several held-out curves
+                color = colors[(n if len(runs) == 1 else i) % len(colors)]
                 # a short run (even one point) stays visible
                 marker = "." if len(values) < 30 else None
-                if log == "eval":  # a few points: markers, no smoothing
-                    ax.plot(x, values, "o-", color=color, label=label)
+                if log == "eval":  # a few points: markers, no smoothing; sampled ones dashed
+                    style = "s--" if what and "avg@" in what else "o-"
+                    ax.plot(x, values, style, color=color,
+                            label=f"{label} {what}" if what else label)
                 elif smooth > 0:
                     ax.plot(x, values, color=color, alpha=0.25)
                     ax.plot(x, ema(values, smooth), color=color, marker=marker, label=label)
