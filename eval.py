@@ -446,9 +446,9 @@ def main(args):
 
 
 def data_set(args, given):
-    """One set to evaluate: --dataset_name as training reads it (a task, a benchmark, a MATH subject,
-    a data file or a hub dataset id), or, with --eval_datasets, the entry `given`. -> {"task",
-    "env", "indices", "max_new_tokens", "what", "given"}"""
+    """One set to evaluate: --dataset_name as training reads it (a task, a benchmark, a MATH
+    subject, a data file or a hub dataset id), or, with --eval_datasets, the entry `given`. ->
+    {"task", "env", "indices", "max_new_tokens", "what", "given"}"""
     if given is None:
         task, path, subject = resolve_task(args, print0)
         env = make_env(task, args.split, path=path, seed=args.seed, say=print0,

@@ -83,8 +83,8 @@ DATA_DIRS = [ROOT.parent / "shared" / "data", ROOT / ".dev" / "b" / "data"]
 
 def stage_plan(name, tiny, work, data_dir=None):
     """(command, time cap in seconds) of a stage; the command is None for the in-process ones.
-    With `tiny` the cap is infinite: a CPU's speed is not what the tiny run checks. data_dir: GSM8K's
-    files, for gsm8k_curve."""
+    With `tiny` the cap is infinite: a CPU's speed is not what the tiny run checks. data_dir:
+    GSM8K's files, for gsm8k_curve."""
     command, cap = _stage_plan(name, tiny, work, data_dir)
     return command, math.inf if tiny else cap
 

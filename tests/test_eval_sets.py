@@ -171,7 +171,8 @@ def test_eval_sets_are_named_and_read_as_their_tasks(gsm8k_file, tmp_path):
     assert aime.verify("so \\boxed{33.0}", 0)[0] == 0.0
     # arithmetic as a set other than the training task's keeps the run's --difficulty
     other = replace(args, dataset_name="gsm8k", eval_datasets=["arithmetic"])
-    levels = {ex["level"] for ex in make_eval_sets(other, say=lambda _: None)["arithmetic"].examples}
+    arithmetic = make_eval_sets(other, say=lambda _: None)["arithmetic"]
+    levels = {ex["level"] for ex in arithmetic.examples}
     assert levels == {1, 2, 3}
     assert eval_set_env(args, str(gsm8k_file)).system_prompt.startswith("Solve the math word")
 
@@ -222,7 +223,7 @@ def test_the_plot_draws_each_sets_greedy_and_sampled_curves():
     assert eval_keys([{"step": 0, "eval/accuracy": 0.5}]) == [("eval/accuracy", None)]
 
 
-# ---- eval.py: several sets in one call ------------------------------------------------------------
+# ---- eval.py: several sets in one call ------------------------------------------------------
 def test_eval_py_evaluates_several_sets_in_one_call_and_writes_one_table(gsm8k_file, tmp_path,
                                                                          capsys):
     aime = write_rows(tmp_path / "aime.jsonl", [{"problem": "Find n.", "answer": "7"}] * 3)
@@ -243,7 +244,8 @@ def test_eval_py_evaluates_several_sets_in_one_call_and_writes_one_table(gsm8k_f
     assert table[0] == ("| set | problems | samples | max_new_tokens | pass@1 | format ok | "
                         "truncated |")
     assert [row.split(" | ")[:4] for row in table[2:]] == [
-        ["| arithmetic", "4", "1", "4"], ["| gsm8k_small", "4", "1", "4"], ["| aime24", "3", "1", "4"]]
+        ["| arithmetic", "4", "1", "4"], ["| gsm8k_small", "4", "1", "4"],
+        ["| aime24", "3", "1", "4"]]
     assert "wrote " + str(out / "table.md") in capsys.readouterr().out
 
 

@@ -28,6 +28,7 @@ from common.run.run import Run
 
 __all__ = ["DataArgs", "Run", "SampledAhead", "TrainArgs", "all_gather_objects",
            "all_reduce_mean", "all_reduce_sum", "check_new_file", "check_output_dir",
-           "check_ranges", "check_unused", "chosen_problems", "every", "init_distributed", "majority_vote", "mean_of",
+           "check_ranges", "check_unused", "chosen_problems", "every", "init_distributed",
+           "majority_vote", "mean_of",
            "parse_args", "pass_at_k", "print0", "problem_metrics", "prompt_indices",
            "replace_file", "sample_seed", "saved_queue", "set_seed", "vote_key"]

@@ -153,7 +153,8 @@ POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eva
             "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
             "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
             "critic_hidden_size")
-NON_NEGATIVE = ("num_eval_problems", "eval_samples", "eval_interval", "save_interval", "warmup_steps",
+NON_NEGATIVE = ("num_eval_problems", "eval_samples", "eval_interval", "save_interval",
+                "warmup_steps",
                 "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",
                 "max_staleness", "overlong_buffer_len")
 # The most a size that memory holds may be: far above any run that fits one machine, far below a

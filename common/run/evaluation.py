@@ -6,8 +6,9 @@ with the metrics eval.py reports too (`pass_at_k`, `majority_vote`, `problem_met
     evaluate(policy, tokenizer, env, 200, 64)      # greedy pass@1 of 200 held-out problems
     evaluate_sets(policy, tokenizer, {"arithmetic": env, "gsm8k": gsm8k_env}, 200, 256,
                   samples=4, temperature=0.6, seed=0)
-    # {"eval/arithmetic/greedy_pass@1": ..., "eval/arithmetic/avg@4": ..., "eval/arithmetic/pass@4":
-    #  ..., "eval/arithmetic/maj@4": ..., "eval/arithmetic/num_problems": 200, "eval/gsm8k/...": ...}
+    # {"eval/arithmetic/greedy_pass@1": ..., "eval/arithmetic/avg@4": ...,
+    #  "eval/arithmetic/pass@4": ..., "eval/arithmetic/maj@4": ...,
+    #  "eval/arithmetic/num_problems": 200, "eval/gsm8k/...": ...}
 """
 
 import contextlib

@@ -8,8 +8,9 @@ it changes what an update computes:
 - the resume point, and a resumed run's optimizer states;
 - rows per micro-batch: --micro_batch_size, or on a GPU what its memory holds (the same update up to
   float rounding);
-- the logs (metrics averaged over ranks, samples, held-out accuracy), the NaN guard on each
-  optimizer step, checkpoints, and the run's last line.
+- the logs (metrics averaged over ranks, samples, held-out accuracy: of each --eval_datasets set,
+  and of --eval_samples sampled responses), the NaN guard on each optimizer step, checkpoints, and
+  the run's last line.
 
     run = Run(args, check_args)                     # ranks, checks, seed
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
@@ -160,8 +161,8 @@ class Run:
         if eval_env is not None and (args.eval_samples or self.eval_sets):
             # each set on its own, the training task's name standing for eval_env
             own = args.dataset_name.rsplit("/", 1)[-1]
-            self.eval_sets = ({name: env or eval_env for name, env in self.eval_sets.items()}
-                              or {own: eval_env})
+            self.eval_sets = ({name: eval_env if env is None else env
+                               for name, env in self.eval_sets.items()} or {own: eval_env})
         self.respond = respond
         self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
         self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
