@@ -209,9 +209,9 @@ def test_a_set_named_twice_and_an_unknown_set_fail_before_any_model(tmp_path, gs
     args = parse_args(grpo.Args, ["--eval_datasets", "gsm9k", "--output_dir", str(tmp_path)])
     with pytest.raises(UsageError, match="'gsm9k': not a task"):
         make_eval_sets(args, say=lambda _: None)
-    with pytest.raises(UsageError, match="--eval_temperature 0"):
-        from common.run.checks import check_ranges
-        check_ranges(parse_args(grpo.Args, ["--eval_temperature", "0"]))
+    with pytest.raises(UsageError, match="--eval_temperature 0 draws 4 copies"):
+        check_eval_sets(parse_args(grpo.Args, ["--eval_samples", "4", "--eval_temperature", "0"]))
+    check_eval_sets(parse_args(grpo.Args, ["--eval_temperature", "0"]))  # greedy, as the default
 
 
 def test_the_plot_draws_each_sets_greedy_and_sampled_curves():

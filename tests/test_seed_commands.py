@@ -97,6 +97,9 @@ def test_oat_ppo_on_gsm8k(model, tmp_path):
             args["dataset_name"]) == ("loss", "k3", 1024, "gsm8k")
     assert (args["question_key"], args["answer_key"], args["lr_scheduler"]) \
         == ("question", "final_answer", "polynomial")
+    # oat's evaluation: 16 samples a held-out problem at temperature 0.35 (avg@16, pass@16, maj@16)
+    assert (args["eval_samples"], args["eval_temperature"]) == (16, 0.35)
+    assert "--eval_n is oat's name for --eval_samples" in out
 
 
 @pytest.mark.slow  # 128 x 8 samples: ~60 s

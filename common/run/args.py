@@ -188,8 +188,8 @@ RANGES = {
     "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
     "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
     "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
-    # 0 would draw k copies of the greedy response
-    "eval_temperature": (0, math.inf, "()"),
+    # 0 is greedy: with --eval_samples, k copies of the greedy response (refused in checks.py)
+    "eval_temperature": (0, math.inf, "[)"),
     "gamma": (0, 1, "[]"), "gae_lambda": (0, 1, "[]"), "entropy_coef": (0, math.inf, "[)"),
     "target_kl": (0, math.inf, "[)"), "skip_kl": (0, math.inf, "[)"),
     "huber_delta": (0, math.inf, "()"), "missing_eos_penalty": (0, math.inf, "[)"),

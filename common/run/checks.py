@@ -74,6 +74,10 @@ def check_eval_sets(args):
     """--eval_datasets and --eval_samples where the evaluation can do them: held-out problems to
     evaluate, and whole responses sampled by `generate` (a stepwise evaluation plays episodes, and
     tools.py's answers with its tools, greedily, on prompts that show the tools)."""
+    if args.eval_samples and args.eval_temperature == 0:
+        raise UsageError(f"--eval_samples {args.eval_samples} with --eval_temperature 0 draws "
+                         f"{args.eval_samples} copies of the greedy response: sample with e.g. "
+                         "--eval_temperature 0.6, or drop --eval_samples.")
     if (args.eval_datasets or args.eval_samples) and not args.num_eval_problems:
         raise UsageError("--eval_datasets and --eval_samples evaluate held-out problems, but "
                          "--num_eval_problems is 0: drop them or give --num_eval_problems N.")

@@ -127,7 +127,7 @@ class Run:
         self.data_parallel = data_parallel
         check_options(args, check_args, self.world, data_parallel)
         # --eval_datasets: read now, so that a bad name or file fails before any model loads
-        self.eval_sets = make_eval_sets(args, print0)
+        self.eval_sets = make_eval_sets(args, print0) if args.eval_datasets else {}
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if args.bf16
@@ -254,32 +254,36 @@ class Run:
 
     def evaluate(self, step):
         """Greedy held-out accuracy of the policy (None without a held-out env), logged; with
-        --eval_datasets or --eval_samples, each set's greedy pass@1 and sampled avg@k, pass@k and
-        maj@k too (common/run/evaluation.py's evaluate_sets), eval/accuracy being the first set's
-        greedy pass@1."""
+        --eval_datasets or --eval_samples, each set's (`evaluate_sets`)."""
         if self.eval_env is None:
             return None
+        if self.eval_sets:  # --eval_datasets, --eval_samples: each set as papers report it
+            return self.evaluate_sets(step)
         args = self.args
-        if not self.eval_sets:
-            acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
-                           self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
-                           respond=self.respond, fast=not args.plain)
-            self.logger.log_eval(step, {"eval/accuracy": acc})
-            print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
-        else:
-            metrics = evaluate_sets(self.policy, self.tokenizer, self.eval_sets,
-                                    args.num_eval_problems, self.eval_max_new_tokens,
-                                    args.eval_batch_size, self.autocast, args.eval_samples,
-                                    args.eval_temperature, args.seed, self.respond,
-                                    fast=not args.plain)
-            acc = metrics[f"eval/{next(iter(self.eval_sets))}/greedy_pass@1"]
-            self.logger.log_eval(step, {"eval/accuracy": acc, **metrics})
-            for name in self.eval_sets:
-                shown = ", ".join(f"{key.rsplit('/', 1)[1]} {value:.3f}"
-                                  for key, value in metrics.items()
-                                  if key.startswith(f"eval/{name}/") and "num_" not in key)
-                print0(f"[update {step}] held-out {name} "
-                       f"({metrics[f'eval/{name}/num_problems']} problems): {shown}")
+        acc = evaluate(self.policy, self.tokenizer, self.eval_env, args.num_eval_problems,
+                       self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
+                       respond=self.respond, fast=not args.plain)
+        self.logger.log_eval(step, {"eval/accuracy": acc})
+        print0(f"[update {step}] held-out greedy accuracy: {acc:.3f}")
+        self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's
+        return acc
+
+    def evaluate_sets(self, step):
+        """Each held-out set's greedy pass@1, and with --eval_samples its avg@k, pass@k and maj@k,
+        logged and printed a line per set. -> the first set's greedy pass@1 (eval/accuracy)"""
+        args = self.args
+        metrics = evaluate_sets(self.policy, self.tokenizer, self.eval_sets, args.num_eval_problems,
+                                self.eval_max_new_tokens, args.eval_batch_size, self.autocast,
+                                args.eval_samples, args.eval_temperature, args.seed, self.respond,
+                                fast=not args.plain)
+        acc = metrics[f"eval/{next(iter(self.eval_sets))}/greedy_pass@1"]
+        self.logger.log_eval(step, {"eval/accuracy": acc, **metrics})
+        for name in self.eval_sets:
+            shown = ", ".join(f"{key.rsplit('/', 1)[1]} {value:.3f}"
+                              for key, value in metrics.items()
+                              if key.startswith(f"eval/{name}/") and "num_" not in key)
+            print0(f"[update {step}] held-out {name} "
+                   f"({metrics[f'eval/{name}/num_problems']} problems): {shown}")
         self._timeouts = grader_counts()["timeouts"]  # the evaluation's are not the next update's
         return acc
 

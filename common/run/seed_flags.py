@@ -124,11 +124,8 @@ ALIASES = [
     _infra("adam_offload", OAT, "the optimizer state stays on the device", OAT_FILES,
            switch=True),
     _infra("prompt_max_length", OAT, "prompts are never cut", OAT_FILES),
-    _infra("eval_temperature", OAT,
-           "held-out evaluation is greedy pass@1 (eval.py --temperature for "
-           "sampled pass@k)", OAT_FILES),
-    _infra("eval_n", OAT, "held-out evaluation is greedy pass@1 (eval.py --n for pass@k)",
-           OAT_FILES),
+    # oat's --eval_temperature is this project's option of that name
+    Alias("eval_n", OAT, OAT_FILES, to="eval_samples"),
     _infra("use_wb", OAT, "--track logs to wandb", OAT_FILES, switch=True),
     _infra("wb_run_name", OAT, "the wandb run is named after --output_dir", OAT_FILES),
     # navidmdn/LLM_RL (examples/reinforce_stable_on_gsm8k_training.py)
