@@ -68,6 +68,9 @@ class Scripted:
             def texts(self, tokenizer):
                 return written
 
+            def completion_ids(self):
+                return [[0] for _ in written]
+
         return Gen()
 
 

@@ -142,7 +142,8 @@ def evaluate_sampled(model, tokenizer, env, num_problems, max_new_tokens, sample
                 gen = generate(model, tokenizer, prompts, max_new_tokens, temperature,
                                seeds=seeds, decoder=decoder)
             problems = [i for i in chunk for _ in range(samples)]
-            graded = [info for _, info in env.score_all(gen.texts(tokenizer), problems)]
+            graded = [info for _, info in env.score_all(gen.texts(tokenizer), problems,
+                                                         gen.completion_ids())]
             for p, i in enumerate(chunk):
                 scored.append(problem_metrics(env.task, graded[p * samples:(p + 1) * samples],
                                               [samples]))
