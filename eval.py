@@ -58,12 +58,11 @@ from tqdm.auto import tqdm
 from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, eval_set_env,
                         eval_set_name, filter_math, grade as task_grade, make_env,
                         make_env_options, named_rows, rename_fields, resolve_task)
-from common.models import (capture_decoding, check_model_name, encode_prompts, fast_decoding,
-                           generate, load_policy, load_tokenizer, max_positions)
+from common.models import (capture_decoding, check_model_name, encode_prompts, load_policy,
+                           load_tokenizer, max_positions)
 from common.run import (DataArgs, all_gather_objects, check_new_file, check_output_dir,
-                        check_ranges, chosen_problems, init_distributed, majority_vote, pass_at_k,
-                        parse_args, print0, problem_metrics, replace_file, sample_seed, set_seed,
-                        vote_key)
+                        check_ranges, chosen_problems, init_distributed, parse_args, print0,
+                        problem_metrics, replace_file, sample_problems, set_seed)
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl. A benchmark's is its task's
@@ -314,13 +313,6 @@ def regrade(args, task):
 # ------------------------------------------------------------------------------------------------
 # Generation
 # ------------------------------------------------------------------------------------------------
-def problem_indices(num_total, num_problems):
-    """All problems, or the fixed random subset that training's evaluation reads."""
-    if num_problems is None or num_problems >= num_total:
-        return list(range(num_total))
-    return chosen_problems(num_total, num_problems)
-
-
 def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show_bar):
     """n samples for each problem in `indices`, graded by the env. Sample j of problem i is drawn
     with its own seed, so the results do not depend on the batch size or on how many processes share
@@ -332,19 +324,12 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
     bar = tqdm(total=len(indices), desc="eval", dynamic_ncols=True, disable=not show_bar)
     for start in range(0, len(indices), per_batch):
         chunk = indices[start:start + per_batch]
-        prompts = encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
-        # consecutive rows: the n samples of one problem
-        prompts = [p for p in prompts for _ in range(args.num_generations)]
-        # (seed, problem, sample): with --n 8 the first 4 samples are those of --n 4
-        seeds = [sample_seed(args.seed, i, j) for i in chunk for j in range(args.num_generations)]
-        with autocast, fast_decoding(policy) as decoder:
-            gen = generate(policy, tokenizer, prompts, max_new_tokens, args.temperature,
-                           args.top_p, seeds=seeds, decoder=decoder)
-        texts = gen.texts(tokenizer)
+        # rows problem by problem, (seed, problem, sample) seeding each: as training samples them
+        gen, texts, graded = sample_problems(policy, tokenizer, env, chunk, args.num_generations,
+                                             max_new_tokens, args.temperature, args.seed,
+                                             args.top_p, autocast)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
         truncated = gen.truncated.tolist()  # [B]
-        problems = [i for i in chunk for _ in range(args.num_generations)]
-        graded = env.score_all(texts, problems, gen.completion_ids())  # (reward, info)
         for p, i in enumerate(chunk):
             samples = []
             for row in range(p * args.num_generations, (p + 1) * args.num_generations):
@@ -459,7 +444,9 @@ def data_set(args, given):
     else:
         env = eval_set_env(args, given, args.split, print0)
         task, what = env.task.name, f"{given} ({env.task.name})"
-    return {"task": task, "env": env, "indices": problem_indices(len(env), args.num_eval_problems),
+    # all problems, or the fixed random subset that training's evaluation reads
+    indices = chosen_problems(len(env), args.num_eval_problems or len(env))
+    return {"task": task, "env": env, "indices": indices,
             "max_new_tokens": args.max_new_tokens or default_budget(task), "what": what,
             "given": given}
 

@@ -13,6 +13,7 @@ import pytest
 import eval as ev
 from common.run.args import field_docs, make_parser, parse_args
 from common.env.math_env import make_env
+import common.run.evaluation as evaluation
 from common.run.evaluation import evaluate
 from common.env.errors import UserError
 from common.models.loading import load_policy, load_tokenizer, tiny_random_model
@@ -42,23 +43,23 @@ def read_jsonl(path):
     (3, 2, 2, 1.0),           # n - c = 1 < k: every pair holds a correct sample
 ])
 def test_pass_at_k_hand_values(n, c, k, expected):
-    assert ev.pass_at_k(n, c, k) == pytest.approx(expected)
+    assert evaluation.pass_at_k(n, c, k) == pytest.approx(expected)
 
 
 def test_pass_at_k_is_the_mean_over_all_subsets():
     # n = 4 samples, correct = [1, 0, 1, 0]: of the 6 pairs only {1, 3} misses, so pass@2 = 5/6
-    assert ev.pass_at_k(4, 2, 2) == pytest.approx(5 / 6)
+    assert evaluation.pass_at_k(4, 2, 2) == pytest.approx(5 / 6)
     with pytest.raises(ValueError, match="1 <= k <= n"):
-        ev.pass_at_k(4, 2, 5)
+        evaluation.pass_at_k(4, 2, 5)
 
 
 def test_majority_vote_ties_go_to_the_first_seen_and_no_answer_never_wins():
     keys = [5, 3, 3, None, 5]
-    assert ev.majority_vote(keys, 3) == 1  # 3 has two votes, 5 one
-    assert ev.majority_vote(keys, 5) == 0  # 5 and 3 both have two; 5 was seen first
+    assert evaluation.majority_vote(keys, 3) == 1  # 3 has two votes, 5 one
+    assert evaluation.majority_vote(keys, 5) == 0  # 5 and 3 both have two; 5 was seen first
     # two samples without an answer do not outvote one
-    assert ev.majority_vote([None, None, 7], 3) == 2
-    assert ev.majority_vote([None, None], 2) is None
+    assert evaluation.majority_vote([None, None, 7], 3) == 2
+    assert evaluation.majority_vote([None, None], 2) is None
 
 
 def test_answers_without_the_marker_have_no_vote():
@@ -67,18 +68,18 @@ def test_answers_without_the_marker_have_no_vote():
     samples = [ev.grade("gsm8k", text, "4") for text in ("The answer is 4.", "5", "so it is 5")]
     assert [s["pred"] for s in samples] == ["4", "5",
                                             "5"] and [s["format_ok"] for s in samples] == [True, False, False]
-    assert ev.problem_metrics("gsm8k", samples, [3])["maj@3"] is True
+    assert evaluation.problem_metrics("gsm8k", samples, [3])["maj@3"] is True
 
 
 def test_vote_keys_compare_numbers_numerically_and_math_by_normalised_latex():
-    assert ev.vote_key("gsm8k", "18") == ev.vote_key("gsm8k",
-                                                     "18.00") == ev.vote_key("gsm8k", "18.") == Fraction(18)
-    assert ev.vote_key("arithmetic", "1,000") == 1000
-    assert ev.vote_key("math", "\\dfrac{1}{2}") == ev.vote_key("math", "\\frac{1}{2}")
+    assert evaluation.vote_key("gsm8k", "18") == evaluation.vote_key("gsm8k",
+                                                     "18.00") == evaluation.vote_key("gsm8k", "18.") == Fraction(18)
+    assert evaluation.vote_key("arithmetic", "1,000") == 1000
+    assert evaluation.vote_key("math", "\\dfrac{1}{2}") == evaluation.vote_key("math", "\\frac{1}{2}")
     # documented: grouped as strings
-    assert ev.vote_key("math", "\\frac{1}{2}") != ev.vote_key("math", "0.5")
-    assert ev.vote_key("countdown", "(1 + 2) * 3") == ev.vote_key("countdown", "(1+2)*3")
-    assert ev.vote_key("gsm8k", None) is None
+    assert evaluation.vote_key("math", "\\frac{1}{2}") != evaluation.vote_key("math", "0.5")
+    assert evaluation.vote_key("countdown", "(1 + 2) * 3") == evaluation.vote_key("countdown", "(1+2)*3")
+    assert evaluation.vote_key("gsm8k", None) is None
 
 
 def test_problem_metrics_and_summary_by_hand():
@@ -92,7 +93,7 @@ def test_problem_metrics_and_summary_by_hand():
          {"pred": "4", "correct": True}]
     # marked answers
     a, b = ([{**s, "format_ok": s["pred"] is not None} for s in x] for x in (a, b))
-    ma, mb = ev.problem_metrics("gsm8k", a, [1, 2, 4]), ev.problem_metrics("gsm8k", b, [1, 2, 4])
+    ma, mb = evaluation.problem_metrics("gsm8k", a, [1, 2, 4]), evaluation.problem_metrics("gsm8k", b, [1, 2, 4])
     assert ma == {"num_correct": 1, "pass@1": 0.25, "maj@1": False, "pass@2": 0.5, "maj@2": False,
                   "pass@4": 1.0, "maj@4": False}
     assert mb == {"num_correct": 3, "pass@1": 0.75, "maj@1": True, "pass@2": 1.0, "maj@2": True,

@@ -20,8 +20,7 @@ from common.models.distributed import (all_gather_objects, all_reduce_mean, all_
                                        set_seed)
 from common.run.args import DataArgs, TrainArgs, parse_args
 from common.run.checks import check_output_dir, check_ranges, check_unused
-from common.run.evaluation import (chosen_problems, majority_vote, pass_at_k, problem_metrics,
-                                   vote_key)
+from common.run.evaluation import chosen_problems, problem_metrics, sample_problems
 from common.run.logger import check_new_file, every, mean_of, replace_file
 from common.run.pair import SampledAhead, saved_queue
 from common.run.run import Run
@@ -29,6 +28,5 @@ from common.run.run import Run
 __all__ = ["DataArgs", "Run", "SampledAhead", "TrainArgs", "all_gather_objects",
            "all_reduce_mean", "all_reduce_sum", "check_new_file", "check_output_dir",
            "check_ranges", "check_unused", "chosen_problems", "every", "init_distributed",
-           "majority_vote", "mean_of",
-           "parse_args", "pass_at_k", "print0", "problem_metrics", "prompt_indices",
-           "replace_file", "sample_seed", "saved_queue", "set_seed", "vote_key"]
+           "mean_of", "parse_args", "print0", "problem_metrics", "prompt_indices", "replace_file",
+           "sample_problems", "sample_seed", "saved_queue", "set_seed"]

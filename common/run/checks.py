@@ -83,8 +83,8 @@ def check_eval_sets(args):
                          "--num_eval_problems is 0: drop them or give --num_eval_problems N.")
     alone = ("tools.py evaluates with its tools" if algorithm_of(args) == "tools" else
              "--stepwise evaluates stepwise episodes" if getattr(args, "stepwise", False) else None)
-    own = [args.dataset_name]
-    if alone and (args.eval_samples or any(name not in own for name in args.eval_datasets or ())):
+    others = [name for name in args.eval_datasets or () if name != args.dataset_name]
+    if alone and (args.eval_samples or others):
         raise UsageError(f"{alone}, greedily, on its own held-out set: drop --eval_samples and "
                          "--eval_datasets, and evaluate a checkpoint on other sets with eval.py "
                          "(--eval_datasets A B --num_generations k --temperature 0.6).")

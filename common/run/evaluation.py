@@ -135,24 +135,36 @@ def evaluate_sampled(model, tokenizer, env, num_problems, max_new_tokens, sample
     with unsharded(model), progress(len(indices), rank, f"{desc} ({samples} samples)") as bar:
         for start in range(0, len(indices), per_batch):
             chunk = indices[start:start + per_batch]
-            prompts = [p for p in encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
-                       for _ in range(samples)]  # consecutive rows: the k samples of a problem
-            seeds = [sample_seed(seed, i, j) for i in chunk for j in range(samples)]
-            with autocast, fast_decoding(model, enabled=fast) as decoder:
-                gen = generate(model, tokenizer, prompts, max_new_tokens, temperature,
-                               seeds=seeds, decoder=decoder)
-            problems = [i for i in chunk for _ in range(samples)]
-            graded = [info for _, info in env.score_all(gen.texts(tokenizer), problems,
-                                                         gen.completion_ids())]
-            for p, i in enumerate(chunk):
-                scored.append(problem_metrics(env.task, graded[p * samples:(p + 1) * samples],
-                                              [samples]))
+            _, _, graded = sample_problems(model, tokenizer, env, chunk, samples, max_new_tokens,
+                                           temperature, seed, autocast=autocast, fast=fast)
+            for p in range(len(chunk)):
+                scored.append(problem_metrics(
+                    env.task, [info for _, info in graded[p * samples:(p + 1) * samples]],
+                    [samples]))
             bar.update(len(chunk))
     scored = [m for part in all_gather_objects(scored) for m in part]
     k = samples
     return {f"avg@{k}": mean([m["num_correct"] / k for m in scored]),
             f"pass@{k}": mean([m[f"pass@{k}"] for m in scored]),
             f"maj@{k}": mean([float(m[f"maj@{k}"]) for m in scored])}
+
+
+def sample_problems(model, tokenizer, env, chunk, samples, max_new_tokens, temperature, seed,
+                    top_p=1.0, autocast=contextlib.nullcontext(), fast=True):
+    """k = `samples` responses to each problem of `chunk`, in one generate call, graded by the env.
+    Response j to problem i is drawn with its own seed, sample_seed(seed, i, j): the draws do not
+    depend on the batch or the processes, and with k = 8 the first 4 are those of k = 4. The
+    training's sampled evaluation and eval.py both draw here. -> (gen, texts, graded), rows problem
+    by problem, graded[row] = (reward, info)"""
+    prompts = [p for p in encode_prompts(tokenizer, [env.prompt(i) for i in chunk])
+               for _ in range(samples)]  # consecutive rows: the k samples of a problem
+    seeds = [sample_seed(seed, i, j) for i in chunk for j in range(samples)]
+    with autocast, fast_decoding(model, enabled=fast) as decoder:
+        gen = generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, seeds=seeds,
+                       decoder=decoder)
+    texts = gen.texts(tokenizer)
+    problems = [i for i in chunk for _ in range(samples)]
+    return gen, texts, env.score_all(texts, problems, gen.completion_ids())
 
 
 def evaluate_sets(model, tokenizer, sets, num_problems, max_new_tokens, batch_size=64,

@@ -44,7 +44,7 @@ from common.models.distributed import (all_gather_objects, all_reduce_mean, all_
                                 average_gradients, init_distributed, minibatches, print0,
                                 sample_seed, set_seed)
 from common.run.evaluation import evaluate, evaluate_sets
-from common.env import make_eval_sets
+from common.env import eval_set_name, make_eval_sets
 from common.env.grader import grader_counts
 from common.run.logger import Logger, every, report_end
 from common.models.loading import max_positions
@@ -160,9 +160,9 @@ class Run:
         self.policy, self.tokenizer, self.eval_env = policy, tokenizer, eval_env
         if eval_env is not None and (args.eval_samples or self.eval_sets):
             # each set on its own, the training task's name standing for eval_env
-            own = args.dataset_name.rsplit("/", 1)[-1]
             self.eval_sets = ({name: eval_env if env is None else env
-                               for name, env in self.eval_sets.items()} or {own: eval_env})
+                               for name, env in self.eval_sets.items()}
+                              or {eval_set_name(args.dataset_name): eval_env})
         self.respond = respond
         self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
         self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
