@@ -149,6 +149,32 @@ def gathered(model, modules):
             m.set_reshard_after_forward(m is not model, recurse=False)
 
 
+def plain_twin(model):
+    """A model of `model`'s class and config, without FSDP2's hooks, its weights on the meta
+    device (no memory) until `lend_weights` lends it the gathered ones. None for what has no
+    config to build it from (LoRA's peft wrapper)."""
+    from transformers import AutoModelForCausalLM
+
+    if "peft" in sys.modules and isinstance(model, sys.modules["peft"].PeftModel):
+        return None
+    with torch.device("meta"):
+        twin = AutoModelForCausalLM.from_config(
+            model.config, attn_implementation=model.config._attn_implementation)
+    twin.eval()
+    return twin
+
+
+def lend_weights(model, twin):
+    """`twin` holding `model`'s weights and buffers, the same tensors (inside `unsharded`, the
+    gathered ones: nothing is copied). -> twin"""
+    for kind, named in (("_parameters", model.named_parameters(remove_duplicate=False)),
+                        ("_buffers", model.named_buffers(remove_duplicate=False))):
+        for name, tensor in named:
+            module, _, leaf = name.rpartition(".")
+            getattr(twin.get_submodule(module), kind)[leaf] = tensor
+    return twin
+
+
 def clip_grad_norm(model, max_norm) -> float:
     """clip_grad_norm_ over the trained parameters; the total norm as a float, also when the
     gradients are sharded (DTensors: the norm is then over every rank's shard). max_norm 0: the
