@@ -8,6 +8,8 @@ weights a layer at a time in the training forward and backward, and all at once 
 - `add_lora`: adapters on frozen weights; the reference is the same model with them off.
 - `shard`: FSDP2 over each decoder layer, then the root, bf16 compute under --bf16, fp32 reductions.
 - `unsharded`: one all-gather per weight for a whole rollout, not one per decoded token.
+- `plain_twin`, `lend_weights`: the model without FSDP's hooks, on the gathered weights, which a
+  rollout decodes through (common/models/fast/graphs.py captures its step on a GPU).
 - `clip_grad_norm`, `full_state_dict`, `optimizer_state`, `load_optimizer_state`: what training
   and checkpoints need to work the same on sharded and whole models.
 """
