@@ -27,23 +27,27 @@ Two ways to run it:
 - one process: before update n it samples the batch of update n + k, with the weights as they are,
   and keeps it in a queue. This is the staleness without the overlap: to learn what k and the
   corrections do, at no gain in speed;
-- two processes under torchrun: rank 0 trains, rank 1 samples; after each update the trainer sends
-  its weights, and the sampler draws update n + k's batch while update n trains. The same batches
-  and the same weights as one process, up to float rounding. It pays where each process has a
-  device of its own; on a CPU's cores shared between the two it does not (docs: measured).
+- under torchrun: the last rank samples, the others train, data-parallel as grpo.py's ranks
+  (each trainer takes its share of the batch's prompts; gradients and metrics are averaged over the
+  trainers). After each update trainer rank 0 sends the sampler its weights (GPU to GPU where each
+  rank has its own, else through the host), and the sampler draws update n + k's batch while
+  update n trains. The same batches and the same weights as one process, up to float rounding. It
+  pays where each process has a device of its own; on a CPU's cores shared between them it does
+  not (docs: measured).
 
 Simplified versus AReaL, verl and TRL's AsyncGRPO:
 - the staleness is fixed, not "up to k": batch n always comes from the weights of update n - k,
   which makes a run reproducible and the two modes equal (a sampler that takes the newest weights
   it has would be faster and would not be);
-- one trainer and one sampler (no data parallelism, no pool of samplers); the weights are sent
-  whole after each update, from host memory;
+- one sampler (no pool of samplers) and trainers without --fsdp; the weights are sent whole after
+  each update;
 - DAPO's dynamic sampling is left out.
 
 Launch:
     python async_grpo.py                           # CPU, offline: k = 1, the TIS correction
     python async_grpo.py --max_staleness 2 --off_policy_correction icepop
     torchrun --nproc_per_node 2 async_grpo.py      # rank 1 samples while rank 0 trains
+    torchrun --nproc_per_node 3 async_grpo.py      # ranks 0-1 train, rank 2 samples
 """
 
 import time
@@ -125,13 +129,10 @@ class Args(TrainArgs):
 def check_args(args, world_size):
     """This file's own option errors, each with its fix, before any model loads (Run checks the
     shared ones of common/run/checks.py first)."""
-    if world_size > 2:  # off-policy: one trainer and at most one sampler
-        raise UsageError(f"async_grpo.py runs as one process or two (torchrun --nproc_per_node 2: "
-                         f"rank 0 trains, rank 1 samples), not {world_size}; for data-parallel "
-                         "training on more ranks, use grpo.py.")
-    if world_size == 2 and args.fsdp:
-        raise UsageError("--fsdp shards the weights over the ranks that train, and here one rank "
-                         "trains: drop --fsdp, or use grpo.py under torchrun.")
+    if world_size > 1 and args.fsdp:  # off-policy: the sampler holds whole weights
+        raise UsageError("--fsdp would shard the weights over every rank, and async_grpo.py's "
+                         "last rank samples with whole weights: drop --fsdp, or use grpo.py "
+                         "--fsdp.")
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
     correction = args.off_policy_correction  # off-policy: each correction reads its own bounds
@@ -272,20 +273,21 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
 def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
-    run = Run(args, check_args, data_parallel=False)  # off-policy: one process trains
+    run = Run(args, check_args, samplers=1)  # off-policy: under torchrun the last rank samples
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
-    # off-policy: one process trains (under torchrun rank 1 samples for it), k updates behind
-    local_prompts, G, staleness = args.num_prompts, args.num_generations, args.max_staleness
-    N = local_prompts * G  # samples per update
-    run.print(f"async GRPO | {'trainer and sampler' if run.world == 2 else 'one process'} on "
-              f"{run.device} | batches sampled {staleness} update(s) behind, corrected by "
+    # off-policy: under torchrun the last rank samples and run.trainers ranks train, k updates
+    # behind; one process does both
+    local_prompts, G = args.num_prompts // run.trainers, args.num_generations
+    N, staleness = local_prompts * G, args.max_staleness  # samples per trainer per update; k
+    run.print(f"async GRPO | {run.world} process(es), {run.trainers} training, on {run.device} | "
+              f"batches sampled {staleness} update(s) behind, corrected by "
               f"{args.off_policy_correction} | {args.num_prompts} prompts x {G} samples per update "
-              f"| {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} minibatch(es) of "
+              f"({N} per trainer) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} minibatch(es) of "
               f"micro-batches of {args.micro_batch_size} | {len(env)} problems | "
               f"{args.max_steps} updates")
     start_step, resume_from = run.resume_point()
@@ -295,11 +297,12 @@ def main(args):
     tokenizer = load_tokenizer(args.model_name_or_path)
     run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # off-policy: the batches of the next updates, each drawn by the weights of k updates before
-    # (under torchrun rank 1 samples them while rank 0 trains); a resumed run's from its checkpoint
+    # off-policy: the batches of the next updates, whole, each drawn by the weights of k updates
+    # before (under torchrun the last rank samples them while the others train); a resumed run's
+    # from its checkpoint
     ahead = SampledAhead(run, staleness, lambda position: rollout(
-        policy, tokenizer, env, position, 0, local_prompts, args, run.autocast), queue)
-    if ahead.is_sampler:  # rank 1 of two: samples until the last batch is sent, never trains
+        policy, tokenizer, env, position, 0, args.num_prompts, args, run.autocast), queue)
+    if ahead.is_sampler:  # the last rank: samples until the last batch is sent, never trains
         return ahead.serve(policy, start_step)
 
     ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
@@ -313,9 +316,11 @@ def main(args):
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        # ---- rollout: G responses to each problem of the update, sampled k updates ago, graded
+        # ---- rollout: G responses to each of this rank's problems of the update, sampled k
+        # updates ago, graded
         sampled = ahead.pop(step)  # off-policy: .version, the update whose weights drew it
-        batch = sampled.rollout
+        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
+        batch = sampled.share(first_prompt, local_prompts)  # off-policy: sampled whole
         run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -351,7 +356,7 @@ def main(args):
         policy.train()
         stats, grad_norms = [], []
         for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
-            normaliser = loss_normaliser(loss_mask[batch_rows], args, 1)
+            normaliser = loss_normaliser(loss_mask[batch_rows], args, run.trainers)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
@@ -373,7 +378,7 @@ def main(args):
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
-        ahead.updated(policy, step)  # off-policy: two processes send the sampler the new weights
+        ahead.updated(policy, step)  # off-policy: under torchrun rank 0 sends the sampler these
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
@@ -389,8 +394,8 @@ def main(args):
             "zero_std_frac": zero_std.float().mean().item(),
             "staleness/mean": step - sampled.version,  # off-policy: updates behind
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": lr, "tokens_per_s": n_tokens / sampled.seconds,
-            # the sampler's time on this batch; the trainer's wait for it (two processes: what the
+            "lr": lr, "tokens_per_s": n_tokens * run.trainers / sampled.seconds,
+            # the sampler's time on this batch; the trainer's wait for it (under torchrun: what the
             # sampler could not hide behind the update)
             "time/rollout_s": sampled.seconds, "time/wait_s": t_rollout, "time/update_s": t_update,
         }

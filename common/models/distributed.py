@@ -116,20 +116,30 @@ def watch_launcher(rank, interval=1.0):
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-# async_grpo.py's two processes share no collective once they part ways: one trains, one samples,
-# and each is then the only rank its collectives (metrics, checkpoints, evaluation) wait for.
-# world_size(): the ranks this process's collectives meet (1: one process, or one of a parted pair).
-_APART = False
+# async_grpo.py's processes part ways once its models load: under torchrun its last rank samples
+# and the others train, data-parallel, so the trainers' collectives (gradients, metrics,
+# checkpoints, evaluation) meet the trainers only, and the sampler's meet no other rank.
+_GROUP = None  # the group this process's collectives meet (None: every rank, the default group)
+_ALONE = False  # True: this process's collectives meet no other rank (async_grpo.py's sampler)
 
 
-def part_ways():
-    """From here on this process's collectives are its own (async_grpo.py's trainer or sampler)."""
-    global _APART
-    _APART = True
+def part_ways(group=None):
+    """From here on this process's collectives meet only `group`'s ranks (async_grpo.py's
+    trainers), or, given None, no other rank (its sampler)."""
+    global _GROUP, _ALONE
+    _GROUP, _ALONE = group, group is None
+
+
+def collective_group():
+    """The group this process's collectives meet (None: the default group of every rank)."""
+    return _GROUP
 
 
 def world_size():
-    return 1 if _APART or not dist.is_initialized() else dist.get_world_size()
+    """The ranks this process's collectives meet (1: one process, or async_grpo.py's sampler)."""
+    if _ALONE or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(_GROUP)
 
 
 def print0(*args, **kwargs):
@@ -143,7 +153,7 @@ def all_reduce_mean(metrics, device=torch.device("cpu")):
         return dict(metrics)
     keys = sorted(metrics)
     t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=_GROUP)
     return {k: v / world_size() for k, v in zip(keys, t.tolist())}
 
 
@@ -162,7 +172,7 @@ def all_reduce_stats(stats, keys=(), device=torch.device("cpu")):
 def all_reduce_sum(x):
     """Tensor summed over ranks (in place), e.g. a global token count for a loss denominator."""
     if world_size() > 1:
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=_GROUP)
     return x
 
 
@@ -171,7 +181,7 @@ def all_gather_objects(obj):
     if world_size() == 1:
         return [obj]
     out = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_GROUP)
     return out
 
 
@@ -179,7 +189,7 @@ def broadcast_parameters(module):
     """Every rank starts from rank 0's weights, whatever its own initialisation did."""
     if world_size() > 1:
         for p in module.parameters():
-            dist.broadcast(p.data, src=0)
+            dist.broadcast(p.data, src=0, group=_GROUP)  # src: global rank 0
 
 
 # DDP's default bucket (bucket_cap_mb = 25): big enough that a collective's fixed cost (a launch, a
@@ -201,7 +211,7 @@ def average_gradients(module, bucket_bytes=BUCKET_BYTES):
     in_flight = None
     for bucket in gradient_buckets(grads, bucket_bytes):
         flat = torch.cat([g.reshape(-1) for g in bucket])
-        work = dist.all_reduce(flat, async_op=True)
+        work = dist.all_reduce(flat, async_op=True, group=_GROUP)
         if in_flight is not None:
             _copy_back(*in_flight)
         in_flight = (work, flat, bucket)

@@ -20,7 +20,7 @@ from common.run.args import (
     in_range,
     range_text,
 )
-from common.models.distributed import collective_device, print0, world_size
+from common.models.distributed import collective_device, collective_group, print0, world_size
 from common.run.logger import kind_of
 from common.env.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models.loading import check_model_name
@@ -97,12 +97,12 @@ def check_eval_sets(args):
                          "(--eval_datasets A B --num_generations k --temperature 0.6).")
 
 
-def check_options(args, check_args, world_size=1, data_parallel=True):
+def check_options(args, check_args, world_size=1, samplers=0):
     """Every option error before any model loads, each naming its fix: the checks every file
-    shares, then the file's own check_args(args, world_size). data_parallel False: one process
-    trains on the whole batch whatever the number of processes (async_grpo.py), so the shared
-    checks split it over one."""
-    check_common_args(args, world_size if data_parallel else 1)
+    shares, then the file's own check_args(args, world_size). samplers: the last ranks under
+    torchrun, which only sample (async_grpo.py's one), so the shared checks split the batch over
+    the others, the ranks that train."""
+    check_common_args(args, trainers(world_size, samplers))
     check_args(args, world_size)
 
 
@@ -148,6 +148,12 @@ def check_unused(args, rules):
         if not read and value != defaults[name]:
             raise UsageError(f"--{name} {value} changes nothing in this run: it is read only "
                              f"with {needs}. Drop it, or pass that.")
+
+
+def trainers(world_size, samplers=0):
+    """The ranks that train, data-parallel: all but the `samplers` last under torchrun; one
+    process both samples and trains."""
+    return world_size - samplers if world_size > 1 else 1
 
 
 def check_rollout_size(args, world_size):
@@ -223,7 +229,7 @@ class StepGuard:
         # one rank's NaN skips the step everywhere
         if world_size() > 1:
             bad = bad.to(collective_device())
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=collective_group())
         if bad.item() == 0:
             self.in_a_row = 0
             return True
@@ -256,7 +262,7 @@ def check_batch(args, world_size, num_prompts, per_prompt):
     fix."""
     if num_prompts % world_size:
         raise UsageError(f"--num_prompts {num_prompts} must be divisible by the number of "
-                         "processes "
+                         "processes that train "
                          f"({world_size}); try --num_prompts "
                          f"{world_size * max(1, num_prompts // world_size)}.")
     local = num_prompts // world_size * per_prompt

@@ -1,19 +1,24 @@
-"""async_grpo.py's two processes under torchrun: rank 0 trains, rank 1 samples. Rollouts go from 1
-to 0, the weights after each update from 0 to 1. Every send is non-blocking and every receive
-blocks, so each process waits only for what it needs next and never for the other to be ready to
-listen: the sampler draws the next batch while the trainer trains on the last one.
+"""async_grpo.py's processes under torchrun: the last rank samples, the others train,
+data-parallel. Each batch goes from the sampler to every trainer, whole (each trains on its own
+rows of it, and each checkpoint's queue holds whole batches); the weights after each update go
+from trainer rank 0 to the sampler. Every send is non-blocking and every receive blocks, so each
+process waits only for what it needs next and never for the other to be ready to listen: the
+sampler draws the next batch while the trainers train on the last one.
 
-    pair = Pair()                          # both ranks, after the models load
-    # rank 1                               # rank 0
+    pair = Pair()                          # every rank, after the models load
+    # the sampler (last rank)              # each trainer (rank 0 ... world - 2)
     pair.send_rollout(sampled)             sampled = pair.receive_rollout()
-    pair.receive_weights(policy)           pair.send_weights(policy)
+    pair.receive_weights(policy)           pair.send_weights(policy)   # rank 0 only
 
 `SampledAhead` runs the schedule over it, or in one process without it.
 
-The channel is a gloo group of its own, on the host, whatever the device: NCCL runs a pair's
-sends and receives in one stream each, where two sends that cross would wait on each other.
+The batches travel on a gloo group of their own, on the host, whatever the device: NCCL runs a
+pair's sends and receives in one stream each, where two sends that cross would wait on each other.
 A rollout travels as the bytes of torch.save and is read back with weights_only=True (tensors,
-numbers, strings: the same format as a checkpoint's queue of rollouts, `rollout_state`)."""
+numbers, strings: the same format as a checkpoint's queue of rollouts, `rollout_state`). The
+weights travel on a group of trainer rank 0 and the sampler alone, on the collectives' device
+(`collective_device`): with NCCL (a GPU per rank) from GPU to GPU, no host copy; with gloo (CPU,
+or ranks that share a GPU, which NCCL refuses) through host memory."""
 
 import io
 import time
@@ -24,10 +29,10 @@ import torch
 import torch.distributed as dist
 
 from common.env.errors import UsageError
-from common.models.distributed import part_ways
+from common.models.distributed import collective_device, part_ways
 from common.models.sampler import Generation, Rollout
 
-TRAINER, SAMPLER = 0, 1  # the ranks
+TRAINER = 0  # the rank that sends the weights (and writes logs and checkpoints)
 
 
 @dataclass
@@ -36,6 +41,15 @@ class Sampled:
     version: int  # the update whose weights sampled it (the weights after `version` updates)
     rollout: Rollout
     seconds: float  # how long sampling and grading it took
+
+    def share(self, first_prompt, local_prompts):
+        """One trainer's rows of the batch: the groups of its local_prompts prompts from the
+        first (grpo.py's share of a rank), as a Rollout."""
+        r = self.rollout
+        G = len(r.texts) // len(r.problems)
+        rows = slice(first_prompt * G, (first_prompt + local_prompts) * G)
+        return Rollout(r.gen.rows(rows), r.texts[rows], r.scores[rows], r.correct[rows],
+                       r.problems[first_prompt:first_prompt + local_prompts])
 
 
 def rollout_state(sampled):
@@ -100,45 +114,54 @@ def rollout_from_state(state, device):
 
 class Pair:
     def __init__(self):
-        """Every rank calls it, after anything the two do together (the models' loading)."""
-        self.group = dist.new_group(backend="gloo")
+        """Every rank calls it, after anything they all do together (the models' loading)."""
+        world = dist.get_world_size()
+        self.sampler, self.trainers = world - 1, range(world - 1)  # ranks
+        self.group = dist.new_group(backend="gloo")  # the batches
+        self.weights = dist.new_group([TRAINER, self.sampler])  # the default backend: NCCL on GPUs
+        trainers = dist.new_group(list(self.trainers))  # gradients, metrics, checkpoints, eval
+        self.device = collective_device()
         self.in_flight = []  # (work, buffer) of the sends not yet received: the buffers live on
-        part_ways()
+        part_ways(None if dist.get_rank() == self.sampler else trainers)
 
-    def _send(self, tensor, dst):
+    def _send(self, tensor, dst, group):
         self.in_flight = [(w, b) for w, b in self.in_flight if not w.is_completed()]
-        self.in_flight.append((dist.isend(tensor, dst, group=self.group), tensor))
+        self.in_flight.append((dist.isend(tensor, dst, group=group), tensor))
 
     def send_rollout(self, sampled):
+        """The whole batch to every trainer."""
         buffer = io.BytesIO()
         torch.save(rollout_state(sampled), buffer)
         data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-        self._send(torch.tensor([data.numel()]), TRAINER)  # its length, then its bytes
-        self._send(data, TRAINER)
+        for trainer in self.trainers:
+            self._send(torch.tensor([data.numel()]), trainer, self.group)  # its length, its bytes
+            self._send(data, trainer, self.group)
 
     def receive_rollout(self, device):
         length = torch.zeros(1, dtype=torch.long)
-        dist.recv(length, SAMPLER, group=self.group)
+        dist.recv(length, self.sampler, group=self.group)
         data = torch.empty(int(length), dtype=torch.uint8)
-        dist.recv(data, SAMPLER, group=self.group)
+        dist.recv(data, self.sampler, group=self.group)
         state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
         return rollout_from_state(state, device)
 
     def send_weights(self, module):
-        """The trained weights (LoRA: the adapters), one flat fp32 copy on the host."""
+        """The trained weights (LoRA: the adapters), one flat fp32 copy on the collectives'
+        device (a copy, so that the next update may change the weights while it travels)."""
         trained = [p for p in module.parameters() if p.requires_grad]
-        self._send(torch.cat([p.detach().float().reshape(-1).cpu() for p in trained]), SAMPLER)
+        flat = torch.cat([p.detach().float().reshape(-1) for p in trained]).to(self.device)
+        self._send(flat, self.sampler, self.weights)
 
     def receive_weights(self, module):
         trained = [p for p in module.parameters() if p.requires_grad]
-        flat = torch.empty(sum(p.numel() for p in trained))
-        dist.recv(flat, TRAINER, group=self.group)
+        flat = torch.empty(sum(p.numel() for p in trained), device=self.device)
+        dist.recv(flat, TRAINER, group=self.weights)
         with torch.no_grad():
             for p, value in zip(trained, flat.split([p.numel() for p in trained])):
                 p.copy_(value.view_as(p))
 
     def close(self):
-        """Wait until the other process has received every send."""
+        """Wait until the other processes have received every send."""
         for work, _ in self.in_flight:
             work.wait()
         self.in_flight = []
@@ -149,9 +172,10 @@ class SampledAhead:
     (async_grpo.py's schedule): batch n is always drawn by update max(0, n - k)'s weights.
 
     One process: before update n it samples the batches up to update n + k with the weights as
-    they are, and keeps them in a queue. Two processes (torchrun --nproc_per_node 2): rank 1 samples
-    (`serve`) while rank 0 trains, and after each update rank 0 sends it the new weights. The queue
-    rides in the checkpoint (`state`), so a resumed run trains on what this one would have.
+    they are, and keeps them in a queue. Under torchrun the last rank samples (`serve`) while the
+    others train, and after each update rank 0 sends it the new weights. Every trainer holds the
+    whole batches (its own rows are `Sampled.share`); the queue rides in the checkpoint (`state`),
+    so a resumed run, on any number of processes, trains on what this one would have.
 
     sample(position) -> the Rollout of update `position`'s problems with the weights as they are."""
 
@@ -159,8 +183,9 @@ class SampledAhead:
         self.k, self.sample, self.device = staleness, sample, run.device
         self.max_steps = run.args.max_steps
         self.queue = deque(rollout_from_state(s, run.device) for s in saved)
-        self.pair = Pair() if run.world == 2 else None  # two processes: from here they part ways
-        self.is_sampler = self.pair is not None and run.rank == SAMPLER
+        self.pair = Pair() if run.world > 1 else None  # under torchrun: from here they part ways
+        self.is_sampler = self.pair is not None and run.rank == self.pair.sampler
+        self.sends_weights = self.pair is not None and run.rank == TRAINER
 
     def _sampled(self, position, version):
         t0 = time.time()
@@ -168,7 +193,7 @@ class SampledAhead:
         return Sampled(version, batch, time.time() - t0)
 
     def serve(self, policy, start):
-        """Rank 1 of two: it never trains. It samples update p's batch with the weights of update
+        """The last rank: it never trains. It samples update p's batch with the weights of update
         p - k, receiving them from the trainer as they are made, and sends it on; `start` is the
         update whose weights it loaded (a resumed run's checkpoint holds the queue before it)."""
         version = start  # the update whose weights this process holds
@@ -181,7 +206,7 @@ class SampledAhead:
 
     def pop(self, step):
         """Update `step`'s batch: a `Sampled` (.version: the update whose weights drew it)."""
-        if self.pair is not None:  # two processes: rank 1 sampled it while the last updates trained
+        if self.pair is not None:  # torchrun: the sampler drew it while the last updates trained
             if not self.queue:
                 self.queue.append(self.pair.receive_rollout(self.device))
         else:  # one process: the batches up to update step + k, with the weights as they are
@@ -190,15 +215,15 @@ class SampledAhead:
         return self.queue.popleft()
 
     def updated(self, policy, step):
-        """After update `step`: two processes send the weights to the sampler, which draws update
-        step + 1 + k's batch with them."""
-        if self.pair is not None and step + 1 + self.k < self.max_steps:
+        """After update `step`: under torchrun trainer rank 0 sends the weights to the sampler,
+        which draws update step + 1 + k's batch with them (every trainer holds the same)."""
+        if self.sends_weights and step + 1 + self.k < self.max_steps:
             self.pair.send_weights(policy)
 
     def state(self, step):
         """The checkpoint's share after update `step`: the batches of the next updates, already
-        sampled by weights that no longer exist (two processes: received from the sampler
-        first)."""
+        sampled by weights that no longer exist (torchrun: received from the sampler first, by
+        every trainer)."""
         while self.pair is not None and len(self.queue) < min(self.k, self.max_steps - (step + 1)):
             self.queue.append(self.pair.receive_rollout(self.device))
         return [rollout_state(s) for s in self.queue]

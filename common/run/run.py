@@ -39,7 +39,7 @@ import torch
 
 from common.run.args import algorithm_of, lr_at, schedule
 from common.run.checkpoints import resume_point, save_checkpoint
-from common.run.checks import StepGuard, check_options, check_rewards
+from common.run.checks import StepGuard, check_options, check_rewards, trainers
 from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
                                 average_gradients, init_distributed, minibatches, print0,
                                 sample_seed, set_seed)
@@ -116,16 +116,16 @@ def fits_gpu_memory(device, args):
 
 
 class Run:
-    def __init__(self, args, check_args, data_parallel=True):
+    def __init__(self, args, check_args, samplers=0):
         """Join torchrun's processes (or be the only one), check every option before any model
         loads (the shared checks of common/run/checks.py, then check_args(args, world_size), the
-        file's own), and seed. data_parallel False: one process trains on the whole batch whatever
-        the number of processes (async_grpo.py), so the shared checks split it over one."""
+        file's own), and seed. samplers: the last ranks under torchrun, which only sample
+        (async_grpo.py's one); self.trainers, the others, train data-parallel."""
         info = init_distributed()
         self.args, self.rank, self.world = args, info.rank, info.world_size
         self.device, self.is_main = info.device, info.is_main
-        self.data_parallel = data_parallel
-        check_options(args, check_args, self.world, data_parallel)
+        self.trainers = trainers(self.world, samplers)
+        check_options(args, check_args, self.world, samplers)
         # --eval_datasets: read now, so that a bad name or file fails before any model loads
         self.eval_sets = make_eval_sets(args, print0) if args.eval_datasets else {}
         set_seed(args.seed)
@@ -190,15 +190,14 @@ class Run:
     def minibatches(self, n, step):
         """Row indices of update `step`'s minibatches: --num_ppo_epochs passes over n rows, each
         shuffled (seeded by the update, epoch and rank) and cut into --num_mini_batches."""
-        world, rank = (self.world, self.rank) if self.data_parallel else (1, 0)
-        seeds = [sample_seed(self.args.seed, step, epoch * world + rank)
+        seeds = [sample_seed(self.args.seed, step, epoch * self.trainers + self.rank)
                  for epoch in range(self.args.num_ppo_epochs)]
         return minibatches(n, self.args.num_mini_batches, seeds, self.device)
 
     def sync_gradients(self, model):
         """What DDP does once the micro-batches' gradients are summed, their mean over ranks, then
         the clip to --max_grad_norm (0: none). -> the norm before the clip"""
-        if self.world > 1:
+        if self.trainers > 1:
             average_gradients(model)
         return clip_grad_norm(model, self.args.max_grad_norm)
 
