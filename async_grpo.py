@@ -287,8 +287,8 @@ def main(args):
     run.print(f"async GRPO | {run.world} process(es), {run.trainers} training, on {run.device} | "
               f"batches sampled {staleness} update(s) behind, corrected by "
               f"{args.off_policy_correction} | {args.num_prompts} prompts x {G} samples per update "
-              f"({N} per trainer) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} minibatch(es) of "
-              f"micro-batches of {args.micro_batch_size} | {len(env)} problems | "
+              f"({N} per trainer) | {args.num_ppo_epochs} epoch(s) x {args.num_mini_batches} "
+              f"minibatch(es) of micro-batches of {args.micro_batch_size} | {len(env)} problems | "
               f"{args.max_steps} updates")
     start_step, resume_from = run.resume_point()
     queue = saved_queue(run.state, args, start_step, len(env), resume_from)  # off-policy: checked
