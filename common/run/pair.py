@@ -16,9 +16,10 @@ The batches travel on a gloo group of their own, on the host, whatever the devic
 pair's sends and receives in one stream each, where two sends that cross would wait on each other.
 A rollout travels as the bytes of torch.save and is read back with weights_only=True (tensors,
 numbers, strings: the same format as a checkpoint's queue of rollouts, `rollout_state`). The
-weights travel on a group of trainer rank 0 and the sampler alone, on the collectives' device
-(`collective_device`): with NCCL (a GPU per rank) from GPU to GPU, no host copy; with gloo (CPU,
-or ranks that share a GPU, which NCCL refuses) through host memory."""
+weights travel on a group of trainer rank 0 and the sampler alone, one way only (so NCCL's one
+stream holds no crossing), on the collectives' device (`collective_device`): with NCCL (a GPU per
+rank) from GPU to GPU, no host copy; with gloo (CPU, or ranks that share a GPU, which NCCL
+refuses) through host memory."""
 
 import io
 import time
