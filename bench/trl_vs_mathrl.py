@@ -32,6 +32,15 @@ On a GPU (`--device cuda`) both sides run there in bf16 autocast over fp32 weigh
     python bench/trl_vs_mathrl.py --device cuda --num_prompts 16 --max_new_tokens 256 --steps 6 \\
         --mathrl_option=--micro_batch_size=fit --mathrl_option=--compile
 
+At a real model's size, on random weights: `--shape 1.5B` builds a model of Qwen2.5-1.5B's shape
+offline (bench/memory.py's shapes, the embedded tokenizer) that both sides train, and with it
+`--ignore_eos`: random text would end at a random EOS, so both sides draw every token to
+--max_new_tokens (TRL through `min_new_tokens`, mathrl with no token counted as an EOS) and do the
+same work; `mean_response_len` shows it. `--shape tiny` is the CPU's check of the same path:
+
+    python bench/trl_vs_mathrl.py --device cuda --shape 1.5B --num_prompts 16 --max_new_tokens 256 \
+        --steps 4 --mathrl_option=--micro_batch_size=fit
+
 Prints the median step time of each, the ratio mathrl/TRL, each side's peak RSS, and the training
 reward of the last steps. `--eval_problems N` also grades both final policies on N held-out problems
 with the same greedy evaluator. The mathrl file runs unmodified: the worker only wraps two of its
