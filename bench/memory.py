@@ -210,8 +210,8 @@ def one(args):
 # `gpu`: peak memory of a few grpo.py updates, configuration by configuration, under a cap
 
 # the configurations of the `gpu` table: grpo.py's flags
-CONFIGS = {"default": [], "bf16": ["--bf16"], "gradient_checkpointing": ["--gradient_checkpointing"],
-           "lora_r_16": ["--lora_r", "16"], "fsdp": ["--fsdp"],
+CONFIGS = {"default": [], "bf16": ["--bf16"],
+           "gradient_checkpointing": ["--gradient_checkpointing"], "lora_r_16": ["--lora_r", "16"], "fsdp": ["--fsdp"],
            "bf16_offload_optimizer": ["--bf16", "--offload_optimizer"]}
 
 

@@ -24,9 +24,9 @@ built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 3B / 7B sha
   bound is the sum, over the prefill and every decode step, of the larger of the time to read the
   weights and the KV cache at the measured bandwidth and the time to do the step's FLOPs at the
   measured matmul peak; `of bound` is that bound over the measured time (1.0 = at the hardware's
-  limit). `linears alone` is the same fraction for a decode step halfway through the responses whose only cost would be its linear
-  layers, each run as `generate` runs it: the most any decoding with those matmul kernels can
-  reach, since attention, norms and the sampler only add.
+  limit). `linears alone` is the same fraction for a decode step halfway through the responses
+  whose only cost would be its linear layers, each run as `generate` runs it: the most any decoding
+  with those matmul kernels can reach, since attention, norms and the sampler only add.
 - update: a forward and backward pass of `common.rl.logprobs.token_logprobs` over the same sequences, in
   micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
   a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
