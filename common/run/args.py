@@ -101,7 +101,8 @@ class TrainArgs(DataArgs):
     """continue from the latest complete checkpoint-N in output_dir"""
     # ---- hardware
     bf16: bool = False
-    """bfloat16 autocast for forwards (weights and optimizer state stay fp32)"""
+    """bfloat16 autocast for forwards (weights and optimizer state stay fp32, unless
+    --offload_optimizer)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     compile: bool = False
@@ -119,6 +120,11 @@ class TrainArgs(DataArgs):
     losses up to float rounding, several times slower"""
     fsdp: bool = False
     """shard trained weights, gradients and AdamW states over the ranks (FSDP2; under torchrun)"""
+    offload_optimizer: bool = False
+    """ZeRO-Offload: the policy's trained weights and gradients in bf16 on the device, its fp32
+    master weights and AdamW moments in the CPU's memory, where the step runs (needs --bf16; not
+    with --fsdp). A 1.5B update then needs ~6 GB of a GPU before activations, not 24, for a slower
+    step (docs/gpu.md)"""
     lora_r: int = 0
     """LoRA rank: train adapters on frozen weights (needs peft); 0: full fine-tuning"""
     lora_alpha: Optional[int] = None

@@ -62,6 +62,13 @@ def check_common_args(args, world_size=1):
     if args.compile and args.fsdp:
         raise UsageError("--compile decodes with a whole, compiled model; under --fsdp the weights "
                          "are gathered from shards for each rollout: drop one of the two.")
+    if args.offload_optimizer and not args.bf16:
+        raise UsageError("--offload_optimizer keeps the trained weights in bf16 on the device, so "
+                         "the forwards run in bf16: add --bf16.")
+    if args.offload_optimizer and args.fsdp:
+        raise UsageError("--offload_optimizer keeps a whole fp32 copy of the weights on each "
+                         "rank's CPU; --fsdp shards them over the ranks instead: drop one of the "
+                         "two.")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise PackageError("--track logs to Weights & Biases, which is not installed: pip install "
                            "-r requirements-extra.txt (wandb and tensorboard), or drop --track "
