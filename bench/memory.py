@@ -140,6 +140,9 @@ def build(size, folder, dtype=None, device="cpu"):
         model = Qwen2ForCausalLM(config(size))
     model.to(dtype=dtype or torch.float32).save_pretrained(folder)
     load_tokenizer("tiny-random").save_pretrained(folder)
+    del model
+    if torch.device(device).type == "cuda":  # the runs that load it are other processes
+        torch.cuda.empty_cache()
     return Path(folder)
 
 
