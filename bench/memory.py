@@ -214,7 +214,8 @@ def one(args):
 
 # the configurations of the `gpu` table: grpo.py's flags
 CONFIGS = {"default": [], "bf16": ["--bf16"],
-           "gradient_checkpointing": ["--gradient_checkpointing"], "lora_r_16": ["--lora_r", "16"], "fsdp": ["--fsdp"],
+           "gradient_checkpointing": ["--gradient_checkpointing"],
+           "lora_r_16": ["--lora_r", "16"], "fsdp": ["--fsdp"],
            "bf16_offload_optimizer": ["--bf16", "--offload_optimizer"]}
 
 

@@ -59,9 +59,10 @@ For each training stage: seconds per update for the rollout and the update (the 
 since it holds compiling and warm-up, then the median of the rest; the whole update's from the
 log's clock), sampled tokens per second, the held-out accuracies, peak GPU memory (torch's
 allocator; peak RSS on a CPU), whether every logged number is finite, and whether the last
-checkpoint loads with from_pretrained and holds finite weights. Written to DIR/device_check.json after every stage (so a lease cut short still returns the
-stages done), all the logs to DIR/logs.txt, and a table printed at the end, with the ratios of the
-compared stages and the tables of memory_table and roofline_shapes under it.
+checkpoint loads with from_pretrained and holds finite weights. Written to DIR/device_check.json
+after every stage (so a lease cut short still returns the stages done), all the logs to
+DIR/logs.txt, and a table printed at the end, with the ratios of the compared stages and the tables
+of memory_table and roofline_shapes under it.
 """
 
 import argparse
