@@ -17,6 +17,9 @@ a GPU):
   --fsdp) and adapters with their AdamW state (16 bytes each, under 1 % of P at r 8);
 - PPO: a second trained model, the critic, as big as the policy (as oat's and TRL's); with LoRA it
   is trained whole, so `--critic_type shared` is the choice that fits (a value head on the policy);
+- --offload_optimizer: on the device the policy's bf16 weights and gradients, 4 P (its fp32
+  masters and AdamW moments, 12 P, are in the CPU's memory, not counted); PPO's critic keeps its
+  own fp32 AdamW;
 - a reference for the KL (--beta > 0, counted for PPO as oat runs it; GRPO's default is 0): a whole
   bf16 copy on every rank (2 P), or nothing with LoRA (the policy with its adapters off).
 Activations, the KV cache of a rollout and the logits come on top and depend on the batch.
@@ -102,7 +105,10 @@ def counts(size, lora_r=8):
 def per_rank(P, lora, algo, setting, ranks=8):
     """Bytes per rank of weights, gradients, optimizer states and frozen copies (see the docstring)."""
     n = ranks if setting.endswith("fsdp") else 1
-    if setting.startswith("lora"):
+    if setting == "offload":  # the device's share: bf16 weights and gradients (the rest on the CPU)
+        policy = 4 * P
+        reference = 2 * P if algo == "ppo" else 0.0
+    elif setting.startswith("lora"):
         policy = 2 * P / n + 16 * lora
         reference = 0.0
     else:
@@ -115,7 +121,8 @@ def per_rank(P, lora, algo, setting, ranks=8):
 
 def table():
     settings = [("ddp", "DDP (whole on every rank)"), ("fsdp", "--fsdp, 8 ranks"),
-                ("lora", "--lora_r 8"), ("lora_fsdp", "--lora_r 8 --fsdp, 8 ranks")]
+                ("lora", "--lora_r 8"), ("lora_fsdp", "--lora_r 8 --fsdp, 8 ranks"),
+                ("offload", "--offload_optimizer (GPU)")]
     print("| model | parameters | algorithm | " + " | ".join(s[1] for s in settings) + " |")
     print("|---|---|---|" + "---|" * len(settings))
     for size in SHAPES:

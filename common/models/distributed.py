@@ -182,18 +182,54 @@ def broadcast_parameters(module):
             dist.broadcast(p.data, src=0)
 
 
-def average_gradients(module):
+# DDP's default bucket (bucket_cap_mb = 25): big enough that a collective's fixed cost (a launch, a
+# rendezvous of the ranks) is paid a few times an update, not once per parameter
+BUCKET_BYTES = 25 * 2**20
+
+
+def average_gradients(module, bucket_bytes=BUCKET_BYTES):
     """What DDP does, once per optimizer step, after every micro-batch has added its gradients:
-    their mean over ranks. Here, not in backward hooks, accumulation needs no `no_sync`."""
+    their mean over ranks. Here, not in backward hooks, accumulation needs no `no_sync`. The
+    gradients travel in buckets of about `bucket_bytes`, one all_reduce each, the next bucket on
+    its way while the last is copied back; each element is summed and divided as it would be
+    alone, so the result is the per-parameter average's, bit for bit."""
     if world_size() == 1:
         return
     # sharded (FSDP2) gradients were already reduce-scattered and averaged in backward
     grads = [p.grad for p in module.parameters()
              if p.requires_grad and p.grad is not None and not is_dtensor(p.grad)]
-    handles = [dist.all_reduce(g, async_op=True) for g in grads]
-    for h, g in zip(handles, grads):
-        h.wait()
-        g.div_(world_size())
+    in_flight = None
+    for bucket in gradient_buckets(grads, bucket_bytes):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        work = dist.all_reduce(flat, async_op=True)
+        if in_flight is not None:
+            _copy_back(*in_flight)
+        in_flight = (work, flat, bucket)
+    if in_flight is not None:
+        _copy_back(*in_flight)
+
+
+def gradient_buckets(grads, bucket_bytes):
+    """`grads` cut into consecutive buckets of one dtype and device, each holding gradients up to
+    `bucket_bytes` in all (a larger gradient is a bucket of its own)."""
+    bucket, size = [], 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        if bucket and (size + nbytes > bucket_bytes or (g.dtype, g.device) != (bucket[0].dtype,
+                                                                              bucket[0].device)):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(g)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _copy_back(work, flat, bucket):
+    work.wait()
+    flat.div_(world_size())
+    for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
+        g.copy_(part.view_as(g))
 
 
 def collective_device():

@@ -19,9 +19,10 @@ import torch
 
 class OffloadedOptimizer:
     """`optimizer`'s update on fp32 copies of its parameters kept on the CPU; the parameters
-    themselves become bf16. It answers what the algorithm files and checkpoints ask of an optimizer: param_groups
-    (the learning rate), zero_grad, step, state_dict and load_state_dict. The state dict is the
-    inner optimizer's, which a run without the option reads too, plus the master weights."""
+    themselves become bf16. It answers what the algorithm files and checkpoints ask of an
+    optimizer: param_groups (the learning rate), zero_grad, step, state_dict and
+    load_state_dict. The state dict is the inner optimizer's, which a run without the option
+    reads too, plus the master weights."""
 
     def __init__(self, optimizer, dtype=torch.bfloat16):
         pin = torch.cuda.is_available()  # page-locked host memory copies to and from a GPU faster

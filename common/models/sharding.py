@@ -8,6 +8,8 @@ weights a layer at a time in the training forward and backward, and all at once 
 - `add_lora`: adapters on frozen weights; the reference is the same model with them off.
 - `shard`: FSDP2 over each decoder layer, then the root, bf16 compute under --bf16, fp32 reductions.
 - `unsharded`: one all-gather per weight for a whole rollout, not one per decoded token.
+- `plain_twin`, `lend_weights`: the model without FSDP's hooks, on the gathered weights, which a
+  rollout decodes through (common/models/fast/graphs.py captures its step on a GPU).
 - `clip_grad_norm`, `full_state_dict`, `optimizer_state`, `load_optimizer_state`: what training
   and checkpoints need to work the same on sharded and whole models.
 """
@@ -147,6 +149,32 @@ def gathered(model, modules):
             m.reshard()
             # the root keeps its weights after forward (FSDP2's default: backward needs them first)
             m.set_reshard_after_forward(m is not model, recurse=False)
+
+
+def plain_twin(model):
+    """A model of `model`'s class and config, without FSDP2's hooks, its weights on the meta
+    device (no memory) until `lend_weights` lends it the gathered ones. None for what has no
+    config to build it from (LoRA's peft wrapper)."""
+    from transformers import AutoModelForCausalLM
+
+    if "peft" in sys.modules and isinstance(model, sys.modules["peft"].PeftModel):
+        return None
+    with torch.device("meta"):
+        twin = AutoModelForCausalLM.from_config(
+            model.config, attn_implementation=model.config._attn_implementation)
+    twin.eval()
+    return twin
+
+
+def lend_weights(model, twin):
+    """`twin` holding `model`'s weights and buffers, the same tensors (inside `unsharded`, the
+    gathered ones: nothing is copied). -> twin"""
+    for kind, named in (("_parameters", model.named_parameters(remove_duplicate=False)),
+                        ("_buffers", model.named_buffers(remove_duplicate=False))):
+        for name, tensor in named:
+            module, _, leaf = name.rpartition(".")
+            getattr(twin.get_submodule(module), kind)[leaf] = tensor
+    return twin
 
 
 def clip_grad_norm(model, max_norm) -> float:

@@ -22,7 +22,8 @@ test checks each alone against the plain decoder (tests/test_fast_sampler.py):
   `compile_decoding` was called on (common.models.loading.trained_policy does it under --compile);
   with `grow_static_cache`, a cache that grows as it fills (off by default);
 - graphs.py (on a GPU, by default): the same static cache, its eager step captured as a CUDA
-  graph once per rollout, for the models that `capture_decoding` was called on.
+  graph once per rollout, for the models that `capture_decoding` was called on; under --fsdp
+  through a twin of the model without FSDP's hooks, on the weights gathered for the rollout.
 The first three change how the decoder reads prompts and keeps its cache; the model-patching ones
 (attention, fused projections, linears) hold for the `fast_decoding` block.
 """
@@ -36,6 +37,7 @@ import torch
 from common.models.fast.attention import _packed_gqa
 from common.models.fast.compile import _COMPILED, _cache_lengths, _grown_cache, _static_cache
 from common.models.fast.fused import _fused_projections
+from common.models.fast.graphs import lent_twin
 from common.models.fast.kv import _append_in_place
 from common.models.fast.linears import _onednn_linears
 from common.models.fast.prompts import PrefixCache, _full_attention, _prefill, identical_rows
@@ -102,19 +104,22 @@ def fast_decoder(model, prefix_cache=None, speedups=None, check_every=None):
     speedups = Speedups.for_device(device) if speedups is None else speedups
     autocast = torch.is_autocast_enabled(device.type)
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    # the compiled forward (--compile) traces the layers as they are
-    pack = speedups.packed_linears and dtype is None and model not in _COMPILED
-    # fused weights live for the rollout (prefix_cache), or for a compiled model's life: its
-    # compiled step reads them as inputs, and new ones would make it compile again
-    fused_store = (_KEPT_FUSED.setdefault(model, {}) if model in _COMPILED else
-                   prefix_cache.fused if prefix_cache else None)
-    # FSDP2: the weights gathered once, before the fused ones are stacked from them
-    with (unsharded(model),
-          _packed_gqa(model) if speedups.packed_gqa else contextlib.nullcontext(),
-          _fused_projections(model, speedups.fused_projections, dtype, fused_store) as fused,
-          _onednn_linears(model, pack, prefix_cache.packed if prefix_cache else None,
-                          also=[held[1] for held in fused.values()])):
-        yield FastDecoder(model, speedups, prefix_cache, check_every)
+    # FSDP2: the weights gathered once, before the fused ones are stacked from them; a sharded
+    # model that capture_decoding was called on decodes through its twin on the gathered weights
+    with unsharded(model):
+        runner = lent_twin(model)
+        # the compiled forward (--compile) traces the layers as they are
+        pack = speedups.packed_linears and dtype is None and runner not in _COMPILED
+        # fused weights live for the rollout (prefix_cache), or for a compiled model's life: its
+        # compiled step reads them as inputs, and new ones would make it compile again (a twin's
+        # weights are gathered anew for each rollout: its fused ones are too)
+        fused_store = (_KEPT_FUSED.setdefault(model, {}) if model in _COMPILED else
+                       prefix_cache.fused if prefix_cache else None)
+        with (_packed_gqa(runner) if speedups.packed_gqa else contextlib.nullcontext(),
+              _fused_projections(runner, speedups.fused_projections, dtype, fused_store) as fused,
+              _onednn_linears(runner, pack, prefix_cache.packed if prefix_cache else None,
+                              also=[held[1] for held in fused.values()])):
+            yield FastDecoder(runner, speedups, prefix_cache, check_every)
 
 
 class FastDecoder(Decoder):

@@ -16,7 +16,7 @@ import torch
 from common.models.fast.compile import _COMPILED
 from common.models.fast.prompts import _full_attention
 from common.models.hf import KV_CACHE
-from common.models.sharding import _fsdp_modules
+from common.models.sharding import _fsdp_modules, lend_weights, plain_twin
 
 SDPA = ("sdpa", "mathrl_decode_sdpa")  # attention that reads a boolean mask (attention.py's)
 
@@ -25,17 +25,34 @@ def capture_decoding(model, graphs=None):
     """Make the FastDecoder decode `model` over a static KV cache (as --compile does), each step
     replayed from a CUDA graph captured at the rollout's first step. graphs: capture (True), or run
     the same static step eagerly (False: how the tests check it on a CPU); None: capture on a GPU,
-    and leave a CPU's decoding as it is. Models it cannot capture keep their eager decoding: sharded
-    weights (FSDP2 gathers them in hooks of its own), and attention that is not SDPA or not causal
-    over the whole sequence. `--compile` (compile_decoding) wins over it."""
+    and leave a CPU's decoding as it is. A sharded model (FSDP2) decodes through its twin
+    (`plain_twin`): the same modules without FSDP's hooks, which run on the host at every layer of
+    every step and cannot be captured, lent the weights gathered for each rollout. Models it cannot
+    capture keep their eager decoding: attention that is not SDPA or not causal over the whole
+    sequence, and LoRA under --fsdp (no twin). `--compile` (compile_decoding) wins over it."""
     cuda = next(model.parameters()).device.type == "cuda"
     graphs = True if graphs is None else graphs
-    if ((graphs and not cuda) or model in _COMPILED or _fsdp_modules(model)
-            or not _full_attention(model)
+    if ((graphs and not cuda) or model in _COMPILED or not _full_attention(model)
             or getattr(model.config, "_attn_implementation", None) not in SDPA):
+        return model
+    if _fsdp_modules(model):
+        twin = plain_twin(model)
+        if twin is not None:
+            _TWINS[model] = twin
+            _COMPILED[twin] = CapturedStep(twin, graphs)
         return model
     _COMPILED[model] = CapturedStep(model, graphs)
     return model
+
+
+_TWINS = weakref.WeakKeyDictionary()  # a sharded model -> the twin its rollouts decode through
+
+
+def lent_twin(model):
+    """What decodes `model` inside `unsharded(model)`: its twin, lent the gathered weights, or the
+    model itself when it has none."""
+    twin = _TWINS.get(model)
+    return model if twin is None else lend_weights(model, twin)
 
 
 class CapturedStep:
