@@ -258,8 +258,9 @@ def _stage_plan(name, tiny, work, data_dir=None):
 
 def compared_plan(name, tiny, work):
     """A COMPARED stage: two runs, one after the other, in one shell (so the stage's cap bounds
-    both). fsdp_rollout: grpo.py's default batch under --fsdp (torchrun, one process; the step
-    stays eager under FSDP2) against the same command without it, 4 updates each; async_one_gpu:
+    both). fsdp_rollout: grpo.py's default batch under --fsdp (torchrun, one process; its rollout
+    decodes through the captured step of an unsharded twin, not yet timed on a GPU) against the
+    same command without it, 4 updates each; async_one_gpu:
     async_grpo.py under torchrun with two processes on the one GPU (rank 0 trains, rank 1 samples)
     against grpo.py, at 16 prompts x 8 samples x 256 tokens, 5 updates each."""
     py = [sys.executable]
@@ -276,8 +277,8 @@ def compared_plan(name, tiny, work):
     _, first, second = COMPARED[name]
     if name == "fsdp_rollout":
         runs = [torchrun + ["1", str(ROOT / "grpo.py"), "--fsdp"], py + [str(ROOT / "grpo.py")]]
-        # estimated from the second lease (--fsdp 1.39 s a rollout, the default 0.28 s, ~20 s to
-        # start a run): ~70 s
+        # estimated from the second lease (--fsdp 1.39 s a rollout when it decoded eagerly, the
+        # default 0.28 s, ~20 s to start a run): ~70 s
         cap = 90
     else:
         runs = [torchrun + ["2", str(ROOT / "async_grpo.py")], py + [str(ROOT / "grpo.py")]]
