@@ -343,9 +343,9 @@ def gpu_one(args, argv):
         runpy.run_path(argv[0], run_name="__main__")
     except torch.OutOfMemoryError:
         status = "out of memory"
-    except SystemExit as e:  # the file's own error exit
+    except SystemExit as e:  # the file's own error exit (which may say it ran out)
         if e.code not in (None, 0):
-            status = f"failed: {e.code}"
+            status = "out of memory" if "out of memory" in str(e.code) else f"failed: {e.code}"
     except RuntimeError as e:  # some ops report running out as a plain RuntimeError
         status = "out of memory" if "out of memory" in str(e) else f"failed: {e}"[:300]
     result = {"status": status}
