@@ -261,3 +261,35 @@ def test_the_trl_pair_at_a_shape_draws_every_token_on_both_sides(tmp_path):
     assert trl_options(bench)["generation_kwargs"] == {"min_new_tokens": 8}
     assert "generation_kwargs" not in trl_options(argparse.Namespace(**{**vars(bench),
                                                                         "ignore_eos": False}))
+
+
+def test_the_memory_tables_run_that_runs_out_of_memory_is_a_row(tmp_path):
+    # bench/memory.py gpu runs each configuration through `_gpu_one`, which caps the process and
+    # runs the file; a file that runs out of memory (here one that says so at once) gives a row
+    import json
+    import subprocess
+
+    script = tmp_path / "oom.py"
+    script.write_text("import torch\nraise torch.OutOfMemoryError('CUDA out of memory.')\n")
+    out = tmp_path / "row.json"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/memory.py", "_gpu_one", "--out", str(out),
+                           "--cap_gib", "24", "--", str(script)], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(out.read_text())
+    assert row["status"] == "out of memory" and row["peak_rss_gib"] > 0
+
+
+def test_the_memory_table_computes_which_runs_cannot_fit_their_cap():
+    # a run whose weights, gradients and AdamW state alone pass its cap is a computed row, not a
+    # run: 16 bytes a parameter in fp32 with AdamW, 4 with LoRA's frozen base or ZeRO-Offload
+    from memory import CONFIGS, GiB, counts, has_option, state_bytes
+
+    P = {size: counts(size)[0] for size in ("1.5B", "3B", "7B")}
+    assert 22 < state_bytes(P["1.5B"], "default") / GiB < 24  # 1.5B in fp32: tried under 24 GiB
+    assert state_bytes(P["3B"], "bf16") > 24 * GiB > state_bytes(P["3B"], "lora_r_16")
+    assert state_bytes(P["7B"], "fsdp") > 80 * GiB > state_bytes(P["7B"], "bf16_offload_optimizer")
+    # every configuration's flags are grpo.py's options
+    assert all(has_option(flag) for flags in CONFIGS.values() for flag in flags
+               if flag.startswith("--"))
