@@ -265,8 +265,8 @@ def compared_plan(name, tiny, work):
     against grpo.py, at 16 prompts x 8 samples x 256 tokens, 5 updates each."""
     py = [sys.executable]
     torchrun = py + ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
-    common = ["--bf16", "--num_eval_problems", "0", "--no_eval_on_start"]
-    if tiny:
+    common = ["--num_eval_problems", "0", "--no_eval_on_start"]
+    if tiny:  # fp32: bf16's matmuls are slow on a CPU, and the launches are what is checked
         common += ["--model_name_or_path", "tiny-random", "--num_prompts", "2",
                    "--num_generations", "2", "--max_new_tokens", "8", "--max_steps", "2"]
     elif name == "async_one_gpu":
@@ -274,6 +274,7 @@ def compared_plan(name, tiny, work):
                    "--max_steps", "5"]
     else:
         common += ["--max_steps", "4"]
+    common = common if tiny else ["--bf16", *common]
     _, first, second = COMPARED[name]
     if name == "fsdp_rollout":
         runs = [torchrun + ["1", str(ROOT / "grpo.py"), "--fsdp"], py + [str(ROOT / "grpo.py")]]
@@ -424,7 +425,10 @@ def figures_of(name, lines, work):
         path = work / name / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else {}
         summary.pop("rows", None)
-        return {**summary, "line": [line for line in lines if line.startswith("median step")]}
+        # a pair cut at its cap writes no summary: its steps as they came are then the figures
+        steps = [] if summary else [line for line in lines if line.startswith("step ")]
+        return {**summary, "line": [line for line in lines if line.startswith("median step")],
+                **({"steps": steps} if steps else {})}
     if name == "eval":
         return {"lines": [line for line in lines if line.startswith(("accuracy", "pass@"))]}
     if name == "gsm8k_curve":  # the curve's table and the reading of its samples
