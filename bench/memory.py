@@ -4,6 +4,9 @@ real model shapes, and a measurement of random-weight models of those shapes, bu
     python bench/memory.py table                  # GiB per rank, 0.5B to 14B, GRPO and PPO
     python bench/memory.py measure                # CPU: a 0.5B-shaped grpo.py --fsdp update, 1 vs 2 ranks
     python bench/memory.py measure --size 1.5B --algo ppo --processes 1 2 4
+    python bench/memory.py gpu --out runs/memory_gpu  # a GPU: grpo.py's peak memory, under caps
+    python bench/memory.py gpu --shapes tiny --configs default fsdp --updates 1 \
+        --grpo_option=--num_prompts=2   # a CPU: that it runs (peak RSS)
 
 The table counts what scales with the model, in bytes per parameter P, with --bf16 (the setting for
 a GPU):
@@ -26,6 +29,19 @@ chosen shape, fp32 (no --bf16 on a CPU), no checkpoint, and prints per rank: the
 state it holds (the shards of weights, gradients and AdamW moments, counted from the tensors), and
 its peak RSS (which also holds the whole fp32 model each rank reads before sharding, the gathered
 rollout copy, activations and the code).
+
+`gpu` runs grpo.py for --updates updates (2) on a random-weight model of each shape (saved in bf16,
+loaded by the file as it loads any model) in each configuration: its defaults, --bf16,
+--gradient_checkpointing, --lora_r 16, --fsdp (torchrun, one process) and --bf16
+--offload_optimizer (ZeRO-Offload), each run a process of its own capped at each of --caps_gib
+(24 and 80 GiB: torch.cuda.set_per_process_memory_fraction, set by `_gpu_one` before the file
+runs). The default batch (4 prompts x 8 samples x 64 tokens) with micro-batches of 8, no
+evaluation, no checkpoint written. It prints a row per run as it ends, also to rows.jsonl: torch's
+peak allocation and reservation, or "out of memory", which is a row, not a failure; a run whose
+weights, gradients and AdamW state alone pass the cap (computed from the parameter count) is not
+started, and its row says so. The order is by value, for a short lease: the first shape (1.5B)
+under the first cap in every configuration, then the others shape by shape. On a CPU there is no
+cap and the rows give peak RSS.
 """
 
 import argparse
@@ -35,6 +51,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +65,9 @@ SHAPES = {
     "1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                  tie_word_embeddings=True),
+    "3B": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+               num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+               tie_word_embeddings=True),
     "7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                tie_word_embeddings=False),
@@ -55,14 +75,18 @@ SHAPES = {
                 num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
                 tie_word_embeddings=False),
 }
+# a Qwen2 shape for the CPU checks (the tests, dev/device_check.py --tiny), not in the table; its
+# vocabulary is the embedded tokenizer's, which the random models are saved with
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True)
 GiB = 2**30
 
 
 def config(size):
     from transformers import Qwen2Config
 
-    return Qwen2Config(**SHAPES[size], max_position_embeddings=4096, rope_theta=1e6,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return Qwen2Config(**(TINY if size == "tiny" else SHAPES[size]), max_position_embeddings=4096,
+                       rope_theta=1e6, bos_token_id=1, eos_token_id=2, pad_token_id=2)
 
 
 def counts(size, lora_r=8):
@@ -108,17 +132,25 @@ def table():
             print(f"| {size} | {P / 1e9:.2f} B | {algo} | " + " | ".join(cells) + " |")
 
 
-def build(size, folder):
+def build(size, folder, dtype=None, device="cpu"):
     """A random-weight model of the shape, with the embedded tokenizer (ids past its vocabulary
-    decode to nothing, which is all a memory measurement needs)."""
+    decode to nothing, which is all a memory or speed measurement needs). dtype: what it is saved
+    in (None: fp32; bf16 halves a 7B folder to 15 GB, and a file loads it back in fp32); device:
+    where the random weights are drawn (a GPU draws a 7B model in seconds, a CPU in minutes)."""
     import torch
     from transformers import Qwen2ForCausalLM
 
     from common.models.loading import load_tokenizer
 
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config(size)).save_pretrained(folder)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config(size))
+    model.to(dtype=dtype or torch.float32).save_pretrained(folder)
     load_tokenizer("tiny-random").save_pretrained(folder)
+    del model
+    if torch.device(device).type == "cuda":  # the runs that load it are other processes
+        torch.cuda.empty_cache()
+    return Path(folder)
 
 
 def measure(args):
@@ -184,6 +216,147 @@ def one(args):
                                               "rss": [g[1] for g in gathered]}))
 
 
+# ----------------------------------------------------------------------------------------------
+# `gpu`: peak memory of a few grpo.py updates, configuration by configuration, under a cap
+
+# the configurations of the `gpu` table: grpo.py's flags
+CONFIGS = {"default": [], "bf16": ["--bf16"],
+           "gradient_checkpointing": ["--gradient_checkpointing"],
+           "lora_r_16": ["--lora_r", "16"], "fsdp": ["--fsdp"],
+           "bf16_offload_optimizer": ["--bf16", "--offload_optimizer"]}
+
+
+def state_bytes(P, config):
+    """The least a configuration holds on the device before any activation, in bytes, from the
+    parameter count: fp32 weights, gradients and two AdamW moments (16 P; --fsdp on one rank
+    too); LoRA's frozen fp32 base (4 P); ZeRO-Offload's bf16 weights and gradients (4 P, the fp32
+    master and the moments on the CPU). A run whose state alone passes the cap is not started."""
+    return {"lora_r_16": 4, "bf16_offload_optimizer": 4}.get(config, 16) * P
+
+
+def has_option(flag):
+    """Whether grpo.py takes `flag`: its Args are dataclass fields in grpo.py or common/ (read as
+    text: importing grpo.py here would cost the parent the seconds each run's process spends)."""
+    field = flag.lstrip("-") + ":"
+    files = [ROOT / "grpo.py", *(ROOT / "common").rglob("*.py")]
+    return any(field in f.read_text() for f in files)
+
+
+def gpu_table(args):
+    """Each configuration of grpo.py for `--updates` updates of a random-weight model of each
+    shape, under each cap, in order of value: the first shape under the first cap in every
+    configuration, then the rest shape by shape. One process per run, a row per run written to
+    rows.jsonl as it ends; running out of memory is a row, not a failure."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_file = out / "rows.jsonl"
+    rows_file.unlink(missing_ok=True)
+    caps = args.caps_gib if cuda else [None]  # a CPU has no cap to set: peak RSS, uncapped
+    first = [(args.shapes[0], caps[0], c) for c in args.configs]
+    runs = first + [(s, cap, c) for s in args.shapes for cap in caps for c in args.configs
+                    if (s, cap, c) not in first]
+    folders = {}
+    print("| shape | configuration | cap GiB | status | peak allocated GiB | peak reserved GiB "
+          "| peak RSS GiB | s |")
+    print("|---" * 8 + "|", flush=True)
+    for shape, cap, name in runs:
+        row = {"shape": shape, "config": name, "flags": " ".join(CONFIGS[name]), "cap_gib": cap}
+        t0 = time.perf_counter()
+        P = counts(shape)[0] if shape != "tiny" else None
+        flag = CONFIGS[name][-1] if CONFIGS[name] else None
+        if flag and flag.startswith("--") and not has_option(flag):
+            row["status"] = f"skipped: grpo.py has no {flag}"
+        elif cap and P and state_bytes(P, name) > cap * GiB:
+            row["status"] = (f"out of memory (computed, not run: {state_bytes(P, name) / GiB:.0f} "
+                             f"GiB of weights, gradients and AdamW state)")
+        else:
+            if shape not in folders:  # built when first needed: a 7B folder is 15 GB of disk
+                folders[shape] = build(shape, out / f"random-{shape}", torch.bfloat16,
+                                       "cuda" if cuda else "cpu")
+            row.update(one_gpu_run(args, folders[shape], name, cap, out / "runs" / f"{shape}-"
+                                   f"{name}-{cap}"))
+        row["seconds"] = time.perf_counter() - t0
+        with open(rows_file, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(gpu_row(row), flush=True)
+
+
+def gpu_row(r):
+    def gib(key):
+        return f"{r[key]:.2f}" if r.get(key) is not None else "-"
+
+    return (f"| {r['shape']} | {r['flags'] or 'default'} | {r['cap_gib'] or '-'} | {r['status']} | "
+            f"{gib('peak_allocated_gib')} | {gib('peak_reserved_gib')} | {gib('peak_rss_gib')} | "
+            f"{r['seconds']:.0f} |")
+
+
+def one_gpu_run(args, model, name, cap, folder):
+    """grpo.py in a process of its own (under torchrun for --fsdp), through `_gpu_one`, which caps
+    its memory before the file runs. -> the row's status and peaks."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    result = folder / "result.json"
+    run = [str(ROOT / "grpo.py"), "--model_name_or_path", str(model), "--max_steps",
+           str(args.updates), "--num_eval_problems", "0", "--no_eval_on_start",
+           # a fixed micro-batch: the fit reads the device's free memory, not the cap
+           "--micro_batch_size", "8", "--output_dir", str(folder / "run"),
+           *args.grpo_option, *CONFIGS[name]]
+    wrapper = [__file__, "_gpu_one", "--out", str(result),
+               *(["--cap_gib", str(cap)] if cap else []), "--", *run]
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               "1"] if name == "fsdp" else [sys.executable])
+    with open(folder / "log.txt", "w") as log:
+        try:
+            done = subprocess.run(launch + wrapper, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=args.run_timeout_s)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    if result.exists():
+        return json.loads(result.read_text())
+    return {"status": f"stopped at {args.run_timeout_s:.0f} s" if code is None else
+            f"failed (exit {code}): see {folder / 'log.txt'}"}
+
+
+def gpu_one(args, argv):
+    """Inside the run's process: cap this process's share of the GPU, run the file as `python
+    grpo.py ...` would (its checkpoint not written: a 7B one is 30 GB of disk), and write its
+    status and peak memory."""
+    import runpy
+
+    import torch
+
+    import common.run.run
+
+    if args.cap_gib and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * GiB / total))
+    common.run.run.save_checkpoint = lambda *a, **k: None
+    sys.argv = argv
+    status = "ok"
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except torch.OutOfMemoryError:
+        status = "out of memory"
+    except SystemExit as e:  # the file's own error exit (which may say it ran out)
+        if e.code not in (None, 0):
+            status = "out of memory" if "out of memory" in str(e.code) else f"failed: {e.code}"
+    except RuntimeError as e:  # some ops report running out as a plain RuntimeError
+        status = "out of memory" if "out of memory" in str(e) else f"failed: {e}"[:300]
+    result = {"status": status}
+    if torch.cuda.is_available():
+        result.update(peak_allocated_gib=torch.cuda.max_memory_allocated() / GiB,
+                      peak_reserved_gib=torch.cuda.max_memory_reserved() / GiB)
+    result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(args.out).write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -196,5 +369,28 @@ if __name__ == "__main__":
     o.add_argument("--algo")
     o.add_argument("--model")
     o.add_argument("--out")
+    g = sub.add_parser("gpu", help="peak memory of grpo.py's configurations, shape by shape, "
+                                   "each run capped at a share of the GPU")
+    g.add_argument("--shapes", nargs="+", default=["1.5B", "0.5B", "3B", "7B"],
+                   choices=[*SHAPES, "tiny"],
+                   help="random-weight models of these Qwen2.5 shapes (tiny: a CPU check)")
+    g.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                   help="grpo.py's configurations: " + "; ".join(
+                       f"{k}: {' '.join(v) or 'its defaults'}" for k, v in CONFIGS.items()))
+    g.add_argument("--caps_gib", type=float, nargs="+", default=[24, 80],
+                   help="each run's process is capped at this much GPU memory "
+                        "(torch.cuda.set_per_process_memory_fraction); ignored on a CPU")
+    g.add_argument("--updates", type=int, default=2, help="grpo.py's --max_steps in each run")
+    g.add_argument("--grpo_option", action="append", default=[],
+                   help="a grpo.py flag every run gets, repeated: --grpo_option=--num_prompts=2")
+    g.add_argument("--run_timeout_s", type=float, default=300,
+                   help="stop a run that takes longer (its row says so)")
+    g.add_argument("--out", default="runs/memory_gpu", help="folder for rows.jsonl and the runs")
+    u = sub.add_parser("_gpu_one")
+    u.add_argument("--out")
+    u.add_argument("--cap_gib", type=float, default=None)
+    u.add_argument("argv", nargs=argparse.REMAINDER)
     a = parser.parse_args()
-    {"table": lambda: table(), "measure": lambda: measure(a), "_one": lambda: one(a)}[a.command]()
+    {"table": lambda: table(), "measure": lambda: measure(a), "_one": lambda: one(a),
+     "gpu": lambda: gpu_table(a),
+     "_gpu_one": lambda: gpu_one(a, a.argv[1:] if a.argv[:1] == ["--"] else a.argv)}[a.command]()

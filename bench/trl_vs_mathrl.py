@@ -32,6 +32,15 @@ On a GPU (`--device cuda`) both sides run there in bf16 autocast over fp32 weigh
     python bench/trl_vs_mathrl.py --device cuda --num_prompts 16 --max_new_tokens 256 --steps 6 \\
         --mathrl_option=--micro_batch_size=fit --mathrl_option=--compile
 
+At a real model's size, on random weights: `--shape 1.5B` builds a model of Qwen2.5-1.5B's shape
+offline (bench/memory.py's shapes, the embedded tokenizer) that both sides train, and with it
+`--ignore_eos`: random text would end at a random EOS, so both sides draw every token to
+--max_new_tokens (TRL through `min_new_tokens`, mathrl with no token counted as an EOS) and do the
+same work; `mean_response_len` shows it. `--shape tiny` is the CPU's check of the same path:
+
+    python bench/trl_vs_mathrl.py --device cuda --shape 1.5B --num_prompts 16 --max_new_tokens 256 \
+        --steps 4 --mathrl_option=--micro_batch_size=fit
+
 Prints the median step time of each, the ratio mathrl/TRL, each side's peak RSS, and the training
 reward of the last steps. `--eval_problems N` also grades both final policies on N held-out problems
 with the same greedy evaluator. The mathrl file runs unmodified: the worker only wraps two of its
@@ -284,6 +293,9 @@ def trl_options(args):
         # a GPU: bf16 autocast over fp32 weights, as mathrl's --bf16
         bf16=cuda, use_cpu=not cuda,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, dataloader_num_workers=0,
+        # --ignore_eos: transformers' MinNewTokensLengthLogitsProcessor masks the EOS until the end
+        **({"generation_kwargs": {"min_new_tokens": args.max_new_tokens}}
+           if getattr(args, "ignore_eos", False) else {}),
     )
 
 
@@ -350,6 +362,10 @@ def mathrl_worker(args):
                response_len=metrics["response_len/mean"], update_s=metrics["time/update_s"])
 
     module.rollout, Logger.log = rollout, log
+    if args.ignore_eos:  # generate then stops no row early: no token is an EOS
+        import common.models.sampler as sampler
+
+        sampler.eos_token_ids = lambda model, tokenizer: [-1]
     report(side="mathrl", ready=True)
     module.main(mathrl_args(args))
     report(side="mathrl", done=True,
@@ -379,9 +395,29 @@ def read_report(proc):
     raise RuntimeError(f"worker exited early (code {proc.wait()}); run it alone to see its error")
 
 
+def random_model(shape, out, device):
+    """A random-weight model of a Qwen2.5 shape (bench/memory.py's, "tiny" for a CPU check), built
+    here offline with the embedded tokenizer, in a folder both sides load. -> its path"""
+    import torch
+
+    from bench.memory import build
+
+    folder = Path(out) / f"random-{shape}"
+    if not (folder / "config.json").exists():
+        # drawn on the GPU (seconds for 1.5B) and saved in bf16 (half the disk); both sides load
+        # it in fp32
+        build(shape, folder, torch.bfloat16, device)
+    return str(folder)
+
+
 def main(args):
     check_trl(args.trl_python, args.algo)
     out = args.out or tempfile.mkdtemp(prefix="bench-trl-")
+    if args.shape:  # random weights: the text means nothing, so both sides draw every token
+        args.model_name_or_path = random_model(args.shape, out, args.device)
+        args.ignore_eos = True
+        print(f"a random-weight model of the {args.shape} shape: {args.model_name_or_path}; "
+              f"every response {args.max_new_tokens} tokens", flush=True)
     workers = {}
     for side in ("trl", "mathrl"):
         python = args.trl_python if side == "trl" else sys.executable
@@ -389,6 +425,7 @@ def main(args):
                "--seed", str(args.seed), "--out", out, "--eval_problems", str(args.eval_problems),
                "--device", args.device, "--max_new_tokens", str(args.max_new_tokens),
                "--model_name_or_path", args.model_name_or_path,
+               *(["--ignore_eos"] if args.ignore_eos else []),
                *(["--num_prompts", str(args.num_prompts)] if args.num_prompts else []),
                *[f"--mathrl_option={o}" for o in args.mathrl_option]]
         workers[side] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -487,8 +524,16 @@ if __name__ == "__main__":
     p.add_argument("--mathrl_option", action="append", default=[],
                    help="a flag of the mathrl file, repeated: --mathrl_option=--compile; "
                         "--mathrl_option=--micro_batch_size=fit leaves the micro-batch to the file")
+    p.add_argument("--shape", default=None, choices=["tiny", "0.5B", "1.5B", "3B", "7B"],
+                   help="both sides train a random-weight model of this Qwen2.5 shape, built "
+                        "offline (bench/memory.py's), with --ignore_eos (tiny: a CPU check)")
+    p.add_argument("--ignore_eos", action="store_true",
+                   help="no EOS ends a response: both sides draw --max_new_tokens tokens for "
+                        "every one (TRL: min_new_tokens; mathrl: no token counts as an EOS)")
     p.add_argument("--worker", choices=["trl", "mathrl"], help=argparse.SUPPRESS)
     a = p.parse_args()
+    if (a.shape or a.ignore_eos) and a.algo == "ppo":  # PPOConfig takes no generation_kwargs
+        p.error("--shape and --ignore_eos: not with --algo ppo")
     if a.worker == "trl":
         (trl_ppo_worker if a.algo == "ppo" else trl_worker)(a)
     elif a.worker == "mathrl":

@@ -8,12 +8,26 @@ dev/notes/gpu.md has the two calls that carry the embedded model to a lent GPU a
 
 A GPU is lent to this project only sometimes, for 15 minutes in all, so a device check cannot be
 written on the spot: this script is, and a test runs it with --tiny on a CPU so that it still works
-when a GPU comes. The stages (STAGES runs them by value: env, cuda_graphs, model, trl_pair, grpo,
-then the rest in this list's order), each one a process of its own, stopped at its time cap or at
-the end of --budget_s, whichever is first; a stage that fails or runs out of time does not stop the
-next:
+when a GPU comes. The stages (STAGES runs them by value: env, the three at the sizes people train,
+cuda_graphs, model, trl_pair, grpo, fsdp_rollout, async_one_gpu, then the rest in this list's
+order), each one a process of its own, stopped at its time cap or at the end of --budget_s,
+whichever is first; a stage that fails or runs out of time does not stop the next:
 
 - env: the device, its memory, the versions of torch and transformers;
+- roofline_shapes, trl_pair_1.5B, memory_table: at Qwen2.5's shapes on random weights (no model
+  file). dev/lab/roofline.py at 1.5B, 7B and 0.5B, 64 and 256 rows, 512 new tokens, decoding as
+  the files do on a GPU (the step a CUDA graph) for every shape first, then eager, then compiled,
+  each against the HBM-bound (120 s: what fits); bench/trl_vs_mathrl.py --shape 1.5B, both sides
+  drawing every token to the budget (16 prompts x 8 samples, 256 tokens, 4 steps; 150 s);
+  bench/memory.py gpu, the peak memory of 2 updates of grpo.py in six configurations (the
+  defaults, --bf16, --gradient_checkpointing, --lora_r 16, --fsdp, --bf16 --offload_optimizer) at
+  1.5B, 0.5B, 3B and 7B, each run capped at 24 and at 80 GiB, out of memory a row (150 s: the 1.5B
+  shape under 24 GiB first);
+- fsdp_rollout: grpo.py's default command under --fsdp (torchrun, one process) against the same
+  without it, 4 updates each, the ratio of the median time/rollout_s after the first (90 s);
+- async_one_gpu: `torchrun --nproc_per_node 2 async_grpo.py` on the one GPU against grpo.py, at 16
+  prompts x 8 samples x 256 tokens, 5 updates each, the ratio of the median seconds an update after
+  the first (100 s);
 - model: the embedded SmolLM2-135M converted once from its GGUF (see dev/carry.py);
 - cuda_graphs: dev/lab/cuda_graphs.py, eager decoding against its step captured as a CUDA graph (the
   default on a GPU) at 32 and 128 rows, and the checks that the graph draws the tokens of the
@@ -42,11 +56,13 @@ stage has a time cap (a slow CPU must not fail the test that runs it); --budget_
 whole.
 
 For each training stage: seconds per update for the rollout and the update (the first update apart,
-since it holds compiling and warm-up, then the median of the rest), sampled tokens per second, the
-held-out accuracies, peak GPU memory (torch's allocator; peak RSS on a CPU), whether every logged
-number is finite, and whether the last checkpoint loads with from_pretrained and holds finite
-weights. Written to DIR/device_check.json after every stage (so a lease cut short still returns the
-stages done), all the logs to DIR/logs.txt, and a table printed at the end.
+since it holds compiling and warm-up, then the median of the rest; the whole update's from the
+log's clock), sampled tokens per second, the held-out accuracies, peak GPU memory (torch's
+allocator; peak RSS on a CPU), whether every logged number is finite, and whether the last
+checkpoint loads with from_pretrained and holds finite weights. Written to DIR/device_check.json
+after every stage (so a lease cut short still returns the stages done), all the logs to
+DIR/logs.txt, and a table printed at the end, with the ratios of the compared stages and the tables
+of memory_table and roofline_shapes under it.
 """
 
 import argparse
@@ -55,6 +71,7 @@ import math
 import os
 import resource
 import runpy
+import shlex
 import shutil
 import signal
 import statistics
@@ -71,11 +88,20 @@ from common.run.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
 FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in STEPWISE)
 # grpo.py for 3 updates each way a GPU run can be launched besides the default
 WAYS = ["two_processes", "fsdp", "lora", "gradient_checkpointing", "plain"]
-# dev/lab/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache
-BENCHES = ["cuda_graphs", "fused_projections", "roofline", "roofline_grow", "update_mfu"]
-TRL_PAIRS = ["trl_pair", "trl_pair_eager", "trl_pair_compile"]
-STAGES = ["env", "cuda_graphs", "model", "trl_pair", "grpo", *TRL_PAIRS[1:], *WAYS, "grpo_compile",
-          "grpo_big", *FILES, "eval", "gsm8k_curve", *BENCHES[1:]]
+# dev/lab/<name>.py on random weights; roofline_grow: roofline.py with a growing static cache;
+# roofline_shapes: roofline.py at Qwen2.5's shapes, the files' decoding against eager and compiled
+BENCHES = ["cuda_graphs", "roofline_shapes", "fused_projections", "roofline", "roofline_grow",
+           "update_mfu"]
+TRL_PAIRS = ["trl_pair", "trl_pair_eager", "trl_pair_compile", "trl_pair_1.5B"]
+# two runs in one stage, one after the other, and the figure the ratio of the first's median to the
+# second's: (the figure read_run gives, the first run's folder, the second's)
+COMPARED = {"fsdp_rollout": ("time/rollout_s", "fsdp", "without"),
+            "async_one_gpu": ("s per update", "async_two_processes", "grpo")}
+# at the sizes people train, on random weights (no model file): before the model's stage
+SIZES = ["roofline_shapes", "trl_pair_1.5B", "memory_table"]
+STAGES = ["env", *SIZES, "cuda_graphs", "model", "trl_pair", "grpo", *COMPARED, *TRL_PAIRS[1:3],
+          *WAYS, "grpo_compile", "grpo_big", *FILES, "eval", "gsm8k_curve",
+          *(b for b in BENCHES if b not in ("cuda_graphs", "roofline_shapes"))]
 # GSM8K's train and test files for the gsm8k_curve stage: ../shared/data here, and on a lent GPU
 # the copy dev/carry.py puts beside the model's second piece (--data_dir)
 DATA_DIRS = [ROOT.parent / "shared" / "data", ROOT / ".dev" / "b" / "data"]
@@ -109,6 +135,15 @@ def _stage_plan(name, tiny, work, data_dir=None):
                  ["--device", "cuda", "--num_prompts", "16", "--max_new_tokens", "256",
                   "--steps", "10"])
         options = ["--mathrl_option=--micro_batch_size=fit"]  # grpo.py's default command
+        if name == "trl_pair_1.5B":  # random weights of Qwen2.5-1.5B's shape, every token drawn
+            # (--shape's --ignore_eos); estimated ~12 s a TRL step and ~5 s a mathrl one at this
+            # shape, and ~40 s to build, save and load the model: 4 steps fit ~2.5 min
+            sizes = (["--device", "cpu", "--shape", "tiny", "--num_prompts", "1",
+                      "--max_new_tokens", "8", "--steps", "2"] if tiny else
+                     ["--device", "cuda", "--shape", "1.5B", "--num_prompts", "16",
+                      "--max_new_tokens", "256", "--steps", "4"])
+            return py + [str(ROOT / "bench" / "trl_vs_mathrl.py"), *sizes, *options,
+                         "--out", str(work / name)], 150
         if name != "trl_pair":  # the default captures its decode step as a CUDA graph
             options.append("--mathrl_option=" + {"trl_pair_eager": "--no_cuda_graphs",
                                                  "trl_pair_compile": "--compile"}[name])
@@ -123,7 +158,28 @@ def _stage_plan(name, tiny, work, data_dir=None):
         return py + [str(ROOT / "eval.py"), "--model_name_or_path", model, "--bf16",
                      "--num_eval_problems", "8" if tiny else "200", "--output",
                      str(work / "eval" / "eval.jsonl")], 90
+    if name == "memory_table":  # bench/memory.py gpu: a row per run, as it ends
+        # tiny: the two launches a CPU can check (--fsdp's torchrun is fsdp_rollout's too)
+        sizes = (["--shapes", "tiny", "--configs", "default", "bf16_offload_optimizer",
+                  "--updates", "1", *(f"--grpo_option=--{k}={v}" for k, v in
+                                      (("num_prompts", 2), ("num_generations", 2),
+                                       ("max_new_tokens", 8)))] if tiny else [])
+        # ~20 s a run at 1.5B (a process, the model's load, 2 updates): the cap holds the 1.5B
+        # shape under 24 GiB in all six configurations, then what it reaches of the rest
+        return py + [str(ROOT / "bench" / "memory.py"), "gpu", *sizes, "--out",
+                     str(work / name)], 150
+    if name in COMPARED:
+        return compared_plan(name, tiny, work)
     if name in BENCHES:
+        if name == "roofline_shapes":  # the files' default decoding first, at every shape
+            sizes = (["--shapes", "tiny", "--batch", "8", "--new_tokens", "8", "--prompt_len",
+                      "16", "--modes", "default", "eager"] if tiny else
+                     ["--shapes", "1.5B", "7B", "0.5B", "--batch", "64", "256", "--new_tokens",
+                      "512", "--modes", "default", "eager", "compile"])
+            # estimated: the default's 12 rows in ~60 s (two rollouts of 512 steps of 3-12 ms
+            # each), then eager's 1.5B rows (~25 s each); compiled rows only past the cap
+            return py + [str(ROOT / "dev" / "lab" / "roofline.py"), *sizes, "--rollout_only",
+                         "--bf16"], 120
         if name == "cuda_graphs":  # on random weights, so before the model's second piece
             sizes = (["--device", "cpu", "--shape", "tiny", "--rows", "8", "--new_tokens", "8",
                       "--repeat", "1"] if tiny else ["--repeat", "1"])
@@ -198,6 +254,41 @@ def _stage_plan(name, tiny, work, data_dir=None):
     child = [str(ROOT / "dev" / "device_check.py"), "--child", str(work / f"{name}.child.json"),
              "--", str(ROOT / f"{file}.py")]
     return py + child + run, cap
+
+
+def compared_plan(name, tiny, work):
+    """A COMPARED stage: two runs, one after the other, in one shell (so the stage's cap bounds
+    both). fsdp_rollout: grpo.py's default batch under --fsdp (torchrun, one process; its rollout
+    decodes through the captured step of an unsharded twin, not yet timed on a GPU) against the
+    same command without it, 4 updates each; async_one_gpu:
+    async_grpo.py under torchrun with two processes on the one GPU (rank 0 trains, rank 1 samples)
+    against grpo.py, at 16 prompts x 8 samples x 256 tokens, 5 updates each."""
+    py = [sys.executable]
+    torchrun = py + ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    common = ["--num_eval_problems", "0", "--no_eval_on_start"]
+    if tiny:  # fp32: bf16's matmuls are slow on a CPU, and the launches are what is checked
+        common += ["--model_name_or_path", "tiny-random", "--num_prompts", "2",
+                   "--num_generations", "2", "--max_new_tokens", "8", "--max_steps", "2"]
+    elif name == "async_one_gpu":
+        common += ["--num_prompts", "16", "--num_generations", "8", "--max_new_tokens", "256",
+                   "--max_steps", "5"]
+    else:
+        common += ["--max_steps", "4"]
+    common = common if tiny else ["--bf16", *common]
+    _, first, second = COMPARED[name]
+    if name == "fsdp_rollout":
+        runs = [torchrun + ["1", str(ROOT / "grpo.py"), "--fsdp"], py + [str(ROOT / "grpo.py")]]
+        # estimated from the second lease (--fsdp 1.39 s a rollout when it decoded eagerly, the
+        # default 0.28 s, ~20 s to start a run): ~70 s
+        cap = 90
+    else:
+        runs = [torchrun + ["2", str(ROOT / "async_grpo.py")], py + [str(ROOT / "grpo.py")]]
+        # grpo.py ~1.1 s an update at this batch (the TRL pair's), ~25 s to start each run
+        cap = 100
+    a, b = (shlex.join(run + common + ["--output_dir", str(work / name / folder)])
+            for run, folder in zip(runs, (first, second)))
+    # both run whatever the first does; the stage fails if either does
+    return ["sh", "-c", f"{a}; a=$?; {b}; b=$?; [ $a -eq 0 ] && exit $b; exit $a"], cap
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,6 +384,9 @@ def read_run(folder, child_json):
             if key in first:
                 figures[f"first {key}"] = first[key]
                 figures[f"median {key}"] = statistics.median(r[key] for r in rest)
+        if len(rows) > 1 and "time" in first:  # the log's clock: each update after the first
+            figures["median s per update"] = statistics.median(
+                b["time"] - a["time"] for a, b in zip(rows, rows[1:]))
         figures["nonfinite"] = sorted({k for r in rows for k, v in r.items() if not finite(v)})
         figures["last"] = {k: v for k, v in rows[-1].items()
                            if "loss" in k or k in ("reward/mean", "accuracy", "grad_norm")}
@@ -308,13 +402,33 @@ def figures_of(name, lines, work):
     """What a stage's process left: a bench's table lines, a TRL pair's summary, eval.py's
     accuracy, or a training run's figures (a torchrun stage's checkpoint is loaded here)."""
     if name in BENCHES:
-        return {"table": [line for line in lines if line.startswith(("|", "(the first"))
+        marker = "side by side (shape, rows, new tokens, then mode):"  # roofline.py's end
+        if marker in lines:  # the table once, in its final order, not its rows as they came
+            end = lines.index(marker)
+            lines = [line for line in lines[:end] if not line.startswith("|")] + lines[end + 1:]
+        return {"table": [line for line in lines if line.startswith(("|", "(the first", "(on a"))
                           or "GB/s" in line or "peak" in line or "fused / separate" in line]}
+    if name == "memory_table":
+        path = work / name / "rows.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        return {"rows": rows, "table": [line for line in lines if line.startswith("|")]}
+    if name in COMPARED:
+        key, first, second = COMPARED[name]
+        runs = {run: read_run(work / name / run, work / name / "none") for run in (first, second)}
+        a, b = (runs[run].get(f"median {key}") for run in (first, second))
+        figures = {"runs": runs}
+        if a and b:
+            figures["ratio"] = a / b
+            figures["line"] = f"median {key}: {first} {a:.2f} / {second} {b:.2f} = {a / b:.2f}"
+        return figures
     if name in TRL_PAIRS:
         path = work / name / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else {}
         summary.pop("rows", None)
-        return {**summary, "line": [line for line in lines if line.startswith("median step")]}
+        # a pair cut at its cap writes no summary: its steps as they came are then the figures
+        steps = [] if summary else [line for line in lines if line.startswith("step ")]
+        return {**summary, "line": [line for line in lines if line.startswith("median step")],
+                **({"steps": steps} if steps else {})}
     if name == "eval":
         return {"lines": [line for line in lines if line.startswith(("accuracy", "pass@"))]}
     if name == "gsm8k_curve":  # the curve's table and the reading of its samples
@@ -363,7 +477,25 @@ def summary(results):
                      f"{num('median time/update_s', '.2f')} "
                      f"| {num('median tokens_per_s', '.0f')} | "
                      f"{'-' if mem is None else format(mem, '.2f')} | {ckpt} |")
-    return "\n".join(table)
+    return "\n".join(table + figure_lines(results))
+
+
+def figure_lines(results):
+    """The figures of the stages the table's columns do not hold: the compared runs' ratios, the
+    1.5B pair's, the memory table and the roofline at each shape."""
+    lines = []
+    for name in [*COMPARED, "trl_pair_1.5B"]:
+        f = results.get(name, {}).get("figures", {})
+        for line in [f["line"]] if isinstance(f.get("line"), str) else f.get("line", []):
+            lines.append(f"{name}: {line}")
+        if name == "trl_pair_1.5B" and "mean_response_len" in f:
+            lines.append(f"{name}: tokens a response, mathrl {f['mean_response_len']['mathrl']:.0f}"
+                         f", TRL {f['mean_response_len']['trl']:.0f}")
+    for name in ("memory_table", "roofline_shapes"):
+        table = results.get(name, {}).get("figures", {}).get("table", [])
+        if table:
+            lines += ["", f"{name}:", *table]
+    return ([""] if lines else []) + lines
 
 
 def main():
@@ -423,7 +555,7 @@ def main():
     if "figures" in results.get("env", {}):
         print(", ".join(f"{k} {v}" for k, v in results["env"]["figures"].items()))
     print(summary(results))
-    for name in BENCHES:
+    for name in (b for b in BENCHES if b != "roofline_shapes"):  # summary() printed that one
         for line in results.get(name, {}).get("figures", {}).get("table", []):
             print(line)
 

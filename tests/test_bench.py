@@ -214,3 +214,82 @@ def test_the_gsm8k_curve_reading_counts_format_correct_and_equations():
     ]
     assert reading(samples) == {"responses": 4, "in_format": 0.5, "correct": 0.25,
                                 "equations_per_response": 0.75, "equations_right": 2 / 3}
+
+
+def test_roofline_decodes_each_mode_in_a_row_of_its_own_then_side_by_side(monkeypatch, capsys):
+    # --modes: one row per shape x rows x mode, printed mode by mode as measured (a cut run keeps
+    # the first mode at every shape), then once more sorted by shape, rows and mode. The device's
+    # peaks are set, not measured (seconds on this CPU; the device check's tiny run measures them),
+    # a few times what this CPU measures (7 GB/s, 60 GFLOP/s), so that a bound is not passed
+    import dev.lab.roofline as roofline
+
+    monkeypatch.setattr(roofline, "device_peaks", lambda device: (2e10, {
+        torch.float32: 2e11, torch.bfloat16: 2e11}))
+    monkeypatch.setattr(sys, "argv", ["roofline.py", "--shapes", "tiny", "--batch", "8", "16",
+                                      "--new_tokens", "4", "--prompt_len", "8", "--modes",
+                                      "eager", "default", "--rollout_only"])
+    roofline.main()
+    out = capsys.readouterr().out
+    assert "on a CPU the mode `default` decodes eagerly" in out
+    body, side = out.split("side by side (shape, rows, new tokens, then mode):")
+    rows = [line.split(" | ") for line in body.splitlines() if line.startswith("| tiny")]
+    assert [(r[1], r[3]) for r in rows] == [("8", "eager"), ("16", "eager"),
+                                             ("8", "default (eager)"), ("16", "default (eager)")]
+    sorted_rows = [line.split(" | ") for line in side.splitlines() if line.startswith("| tiny")]
+    assert [(r[1], r[3]) for r in sorted_rows] == [("8", "eager"), ("8", "default (eager)"),
+                                                    ("16", "eager"), ("16", "default (eager)")]
+    for r in rows:  # tokens/s drawn, and a fraction of a bound (below 0.005 at these peaks)
+        assert float(r[4]) > 0 and 0 <= float(r[5]) <= 1
+
+
+def test_the_trl_pair_at_a_shape_draws_every_token_on_both_sides(tmp_path):
+    # --shape: a random model of a Qwen2.5 shape, built offline, that both sides load; with it
+    # --ignore_eos, which TRL gets as min_new_tokens (its generate masks the EOS until the end)
+    import argparse
+
+    from transformers import AutoConfig
+
+    from trl_vs_mathrl import random_model, trl_options
+
+    folder = random_model("tiny", tmp_path, "cpu")
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.model_type, config.num_hidden_layers) == ("qwen2", 2)
+    assert random_model("tiny", tmp_path, "cpu") == folder  # built once
+    bench = argparse.Namespace(algo="grpo", steps=2, seed=0, out=str(tmp_path), device="cpu",
+                               num_prompts=1, max_new_tokens=8, model_name_or_path=folder,
+                               mathrl_option=[], ignore_eos=True)
+    assert trl_options(bench)["generation_kwargs"] == {"min_new_tokens": 8}
+    assert "generation_kwargs" not in trl_options(argparse.Namespace(**{**vars(bench),
+                                                                        "ignore_eos": False}))
+
+
+def test_the_memory_tables_run_that_runs_out_of_memory_is_a_row(tmp_path):
+    # bench/memory.py gpu runs each configuration through `_gpu_one`, which caps the process and
+    # runs the file; a file that runs out of memory (here one that says so at once) gives a row
+    import json
+    import subprocess
+
+    script = tmp_path / "oom.py"
+    script.write_text("import torch\nraise torch.OutOfMemoryError('CUDA out of memory.')\n")
+    out = tmp_path / "row.json"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/memory.py", "_gpu_one", "--out", str(out),
+                           "--cap_gib", "24", "--", str(script)], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(out.read_text())
+    assert row["status"] == "out of memory" and row["peak_rss_gib"] > 0
+
+
+def test_the_memory_table_computes_which_runs_cannot_fit_their_cap():
+    # a run whose weights, gradients and AdamW state alone pass its cap is a computed row, not a
+    # run: 16 bytes a parameter in fp32 with AdamW, 4 with LoRA's frozen base or ZeRO-Offload
+    from memory import CONFIGS, GiB, counts, has_option, state_bytes
+
+    P = {size: counts(size)[0] for size in ("1.5B", "3B", "7B")}
+    assert 22 < state_bytes(P["1.5B"], "default") / GiB < 24  # 1.5B in fp32: tried under 24 GiB
+    assert state_bytes(P["3B"], "bf16") > 24 * GiB > state_bytes(P["3B"], "lora_r_16")
+    assert state_bytes(P["7B"], "fsdp") > 80 * GiB > state_bytes(P["7B"], "bf16_offload_optimizer")
+    # every configuration's flags are grpo.py's options
+    assert all(has_option(flag) for flags in CONFIGS.values() for flag in flags
+               if flag.startswith("--"))

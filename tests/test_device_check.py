@@ -73,10 +73,12 @@ def device_check(tmp_path, *argv):
 
 def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     # roofline_grow and trl_pair_compile compile under inductor, and each file's own stage is a
-    # run like grpo's: they run in the slow test below
-    results, stdout = device_check(tmp_path, "--stages", "env", "grpo", "roofline",
-                                   "fused_projections", "cuda_graphs", "gsm8k_curve")
-    assert [r["status"] for r in results.values()] == ["ok"] * 6
+    # run like grpo's: they run in the slow test below, with the roofline stage (roofline.py's
+    # run here is roofline_shapes'), async_one_gpu and the TRL pairs
+    stages = ["env", "grpo", "roofline_shapes", "fused_projections", "cuda_graphs", "gsm8k_curve",
+              "memory_table", "fsdp_rollout"]
+    results, stdout = device_check(tmp_path, "--stages", *stages)
+    assert [r["status"] for r in results.values()] == ["ok"] * len(stages)
     grpo = results["grpo"]["figures"]
     metrics = [json.loads(line) for line in
                (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
@@ -87,8 +89,38 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert list(grpo["eval"]) == ["0", "1", "2"]  # --eval_interval 1 over 2 updates
     assert grpo["nonfinite"] == [] and grpo["peak_rss_gib"] > 0
     assert grpo["checkpoint"] == "checkpoint-2" and grpo["loads"] and grpo["finite"]
-    assert any(line.startswith("| tiny | 8 | 8 |") for line in
-               results["roofline"]["figures"]["table"])
+    # roofline.py's table, once, in its final order: a row per shape x rows x mode, the files'
+    # default (eager on a CPU, which the output says) and eager, each with its fraction of the
+    # bound (which a tiny model can pass on a CPU: its weights stay in the cache, read faster than
+    # the copy's bandwidth, and bf16's matmul peak is measured on one small matmul)
+    table = results["roofline_shapes"]["figures"]["table"]
+    rows = [line.split(" | ") for line in table if line.startswith("| tiny | 8 | 8 |")]
+    assert [r[3] for r in rows] == ["default (eager)", "eager"]
+    assert all(float(r[4]) > 0 and 0 < float(r[5]) < 100 for r in rows)
+    assert any(line.startswith("(on a CPU the mode `default` decodes eagerly") for line in table)
+    # the memory table: a row per run, peak RSS on a CPU (no cap), ZeRO-Offload's run too
+    memory = results["memory_table"]["figures"]["rows"]
+    assert [(r["shape"], r["config"], r["status"]) for r in memory] == [
+        ("tiny", "default", "ok"), ("tiny", "bf16_offload_optimizer", "ok")]
+    assert all(r["cap_gib"] is None and r["peak_rss_gib"] > 0 for r in memory)
+    assert len(results["memory_table"]["figures"]["table"]) == 2 + len(memory)
+    # --fsdp's rollout against the same run without it: the ratio of the two runs' own medians
+    fsdp = results["fsdp_rollout"]["figures"]
+    runs = fsdp["runs"]
+    assert runs["fsdp"]["updates"] == runs["without"]["updates"] == 2
+    assert fsdp["ratio"] > 0 and fsdp["ratio"] == pytest.approx(
+        runs["fsdp"]["median time/rollout_s"] / runs["without"]["median time/rollout_s"])
+    assert runs["fsdp"]["median s per update"] > 0
+    assert "fsdp_rollout: median time/rollout_s: fsdp" in stdout and "memory_table:" in stdout
+    # the GPU's plans: the files' default decoding at 1.5B x 64 rows first, the memory table's
+    # 24 GiB cap first, and every new stage capped to fit the protocol's two calls
+    shapes, cap = stage_plan("roofline_shapes", False, tmp_path)
+    assert shapes[shapes.index("--shapes") + 1:shapes.index("--batch") + 2] == [
+        "1.5B", "7B", "0.5B", "--batch", "64"]
+    assert shapes[shapes.index("--modes") + 1] == "default" and cap == 120
+    for name, expected in [("trl_pair_1.5B", 150), ("memory_table", 150), ("fsdp_rollout", 90),
+                           ("async_one_gpu", 100)]:
+        assert stage_plan(name, False, tmp_path)[1] == expected, name
     # the fused and separate projections sampled the same tokens
     assert any(line.startswith("fused / separate:") and line.endswith("same tokens: True")
                for line in results["fused_projections"]["figures"]["table"])
@@ -108,7 +140,7 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert gpu[gpu.index("--test_problems") + 1] == "1319" and "/data" in gpu
     assert "| grpo | ok |" in stdout
     logs = (tmp_path / "out" / "logs.txt").read_text()
-    assert logs.count("=====") == 6 and "\r" not in logs
+    assert logs.count("=====") == len(stages) and "\r" not in logs
 
 
 @pytest.mark.slow  # ~56 s; the slow test of every stage runs these stages too
@@ -119,9 +151,16 @@ def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
     # tests/test_sharding.py, and two processes and LoRA in tests/test_grpo.py and
     # tests/test_sharding.py.
     ways = ["two_processes", "lora"]
-    results, _ = device_check(tmp_path, "--stages", *ways, "eval")
-    assert {name: r["status"] for name, r in results.items()} == dict.fromkeys([*ways, "eval"],
-                                                                               "ok")
+    results, _ = device_check(tmp_path, "--stages", *ways, "eval", "async_one_gpu")
+    assert {name: r["status"] for name, r in results.items()} == dict.fromkeys(
+        [*ways, "eval", "async_one_gpu"], "ok")
+    # async_grpo.py's two processes against grpo.py: the ratio of seconds an update (the log's
+    # clock, after the first)
+    pair = results["async_one_gpu"]["figures"]
+    runs = pair["runs"]
+    assert pair["ratio"] > 0 and pair["ratio"] == pytest.approx(
+        runs["async_two_processes"]["median s per update"] / runs["grpo"]["median s per update"])
+    assert "--nproc_per_node 2" in results["async_one_gpu"]["command"]
     for name in ways:
         figures = results[name]["figures"]
         assert figures["updates"] == 1 and figures["nonfinite"] == [], name
@@ -133,14 +172,19 @@ def test_every_way_to_launch_on_a_gpu_runs_on_a_cpu(tmp_path):
     assert any(line.startswith("accuracy") for line in results["eval"]["figures"]["lines"])
 
 
-@pytest.mark.slow  # ~45 s; bench/trl_vs_mathrl.py's parsing is tests/test_bench.py's
+@pytest.mark.slow  # ~3 min; bench/trl_vs_mathrl.py's parsing is tests/test_bench.py's
 def test_the_default_s_trl_pair_runs_on_a_cpu(tmp_path):
     # the pairs with TRL (bench/trl_vs_mathrl.py): the default's runs here, where TRL is installed
     pytest.importorskip("trl")
-    results, _ = device_check(tmp_path, "--stages", "trl_pair")
+    results, _ = device_check(tmp_path, "--stages", "trl_pair", "trl_pair_1.5B")
     trl = results["trl_pair"]["figures"]
     assert results["trl_pair"]["status"] == "ok"
     assert trl["steps"] == 2 and trl["ratio_mathrl_over_trl"] > 0
+    # at a shape (tiny here, 1.5B on a GPU) on random weights: both sides drew every token of the
+    # budget, so the ratio is of equal work
+    shape = results["trl_pair_1.5B"]["figures"]
+    assert results["trl_pair_1.5B"]["status"] == "ok" and shape["ratio_mathrl_over_trl"] > 0
+    assert shape["mean_response_len"] == {"trl": 8.0, "mathrl": 8.0}
     assert "--micro_batch_size=fit" in results["trl_pair"]["command"]
     # the eager pair is the default's with --no_cuda_graphs (its parsing: tests/test_bench.py),
     # the compiled one (run in the slow test) with --compile
@@ -150,6 +194,24 @@ def test_the_default_s_trl_pair_runs_on_a_cpu(tmp_path):
     compiled, _ = stage_plan("trl_pair_compile", True, tmp_path / "work")
     assert compiled[-3:] == ["--mathrl_option=--compile", "--out",
                              str(tmp_path / "work" / "trl_pair_compile")]
+
+
+def test_a_stage_cut_at_its_cap_keeps_what_it_measured(tmp_path):
+    # a TRL pair writes its summary at the end: cut before, its steps as they came are its
+    # figures; a compared stage whose second run was cut gives each run's figures, and no ratio
+    from device_check import figures_of
+
+    lines = ["step   1  trl        9.0 s  reward 0.000", "step   1  mathrl     3.0 s  reward 0.000"]
+    assert figures_of("trl_pair_1.5B", lines, tmp_path) == {"line": [], "steps": lines}
+    run = tmp_path / "fsdp_rollout" / "fsdp"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "time": 10.0 * i, "time/rollout_s": 1.0 + i}) + "\n"
+        for i in (1, 2, 3)))
+    figures = figures_of("fsdp_rollout", [], tmp_path)
+    assert "ratio" not in figures and figures["runs"]["without"] == {}
+    fsdp = figures["runs"]["fsdp"]
+    assert fsdp["median time/rollout_s"] == 3.5 and fsdp["median s per update"] == 10.0
 
 
 def test_a_spent_budget_skips_the_stages_left(tmp_path):

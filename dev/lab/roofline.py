@@ -3,6 +3,7 @@
     python dev/lab/roofline.py                          # CPU: SmolLM2-135M shape, ~5 min on 2 cores
     python dev/lab/roofline.py --shapes 135M 0.5B --batch 8 32 --new_tokens 64 256
     python dev/lab/roofline.py --shapes 1.5B --batch 64 256 --new_tokens 512 --bf16   # a GPU
+    python dev/lab/roofline.py --shapes 1.5B 7B --batch 64 --bf16 --modes default eager   # a GPU
     python dev/lab/roofline.py --batch 8 32 --new_tokens 64 --compile   # --compile's decoding
     python dev/lab/roofline.py --batch 32 --new_tokens 64 [--torch_linears]   # packed linears or not
     python dev/lab/roofline.py --batch 32 --new_tokens 64 --rollout_only [--unfused]   # fused or not
@@ -11,16 +12,21 @@
 First it measures the device: memory bandwidth (a large copy, bytes read plus written per second)
 and matmul FLOP/s (square fp32 and bf16 matmuls; on a CPU in fp32 the better of torch's matmul
 and oneDNN's packed linear, which `generate` decodes with there). Then, on random-weight models
-built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
+built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 3B / 7B shapes):
 
-- rollout: `generate` with the FastDecoder at each batch size and response length (prompts of --prompt_len
-  tokens, sampling at temperature 1, every row its own seed). Its bound is the sum, over the prefill
-  and every decode step, of the larger of the time to read the weights and the KV cache at the
-  measured bandwidth and the time to do the step's FLOPs at the measured matmul peak; `of bound` is
-  that bound over the measured time (1.0 = at the hardware's limit). `linears alone` is the same
-  fraction for a decode step halfway through the responses whose only cost would be its linear
-  layers, each run as `generate` runs it: the most any decoding with those matmul kernels can
-  reach, since attention, norms and the sampler only add.
+- rollout: `generate` with the FastDecoder at each batch size and response length (prompts of
+  --prompt_len tokens, sampling at temperature 1, every row its own seed), in each of --modes, a row
+  each: `default` decodes as the files do on the device (on a GPU the step captured as a CUDA graph,
+  `capture_decoding`, as `trained_policy` sets it up; on a CPU eagerly, since a capture needs CUDA),
+  `compile` as `--compile` does and `eager` as `--no_cuda_graphs` does; every mode with the speedups
+  the files get on the device (`Speedups.for_device`). Rows print mode by mode as they are measured
+  (a run cut short keeps the modes asked for first), then, with several modes, side by side. Its
+  bound is the sum, over the prefill and every decode step, of the larger of the time to read the
+  weights and the KV cache at the measured bandwidth and the time to do the step's FLOPs at the
+  measured matmul peak; `of bound` is that bound over the measured time (1.0 = at the hardware's
+  limit). `linears alone` is the same fraction for a decode step halfway through the responses
+  whose only cost would be its linear layers, each run as `generate` runs it: the most any decoding
+  with those matmul kernels can reach, since attention, norms and the sampler only add.
 - update: a forward and backward pass of `common.rl.logprobs.token_logprobs` over the same sequences, in
   micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
   a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
@@ -28,9 +34,9 @@ built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 7B shapes):
 
 The default shape is the default GRPO rollout (4 prompts x 8 samples = 32 rows, 64 new tokens, a
 prompt of about 150 tokens with the worked example). With matplotlib, --plot writes the tables as a
-figure of tokens/s against batch size and response length. --compile decodes as `--compile` does
-(`compile_decoding`: a static KV cache and a compiled forward); the first rollout of each shape
-compiles it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
+figure of tokens/s against batch size and response length. --compile is `--modes compile` (a static KV
+cache and a compiled forward, `compile_decoding`); the first rollout of each shape and batch compiles
+it, and its seconds are printed apart. --torch_linears decodes a CPU model through torch's
 own linear instead of oneDNN's packed weights (common/models/fast/linears.py), and --unfused runs q/k/v and
 gate/up as separate matmuls (common/models/fast/fused.py), each for a before and after; with --compile,
 --grow_static_cache lets the static cache grow as it fills (`Speedups.grow_static_cache`, off by
@@ -40,6 +46,7 @@ default until a GPU measures it); --rollout_only skips the update.
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,7 +55,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import SHAPES as QWEN  # noqa: E402
-from common.models.fast.compile import compile_decoding  # noqa: E402
+from common.models.fast.compile import _COMPILED, compile_decoding  # noqa: E402
+from common.models.fast.graphs import capture_decoding  # noqa: E402
 from common.models.fast.fused import _fused_projections  # noqa: E402
 from common.models.fast.linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
 from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
@@ -114,7 +122,9 @@ def build(shape, dtype, device):
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype)
+    # initialised where it runs: a 7B shape's random init takes minutes on a CPU, moments on a GPU
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config).to(dtype=dtype)
     model.config.use_cache = False
     return model.eval()
 
@@ -186,6 +196,29 @@ def update_flops(s, batch, prompt_len, new_tokens, groups):
     return 3 * forward
 
 
+MODES = ["default", "compile", "eager"]
+MODE_HELP = {"default": "the files' default: on a GPU the decode step captured as a CUDA graph "
+                        "(capture_decoding), on a CPU eager",
+             "compile": "--compile: a static KV cache and a compiled forward (compile_decoding)",
+             "eager": "--no_cuda_graphs: every op of a step launched on its own"}
+
+
+def decode_as(model, mode, compiled):
+    """Register how `model` decodes in `mode` (MODES), as trained_policy does for the files.
+    compiled: the model's torch.compile wrapper, kept across modes so that coming back to
+    `compile` does not compile again. -> whether the step is captured or compiled."""
+    _COMPILED.pop(model, None)
+    if mode == "default":
+        capture_decoding(model)  # a GPU captures (or declines, as the files would); a CPU: eager
+    elif mode == "compile":
+        if model in compiled:
+            _COMPILED[model] = compiled[model]
+        else:
+            compile_decoding(model)
+            compiled[model] = _COMPILED[model]
+    return model in _COMPILED
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["135M"], choices=list(SHAPES))
@@ -203,12 +236,20 @@ def main():
                    help="decode q/k/v and gate/up as separate matmuls, not one each")
     p.add_argument("--grow_static_cache", action="store_true",
                    help="with --compile: a static cache that grows as it fills")
-    p.add_argument("--compile", action="store_true",
-                   help="decode with a static KV cache and a compiled forward, as --compile does")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None,
+                   help="how to decode, each in its own rows, in this order: "
+                        + "; ".join(f"{m}: {h}" for m, h in MODE_HELP.items())
+                        + " (default: all three on a GPU, default alone on a CPU)")
+    p.add_argument("--compile", action="store_true", help="the same as --modes compile")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    speedups = Speedups(packed_linears=not args.torch_linears, fused_projections=not args.unfused,
-                        grow_static_cache=args.grow_static_cache)
+    modes = ["compile"] if args.compile else args.modes or (
+        MODES if device.type == "cuda" else ["default"])
+    # what the files decode with on this device (Speedups.for_device), less what is asked off
+    base = Speedups.for_device(device)
+    speedups = replace(base, packed_linears=base.packed_linears and not args.torch_linears,
+                       fused_projections=not args.unfused,
+                       grow_static_cache=args.grow_static_cache)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     bandwidth, flops = device_peaks(device)
     peak = flops[dtype]
@@ -216,68 +257,110 @@ def main():
             else f"CPU, {torch.get_num_threads()} threads")
     print(f"{name}: copy {bandwidth / 1e9:.1f} GB/s, matmul fp32 {flops[torch.float32] / 1e9:.0f} "
           f"GFLOP/s, bf16 {flops[torch.bfloat16] / 1e9:.0f} GFLOP/s; weights in {dtype}")
+    if device.type == "cpu" and "default" in modes:
+        print("(on a CPU the mode `default` decodes eagerly, as the files do there: capturing a "
+              "step as a CUDA graph needs CUDA)")
+    if not args.rollout_only and len(modes) > 1:
+        print(f"(the update does not depend on the mode: it is measured in the {modes[0]} rows)")
     tok = load_tokenizer("tiny-random")
     rows = []
-    print("| shape | batch | new tokens | rollout tokens/s | of bound | linears alone | "
-          "update tokens/s | MFU |")
-    print("|---|---|---|---|---|---|---|---|")
-    for shape in args.shapes:
-        model = build(shape, dtype, device)
-        if args.compile:
-            compile_decoding(model)
-        s = Shape(model, dtype)
-        for batch in args.batch:
-            pack = speedups.packed_linears and not args.compile
-            # any response length
-            t_alone = linears_alone(model, batch, device, pack, speedups.fused_projections)
-            for new in args.new_tokens:
-                g = torch.Generator().manual_seed(0)
-                # groups of 8 rows share a prompt, as a GRPO rollout does
-                prompts = [torch.randint(100, 40000, (args.prompt_len,), generator=g).tolist()
-                           for _ in range(max(1, batch // 8))]
-                prompts = [prompts[i // 8] for i in range(batch)]
-                out = {}
-
-                def roll():
-                    with fast_decoding(model, speedups=speedups) as decoder:
-                        out["gen"] = generate(model, tok, prompts, new, 1.0, 1.0,
-                                              seeds=list(range(batch)), decoder=decoder)
-
-                if args.compile:  # the first rollout of a shape compiles it
-                    t0 = time.perf_counter()
-                    roll()
-                    print(f"(the first rollout of {shape}, batch {batch}, {new} tokens, compiling: "
-                          f"{time.perf_counter() - t0:.0f} s)", flush=True)
-                t_roll = timed(roll, device, repeat=1)
-                sampled = out["gen"].response_mask.sum().item()
-                bound = rollout_bound(s, batch, args.prompt_len, new, bandwidth, peak)
-                ids, mask = out["gen"].sequences()
-                R = out["gen"].response_ids.shape[1]
-
-                def update():
-                    model.zero_grad(set_to_none=True)
-                    for i in range(0, batch, args.micro_batch_size):
-                        lp, _ = token_logprobs(model, ids[i:i + args.micro_batch_size],
-                                               mask[i:i + args.micro_batch_size], R)
-                        lp.sum().backward()
-
-                update_tps = mfu = float("nan")
-                if not args.rollout_only:
-                    model.train()
-                    t_update = timed(update, device, repeat=1)
-                    model.eval()
-                    update_tps = batch * R / t_update
-                    flops = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8))
-                    mfu = flops / t_update / peak
-                # the step halfway through the responses, against its linear layers alone
-                alone = step_bound(s, batch, args.prompt_len + new // 2, bandwidth, peak) / t_alone
-                rows.append((shape, batch, new, sampled / t_roll, bound / t_roll, update_tps, mfu))
-                print(f"| {shape} | {batch} | {new} | {sampled / t_roll:.0f} | "
-                      f"{bound / t_roll:.2f} | {alone:.2f} ({1e3 * t_alone:.0f} ms) | "
-                      f"{update_tps:.0f} | "
-                      f"{mfu:.2f} |".replace("nan", "-"), flush=True)
+    header = ("| shape | batch | new tokens | mode | rollout tokens/s | of bound | linears alone | "
+              "update tokens/s | MFU |")
+    print(header + "\n" + "|---" * 9 + "|")
+    # mode by mode, so that a run cut short has each shape's rows of the modes asked for first
+    # (device_check's stage: the files' default at every shape before eager and compiled); each
+    # shape's model is built once and kept for every mode
+    models, compiled, alone = {}, {}, {}
+    for mode in modes:
+        for shape in args.shapes:
+            if shape not in models:
+                models[shape] = build(shape, dtype, device)
+            model = models[shape]
+            captured = decode_as(model, mode, compiled)
+            label = mode if captured or mode == "eager" else f"{mode} (eager)"
+            s = Shape(model, dtype)
+            for batch in args.batch:
+                # the linear layers alone, at any response length and mode but compile's (its
+                # weights are not packed for oneDNN)
+                pack = speedups.packed_linears and mode != "compile"
+                if (shape, batch, pack) not in alone:
+                    alone[shape, batch, pack] = linears_alone(model, batch, device, pack,
+                                                              speedups.fused_projections)
+                t_alone = alone[shape, batch, pack]
+                for new in args.new_tokens:
+                    row = measure(model, tok, s, args, device, speedups, batch, new,
+                                  update=mode == modes[0] and not args.rollout_only,
+                                  compiling=mode == "compile", peaks=(bandwidth, peak),
+                                  what=f"{shape}, batch {batch}, {new} tokens")
+                    # the step halfway through the responses, against its linear layers alone
+                    row["alone"] = step_bound(s, batch, args.prompt_len + new // 2, bandwidth,
+                                              peak) / t_alone
+                    row.update(shape=shape, batch=batch, new=new, mode=label, t_alone=t_alone)
+                    rows.append(row)
+                    print(table_row(row), flush=True)
+            _COMPILED.pop(model, None)  # a captured step's graph holds its cache: let it go
+    if len(modes) > 1:
+        order = {m: i for i, m in enumerate(modes)}
+        print("\nside by side (shape, rows, new tokens, then mode):")
+        print(header + "\n" + "|---" * 9 + "|")
+        for row in sorted(rows, key=lambda r: (args.shapes.index(r["shape"]), r["batch"],
+                                               r["new"], order[r["mode"].split()[0]])):
+            print(table_row(row))
     if args.plot:
         plot(rows, args.plot)
+
+
+def measure(model, tok, s, args, device, speedups, batch, new, update, compiling, peaks, what):
+    """One rollout of `batch` rows and `new` tokens timed after one warm-up rollout (which
+    captures or compiles the step), and, if `update`, the update over its sequences."""
+    bandwidth, peak = peaks
+    g = torch.Generator().manual_seed(0)
+    # groups of 8 rows share a prompt, as a GRPO rollout does
+    prompts = [torch.randint(100, 40000, (args.prompt_len,), generator=g).tolist()
+               for _ in range(max(1, batch // 8))]
+    prompts = [prompts[i // 8] for i in range(batch)]
+    out = {}
+
+    def roll():
+        with fast_decoding(model, speedups=speedups) as decoder:
+            out["gen"] = generate(model, tok, prompts, new, 1.0, 1.0,
+                                  seeds=list(range(batch)), decoder=decoder)
+
+    if compiling:  # the first rollout of a shape compiles it
+        t0 = time.perf_counter()
+        roll()
+        print(f"(the first rollout of {what}, compiling: {time.perf_counter() - t0:.0f} s)",
+              flush=True)
+    t_roll = timed(roll, device, repeat=1)
+    sampled = out["gen"].response_mask.sum().item()
+    bound = rollout_bound(s, batch, args.prompt_len, new, bandwidth, peak)
+    ids, mask = out["gen"].sequences()
+    R = out["gen"].response_ids.shape[1]
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        for i in range(0, batch, args.micro_batch_size):
+            lp, _ = token_logprobs(model, ids[i:i + args.micro_batch_size],
+                                   mask[i:i + args.micro_batch_size], R)
+            lp.sum().backward()
+
+    update_tps = mfu = float("nan")
+    if update:
+        model.train()
+        t_update = timed(step, device, repeat=1)
+        model.eval()
+        model.zero_grad(set_to_none=True)  # the gradients would stay for the other modes
+        update_tps = batch * R / t_update
+        mfu = update_flops(s, batch, args.prompt_len, R, max(1, batch // 8)) / t_update / peak
+    return {"tokens_per_s": sampled / t_roll, "of_bound": bound / t_roll,
+            "update_tokens_per_s": update_tps, "mfu": mfu}
+
+
+def table_row(r):
+    return (f"| {r['shape']} | {r['batch']} | {r['new']} | {r['mode']} | "
+            f"{r['tokens_per_s']:.0f} | {r['of_bound']:.2f} | "
+            f"{r['alone']:.2f} ({1e3 * r['t_alone']:.0f} ms) | {r['update_tokens_per_s']:.0f} | "
+            f"{r['mfu']:.2f} |").replace("nan", "-")
 
 
 def plot(rows, path):
@@ -287,12 +370,12 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for shape in sorted({r[0] for r in rows}):
-        for new in sorted({r[2] for r in rows}):
-            pts = [(r[1], r[3], r[4]) for r in rows if r[0] == shape and r[2] == new]
-            axes[0].plot([x for x, _, _ in pts], [y for _, y, _ in pts], "o-",
-                         label=f"{shape}, {new} new tokens")
-            axes[1].plot([x for x, _, _ in pts], [f for _, _, f in pts], "o-")
+    for key in sorted({(r["shape"], r["new"], r["mode"]) for r in rows}):
+        pts = [(r["batch"], r["tokens_per_s"], r["of_bound"]) for r in rows
+               if (r["shape"], r["new"], r["mode"]) == key]
+        axes[0].plot([x for x, _, _ in pts], [y for _, y, _ in pts], "o-",
+                     label=f"{key[0]}, {key[1]} new tokens, {key[2]}")
+        axes[1].plot([x for x, _, _ in pts], [f for _, _, f in pts], "o-")
     axes[0].set(xlabel="batch (rows)", ylabel="rollout tokens/s", xscale="log", yscale="log")
     axes[1].set(xlabel="batch (rows)", ylabel="fraction of the bound", xscale="log", ylim=(0, 1))
     axes[0].legend(fontsize=7)
