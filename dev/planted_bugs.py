@@ -104,8 +104,8 @@ BUGS = {
         "test_every_cut_response_is_out_of_the_loss_and_pays_the_whole_penalty"),
     "grads_summed": (
         "common/models/distributed.py",
-        "        g.div_(world_size())\n",
-        "        pass\n",
+        "    flat.div_(world_size())\n",
+        "    pass\n",
         "tests/test_grpo.py::test_torchrun_two_processes_match_one_process"),
 }
 
