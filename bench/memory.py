@@ -184,10 +184,13 @@ def one(args):
     algo = __import__(args.algo)
     from common.run.args import parse_args
 
-    held = {}
-    algo.save_checkpoint = lambda *a, **k: None  # the gathered checkpoint would dominate rank 0
+    import common.run.run as run_module
 
-    def count(path, policy, tokenizer, step, optimizers, **kw):
+    held = {}
+
+    # in place of the checkpoint, which would gather the whole model on rank 0: the trained state
+    # each rank holds, counted from its tensors
+    def count(path, policy, tokenizer, step, optimizers=None, **kw):
         total = 0
         for module, optimizer in optimizers.values():
             for p in module.parameters():
@@ -201,7 +204,7 @@ def one(args):
                         total += v.numel() * v.element_size()
         held["state"] = total
 
-    algo.save_checkpoint = count
+    run_module.save_checkpoint = count
     argv = ["--model_name_or_path", args.model, "--fsdp", "--max_steps", "1", "--num_prompts", "4",
             "--max_new_tokens", "16", "--micro_batch_size", "2", "--num_eval_problems", "0",
             "--output_dir", str(Path(args.out).with_suffix("")), "--learning_rate", "1e-6"]
@@ -362,7 +365,7 @@ if __name__ == "__main__":
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("table")
     m = sub.add_parser("measure")
-    m.add_argument("--size", default="0.5B", choices=list(SHAPES))
+    m.add_argument("--size", default="0.5B", choices=[*SHAPES, "tiny"])
     m.add_argument("--algo", default="grpo", choices=["grpo", "ppo"])
     m.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     o = sub.add_parser("_one")
