@@ -45,8 +45,8 @@ import torch.nn.functional as F
 
 from common.env import UsageError, make_envs, resolve_task
 from common.models import (ProcessRewardModel, StepwiseEnvs, critic_state, left_pad,
-                           load_prm_tokenizer, load_tokenizer, make_critic, offload_optimizer,
-                           single_token_id, trained_policy, trim_left_padding)
+                           load_prm_tokenizer, load_tokenizer, make_critic, single_token_id,
+                           trained_policy, trim_left_padding)
 from common.rl import (batched_token_logprobs, explained_variance, kl_estimate, masked_mean,
                        masked_whiten, mismatch_stats, step_gae, token_logprobs)
 from common.run import (Run, TrainArgs, all_gather_objects, all_reduce_mean, all_reduce_sum,
@@ -326,7 +326,7 @@ def main(args):
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
-        optimizer = offload_optimizer(policy, optimizer)
+        optimizer = run.offload_optimizer(policy, optimizer)
     critic_optimizer = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad],
                                         lr=args.critic_learning_rate, eps=1e-5)
     envs = StepwiseEnvs(env, tokenizer, local_envs, run.rank * local_envs, args.num_envs,

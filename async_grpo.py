@@ -58,7 +58,7 @@ import torch
 
 from common.env import UsageError, make_envs
 from common.models import (Rollout, encode_prompts, fast_decoding, generate, load_tokenizer,
-                           offload_optimizer, reference_policy, trained_policy)
+                           reference_policy, trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
 from common.run import (Run, SampledAhead, TrainArgs, all_reduce_sum, check_unused, parse_args,
@@ -309,7 +309,7 @@ def main(args):
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
-        optimizer = offload_optimizer(policy, optimizer)
+        optimizer = run.offload_optimizer(policy, optimizer)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
               extra_state=lambda: {"queue": ahead.state(step)})  # off-policy: the checkpoint's

@@ -49,8 +49,7 @@ from torch.utils.checkpoint import checkpoint
 
 from common.env import UsageError, make_envs
 from common.models import (Rollout, backbone_and_head, check_teacher, encode_prompts,
-                           fast_decoding, generate, load_reference, load_tokenizer,
-                           offload_optimizer, trained_policy)
+                           fast_decoding, generate, load_reference, load_tokenizer, trained_policy)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
 from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
@@ -313,7 +312,7 @@ def main(args):
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
-        optimizer = offload_optimizer(policy, optimizer)
+        optimizer = run.offload_optimizer(policy, optimizer)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
 

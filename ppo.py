@@ -39,8 +39,7 @@ import torch
 
 from common.env import make_envs
 from common.models import (Rollout, critic_state, encode_prompts, fast_decoding, generate,
-                           load_tokenizer, make_critic, offload_optimizer, reference_policy,
-                           trained_policy)
+                           load_tokenizer, make_critic, reference_policy, trained_policy)
 from common.rl import (batched_token_logprobs, explained_variance, kl_estimate, masked_mean,
                        masked_whiten, mismatch_stats, token_gae, token_logprobs)
 from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
@@ -317,7 +316,7 @@ def main(args):
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
-        optimizer = offload_optimizer(policy, optimizer)
+        optimizer = run.offload_optimizer(policy, optimizer)
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate,
                                          weight_decay=0.0)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training

@@ -44,8 +44,8 @@ import torch
 
 from common.env import UsageError, make_envs
 from common.models import (Episodes, Rollout, encode_prompts, eos_token_ids, fast_decoding,
-                           full_state_dict, generate, load_tokenizer, offload_optimizer,
-                           play_episodes, policy_sampler, reference_policy, stepwise_system_prompt,
+                           full_state_dict, generate, load_tokenizer, play_episodes,
+                           policy_sampler, reference_policy, stepwise_system_prompt,
                            trained_policy, unsharded)
 from common.rl import (batched_token_logprobs, discounted_returns, kl_estimate, masked_mean,
                        mismatch_stats, token_logprobs)
@@ -269,7 +269,7 @@ def main(args):
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
-        optimizer = offload_optimizer(policy, optimizer)
+        optimizer = run.offload_optimizer(policy, optimizer)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
               # a refreshed reference (--ref_model_sync_steps) is saved with the policy

@@ -44,8 +44,8 @@ import torch
 from common.env import (UsageError, find_call, make_envs, output_text, parse_tools, run_tool,
                         show_tools, stop_strings)
 from common.models import (Generation, Rollout, encode_prompts, eos_token_ids, fast_decoding,
-                           generate, left_pad, load_tokenizer, offload_optimizer, reference_policy,
-                           right_pad, trained_policy, unsharded)
+                           generate, left_pad, load_tokenizer, reference_policy, right_pad,
+                           trained_policy, unsharded)
 from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
                        token_logprobs)
 from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
@@ -328,7 +328,7 @@ def main(args):
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
-        optimizer = offload_optimizer(policy, optimizer)
+        optimizer = run.offload_optimizer(policy, optimizer)
 
     def respond(prompts):  # tools: the held-out evaluation answers greedily, with the tools
         gen, _, texts, _, _ = play(policy, tokenizer, prompts, [0] * len(prompts), args, 0.0,

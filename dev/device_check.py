@@ -159,8 +159,9 @@ def _stage_plan(name, tiny, work, data_dir=None):
                      "--num_eval_problems", "8" if tiny else "200", "--output",
                      str(work / "eval" / "eval.jsonl")], 90
     if name == "memory_table":  # bench/memory.py gpu: a row per run, as it ends
-        # tiny: the two launches a CPU can check (--fsdp's torchrun is fsdp_rollout's too)
-        sizes = (["--shapes", "tiny", "--configs", "default", "bf16_offload_optimizer",
+        # tiny: the capped launcher with the newest option (--fsdp's torchrun is fsdp_rollout's,
+        # and the others are grpo.py's own runs)
+        sizes = (["--shapes", "tiny", "--configs", "bf16_offload_optimizer",
                   "--updates", "1", *(f"--grpo_option=--{k}={v}" for k, v in
                                       (("num_prompts", 2), ("num_generations", 2),
                                        ("max_new_tokens", 8)))] if tiny else [])

@@ -2,8 +2,8 @@
 decodes through its twin, lent the gathered weights): over two gloo processes, each rank draws the
 tokens that the sharded model's own eager decoding draws, also after the weights change, and no
 FSDP hook runs while it decodes; under --bf16 it draws, bit for bit, what a whole model with the
-gathered bf16 weights draws through the same step. On a CPU the step runs without a CUDA graph (graphs=False), as
-the other CPU tests of the captured step do."""
+gathered bf16 weights draws through the same step. On a CPU the step runs without a CUDA graph
+(graphs=False), as the other CPU tests of the captured step do."""
 
 import io
 import socket
@@ -70,7 +70,7 @@ def worker(rank, world, port, out):
                     q.to_local().add_(noise)
         FSDPState._pre_forward = pre_forward
         buffer = io.BytesIO()  # bytes, not tensors: torch would share them through this process
-        torch.save((rank, rows), buffer)
+        torch.save((rank, (rows, bf16_twin_against_whole(tok, prompts, seeds))), buffer)
         out.put(buffer.getvalue())
     finally:
         dist.destroy_process_group()
@@ -94,7 +94,9 @@ def test_two_ranks_decode_through_the_twin_the_tokens_of_the_sharded_model():
         w.join(timeout=120)
         assert w.exitcode == 0
     first = {}
-    for rank, rows in got.items():
+    for rank, (rows, (same_ids, same_logprobs, bf16_tokens)) in got.items():
+        # under --bf16: bit for bit the step of a whole model with the gathered bf16 weights
+        assert same_ids and same_logprobs and bf16_tokens >= 2 * 2
         for rollout, (ids_a, ids_b, mask_a, mask_b, logprob_gap, eager_hooks, twin_hooks,
                       tokens) in enumerate(rows):
             assert ids_a == ids_b and mask_a == mask_b
@@ -109,35 +111,18 @@ def test_two_ranks_decode_through_the_twin_the_tokens_of_the_sharded_model():
     assert all(a != b for a, b in first.values())
 
 
-def bf16_worker(port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        tok = load_tokenizer("tiny-random")
-        whole = load_policy("tiny-random")
-        for p in whole.parameters():  # what FSDP's mixed precision gathers: bf16 weights, the
-            p.data = p.data.to(torch.bfloat16)  # buffers (the rotary frequencies) left fp32
-        capture_decoding(whole, graphs=False)
-        policy = load_policy("tiny-random")
-        capture_decoding(shard(policy, decoder_layers(policy), bf16=True), graphs=False)
-        prompts = encode_prompts(tok, QUESTIONS)
-        kw = dict(seeds=[1, 2, 3, 4], autocast_dtype=torch.bfloat16)
-        a = fast_generate(whole, tok, prompts, 12, 1.0, 1.0, **kw)
-        b = fast_generate(policy, tok, prompts, 12, 1.0, 1.0, **kw)
-        out.put((a.response_ids.tolist() == b.response_ids.tolist(),
-                 torch.equal(a.logprobs, b.logprobs), a.response_mask.sum().item()))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_under_bf16_the_twin_decodes_what_a_whole_bf16_model_decodes_through_the_same_step():
-    # Under --bf16 FSDP gathers bf16 weights. Any two paths that round differently draw different
-    # tokens from tiny-random, whose distributions are nearly flat; so the twin is held to the
-    # same step on a whole model with those weights, bit for bit.
-    context = mp.get_context("fork")
-    out = context.SimpleQueue()
-    worker_process = context.Process(target=bf16_worker, args=(free_port(), out))
-    worker_process.start()
-    same_ids, same_logprobs, tokens = out.get()
-    worker_process.join(timeout=120)
-    assert worker_process.exitcode == 0
-    assert same_ids and same_logprobs and tokens >= 4 * 2
+def bf16_twin_against_whole(tok, prompts, seeds):
+    """Under --bf16 FSDP gathers bf16 weights. Any two paths that round differently draw different
+    tokens from tiny-random, whose distributions are nearly flat; so the twin is held to the same
+    step on a whole model with those weights. -> (same tokens, same log-probs, tokens drawn)"""
+    whole = load_policy("tiny-random")
+    for p in whole.parameters():  # what FSDP's mixed precision gathers: bf16 weights, the
+        p.data = p.data.to(torch.bfloat16)  # buffers (the rotary frequencies) left fp32
+    capture_decoding(whole, graphs=False)
+    policy = load_policy("tiny-random")
+    capture_decoding(shard(policy, decoder_layers(policy), bf16=True), graphs=False)
+    kw = dict(seeds=seeds, autocast_dtype=torch.bfloat16)
+    a = fast_generate(whole, tok, prompts, 12, 1.0, 1.0, **kw)
+    b = fast_generate(policy, tok, prompts, 12, 1.0, 1.0, **kw)
+    return (a.response_ids.tolist() == b.response_ids.tolist(),
+            torch.equal(a.logprobs, b.logprobs), a.response_mask.sum().item())

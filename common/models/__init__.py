@@ -18,7 +18,6 @@ in this order:
 from common.models.fast.decoding import fast_decoding
 from common.models.fast.graphs import capture_decoding
 from common.models.hf import backbone_and_head
-from common.models.offload import offload_optimizer
 from common.models.loading import (check_model_name, check_teacher, critic_state, load_policy,
                                    load_reference, load_tokenizer, make_critic, max_positions,
                                    reference_policy, trained_policy)
@@ -33,6 +32,6 @@ __all__ = ["Decoder", "Episodes", "Generation", "ProcessRewardModel", "Rollout",
            "backbone_and_head", "capture_decoding", "check_model_name", "check_teacher",
            "critic_state", "encode_prompts", "eos_token_ids", "fast_decoding", "full_state_dict",
            "generate", "left_pad", "load_policy", "load_prm_tokenizer", "load_reference",
-           "load_tokenizer", "make_critic", "max_positions", "offload_optimizer", "play_episodes",
+           "load_tokenizer", "make_critic", "max_positions", "play_episodes",
            "policy_sampler", "reference_policy", "right_pad", "single_token_id",
            "stepwise_system_prompt", "trained_policy", "trim_left_padding", "unsharded"]

@@ -38,6 +38,7 @@ import contextlib
 import torch
 
 from common.run.args import algorithm_of, lr_at, schedule
+from common.models.offload import offload_optimizer
 from common.run.checkpoints import resume_point, save_checkpoint
 from common.run.checks import StepGuard, check_options, check_rewards, trainers
 from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
@@ -186,6 +187,12 @@ class Run:
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr
+
+    def offload_optimizer(self, model, optimizer):
+        """--offload_optimizer: `optimizer`, built on `model`'s trained weights, stepping on fp32
+        copies of them in the CPU's memory while the model keeps bf16 ones on the device
+        (common/models/offload.py, ZeRO-Offload's split)."""
+        return offload_optimizer(model, optimizer)
 
     def minibatches(self, n, step):
         """Row indices of update `step`'s minibatches: --num_ppo_epochs passes over n rows, each
