@@ -159,9 +159,10 @@ def _stage_plan(name, tiny, work, data_dir=None):
                      "--num_eval_problems", "8" if tiny else "200", "--output",
                      str(work / "eval" / "eval.jsonl")], 90
     if name == "memory_table":  # bench/memory.py gpu: a row per run, as it ends
-        # tiny: the capped launcher with the newest option (--fsdp's torchrun is fsdp_rollout's,
-        # and the others are grpo.py's own runs)
-        sizes = (["--shapes", "tiny", "--configs", "bf16_offload_optimizer",
+        # tiny: the capped launcher once, in fp32 (a CPU's bf16 is slow; --offload_optimizer's
+        # update is tests/test_bf16.py's and tests/test_offload.py's, --fsdp's torchrun is
+        # fsdp_rollout's)
+        sizes = (["--shapes", "tiny", "--configs", "default",
                   "--updates", "1", *(f"--grpo_option=--{k}={v}" for k, v in
                                       (("num_prompts", 2), ("num_generations", 2),
                                        ("max_new_tokens", 8)))] if tiny else [])

@@ -99,10 +99,10 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert [r[3] for r in rows] == ["default (eager)", "eager"]
     assert all(float(r[4]) > 0 and 0 < float(r[5]) < 100 for r in rows)
     assert any(line.startswith("(on a CPU the mode `default` decodes eagerly") for line in table)
-    # the memory table: a row per run, peak RSS on a CPU (no cap), ZeRO-Offload's run too
+    # the memory table: a row per run, peak RSS on a CPU (no cap)
     memory = results["memory_table"]["figures"]["rows"]
     assert [(r["shape"], r["config"], r["status"]) for r in memory] == [
-        ("tiny", "bf16_offload_optimizer", "ok")]
+        ("tiny", "default", "ok")]
     assert all(r["cap_gib"] is None and r["peak_rss_gib"] > 0 for r in memory)
     assert len(results["memory_table"]["figures"]["table"]) == 2 + len(memory)
     assert "memory_table:" in stdout

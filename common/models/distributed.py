@@ -3,6 +3,7 @@ case), the collectives the algorithm files use, and the seeds that make 1 proces
 draw the same problems, samples and minibatches (and a resumed run draw what the uninterrupted run
 would have)."""
 
+import atexit
 import os
 import random
 import sys
@@ -66,7 +67,15 @@ def init_distributed():
     if not dist.is_initialized():
         nccl = use_cuda and not shared_gpu
         dist.init_process_group("nccl" if nccl else "gloo", device_id=device if nccl else None)
+        # A process that exits with its groups alive leaves their threads to C++'s own teardown,
+        # where gloo can abort a finished run ("terminate called without an active exception").
+        atexit.register(_leave_groups)
     return DistInfo(rank, world, local, device)
+
+
+def _leave_groups():
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # The exit status of a rank whose launcher died: 128 + SIGTERM, what torchrun's own shutdown of
