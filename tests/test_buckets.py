@@ -3,15 +3,12 @@ as worked by hand, and over two gloo processes the mean of every rank's gradient
 one all_reduce per parameter gives, with one all_reduce per bucket. (The files' 1-vs-2-process
 tests, tests/test_grpo.py and tests/test_sharding.py among them, run it inside whole updates.)"""
 
-import io
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from common.models import distributed
 from common.models.distributed import average_gradients, gradient_buckets
+from gloo_ranks import run_ranks
 
 
 def sizes(buckets):
@@ -49,58 +46,36 @@ def gradients(rank):
             for n, p in Model().named_parameters() if p.requires_grad}
 
 
-def worker(rank, port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    try:
-        calls = []
-        reduce = dist.all_reduce
+def worker(rank, world):
+    calls = []
+    reduce = dist.all_reduce
 
-        def counted(tensor, *args, **kwargs):
-            calls.append(tensor.numel())
-            return reduce(tensor, *args, **kwargs)
+    def counted(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return reduce(tensor, *args, **kwargs)
 
-        dist.all_reduce = counted
-        results = {}
-        for bucket_bytes in (160, distributed.BUCKET_BYTES):
-            model = Model()
-            for n, p in model.named_parameters():
-                if p.requires_grad:
-                    p.grad = gradients(rank)[n].clone()
-            calls.clear()
-            average_gradients(model, bucket_bytes)
-            results[bucket_bytes] = ({n: p.grad.clone() for n, p in model.named_parameters()
-                                      if p.grad is not None}, list(calls))
-        dist.all_reduce = reduce
-        # the per-parameter mean, one all_reduce each, as average_gradients did before buckets
-        alone = {}
-        for n, g in gradients(rank).items():
-            dist.all_reduce(g)
-            alone[n] = g.div_(2)
-        buffer = io.BytesIO()  # bytes, not tensors: torch would share them through this process
-        torch.save((rank, results, alone), buffer)
-        out.put(buffer.getvalue())
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    dist.all_reduce = counted
+    results = {}
+    for bucket_bytes in (160, distributed.BUCKET_BYTES):
+        model = Model()
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.grad = gradients(rank)[n].clone()
+        calls.clear()
+        average_gradients(model, bucket_bytes)
+        results[bucket_bytes] = ({n: p.grad.clone() for n, p in model.named_parameters()
+                                  if p.grad is not None}, list(calls))
+    dist.all_reduce = reduce
+    # the per-parameter mean, one all_reduce each, as average_gradients did before buckets
+    alone = {}
+    for n, g in gradients(rank).items():
+        dist.all_reduce(g)
+        alone[n] = g.div_(2)
+    return results, alone
 
 
 def test_two_processes_average_in_buckets_what_each_parameter_averages_alone():
-    context = mp.get_context("fork")
-    out = context.SimpleQueue()
-    port = free_port()
-    workers = [context.Process(target=worker, args=(rank, port, out)) for rank in range(2)]
-    for w in workers:
-        w.start()
-    got = dict((rank, (results, alone)) for rank, results, alone in (torch.load(io.BytesIO(out.get())) for _ in workers))
-    for w in workers:
-        w.join(timeout=60)
-        assert w.exitcode == 0
+    got = dict(enumerate(run_ranks(worker, 2)))
     r0, r1 = gradients(0), gradients(1)
     for rank in range(2):
         results, alone = got[rank]

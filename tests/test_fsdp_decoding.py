@@ -5,12 +5,7 @@ FSDP hook runs while it decodes; under --bf16 it draws, bit for bit, what a whol
 gathered bf16 weights draws through the same step. On a CPU the step runs without a CUDA graph
 (graphs=False), as the other CPU tests of the captured step do."""
 
-import io
-import socket
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from common.models.fast.compile import _COMPILED
 from common.models.fast.graphs import _TWINS, CapturedStep, capture_decoding
@@ -18,6 +13,7 @@ from common.models.hf import decoder_layers
 from common.models.loading import load_policy, load_tokenizer
 from common.models.sampler import encode_prompts
 from common.models.sharding import shard
+from gloo_ranks import run_ranks
 from sampling import fast_generate
 
 QUESTIONS = ["What is 2 + 3?", "What is 17 - 9?", "Name a prime.", "What is 6 * 7?"]
@@ -28,71 +24,49 @@ def sharded():
     return shard(policy, decoder_layers(policy), bf16=False)
 
 
-def worker(rank, world, port, out):
+def worker(rank, world):
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        hooks = []
-        pre_forward = FSDPState._pre_forward
+    hooks = []
+    pre_forward = FSDPState._pre_forward
 
-        def counted(self, *args, **kwargs):
-            hooks.append(1)
-            return pre_forward(self, *args, **kwargs)
+    def counted(self, *args, **kwargs):
+        hooks.append(1)
+        return pre_forward(self, *args, **kwargs)
 
-        FSDPState._pre_forward = counted
-        tok = load_tokenizer("tiny-random")
-        eager, captured = sharded(), sharded()
-        capture_decoding(captured, graphs=False)
-        assert isinstance(_COMPILED[_TWINS[captured]], CapturedStep) and eager not in _TWINS
-        # each rank its own prompts and seeds, as a rollout shares them out
-        prompts = encode_prompts(tok, QUESTIONS[rank::world])
-        seeds = [rank * 100 + k for k in range(len(prompts))]
-        rows = []
-        for rollout in range(2):
-            hooks.clear()
-            a = fast_generate(eager, tok, prompts, 10, 1.0, 1.0, seeds=seeds)
-            eager_hooks = len(hooks)
-            hooks.clear()
-            b = fast_generate(captured, tok, prompts, 10, 1.0, 1.0, seeds=seeds)
-            rows.append((a.response_ids.tolist(), b.response_ids.tolist(),
-                         a.response_mask.tolist(), b.response_mask.tolist(),
-                         (a.logprobs - b.logprobs).abs().max().item(), eager_hooks, len(hooks),
-                         a.response_mask.sum().item()))
-            # an optimizer step's worth of change, the same on both (each rank on its shard)
-            with torch.no_grad():
-                for p, q in zip(eager.parameters(), captured.parameters()):
-                    local = p.to_local()
-                    noise = torch.randn(local.shape, generator=torch.Generator().manual_seed(
-                        local.numel() + rank)) * 0.05
-                    local.add_(noise)
-                    q.to_local().add_(noise)
-        FSDPState._pre_forward = pre_forward
-        buffer = io.BytesIO()  # bytes, not tensors: torch would share them through this process
-        torch.save((rank, (rows, bf16_twin_against_whole(tok, prompts, seeds))), buffer)
-        out.put(buffer.getvalue())
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    FSDPState._pre_forward = counted
+    tok = load_tokenizer("tiny-random")
+    eager, captured = sharded(), sharded()
+    capture_decoding(captured, graphs=False)
+    assert isinstance(_COMPILED[_TWINS[captured]], CapturedStep) and eager not in _TWINS
+    # each rank its own prompts and seeds, as a rollout shares them out
+    prompts = encode_prompts(tok, QUESTIONS[rank::world])
+    seeds = [rank * 100 + k for k in range(len(prompts))]
+    rows = []
+    for rollout in range(2):
+        hooks.clear()
+        a = fast_generate(eager, tok, prompts, 10, 1.0, 1.0, seeds=seeds)
+        eager_hooks = len(hooks)
+        hooks.clear()
+        b = fast_generate(captured, tok, prompts, 10, 1.0, 1.0, seeds=seeds)
+        rows.append((a.response_ids.tolist(), b.response_ids.tolist(),
+                     a.response_mask.tolist(), b.response_mask.tolist(),
+                     (a.logprobs - b.logprobs).abs().max().item(), eager_hooks, len(hooks),
+                     a.response_mask.sum().item()))
+        # an optimizer step's worth of change, the same on both (each rank on its shard)
+        with torch.no_grad():
+            for p, q in zip(eager.parameters(), captured.parameters()):
+                local = p.to_local()
+                noise = torch.randn(local.shape, generator=torch.Generator().manual_seed(
+                    local.numel() + rank)) * 0.05
+                local.add_(noise)
+                q.to_local().add_(noise)
+    FSDPState._pre_forward = pre_forward
+    return rows, bf16_twin_against_whole(tok, prompts, seeds)
 
 
 def test_two_ranks_decode_through_the_twin_the_tokens_of_the_sharded_model():
-    context, world = mp.get_context("fork"), 2
-    out, port = context.SimpleQueue(), free_port()
-    workers = [context.Process(target=worker, args=(rank, world, port, out))
-               for rank in range(world)]
-    for w in workers:
-        w.start()
-    got = dict(torch.load(io.BytesIO(out.get())) for _ in workers)
-    for w in workers:
-        w.join(timeout=120)
-        assert w.exitcode == 0
+    got = dict(enumerate(run_ranks(worker, 2)))
     first = {}
     for rank, (rows, (same_ids, same_logprobs, bf16_tokens)) in got.items():
         # under --bf16: bit for bit the step of a whole model with the gathered bf16 weights
