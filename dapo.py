@@ -34,12 +34,13 @@ from typing import Literal, Optional
 
 import torch
 
-from common.env import UsageError, make_envs
-from common.models import (Generation, Rollout, encode_prompts, fast_decoding, generate,
-                           load_tokenizer, reference_policy, trained_policy)
-from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
-                       token_logprobs)
-from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
+from common import UsageError, all_reduce_sum, sample_seed
+from common.env import make_envs, prompt_indices
+from common.models import (Generation, Rollout, batched_token_logprobs, encode_prompts,
+                           fast_decoding, generate, load_tokenizer, reference_policy,
+                           token_logprobs, trained_policy)
+from common.rl import kl_estimate, masked_mean, mismatch_stats
+from common.run import Run, TrainArgs, parse_args
 
 
 @dataclass

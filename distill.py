@@ -47,13 +47,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from common.env import UsageError, make_envs
-from common.models import (Rollout, backbone_and_head, check_teacher, encode_prompts,
-                           fast_decoding, generate, load_reference, load_tokenizer, trained_policy)
-from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
-                       token_logprobs)
-from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
-                        sample_seed)
+from common import UsageError, all_reduce_sum, sample_seed
+from common.env import make_envs, prompt_indices
+from common.models import (Rollout, backbone_and_head, batched_token_logprobs, check_teacher,
+                           encode_prompts, fast_decoding, generate, load_reference, load_tokenizer,
+                           token_logprobs, trained_policy)
+from common.rl import kl_estimate, masked_mean, mismatch_stats
+from common.run import Run, TrainArgs, check_unused, parse_args
 
 
 @dataclass

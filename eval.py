@@ -55,14 +55,14 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from common.env import (MATH_SUBJECTS, PathError, TASKS, UsageError, eval_set_env,
-                        eval_set_name, filter_math, grade as task_grade, make_env,
-                        make_env_options, named_rows, rename_fields, resolve_task)
+from common import PathError, UsageError, all_gather_objects, init_distributed, print0, set_seed
+from common.env import (MATH_SUBJECTS, TASKS, eval_set_env, eval_set_name, filter_math,
+                        grade as task_grade, make_env, make_env_options, named_rows, rename_fields,
+                        resolve_task)
 from common.models import (capture_decoding, check_model_name, encode_prompts, load_policy,
                            load_tokenizer, max_positions)
-from common.run import (DataArgs, all_gather_objects, check_new_file, check_output_dir,
-                        check_ranges, chosen_problems, init_distributed, parse_args, print0,
-                        problem_metrics, replace_file, sample_problems, set_seed)
+from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges, chosen_problems,
+                        parse_args, problem_metrics, replace_file, sample_problems)
 
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl. A benchmark's is its task's

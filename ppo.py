@@ -37,12 +37,14 @@ from typing import Literal, Optional
 
 import torch
 
-from common.env import make_envs
-from common.models import (Rollout, critic_state, encode_prompts, fast_decoding, generate,
-                           load_tokenizer, make_critic, reference_policy, trained_policy)
-from common.rl import (batched_token_logprobs, explained_variance, kl_estimate, masked_mean,
-                       masked_whiten, mismatch_stats, token_gae, token_logprobs)
-from common.run import Run, TrainArgs, all_reduce_sum, parse_args, prompt_indices, sample_seed
+from common import all_reduce_sum, sample_seed
+from common.env import make_envs, prompt_indices
+from common.models import (Rollout, batched_token_logprobs, critic_state, encode_prompts,
+                           fast_decoding, generate, load_tokenizer, make_critic, reference_policy,
+                           token_logprobs, trained_policy)
+from common.rl import (explained_variance, kl_estimate, masked_mean, masked_whiten, mismatch_stats,
+                       token_gae)
+from common.run import Run, TrainArgs, parse_args
 
 
 @dataclass

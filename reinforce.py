@@ -42,15 +42,14 @@ from typing import Literal, Optional
 
 import torch
 
-from common.env import UsageError, make_envs
-from common.models import (Episodes, Rollout, encode_prompts, eos_token_ids, fast_decoding,
-                           full_state_dict, generate, load_tokenizer, play_episodes,
-                           policy_sampler, reference_policy, stepwise_system_prompt,
+from common import UsageError, all_reduce_sum, sample_seed
+from common.env import make_envs, prompt_indices
+from common.models import (Episodes, Rollout, batched_token_logprobs, encode_prompts, eos_token_ids,
+                           fast_decoding, full_state_dict, generate, load_tokenizer, play_episodes,
+                           policy_sampler, reference_policy, stepwise_system_prompt, token_logprobs,
                            trained_policy, unsharded)
-from common.rl import (batched_token_logprobs, discounted_returns, kl_estimate, masked_mean,
-                       mismatch_stats, token_logprobs)
-from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, every, parse_args,
-                        prompt_indices, sample_seed)
+from common.rl import discounted_returns, kl_estimate, masked_mean, mismatch_stats
+from common.run import Run, TrainArgs, check_unused, every, parse_args
 
 
 @dataclass

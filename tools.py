@@ -41,15 +41,14 @@ from typing import Literal, Optional
 
 import torch
 
-from common.env import (UsageError, find_call, make_envs, output_text, parse_tools, run_tool,
+from common import UsageError, all_reduce_sum, sample_seed
+from common.env import (find_call, make_envs, output_text, parse_tools, prompt_indices, run_tool,
                         show_tools, stop_strings)
-from common.models import (Generation, Rollout, encode_prompts, eos_token_ids, fast_decoding,
-                           generate, left_pad, load_tokenizer, reference_policy, right_pad,
-                           trained_policy, unsharded)
-from common.rl import (batched_token_logprobs, kl_estimate, masked_mean, mismatch_stats,
-                       token_logprobs)
-from common.run import (Run, TrainArgs, all_reduce_sum, check_unused, parse_args, prompt_indices,
-                        sample_seed)
+from common.models import (Generation, Rollout, batched_token_logprobs, encode_prompts,
+                           eos_token_ids, fast_decoding, generate, left_pad, load_tokenizer,
+                           reference_policy, right_pad, token_logprobs, trained_policy, unsharded)
+from common.rl import kl_estimate, masked_mean, mismatch_stats
+from common.run import Run, TrainArgs, check_unused, parse_args
 
 
 @dataclass

@@ -45,14 +45,13 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common.env import UsageError, make_envs, resolve_task
-from common.models import (ProcessRewardModel, StepwiseEnvs, critic_state, left_pad,
-                           load_prm_tokenizer, load_tokenizer, make_critic, single_token_id,
-                           trained_policy, trim_left_padding)
-from common.rl import (batched_token_logprobs, explained_variance, kl_estimate, masked_mean,
-                       masked_whiten, mismatch_stats, token_logprobs)
-from common.run import (Run, TrainArgs, all_gather_objects, all_reduce_mean, all_reduce_sum,
-                        mean_of, parse_args, sample_seed)
+from common import UsageError, all_gather_objects, all_reduce_mean, all_reduce_sum, sample_seed
+from common.env import make_envs, resolve_task
+from common.models import (ProcessRewardModel, StepwiseEnvs, batched_token_logprobs, critic_state,
+                           left_pad, load_prm_tokenizer, load_tokenizer, make_critic,
+                           single_token_id, token_logprobs, trained_policy, trim_left_padding)
+from common.rl import explained_variance, kl_estimate, masked_mean, masked_whiten, mismatch_stats
+from common.run import Run, TrainArgs, mean_of, parse_args
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
 STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96), "math": (10, 96)}

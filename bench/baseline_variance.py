@@ -38,10 +38,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reinforce  # noqa: E402  (the file whose estimator is measured)
 # noqa: E402
-from common.models.distributed import sample_seed, set_seed  # noqa: E402
+from common.distributed import sample_seed, set_seed  # noqa: E402
 from common.env.math_env import make_env  # noqa: E402
 from common.models.hf import position_ids_from_mask  # noqa: E402
-from common.rl.logprobs import logprobs_from_logits  # noqa: E402
+from common.models.logprobs import logprobs_from_logits  # noqa: E402
 from common.models.loading import load_policy, load_tokenizer  # noqa: E402
 
 

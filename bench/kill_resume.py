@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.run.algorithms import ALGORITHMS  # noqa: E402
+from dev.algorithms import ALGORITHMS  # noqa: E402
 
 SMALL = {  # a few seconds per attempt on 2 cores, evaluations and sample logs inside the run
     "grpo": ["--num_prompts", "2", "--num_generations", "4", "--max_new_tokens", "8"],

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.run.algorithms import ALGORITHMS  # noqa: E402
+from dev.algorithms import ALGORITHMS  # noqa: E402
 from common.run.plot import read_log  # noqa: E402  (reads a run's jsonl logs, resumed runs included)
 
 # a table row each, in this order; tools.py's results are on the task its tool is for, level 6

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.run.algorithms import ALGORITHMS  # noqa: E402
+from dev.algorithms import ALGORITHMS  # noqa: E402
 
 
 def measure(algo, args, out):

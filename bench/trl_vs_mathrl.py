@@ -85,7 +85,7 @@ def trl_prompts(args):
     """The mathrl file's env, from its options (the same system prompt and worked example), and the
     prompts of its updates 0..steps-1 in its order, as (text, index) pairs; TRL is told not to
     shuffle."""
-    from common.models.distributed import prompt_indices
+    from common.env import prompt_indices
     from common.env.math_env import make_envs
 
     env, _ = make_envs(mathrl_args(args))

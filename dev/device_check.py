@@ -83,7 +83,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.run.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
+from dev.algorithms import ALGORITHMS, STEPWISE  # noqa: E402
 # every algorithm file but grpo.py, 5 updates each; the stepwise ones first (they ran the least)
 FILES = sorted((a for a in ALGORITHMS if a != "grpo"), key=lambda a: a not in STEPWISE)
 # grpo.py for 3 updates each way a GPU run can be launched besides the default

@@ -103,7 +103,7 @@ BUGS = {
         "tests/test_dapo.py::"
         "test_every_cut_response_is_out_of_the_loss_and_pays_the_whole_penalty"),
     "grads_summed": (
-        "common/models/distributed.py",
+        "common/distributed.py",
         "    flat.div_(world_size())\n",
         "    pass\n",
         "tests/test_grpo.py::test_torchrun_two_processes_match_one_process"),

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ROOT / "common"
 sys.path.insert(0, str(ROOT))
-from common.run.algorithms import SIBLINGS as ALGORITHM_SIBLINGS  # noqa: E402
+from dev.algorithms import SIBLINGS as ALGORITHM_SIBLINGS  # noqa: E402
 
 
 def units(path):

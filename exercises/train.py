@@ -63,7 +63,7 @@ def _step_gae(student, original):  # appo.py's compute_advantages takes a mask i
 
 
 def _response_logprobs(student, original):
-    """token_logprobs, the training forward (common/rl/logprobs.py), with the student's PS1.4
+    """token_logprobs, the training forward (common/models/logprobs.py), with the student's PS1.4
     scoring the response from the model's logits. The positions kept are the last R + 1, as the
     file's own plain path keeps them; the entropy, a logged number, is computed beside it."""
     def token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0,

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import appo
 from common.run.args import field_docs, parse_args
 from common.run.checks import StepGuard, check_options
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import ValueHead, load_policy
 from common.models.sampler import Generation
 from common.models.sharding import clip_grad_norm

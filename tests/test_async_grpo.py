@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 import async_grpo
 import grpo
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.run.checks import check_options
 
 ROOT = Path(__file__).resolve().parents[1]

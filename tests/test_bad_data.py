@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.env.math_env import make_env
 from common.env.tasks import MAX_QUESTION_CHARS
 

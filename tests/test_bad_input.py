@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
-from common.run.algorithms import ALGORITHMS
-from common.env.errors import PathError, UsageError
+from dev.algorithms import ALGORITHMS
+from common.errors import PathError, UsageError
 from common.run.checks import check_options
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import distill
 import grpo
 import reinforce
 import tools
-from common.env.errors import PathError, UsageError
-from common.run.algorithms import ALGORITHMS
+from common.errors import PathError, UsageError
+from dev.algorithms import ALGORITHMS
 from common.run.checks import check_options
 from common.run.pair import Sampled, rollout_state, saved_queue
 

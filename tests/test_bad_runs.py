@@ -5,7 +5,7 @@ one line naming the fix, with no traceback and no hang, and nothing is written o
 Each class is closed where the writes are, not case by case: every file a run writes is checked for
 its kind before it is opened (common/run/logger.py's kind_of, refuse_special, open_log,
 check_new_file; common/run/checkpoints.py's check_run_folder), every write goes through disk_room,
-every rank launched by torchrun watches its launcher (common/models/distributed.py), and the
+every rank launched by torchrun watches its launcher (common/distributed.py), and the
 checker reaches every verdict in its own process (exercises/check.py)."""
 
 import errno
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import eval as ev
-from common.env.errors import PathError
+from common.errors import PathError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,7 +279,7 @@ def test_what_counts_as_a_full_disk():
 RANK = """
 import importlib.util, os, sys, time
 # the module alone, without common/models' face (transformers would cost seconds here)
-spec = importlib.util.spec_from_file_location("distributed", "common/models/distributed.py")
+spec = importlib.util.spec_from_file_location("distributed", "common/distributed.py")
 distributed = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(distributed)
 distributed.init_distributed()
@@ -328,7 +328,7 @@ def test_a_rank_whose_launcher_is_killed_stops_within_seconds():
 
 
 def test_no_watch_without_torchrun(monkeypatch):
-    import common.models.distributed as d
+    import common.distributed as d
 
     monkeypatch.delenv("RANK", raising=False)
     d.init_distributed()

@@ -64,7 +64,7 @@ def test_baseline_variance_statistics_by_hand():
 
 
 def test_per_sample_gradients_from_one_backward_match_one_backward_per_row():
-    from common.rl.logprobs import token_logprobs
+    from common.models.logprobs import token_logprobs
     from common.models.loading import load_policy
     from common.rl.numerics import masked_sum
     policy = load_policy("tiny-random")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import common.env.tasks as tasks
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.env.math_env import filter_math, make_env, make_envs, resolve_task, verify
 from common.env.tasks import MATH, TASKS, Task, detect_task, load_few_shot
 from grpo import Args

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import char_model
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Bucketed gradient averaging (common/models/distributed.py: `average_gradients`): the buckets cut
+"""Bucketed gradient averaging (common/distributed.py: `average_gradients`): the buckets cut
 as worked by hand, and over two gloo processes the mean of every rank's gradient, bit for bit what
 one all_reduce per parameter gives, with one all_reduce per bucket. (The files' 1-vs-2-process
 tests, tests/test_grpo.py and tests/test_sharding.py among them, run it inside whole updates.)"""
@@ -6,8 +6,8 @@ tests, tests/test_grpo.py and tests/test_sharding.py among them, run it inside w
 import torch
 import torch.distributed as dist
 
-from common.models import distributed
-from common.models.distributed import average_gradients, gradient_buckets
+from common import distributed
+from common.distributed import average_gradients, gradient_buckets
 from gloo_ranks import run_ranks
 
 

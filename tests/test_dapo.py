@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dapo
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 

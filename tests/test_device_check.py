@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "dev"))

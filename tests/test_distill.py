@@ -116,7 +116,7 @@ def test_the_loss_is_a_token_mean_of_the_clipped_term_and_the_divergence():
 def _loss_and_grad(policy, teacher, batch, args):
     """distill.py's update on `batch`, one micro-batch: (loss, {name: grad})."""
     from common.models.hf import backbone_and_head
-    from common.rl.logprobs import token_logprobs
+    from common.models.logprobs import token_logprobs
 
     gen = batch.gen()
     input_ids, attention_mask = gen.sequences()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 from common.run.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def stale_counts(texts):
 
 
 def test_the_list_of_algorithm_files_is_the_files_at_the_root():
-    # every script at the root but eval.py is an algorithm file, and common/run/algorithms.py lists it
+    # every script at the root but eval.py is an algorithm file, and dev/algorithms.py lists it
     assert sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "eval") == sorted(ALGORITHMS)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from common.env.answers import safe_arith
 from common.env.math_env import make_env, make_envs, verify
-from common.env.errors import PathError
+from common.errors import PathError
 from common.env.tasks import DATA_DIR, TASKS, detect_task, load_few_shot
 from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 

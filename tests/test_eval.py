@@ -15,7 +15,7 @@ from common.run.args import field_docs, make_parser, parse_args
 from common.env.math_env import make_env
 import common.run.evaluation as evaluation
 from common.run.evaluation import evaluate
-from common.env.errors import UserError
+from common.errors import UserError
 from common.models.loading import load_policy, load_tokenizer, tiny_random_model
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 

@@ -13,9 +13,9 @@ import torch
 
 import common.run.evaluation as evaluation
 import eval as ev
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.env.math_env import eval_set_env, eval_set_name, make_env, make_eval_sets
-from common.models.distributed import sample_seed
+from common.distributed import sample_seed
 from common.models.loading import load_policy, load_tokenizer
 from common.models.sampler import encode_prompts
 from common.run.args import parse_args

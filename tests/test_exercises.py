@@ -363,7 +363,7 @@ def test_the_logprob_and_surrogate_adapters_are_the_files_own_with_the_oracles()
     (exercises/train.py); with the oracles in them they give the file's loss, value and gradient,
     and its entropy: the copy of the loss's composition cannot drift from the file's."""
     import grpo
-    from common.rl.logprobs import token_logprobs
+    from common.models.logprobs import token_logprobs
     from exercises.ps1.cases import _Logits
     from exercises.train import _clipped_surrogate, _response_logprobs
 
@@ -716,7 +716,7 @@ def copies(tmp_path, monkeypatch):
 
 
 def test_ps4_has_a_bug_in_each_algorithm_file(copies):
-    from common.run.algorithms import ALGORITHMS
+    from dev.algorithms import ALGORITHMS
     ids = [e.id for e in copies.EXERCISES]
     assert ids == [f"4.{k}" for k in range(1, len(ids) + 1)]
     assert {e.path for e in copies.EXERCISES} == {f"{a}.py" for a in ALGORITHMS}

@@ -21,7 +21,7 @@ from common.models.fast.linears import _onednn_linears, _onednn_works
 from common.models.fast.prompts import PrefixCache, _common_prefix
 from common.models.fast.decoding import _KEPT_FUSED, Speedups
 from common.models.hf import KV_CACHE
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import load_policy, load_tokenizer
 from common.models.sampler import encode_prompts, generate
 from sampling import fast_generate
@@ -263,7 +263,7 @@ def test_the_captured_step_draws_the_tokens_of_eager_decoding(tok):
         caches.append(step.cache())
         assert static.response_ids.tolist() == eager.response_ids.tolist()
         assert static.response_mask.tolist() == eager.response_mask.tolist()
-        torch.testing.assert_close(static.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(static.logprobs, eager.logprobs, atol=5e-5, rtol=0)
         # the cache: prompts left-padded to 11 columns, room for 12 tokens, in steps of 128
         assert step.padding.shape == (4, 1, 1, 128)
         with torch.no_grad():  # the same step on both

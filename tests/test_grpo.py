@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 import grpo
 from common.env import math_env as envlib
 from common.run.args import field_docs
-from common.rl.logprobs import token_logprobs
-from common.env.errors import PathError
+from common.models.logprobs import token_logprobs
+from common.errors import PathError
 from common.run.checks import check_options
 from trl_steps import a_batch, moved_policy, trl_training_step
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
@@ -342,7 +342,7 @@ def grpo_step(batch, args, bias_corrected=False):
     as its update runs them (pi_old is the policy itself, detached: one epoch of one minibatch).
     bias_corrected adds TRL's use_bias_correction_kl (the KL times the ratio: 1 in value, not in
     gradient). -> (the loss, the policy, whose .grad hold the gradient)"""
-    from common.rl.logprobs import batched_token_logprobs
+    from common.models.logprobs import batched_token_logprobs
     from common.models.loading import load_policy
 
     gen, scores, policy = batch.gen(), batch.scores, moved_policy()

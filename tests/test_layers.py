@@ -1,9 +1,11 @@
-"""common/ is four packages, env < models < rl < run, each importing only from those below it; inside
-a package a module imports only from the layers below its own, so there is no import cycle and a
-student reads it bottom up. The order is written once, in docs/reading.md (the picture under
-"Layers"); this test reads it there, parses every import of every common/ module (inside functions
-too) and fails on one that points sideways or up. Every algorithm file imports from the four
-packages' faces only (their __init__), names that the face lists."""
+"""common/ is four packages, env < models < rl < run, on a floor of modules that each needs (user
+errors; ranks, collectives and seeds); a package imports only from the floor and the packages below
+it, and inside a package a module imports only from the layers below its own, so there is no import
+cycle and a student reads it bottom up. The order is written once, in docs/reading.md (the picture
+under "Layers"); this test reads it there, parses every import of every common/ module (inside
+functions too) and fails on one that points sideways or up. Every algorithm file imports from the
+five faces only (the floor's, common/__init__.py, and the packages' __init__), names that the face
+lists, and each face names only its own package's names."""
 
 import ast
 import importlib
@@ -12,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("env", "models", "rl", "run")  # bottom to top
+FLOOR = ("errors", "distributed")  # the modules of common/ itself, below every package
 
 
 def common_modules():
@@ -26,8 +29,7 @@ def common_modules():
         parts = p.relative_to(ROOT / "common").with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        if parts:
-            out[".".join(parts)] = p.read_text()
+        out[".".join(parts)] = p.read_text()  # "": the floor's face, common/__init__.py
     return out
 
 
@@ -61,7 +63,7 @@ def common_imports(source, modules):
 
 
 def package(module):
-    return module.split(".")[0]
+    return "floor" if module in FLOOR or not module else module.split(".")[0]
 
 
 def violations(sources, order):
@@ -71,16 +73,22 @@ def violations(sources, order):
     bad = []
     for module, source in sorted(sources.items()):
         for line, target in common_imports(source, sources):
-            if not target or package(target) not in PACKAGES:
+            if target == "" and module:  # the floor's face is the files': common/ takes modules
+                bad.append(f"{module}:{line} imports common: name the floor's module")
+                continue
+            if package(target) not in ("floor", *PACKAGES):
                 bad.append(f"{module}:{line} imports common.{target}: not one of the packages")
                 continue
-            here, there = PACKAGES.index(package(module)), PACKAGES.index(package(target))
+            if package(target) == "floor" and package(module) != "floor":
+                continue  # every package stands on the floor
+            here, there = (("floor", *PACKAGES).index(package(module)),
+                           ("floor", *PACKAGES).index(package(target)))
             if there > here:
                 bad.append(f"{module}:{line} imports {target} (package {package(module)} -> "
                            f"{package(target)}: above)")
             elif there < here:
                 continue
-            elif module in PACKAGES:  # a face reads its own modules
+            elif module in PACKAGES or module == "":  # a face reads its own modules
                 continue
             elif target not in order or module not in order:
                 bad.append(f"{module}:{line} imports {target}: not in the docs' layers")
@@ -92,14 +100,14 @@ def violations(sources, order):
 
 def test_every_common_module_has_a_layer_in_the_docs_and_only_those():
     order = layers_from_docs((ROOT / "docs/reading.md").read_text())
-    modules = set(common_modules()) - set(PACKAGES) - {"models.fast"}
+    modules = set(common_modules()) - set(PACKAGES) - {"models.fast", ""}
     assert set(order) == modules
 
 
 def test_the_layers_keep_each_package_in_one_band_in_package_order():
     order = layers_from_docs((ROOT / "docs/reading.md").read_text())
     bands = [(min(v for k, v in order.items() if package(k) == p),
-              max(v for k, v in order.items() if package(k) == p)) for p in PACKAGES]
+              max(v for k, v in order.items() if package(k) == p)) for p in ("floor", *PACKAGES)]
     assert all(hi < lo for (_, hi), (lo, _) in zip(bands, bands[1:])), bands
 
 
@@ -113,9 +121,9 @@ def test_a_planted_upward_or_sideways_import_fails():
     sources = {
         "models.distributed": "import torch\n",
         # function-local, as the cycles of the old common/ were held together
-        "rl.numerics": "from common.models.distributed import x\n\ndef f():\n    from common.run import y\n",
+        "rl.numerics": "from common.distributed import x\n\ndef f():\n    from common.run import y\n",
         "models.loading": "import common.models.sampler\nfrom common.rl import numerics\n",
-        "models.sampler": "from common.models.distributed import masked_mean\n",
+        "models.sampler": "from common.distributed import masked_mean\n",
         "models": "from common.models.loading import z\n",
         "env.tasks": "from common import models\n",
     }
@@ -145,19 +153,21 @@ def file_imports(source):
 
 def face_violations(algo, source, faces):
     """What breaks the rule for one file: an import of anything but a face, a name the face does
-    not list, more than four places, or more names than MOST_NAMES allows."""
+    not list, more than five places (the floor and the four packages), or more names than
+    MOST_NAMES allows."""
     bad, places, names = [], set(), 0
     for line, module, imported in file_imports(source):
-        face = module[len("common."):] if module.startswith("common.") else None
+        face = "" if module == "common" else (
+            module[len("common."):] if module.startswith("common.") else None)
         if face not in faces or not imported:
             bad.append(f"{algo}.py:{line} imports {module}: only the faces "
-                       f"{', '.join('common.' + f for f in faces)}")
+                       f"{', '.join(('common.' + f).rstrip('.') for f in faces)}")
             continue
         places.add(face)
         names += len(imported)
-        bad += [f"{algo}.py:{line} imports {name} from common.{face}, whose face does not name it"
+        bad += [f"{algo}.py:{line} imports {name} from {module}, whose face does not name it"
                 for name in imported if name not in faces[face]]
-    if len(places) > 4:
+    if len(places) > 5:
         bad.append(f"{algo}.py imports from {len(places)} places")
     if names > MOST_NAMES.get(algo, names):
         bad.append(f"{algo}.py takes {names} names, more than {MOST_NAMES[algo]}")
@@ -165,7 +175,8 @@ def face_violations(algo, source, faces):
 
 
 def faces():
-    return {p: set(importlib.import_module(f"common.{p}").__all__) for p in PACKAGES}
+    return {p: set(importlib.import_module(f"common.{p}".rstrip(".")).__all__)
+            for p in ("", *PACKAGES)}
 
 
 @pytest.mark.parametrize("algo", [*ALGORITHMS, "eval"])
@@ -175,8 +186,26 @@ def test_each_file_imports_only_what_the_faces_name(algo):
 
 def test_every_name_a_face_lists_is_there():
     for p, names in faces().items():
-        module = importlib.import_module(f"common.{p}")
+        module = importlib.import_module(f"common.{p}".rstrip("."))
         assert all(hasattr(module, n) for n in names), p
+
+
+def foreign_names(face, source):
+    """The names a face's source imports from outside its own package (the floor's face: from
+    outside the floor's modules)."""
+    own = tuple(f"common.{m}" for m in FLOOR) if face == "" else (f"common.{face}.",)
+    return sorted(a.name for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("common")
+                  and not node.module.startswith(own) for a in node.names
+                  if a.name not in FLOOR)
+
+
+def test_each_face_names_only_its_own_packages_names():
+    sources = common_modules()
+    assert {face: foreign_names(face, sources[face]) for face in ("", *PACKAGES)} == {
+        face: [] for face in ("", *PACKAGES)}
+    assert foreign_names("run", "from common.run.run import Run\n"
+                                "from common.distributed import print0\n") == ["print0"]
 
 
 def test_a_file_that_reaches_past_a_face_or_takes_too_many_names_fails():
@@ -191,10 +220,13 @@ def test_a_file_that_reaches_past_a_face_or_takes_too_many_names_fails():
         "grpo.py:4 imports common.rl.numerics: only the faces common.models, common.run",
         "grpo.py takes 21 names, more than 20",
     ]
+    floor = {"": {"UsageError"}, "models": {"generate"}}
+    assert face_violations("grpo", "from common import UsageError, secret\n", floor) == [
+        "grpo.py:1 imports secret from common, whose face does not name it"]
 
 
 # ---- one name per concept ---------------------------------------------------------------------
-from common.run.algorithms import SIBLINGS  # noqa: E402
+from dev.algorithms import SIBLINGS  # noqa: E402
 # a name the files used for the same concept as another, now retired: (retired, the name to use)
 RETIRED = [("action_mask", "response_mask")]
 
@@ -260,14 +292,14 @@ def test_one_name_per_concept_in_common_and_the_algorithm_files():
 
 
 def test_a_planted_second_signature_or_retired_name_fails():
-    common = {"models.distributed": "def minibatches(n, num_mini_batches, seeds, device='cpu'):\n    pass\n"}
+    common = {"distributed": "def minibatches(n, num_mini_batches, seeds, device='cpu'):\n    pass\n"}
     files = {
         "appo": "def minibatches(step, epoch, num_envs):\n    pass\n"
                 "def policy_loss(logprobs, mask):\n    pass\n",
         "tppo": "def policy_loss(logprobs, action_mask):\n    pass\n",
     }
     assert name_violations(common, files, [("appo", "tppo")]) == [
-        "appo.minibatches('step', 'epoch', 'num_envs') shadows common/models/distributed.py's "
+        "appo.minibatches('step', 'epoch', 'num_envs') shadows common/distributed.py's "
         "minibatches('n', 'num_mini_batches', 'seeds', 'device')",
         "appo.policy_loss('logprobs', 'mask') vs tppo.policy_loss('logprobs', 'action_mask')",
         "tppo uses action_mask: the name is response_mask",
@@ -463,7 +495,7 @@ def copy_violations(sources, shared, tags):
         for algo in holders[1:]:
             found = helper_lines(sources[algo], helper)
             if found is None:
-                bad.append(f"{algo}.py holds no {helper}, which common/run/algorithms.py says it "
+                bad.append(f"{algo}.py holds no {helper}, which dev/algorithms.py says it "
                            "shares")
                 continue
             mine, first = found
@@ -479,14 +511,14 @@ def copy_violations(sources, shared, tags):
 
 
 def test_the_helpers_that_files_share_keep_one_text():
-    from common.run.algorithms import SHARED, TAGS
+    from dev.algorithms import SHARED, TAGS
 
     sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     assert copy_violations(sources, SHARED, TAGS) == []
 
 
 def test_a_planted_change_to_one_copy_of_group_advantages_fails():
-    from common.run.algorithms import SHARED, TAGS
+    from dev.algorithms import SHARED, TAGS
 
     sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     line = "        advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)"

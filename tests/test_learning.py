@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]

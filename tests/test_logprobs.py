@@ -1,4 +1,4 @@
-"""common/rl/logprobs.py and its speedups (common/models/fast/logprobs.py, common/models/fast/prompts.py): token
+"""common/models/logprobs.py and its speedups (common/models/fast/logprobs.py, common/models/fast/prompts.py): token
 log-probs against cross-entropy, under left padding, chunked, and with the prompt tokens that rows
 share run once; the fast path gives the plain forward's numbers and gradients."""
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from common.models.fast.logprobs import fast_token_logprobs
 from common.models.fast.prompts import identical_rows, shared_prefix_len
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 
 
 # ---- token log-probs ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import grpo
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 from common.run.run import DEFAULT_MICRO_BATCH, MicroBatchFit, Run
 
 

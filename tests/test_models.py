@@ -6,7 +6,7 @@ import torch
 from common.models.loading import (EMBEDDED_MODEL, check_model_name, load_policy, load_tokenizer,
                            tiny_random_model)
 from common.models.sampler import encode_prompts
-from common.env.errors import PathError
+from common.errors import PathError
 from sampling import fast_generate
 
 

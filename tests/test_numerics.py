@@ -1,4 +1,4 @@
-"""common/rl/numerics.py and the seeded data order of common/models/distributed.py against hand-worked values
+"""common/rl/numerics.py and the seeded data order of common/distributed.py against hand-worked values
 and closed forms."""
 
 import math
@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from common.models.distributed import minibatches, problem_index, prompt_indices
+from common.env.math_env import problem_index, prompt_indices
+from common.run.run import minibatch_order
 from common.rl.numerics import (discounted_returns, explained_variance, kl_estimate, kl_k1, kl_k2,
                              kl_k3, masked_mean, masked_whiten, step_gae, token_gae)
 
@@ -67,15 +68,15 @@ def test_prompt_indices_walk_one_seeded_permutation_per_pass():
 
 
 def test_minibatches_one_keeps_order_several_shuffle_each_epoch_alike_on_resume():
-    (only,) = list(minibatches(6, 1, [7]))
+    (only,) = list(minibatch_order(6, 1, [7]))
     assert only.tolist() == [0, 1, 2, 3, 4, 5]
-    parts = list(minibatches(6, 3, [7, 8]))  # 2 epochs x 3 minibatches of 2 rows
+    parts = list(minibatch_order(6, 3, [7, 8]))  # 2 epochs x 3 minibatches of 2 rows
     assert len(parts) == 6 and all(len(p) == 2 for p in parts)
     assert sorted(torch.cat(parts[:3]).tolist()) == sorted(torch.cat(parts[3:]).tolist()) == list(range(6))
     # each epoch its own shuffle
     assert torch.cat(parts[:3]).tolist() != torch.cat(parts[3:]).tolist()
     # a pure function
-    assert [p.tolist() for p in minibatches(6, 3, [7, 8])] == [p.tolist() for p in parts]
+    assert [p.tolist() for p in minibatch_order(6, 3, [7, 8])] == [p.tolist() for p in parts]
 
 
 # ---- KL estimators ----------------------------------------------------------------------------------------------

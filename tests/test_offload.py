@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import grpo
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.models.loading import tiny_random_model
 from common.models.offload import OffloadedOptimizer, offload_optimizer
 from common.run.checks import check_options

@@ -232,7 +232,7 @@ def test_the_reference_is_the_starting_policy_once_the_policy_moved(tmp_path, mo
     import run_with_test_reward  # tests/ is on sys.path under pytest: a reward that gives pairs
 
     from common.env import math_env as envlib
-    from common.rl.logprobs import batched_token_logprobs
+    from common.models.logprobs import batched_token_logprobs
     from common.models.loading import load_policy
     from common.rl.numerics import masked_mean
 
@@ -275,7 +275,7 @@ def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_pa
     from datasets import Dataset
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
-    from common.rl.logprobs import batched_token_logprobs, token_logprobs
+    from common.models.logprobs import batched_token_logprobs, token_logprobs
     from common.models.loading import load_policy, load_tokenizer
     from common.models.sampler import Generation
     from trl_steps import moved_policy  # the same moved weights as the GRPO and RLOO tests

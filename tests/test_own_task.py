@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.env.math_env import make_env, make_envs
-from common.env.errors import PathError, UsageError
+from common.errors import PathError, UsageError
 from common.env.rewards import load_reward_fn
 from common.env.tasks import TASKS, Task, register
 from grpo import Args

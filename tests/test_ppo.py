@@ -17,7 +17,7 @@ import ppo
 from common.env import math_env as envlib
 from common.run.args import field_docs, parse_args
 from common.rl.numerics import explained_variance, masked_whiten
-from common.env.errors import PathError
+from common.errors import PathError
 from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
@@ -297,7 +297,7 @@ def test_values_are_read_at_the_position_before_each_token():
     # CRUCIAL: V(s_t) of response token t is the critic's output at the position before it. A critic
     # that outputs each position's index must give T - R - 1 ... T - 2 for the R response tokens;
     # the shared head must read the policy's hidden states there.
-    from common.rl.logprobs import token_logprobs
+    from common.models.logprobs import token_logprobs
     from common.models.loading import load_policy
 
     policy = load_policy("tiny-random")
@@ -506,7 +506,7 @@ def _ppo_reference_batch(lengths):
     """moved tiny-random and a tiny-random critic on 6 rows of a 5-token prompt and R = 6: the new
     log-probs and values with their graph, pi_old's and V_old (the new ones moved by fixed noise, so
     that both clips act), the reference's log-probs, and scores."""
-    from common.rl.logprobs import token_logprobs
+    from common.models.logprobs import token_logprobs
     from common.models.loading import load_critic, load_policy
     from trl_steps import moved_policy
 

@@ -19,11 +19,11 @@ import reinforce
 from common.env import math_env as envlib
 from common.run.args import field_docs, make_parser, parse_args
 from common.env.math_env import make_env
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import load_tokenizer
 from common.models.stepwise import calculator, play_episodes, sample_line
 from common.env.tasks import TASKS, load_few_shot
-from common.env.errors import PathError
+from common.errors import PathError
 from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
@@ -482,7 +482,7 @@ def test_rloo_loss_and_gradient_equal_trls_rloo_trainer_on_the_same_batch(tmp_pa
     pytest.importorskip("trl")
     from trl import RLOOConfig, RLOOTrainer
 
-    from common.rl.logprobs import batched_token_logprobs
+    from common.models.logprobs import batched_token_logprobs
     from common.models.loading import load_policy
     from common.rl.numerics import kl_estimate
     from trl_steps import a_batch, moved_policy, trl_training_step

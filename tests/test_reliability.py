@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.run.algorithms import ALGORITHMS
+from dev.algorithms import ALGORITHMS
 from common.run.checkpoints import checkpoints, load_trainer_state, resume_point, save_checkpoint
 from common.run.checks import StepGuard, check_options, check_rewards
 from common.run.logger import Logger, json_line
 from common.models.loading import load_tokenizer, tiny_random_model
-from common.env.errors import PathError, UsageError
+from common.errors import PathError, UsageError
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -517,7 +517,7 @@ def test_log_lines_are_strict_json_with_non_finite_values_null_and_counted(tmp_p
 def test_micro_batch_statistics_average_where_measured_and_are_nan_where_not():
     # one process: the mean over the micro-batches that hold each key; a named key nothing measured
     # is NaN (null in the log). Two ranks with different keys: tests/test_online_dpo.py.
-    from common.models.distributed import all_reduce_stats
+    from common.distributed import all_reduce_stats
 
     out = all_reduce_stats([{"a": 1.0, "b": 2.0}, {"a": 4.0}], keys=("a", "c"))
     assert out["a"] == 2.5 and out["b"] == 2.0 and math.isnan(out["c"]) and len(out) == 3
@@ -624,7 +624,7 @@ def test_data_errors_count_rows_from_1_as_lines_are(tmp_path):
 
 RANK_ERROR = """import os, sys, time
 sys.path.insert(0, {root!r})
-from common.env.errors import UsageError, report_user_errors
+from common.errors import UsageError, report_user_errors
 report_user_errors()
 if os.environ["RANK"] in sys.argv[1].split(","):
     raise UsageError("bad here")
@@ -649,8 +649,8 @@ RESUME_ON_TWO_NODES = """import os, sys
 sys.path.insert(0, {root!r})
 import torch.distributed as dist
 from common.run.checkpoints import resume_point
-from common.models.distributed import init_distributed
-from common.env.errors import report_user_errors
+from common.distributed import init_distributed
+from common.errors import report_user_errors
 report_user_errors()
 init_distributed()
 # rank 1 reads sys.argv[2]: a second node whose --output_dir is its own disk, not rank 0's

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from common.models.hf import KV_CACHE
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import load_policy, load_tokenizer
 from common.models.sampler import (_hash32, encode_prompts, generate, inverse_cdf, key_uniforms, left_pad,
                             render_prompt, row_keys, row_uniforms, uniform_table)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from common.env.math_env import make_env
 from common.run.evaluation import evaluate
 from common.models.hf import decoder_layers
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import load_policy, load_tokenizer, tiny_random_model
 from common.models.sampler import encode_prompts
 from common.models.sharding import AdapterOff, add_lora, shard

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.models.distributed import problem_index
+from common.env.math_env import problem_index
 from common.env.math_env import make_env
 from common.models.hf import KV_CACHE
 from common.models.loading import load_policy, load_tokenizer
@@ -172,7 +172,7 @@ def test_a_prm_that_does_not_load_offline_is_not_told_to_use_the_policy(monkeypa
     # a PRM's folder or the test PRM as its fix; the policy keeps its own advice.
     import transformers
 
-    from common.env.errors import PathError
+    from common.errors import PathError
 
     def offline(*args, **kwargs):
         raise OSError("We couldn't connect to 'https://huggingface.co'")

@@ -20,7 +20,7 @@ import tools
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 from common.env import toolbox
 from common.env.grader import math_equal
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import load_policy, load_tokenizer
 from common.models.sampler import Generation, left_pad
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 import tppo
 from common.run.args import field_docs, parse_args
 from common.run.checks import StepGuard
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models.loading import load_policy
 from common.rl.numerics import masked_whiten
 from common.models.sampler import Generation

@@ -21,7 +21,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from common.env.errors import UsageError
+from common.errors import UsageError
 from common.env.rewards import call_reward_fn, load_reward_fn, weighted_sum
 from common.env.tasks import (TASKS, Arithmetic, Task, detect_task, grade, is_hub_id, load_few_shot,
                           load_hub_rows, read_rows, rename_fields)
@@ -205,6 +205,26 @@ class MathEnv:
         if self.template == "plain":
             return self._prompt + text
         return self._prompt + [{"role": "assistant", "content": text}]
+
+
+# ------------------------------------------------------------------------------------------------
+# The order of the problems: the same stream on every rank, and for a resumed run
+# ------------------------------------------------------------------------------------------------
+def problem_index(position, num_problems, seed):
+    """The problem at `position` of an endless stream over the problems: a seeded permutation per
+    pass. Every rank computes the same stream, and a resumed run continues where it stopped."""
+    import torch  # the env reads torch here only: a grader's worker process never orders problems
+
+    epoch, offset = divmod(position, num_problems)
+    perm = torch.randperm(num_problems,
+                          generator=torch.Generator().manual_seed(seed * 7919 + epoch))
+    return int(perm[offset])
+
+
+def prompt_indices(step, num_prompts, num_problems, seed):
+    """The problems of update `step`: num_prompts consecutive positions of the stream."""
+    return [problem_index(pos, num_problems, seed) for pos in range(step * num_prompts,
+                                                                    (step + 1) * num_prompts)]
 
 
 # ------------------------------------------------------------------------------------------------

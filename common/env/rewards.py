@@ -32,7 +32,7 @@ from collections.abc import Mapping, Set
 from numbers import Real
 from pathlib import Path
 
-from common.env.errors import PathError, UsageError
+from common.errors import PathError, UsageError
 from common.env.timelimit import OutOfTime, wall_limit
 
 # keys that name the batch itself in TRL's call, so no data field may take their place

@@ -22,7 +22,7 @@ from pathlib import Path
 from common.env.answers import (MARKERS, MATH_MARKERS, MAX_ARITH_LEN, box_is_hedged, extract_number,
                             first_sentence, last_marker, nothing_more, numbers_equal, safe_arith,
                             tentative, to_number)
-from common.env.errors import PathError, UsageError
+from common.errors import PathError, UsageError
 from common.env.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
 from common.env.grader_worker import count_timeout
 from common.env.timelimit import OutOfTime, cpu_limit

@@ -4,7 +4,7 @@ decoder layers sit (also through a peft wrapper)."""
 
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from common.env.errors import UsageError
+from common.errors import UsageError
 
 # Recent transformers (5.24 here) call the KV cache `cache`, in forward's arguments and in its
 # outputs: the old `past_key_values` warns there and is to go in 5.40, while 4.x knows only the old

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from common.models.distributed import broadcast_parameters
-from common.env.errors import PathError, UsageError
+from common.distributed import broadcast_parameters
+from common.errors import PathError, UsageError
 from common.models.fast.compile import compile_decoding
 from common.models.fast.graphs import capture_decoding
 from common.models.hf import decoder_layers, position_ids_from_mask

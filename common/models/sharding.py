@@ -1,6 +1,6 @@
 """Past one GPU's memory: LoRA adapters (peft) and FSDP2 sharding (torch's `fully_shard`), shared
 by every algorithm file. Without --fsdp every rank holds the whole model and gradients are averaged
-once per optimizer step (common/models/distributed.py: `average_gradients`, what DDP does); with
+once per optimizer step (common/distributed.py: `average_gradients`, what DDP does); with
 --fsdp each rank holds 1/world of every trained weight, gradient and AdamW state, and gathers the
 weights a layer at a time in the training forward and backward, and all at once for a rollout
 (`unsharded`).

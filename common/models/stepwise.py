@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from common.env.answers import safe_arith
-from common.models.distributed import problem_index, sample_seed
-from common.env.errors import UsageError
+from common.distributed import sample_seed
+from common.env.math_env import problem_index
+from common.errors import UsageError
 from common.models.fast.prompts import PrefixCache
 from common.models.fast.decoding import fast_decoding
 from common.models.hf import position_ids_from_mask

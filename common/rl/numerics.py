@@ -7,7 +7,7 @@ Statistics that whiten or compare over a batch (`masked_mean_var`, `masked_white
 
 import torch
 
-from common.models.distributed import all_reduce_sum
+from common.distributed import all_reduce_sum
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
-from common.env.errors import report_user_errors
+from common.errors import report_user_errors
 from common.run.seed_flags import ALIASES, aliases_for, apply_rules
 
 

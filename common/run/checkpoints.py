@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from common.run.args import algorithm_of
-from common.models.distributed import all_gather_objects, print0
-from common.env.errors import NonFiniteError, PathError, UsageError, UserError
+from common.distributed import all_gather_objects, print0
+from common.errors import NonFiniteError, PathError, UsageError, UserError
 from common.run.logger import LOG_FILES, RUN_FILES, disk_room, kind_of, plain_mode
 from common.models.loading import check_safetensors, load_policy, refuse_code
 from common.models.sharding import full_state_dict, optimizer_state, untied

@@ -20,9 +20,9 @@ from common.run.args import (
     in_range,
     range_text,
 )
-from common.models.distributed import collective_device, collective_group, print0, world_size
+from common.distributed import collective_device, collective_group, print0, world_size
 from common.run.logger import kind_of
-from common.env.errors import NonFiniteError, PackageError, PathError, UsageError
+from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models.loading import check_model_name
 
 

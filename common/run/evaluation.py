@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from common.env import TASKS, normalize, to_number
-from common.models.distributed import all_gather_objects, sample_seed, world_size
+from common.distributed import all_gather_objects, sample_seed, world_size
 from common.models.fast.decoding import fast_decoding
 from common.models.sampler import encode_prompts, eos_token_ids, generate
 from common.models.sharding import unsharded

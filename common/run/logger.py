@@ -12,8 +12,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common.models.distributed import print0
-from common.env.errors import PathError
+from common.distributed import print0
+from common.errors import PathError
 
 
 LOG_FILES = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")  # in the run's output_dir

@@ -29,8 +29,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-from common.env.errors import UsageError
-from common.models.distributed import collective_device, part_ways
+from common.errors import UsageError
+from common.distributed import collective_device, part_ways
 from common.models.sampler import Generation, Rollout
 
 TRAINER = 0  # the rank that sends the weights (and writes logs and checkpoints)

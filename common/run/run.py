@@ -37,20 +37,20 @@ import contextlib
 
 import torch
 
-from common.run.args import algorithm_of, lr_at, schedule
-from common.models.offload import offload_optimizer
-from common.run.checkpoints import resume_point, save_checkpoint
-from common.run.checks import StepGuard, check_options, check_rewards, trainers
-from common.models.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
-                                average_gradients, init_distributed, minibatches, print0,
-                                sample_seed, set_seed)
-from common.run.evaluation import evaluate, evaluate_sets
+from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_stats,
+                                average_gradients, init_distributed, print0, sample_seed,
+                                set_seed)
 from common.env import eval_set_name, make_eval_sets
 from common.env.grader import grader_counts
-from common.run.logger import Logger, every, report_end
 from common.models.loading import max_positions
+from common.models.offload import offload_optimizer
 from common.models.sampler import encode_prompts
 from common.models.sharding import clip_grad_norm, load_optimizer_state
+from common.run.args import algorithm_of, lr_at, schedule
+from common.run.checkpoints import resume_point, save_checkpoint
+from common.run.checks import StepGuard, check_options, check_rewards, trainers
+from common.run.evaluation import evaluate, evaluate_sets
+from common.run.logger import Logger, every, report_end
 
 
 DEFAULT_MICRO_BATCH = 8  # rows per forward in the update when --micro_batch_size is not given
@@ -114,6 +114,17 @@ def fits_gpu_memory(device, args):
     unset, on a GPU, and not under --fsdp (whose gathered weights a measurement of one update would
     not see whole)."""
     return args.micro_batch_size is None and device.type == "cuda" and not args.fsdp
+
+
+def minibatch_order(n, num_mini_batches, seeds, device="cpu"):
+    """Row indices of the minibatches of one pass over n rows per seed (one seed per epoch): a
+    shuffle seeded by it, cut into equal parts; with one minibatch the rows keep their order."""
+    for seed in seeds:
+        if num_mini_batches == 1:
+            yield torch.arange(n, device=device)
+            continue
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed % 2**63)).to(device)
+        yield from order.chunk(num_mini_batches)
 
 
 class Run:
@@ -199,7 +210,7 @@ class Run:
         shuffled (seeded by the update, epoch and rank) and cut into --num_mini_batches."""
         seeds = [sample_seed(self.args.seed, step, epoch * self.trainers + self.rank)
                  for epoch in range(self.args.num_ppo_epochs)]
-        return minibatches(n, self.args.num_mini_batches, seeds, self.device)
+        return minibatch_order(n, self.args.num_mini_batches, seeds, self.device)
 
     def sync_gradients(self, model):
         """What DDP does once the micro-batches' gradients are summed, their mean over ranks, then

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from common.run.algorithms import ALGORITHMS, STEPWISE
-from common.env.errors import PathError, UsageError
+from common.errors import PathError, UsageError
 
 OAT_FILES = ("ppo", "grpo", "online_dpo")  # oat runs PPO, GRPO and online DPO
-# the files that sample whole responses
-SINGLE_TURN = tuple(a for a in ALGORITHMS if a not in STEPWISE)
+STEPWISE = ("appo", "tppo")  # OpenR's files: one action is one reasoning step
+# the files a flag is read by, when it is not a list of them
+EVERY, SINGLE_TURN = "every file", "every file but appo.py and tppo.py"
 OPENR, OAT, LLM_RL = "OpenR's", "oat's", "LLM_RL's"
 TRL_GRPO, TRL_PPO, TRL_RLOO = "TRL GRPOConfig's", "TRL PPOConfig's", "TRL RLOOConfig's"
 TRL_ODPO = "TRL OnlineDPOConfig's"
@@ -44,7 +44,7 @@ class Alias:
     many: bool = False  # takes a list of values
 
 
-def _infra(name, source, note, files=ALGORITHMS, switch=False):
+def _infra(name, source, note, files=EVERY, switch=False):
     return Alias(name, source, files, note=note, switch=switch)
 
 
@@ -169,7 +169,7 @@ ALIASES = [
     Alias("rloo_k", TRL_RLOO, ("reinforce",), to="num_generations"),
     Alias("non_stop_penalty", OAT, ("ppo",), to="missing_eos_penalty",
           convert=lambda v: str(-float(v))),  # oat adds it: a penalty is negative there
-    Alias("lr_scheduler_type", TRL, ALGORITHMS, to="lr_scheduler"),
+    Alias("lr_scheduler_type", TRL, EVERY, to="lr_scheduler"),
     Alias("sft_model_path", TRL_PPO, ("ppo",)),  # the policy TRL's PPO trains (rule below)
     Alias("per_device_train_batch_size", TRL, SINGLE_TURN),  # batch rule
     Alias("gradient_accumulation_steps", TRL, ("grpo", "ppo", "online_dpo")),  # batch rule
@@ -219,7 +219,14 @@ ALIASES = [
 
 def aliases_for(algo):
     """{flag name: Alias} of one file."""
-    return {a.name: a for a in ALIASES if algo in a.files}
+    return {a.name: a for a in ALIASES if reads(a.files, algo)}
+
+
+def reads(files, algo):
+    """Whether `algo`.py reads a flag that `files` name: a tuple of files, EVERY or SINGLE_TURN."""
+    if files == EVERY or files == SINGLE_TURN:
+        return files == EVERY or algo not in STEPWISE
+    return algo in files
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
-from common.rl.logprobs import token_logprobs  # noqa: E402
+from common.models.logprobs import token_logprobs  # noqa: E402
 from common.models.sampler import generate  # noqa: E402
 
 # SmolLM2-135M's depth and heads, 8 dimensions per head: the launches of the real model, no compute

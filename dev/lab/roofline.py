@@ -27,7 +27,7 @@ built offline from real configs (SmolLM2-135M, Qwen2.5-0.5B / 1.5B / 3B / 7B sha
   limit). `linears alone` is the same fraction for a decode step halfway through the responses
   whose only cost would be its linear layers, each run as `generate` runs it: the most any decoding
   with those matmul kernels can reach, since attention, norms and the sampler only add.
-- update: a forward and backward pass of `common.rl.logprobs.token_logprobs` over the same sequences, in
+- update: a forward and backward pass of `common.models.logprobs.token_logprobs` over the same sequences, in
   micro-batches of --micro_batch_size; MFU is its FLOPs (6 per parameter per token, plus attention;
   a prompt shared by 8 rows counted once, as token_logprobs runs it once) over the time, against
   the measured matmul peak.
@@ -60,7 +60,7 @@ from common.models.fast.graphs import capture_decoding  # noqa: E402
 from common.models.fast.fused import _fused_projections  # noqa: E402
 from common.models.fast.linears import _onednn_linears, _onednn_works, _pack, _packed_linear  # noqa: E402
 from common.models.fast.decoding import Speedups, fast_decoding  # noqa: E402
-from common.rl.logprobs import token_logprobs  # noqa: E402
+from common.models.logprobs import token_logprobs  # noqa: E402
 from common.models.loading import load_tokenizer  # noqa: E402
 from common.models.sampler import generate  # noqa: E402
 

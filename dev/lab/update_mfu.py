@@ -3,7 +3,7 @@
     python dev/lab/update_mfu.py                                    # CPU: SmolLM2-135M shape, fp32
     python dev/lab/update_mfu.py --shape 1.5B --micro_batch_size 8 16 32 --bf16     # a GPU
 
-One update micro-batch is a forward and backward pass of `common.rl.logprobs.token_logprobs` over rows of
+One update micro-batch is a forward and backward pass of `common.models.logprobs.token_logprobs` over rows of
 a --prompt_len-token prompt (one per 8 rows, as a GRPO group) and a --response_len-token response,
 on a random-weight model of a real shape (`dev/lab/roofline.py`'s). For each micro-batch size it
 prints the best of 3 timings, tokens/s and MFU (FLOPs counted as `roofline.update_flops` counts
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from roofline import SHAPES, Shape, build, device_peaks, sync, timed, update_flops  # noqa: E402
 
-from common.rl.logprobs import token_logprobs  # noqa: E402
+from common.models.logprobs import token_logprobs  # noqa: E402
 
 
 def main():

@@ -26,7 +26,7 @@ import reinforce
 import tools
 import tppo
 from common.rl import numerics
-from common.rl.logprobs import token_logprobs
+from common.models.logprobs import token_logprobs
 from common.models import Generation
 from common.models.sampler import inverse_cdf
 from exercises.exercise import Exercise

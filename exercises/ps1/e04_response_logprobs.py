@@ -1,4 +1,4 @@
-"""PS1.4: the log-probs of a response's tokens (common/rl/logprobs.py `token_logprobs`: the training
+"""PS1.4: the log-probs of a response's tokens (common/models/logprobs.py `token_logprobs`: the training
 forward of every file).
 
 A causal model's logits at position t predict the token at position t + 1. Given the logits of

@@ -1,4 +1,4 @@
-"""Speedup: the training forward of common/rl/logprobs.py, the same numbers at a fraction of the
+"""Speedup: the training forward of common/models/logprobs.py, the same numbers at a fraction of the
 cost.
 - Columns that are padding in every row of a micro-batch are cut: it costs what its own longest
   sequence costs, not the whole rollout's.
@@ -19,9 +19,9 @@ from common.models.sharding import AdapterOff, is_sharded, sharded_hidden_states
 
 def fast_token_logprobs(model, input_ids, attention_mask, response_len, temperature=1.0,
                         return_hidden=False, chunk_rows=None):
-    """common.rl.logprobs.token_logprobs, the same numbers: the columns that are padding in every
-    row are cut (and come back as 0), prompt tokens that rows share run once, and the head runs
-    `chunk_rows` rows at a time (default: ~256 MB of logits)."""
+    """common.models.logprobs.token_logprobs, the same numbers: the columns that are padding in
+    every row are cut (and come back as 0), prompt tokens that rows share run once, and the head
+    runs `chunk_rows` rows at a time (default: ~256 MB of logits)."""
     if isinstance(model, AdapterOff):  # LoRA's reference: the policy with its adapters off
         with model.policy.disable_adapter():
             return fast_token_logprobs(model.policy, input_ids, attention_mask, response_len,

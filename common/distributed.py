@@ -1,7 +1,8 @@
-"""Processes and the seeded data order: torchrun's ranks (or one process, the world_size == 1
-case), the collectives the algorithm files use, and the seeds that make 1 process and N processes
-draw the same problems, samples and minibatches (and a resumed run draw what the uninterrupted run
-would have)."""
+"""Processes and seeds: torchrun's ranks (or one process, the world_size == 1 case), the
+collectives the algorithm files use, and the seeds that make 1 process and N processes draw the
+same samples (and a resumed run draw what the uninterrupted run would have). The order of the
+problems is the env's (common/env/math_env.py), the order of an update's minibatches the run's
+(common/run/run.py)."""
 
 import atexit
 import os
@@ -258,7 +259,7 @@ def collective_device():
 
 
 # ------------------------------------------------------------------------------------------------
-# Seeds and the order of problems and minibatches
+# Seeds
 # ------------------------------------------------------------------------------------------------
 def set_seed(seed):
     random.seed(seed)
@@ -276,30 +277,3 @@ def sample_seed(seed, step, sample_index):
     reproducible, the samples do not depend on how many ranks share the batch, and a resumed run
     draws exactly what the uninterrupted run would have."""
     return (seed * 1_000_003 + step) * 1_000_003 + sample_index
-
-
-def problem_index(position, num_problems, seed):
-    """The problem at `position` of an endless stream over the problems: a seeded permutation per
-    pass. Every rank computes the same stream, and a resumed run continues where it stopped."""
-    epoch, offset = divmod(position, num_problems)
-    perm = torch.randperm(num_problems,
-                          generator=torch.Generator().manual_seed(seed * 7919 + epoch))
-    return int(perm[offset])
-
-
-def prompt_indices(step, num_prompts, num_problems, seed):
-    """The problems of update `step`: num_prompts consecutive positions of the stream."""
-    return [problem_index(pos, num_problems, seed) for pos in range(step * num_prompts,
-                                                                    (step + 1) * num_prompts)]
-
-
-def minibatches(n, num_mini_batches, seeds, device="cpu"):
-    """Row indices of the minibatches of one pass over n rows per seed (one seed per epoch): a
-    shuffle seeded by it, cut into equal parts; with one minibatch the rows keep their order."""
-    for seed in seeds:
-        if num_mini_batches == 1:
-            yield torch.arange(n, device=device)
-            continue
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed % 2**63)).to(device)
-        yield from order.chunk(num_mini_batches)
-
