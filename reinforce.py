@@ -2,9 +2,9 @@
 
 Paper: Williams 1992, "Simple statistical gradient-following algorithms for connectionist
 reinforcement learning", as the "REINFORCE stable" of navidmdn/LLM_RL does it for LLMs (a
-KL-regularised return, length-normalised log-probs, a reference that can be refreshed, a few-shot
-stepwise policy with a calculator), plus the leave-one-out baseline of RLOO (Ahmadian et al. 2024,
-arXiv:2402.14740; TRL's RLOOTrainer).
+KL-regularised return, length-normalised log-probs, a reference that can be refreshed), plus the
+leave-one-out baseline of RLOO (Ahmadian et al. 2024, arXiv:2402.14740; TRL's RLOOTrainer). The
+seed's policy writes one line per step with a calculator: that is reinforce_stepwise.py.
 
 For every prompt, sample k responses, grade each with the task's verifier, and push up the
 log-probability of each response in proportion to how much its KL-regularised return beats a
@@ -13,19 +13,13 @@ baseline (docs/reinforce.md says why a baseline helps, and what it measured):
     A_i = G_i - b_i,          b_i = 0 (none) | batch mean of G (mean) | sum_j!=i G_j / (k-1) (rloo)
     L   = -(1/N) sum_i A_i log pi(o_i | q),    log pi(o_i | q) = sum_t log pi(o_it | q, o_i<t)
 With --length_normalize (the seed's way, on by default) log pi(o_i | q) and KL_i are token means.
-Stepwise (--stepwise, the seed's policy; common/models/stepwise.py plays it): one action is one
-line, and each line's return G_t = sum_j gamma^j (r_t+j - beta KL_t+j) carries the rest of its
-episode; with --sym_calc a calculator writes the value after <<expr>>, and those tokens are out of
-the loss.
 
 Simplified versus the seed (LLM_RL):
 - on-policy batches of num_prompts x num_generations samples and one optimizer step each, no replay
   buffer (the seed samples stored transitions uniformly, without importance correction);
 - the KL sits in the return as a detached number (KL in the reward, as in RLOO and TRL); the seed
   differentiates through it inside the loss (--kl_penalty loss puts it there);
-- in stepwise mode the return carries the KL of every later step (the seed: the step's own only);
-- the calculator writes the value after the model's own ">>" (the seed rewrites "=..." inside the
-  span with Python's eval); no return clamping to [0, 10] (rewards are in [0, 1] here);
+- no return clamping to [0, 10] (rewards are in [0, 1] here);
 - one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM).
 
 Launch:
@@ -33,7 +27,6 @@ Launch:
     python reinforce.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name gsm8k --bf16
     torchrun --nproc_per_node 8 reinforce.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
         --dataset_name gsm8k --bf16 --num_prompts 64
-    python reinforce.py --stepwise --sym_calc --num_few_shot 2    # the seed's stepwise policy
 """
 
 import time
@@ -44,12 +37,11 @@ import torch
 
 from common import UsageError, all_reduce_sum, sample_seed
 from common.env import make_envs, prompt_indices
-from common.models import (Episodes, Rollout, batched_token_logprobs, encode_prompts, eos_token_ids,
-                           fast_decoding, full_state_dict, generate, load_tokenizer, play_episodes,
-                           policy_sampler, reference_policy, stepwise_system_prompt, token_logprobs,
-                           trained_policy, unsharded)
-from common.rl import discounted_returns, kl_estimate, masked_mean, mismatch_stats
-from common.run import Run, TrainArgs, check_unused, every, parse_args
+from common.models import (Rollout, batched_token_logprobs, encode_prompts, fast_decoding,
+                           full_state_dict, generate, load_tokenizer, reference_policy,
+                           token_logprobs, trained_policy)
+from common.rl import kl_estimate, masked_mean, mismatch_stats
+from common.run import Run, TrainArgs, every, parse_args
 
 
 @dataclass
@@ -96,18 +88,8 @@ class Args(TrainArgs):
     """where the KL enters: a loss term per token, or a cost in the reward"""
     length_normalize: bool = True
     """log pi(action) and its KL as token means, as the seed does (--no_length_normalize: sums)"""
-    ref_model_sync_steps: int = 0  # ref sync: LLM_RL's refreshed reference
+    ref_model_sync_steps: int = 0
     """copy the policy into the reference every this many updates (0: never)"""
-    stepwise: bool = False  # stepwise: LLM_RL's policy
-    """one action = one line (--max_new_tokens limits each line); episodes end on the answer"""
-    max_episode_steps: int = 10  # stepwise:
-    """stepwise: steps per episode at most (a step is a line)"""
-    gamma: float = 0.99  # stepwise:
-    """stepwise: discount, per line of an episode's return"""
-    sym_calc: bool = False  # stepwise:
-    """stepwise: after <<expr>> a calculator writes the value of expr (never eval)"""
-    tis_cap: float = 0.0  # TIS: truncated importance sampling
-    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -115,16 +97,12 @@ def check_args(args, world_size):
     shared ones of common/run/checks.py first)."""
     if args.baseline == "rloo" and args.num_generations < 2:
         raise UsageError("--baseline rloo needs --num_generations >= 2: the others' mean.")
-    if args.ref_model_sync_steps and args.beta == 0:  # ref sync: needs a reference
+    if args.ref_model_sync_steps and args.beta == 0:
         raise UsageError("--ref_model_sync_steps refreshes the KL reference, but --beta is 0 (no "
                          "reference); set --beta > 0 or drop --ref_model_sync_steps.")
-    if args.ref_model_sync_steps and args.lora_r:  # ref sync: LoRA's is the frozen base
+    if args.ref_model_sync_steps and args.lora_r:  # LoRA's reference is the frozen base
         raise UsageError("--ref_model_sync_steps copies the policy into the reference, but with "
                          "--lora_r the reference is the frozen base (the adapters off): drop one.")
-    if args.sym_calc and not args.stepwise:  # stepwise: the calculator
-        raise UsageError("--sym_calc works line by line: add --stepwise.")
-    check_unused(args, [(name, args.stepwise, "--stepwise")  # stepwise: episodes of lines
-                        for name in ("max_episode_steps", "gamma")])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -133,21 +111,12 @@ def check_args(args, world_size):
 def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
     """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
     the prompt stream: sample G responses for each and grade them. Each response's seed follows its
-    global sample index, so 1 process and N processes draw the same samples. -> N one-step
-    episodes; with --stepwise, N episodes of lines (each line's seed made from its episode's)."""
+    global sample index, so 1 process and N processes draw the same samples."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
     problems = problems[first_prompt:first_prompt + local_prompts]
     seeds = [sample_seed(args.seed, position, first_prompt * G + k)
              for k in range(local_prompts * G)]
-    if args.stepwise:  # stepwise: LLM_RL's policy, one line per step, with a calculator
-        sample = policy_sampler(policy, tokenizer, args.temperature, args.top_p,
-                                lambda k, t, call: sample_seed(seeds[k], t, call), args.sym_calc,
-                                autocast, fast=not args.plain)
-        eos_ids = set(eos_token_ids(policy, tokenizer))
-        with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
-            return play_episodes(sample, tokenizer, env, problems, G, args.max_new_tokens,
-                                 args.sym_calc, next(policy.parameters()).device, eos_ids)
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
     # the same samples, faster (--plain: the plain Decoder)
@@ -159,7 +128,7 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
-    return Episodes.single_turn(Rollout(gen, texts, scores, correct, problems))
+    return Rollout(gen, texts, scores, correct, problems)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,12 +141,11 @@ def sequence_logprobs(logprobs, mask, length_normalize):
     return total / mask.sum(1).clamp(min=1) if length_normalize else total
 
 
-def kl_regularised_returns(rewards, kl, step_mask, gamma, beta):
-    """rewards, kl, step_mask: [N, T] per episode and step (single-turn: T = 1) -> returns [N, T],
-    G_t = sum_j gamma^j (r_t+j - beta KL_t+j); 0 where an episode has no step t."""
+def kl_regularised_returns(rewards, kl, beta):
+    """rewards, kl: [N], per response -> returns [N], G = r - beta KL."""
     # CRUCIAL: the KL enters as a reward, a number computed without gradients, so the policy
     # gradient is pure REINFORCE (the seed differentiates through its KL term instead).
-    return discounted_returns((rewards - beta * kl) * step_mask, gamma) * step_mask
+    return rewards - beta * kl
 
 
 def compute_baselines(episode_returns, group_size, baseline):
@@ -199,25 +167,20 @@ def compute_baselines(episode_returns, group_size, baseline):
 # Loss
 # ------------------------------------------------------------------------------------------------
 def loss_normaliser(loss_mask, args, world_size):
-    """The denominator of the whole batch: its actions over all ranks, per rank (stepwise, ranks
-    hold different numbers of lines), fixed before micro-batching so that 1 x 8 and 8 x 1 agree.
+    """The denominator of the whole batch: its actions over all ranks, per rank (ranks may hold
+    different numbers of actions), fixed before micro-batching so that 1 x 8 and 8 x 1 agree.
     loss_mask [n, R]: one row per action."""
     actions = torch.tensor(float(loss_mask.shape[0]), device=loss_mask.device)
     return (all_reduce_sum(actions) / world_size).item()
 
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
-                ref_logprobs=None, sampler_logprobs=None):
+                ref_logprobs=None):
     """-A log pi(action), over `normaliser`.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
-    logprobs, old_logprobs: [b, R]; advantages: [b], one per action."""
-    mask = loss_mask.float()  # 0 on padding and on calculator tokens
-    weighted = logprobs
-    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
-        tis = torch.exp(logprobs.detach() - sampler_logprobs).clamp(max=args.tis_cap)  # [b, R]
-        weighted = logprobs * tis
-    seq_logprobs = sequence_logprobs(weighted, mask, args.length_normalize)  # [b]
+    the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per action."""
+    mask = loss_mask.float()  # 0 on padding
+    seq_logprobs = sequence_logprobs(logprobs, mask, args.length_normalize)  # [b]
     # CRUCIAL: advantages are constants; the gradient flows only through log pi of the policy's
     # own tokens.
     pg_loss = -advantages * seq_logprobs  # [b]
@@ -242,11 +205,7 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    stepwise = dict(stepwise=True, max_steps=args.max_episode_steps, calc_annotations=args.sym_calc,
-                    system_prompt=args.system_prompt or stepwise_system_prompt(args.dataset_name,
-                                                                               args.sym_calc))
-    env, eval_env = make_envs(args, stepwise if args.stepwise else None, stepwise_eval=True,
-                              say=run.print)
+    env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
@@ -255,9 +214,7 @@ def main(args):
     N = local_prompts * G  # samples per rank per update
     run.print(f"REINFORCE | {run.world} process(es) on {run.device} | {args.num_prompts} prompts x "
               f"{G} samples per update ({N} per rank) | micro-batches of {args.micro_batch_size} | "
-              f"{len(env)} problems | {args.max_steps} updates | {args.baseline} baseline"
-              + (" | stepwise" + (", a calculator" if args.sym_calc else "") if args.stepwise
-                 else ""))
+              f"{len(env)} problems | {args.max_steps} updates | {args.baseline} baseline")
     start_step, resume_from = run.resume_point()
 
     # ---- models
@@ -274,21 +231,21 @@ def main(args):
               # a refreshed reference (--ref_model_sync_steps) is saved with the policy
               extra_state=lambda: ({"ref_policy": ref_policy.state_dict()}
                                    if args.ref_model_sync_steps else None))
-    # ref sync: a refreshed reference comes back with the policy
+    # a refreshed reference comes back with the policy
     if run.state is not None and "ref_policy" in run.state["extra"] and ref_policy is not None:
         ref_policy.load_state_dict(run.state["extra"]["ref_policy"])
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        # ---- rollout: k responses (or episodes) to each of this rank's problems, graded
+        # ---- rollout: k responses to each of this rank's problems, graded
         first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
         batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
                         run.autocast)
-        run.check_rewards(batch.rewards, step + 1, batch.problems)  # NaN or inf: the run stops
-        gen, scores = batch.gen, batch.scores  # a row of gen per action: a response or line
-        input_ids, attention_mask = gen.sequences()  # [n, P + R]
-        response_mask = gen.response_mask  # [n, R] every token of the actions
-        loss_mask = batch.loss_mask  # [n, R] the policy's own tokens: no calculator tokens
+        run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
+        gen, scores = batch.gen, batch.scores
+        input_ids, attention_mask = gen.sequences()  # [N, P + R]
+        response_mask = gen.response_mask  # [N, R] every sampled token
+        loss_mask = response_mask  # [N, R] the tokens that count in the loss
         mask = loss_mask.float()
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
@@ -301,18 +258,15 @@ def main(args):
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature,
                                                       micro_batch, fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
-            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [n, R]
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
             ref_logprobs = None
 
-        # ---- advantages: each action's KL-regularised return against its episode's baseline
-        steps, kl_steps = batch.step_mask.bool(), torch.zeros_like(batch.rewards)  # [N, T]
-        if kl is not None:  # CRUCIAL: the sampler's log-probs make the KL a number, not a function
-            kl_steps[steps] = sequence_logprobs(kl, mask, args.length_normalize)  # of the weights
-        returns = kl_regularised_returns(batch.rewards, kl_steps, batch.step_mask, args.gamma,
-                                         args.beta)
-        baselines = compute_baselines(returns[:, 0], G, args.baseline)  # [N], from G_0
-        advantages = (returns - baselines[:, None])[steps]  # [n], in the order of gen's rows
-        n = len(advantages)
+        # ---- advantages: each response's KL-regularised return against its baseline
+        # CRUCIAL: the sampler's log-probs make the KL a number, not a function of the weights
+        kl_seq = 0.0 if kl is None else sequence_logprobs(kl, mask, args.length_normalize)  # [N]
+        returns = kl_regularised_returns(scores, kl_seq, args.beta)  # [N]
+        baselines = compute_baselines(returns, G, args.baseline)  # [N]
+        advantages = returns - baselines  # [N]
 
         # ---- update: one optimizer step on the whole batch (REINFORCE is on-policy), micro-batched
         lr = run.set_lr(optimizer, step)
@@ -320,14 +274,13 @@ def main(args):
         stats, total_loss = [], 0.0
         normaliser = loss_normaliser(loss_mask, args, run.world)
         optimizer.zero_grad(set_to_none=True)
-        for rows in torch.arange(n, device=run.device).split(micro_batch):  # gradients accumulate
+        for rows in torch.arange(N, device=run.device).split(micro_batch):  # gradients accumulate
             with run.autocast:
                 logprobs, entropy = token_logprobs(policy, input_ids[rows], attention_mask[rows], R,
                                                    args.temperature, fast=not args.plain)
             ref = None if ref_logprobs is None else ref_logprobs[rows]
             loss, loss_stats = policy_loss(logprobs, old_logprobs[rows], advantages[rows],
-                                           loss_mask[rows], normaliser, args, ref,
-                                           gen.logprobs[rows])
+                                           loss_mask[rows], normaliser, args, ref)
             loss.backward()
             total_loss += loss.item()
             stats.append({**loss_stats,
@@ -337,7 +290,7 @@ def main(args):
         grad_norm = run.sync_gradients(policy)
         if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
             optimizer.step()
-        # ref sync: the seed's refresh of the reference
+        # the seed's refresh of the reference
         if ref_policy is not None and every(step + 1, args.ref_model_sync_steps):
             ref_policy.load_state_dict(full_state_dict(policy, all_ranks=True))
         # the rollout has no use for gradients: freed here, not at the next update's start
@@ -353,19 +306,16 @@ def main(args):
             **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
             "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
-            "truncated_frac": batch.truncated.float().mean().item(),
+            "truncated_frac": gen.truncated.float().mean().item(),
             "grad_norm": grad_norm,
-            "return/mean": returns[:, 0].mean().item(),
+            "return/mean": returns.mean().item(),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        if args.stepwise:  # stepwise: steps per episode, the calculator's calls
-            metrics.update({"episode_steps/mean": n / N, "calc/fired": batch.calc_fired,
-                            "calc/refused": batch.calc_refused})
         samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
-                    "reward": scores[k].item(), "advantage": (returns[k, 0] - baselines[k]).item()}
+                    "reward": scores[k].item(), "advantage": advantages[k].item()}
                    for k in range(0, N, max(1, N // 8))]
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)

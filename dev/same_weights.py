@@ -57,8 +57,9 @@ RUNS = {
                                              "--baseline", "mean", "--kl_penalty", "loss",
                                              "--no_length_normalize", "--ref_model_sync_steps",
                                              "2"]),
-    "reinforce_stepwise": ("reinforce", ["--num_prompts", "2", "--num_generations", "2",
-                                         "--stepwise", "--sym_calc", "--max_episode_steps", "3"]),
+    # what `reinforce.py --stepwise` trained, now the file of its own
+    "reinforce_stepwise": ("reinforce_stepwise", ["--num_prompts", "2", "--num_generations", "2",
+                                                  "--sym_calc", "--max_episode_steps", "3"]),
     "appo": ("appo", ["--num_envs", "2", "--num_steps", "4"]),
     "tppo": ("tppo", ["--num_envs", "2", "--num_steps", "4"]),
     "online_dpo": ("online_dpo", ["--num_prompts", "4", "--micro_batch_size", "3"]),

@@ -125,12 +125,11 @@ def test_trl_batch_sizes_by_arithmetic(monkeypatch):
 
 
 def test_llm_rl_collection_is_one_episode_per_problem_without_a_baseline():
-    args, _ = args_of("reinforce",
+    args, _ = args_of("reinforce_stepwise",
                       ["--num_collection_episodes", "100", "--max_trajectory_steps", "10",
-                                    "--sym_calc", "--kl_coeff", "0.25", "--update_ref_iterations",
-                                    "2"])
+                       "--sym_calc", "--kl_coeff", "0.25", "--update_ref_iterations", "2"])
     assert (args.num_prompts, args.num_generations, args.baseline) == (100, 1, "none")
-    assert (args.stepwise, args.max_episode_steps, args.beta,
+    assert (args.sym_calc, args.max_episode_steps, args.beta,
             args.ref_model_sync_steps) == (True, 10, 0.25, 2)
     args, _ = args_of("reinforce", ["--num_collection_episodes", "100", "--baseline", "mean"])
     assert args.baseline == "mean"  # an explicit option wins over the seed's

@@ -17,6 +17,7 @@ import async_grpo
 import distill
 import grpo
 import reinforce
+import reinforce_stepwise
 import tools
 from common.errors import PathError, UsageError
 from dev.algorithms import ALGORITHMS
@@ -25,7 +26,7 @@ from common.run.pair import Sampled, rollout_state, saved_queue
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {"async_grpo": async_grpo, "distill": distill, "grpo": grpo, "reinforce": reinforce,
-         "tools": tools}
+         "reinforce_stepwise": reinforce_stepwise, "tools": tools}
 
 
 def options(name, tmp_path, **given):
@@ -51,8 +52,6 @@ def options(name, tmp_path, **given):
     ("grpo", {"kl_estimator": "k1"}, "--kl_estimator k1 changes nothing in this run: it is read only with "
                                      "--beta > 0."),
     ("grpo", {"kl_penalty": "reward"}, "--kl_penalty reward changes nothing in this run"),
-    ("reinforce", {"gamma": 0.5}, "--gamma 0.5 changes nothing in this run: it is read only with --stepwise."),
-    ("reinforce", {"max_episode_steps": 3}, "--max_episode_steps 3 changes nothing in this run"),
 ])
 def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path):
     args, check_args = options(name, tmp_path, **given)
@@ -67,7 +66,7 @@ def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path
     ("async_grpo", {"is_cap": 3.0, "off_policy_correction": "seq_mis"}),
     ("tools", {"max_turns": 2}),
     ("grpo", {"kl_estimator": "k1", "kl_penalty": "reward", "beta": 0.1}),
-    ("reinforce", {"gamma": 0.5, "max_episode_steps": 3, "stepwise": True}),
+    ("reinforce_stepwise", {"gamma": 0.5, "max_episode_steps": 3}),
     ("distill", {"jsd_beta": 1.0}),  # the default, given: it changes nothing and says nothing
 ])
 def test_the_same_option_with_what_reads_it_passes(name, given, tmp_path):

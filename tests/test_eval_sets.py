@@ -197,10 +197,10 @@ def test_tools_and_stepwise_evaluations_refuse_other_sets_and_samples(tmp_path):
     args = parse_args(tools.Args, ["--eval_datasets", args.dataset_name, "--output_dir",
                                    str(tmp_path)])
     check_eval_sets(args)  # its own set, greedily, is what it does anyway
-    import reinforce
-    args = parse_args(reinforce.Args, ["--stepwise", "--eval_datasets", "gsm8k",
-                                       "--output_dir", str(tmp_path)])
-    with pytest.raises(UsageError, match="--stepwise evaluates stepwise episodes"):
+    import reinforce_stepwise
+    args = parse_args(reinforce_stepwise.Args, ["--eval_datasets", "gsm8k",
+                                                "--output_dir", str(tmp_path)])
+    with pytest.raises(UsageError, match="reinforce_stepwise.py evaluates stepwise episodes"):
         check_eval_sets(args)
 
 

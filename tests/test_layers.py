@@ -490,7 +490,7 @@ def copy_violations(sources, shared, tags):
     import difflib
 
     bad = []
-    for helper, holders in shared.items():
+    for helper, holders in shared:
         ref, _ = helper_lines(sources[holders[0]], helper)
         for algo in holders[1:]:
             found = helper_lines(sources[algo], helper)
@@ -522,7 +522,7 @@ def test_a_planted_change_to_one_copy_of_group_advantages_fails():
 
     sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     line = "        advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)"
-    assert all(sources[a].count(line) == 1 for a in SHARED["group_advantages"])
+    assert all(sources[a].count(line) == 1 for a in dict(SHARED)["group_advantages"])
     planted = dict(sources, tools=sources["tools"].replace(line, line.replace("1e-4", "1e-6")))
     where = sources["tools"][:sources["tools"].index(line)].count("\n") + 1
     assert copy_violations(planted, SHARED, TAGS) == [

@@ -1,12 +1,10 @@
-"""reinforce.py: baselines, KL-regularised and discounted returns, the loss and its masks against
-hand-computed values; the stepwise calculator with a scripted policy; end-to-end runs on the tiny
-model (single process, stepwise with the calculator, torchrun with 2 CPU processes, resume with a
-refreshed reference)."""
+"""reinforce.py: baselines, KL-regularised returns and the loss against hand-computed values;
+end-to-end runs on the tiny model (single process, torchrun with 2 CPU processes, resume with a
+refreshed reference). Its stepwise sibling's: tests/test_reinforce_stepwise.py."""
 
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -18,11 +16,7 @@ from safetensors.torch import load_file
 import reinforce
 from common.env import math_env as envlib
 from common.run.args import field_docs, make_parser, parse_args
-from common.env.math_env import make_env
 from common.models.logprobs import token_logprobs
-from common.models.loading import load_tokenizer
-from common.models.stepwise import calculator, play_episodes, sample_line
-from common.env.tasks import TASKS, load_few_shot
 from common.errors import PathError
 from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
@@ -30,7 +24,6 @@ import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "8", "--num_eval_problems", "4",
         "--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"]
-STEPWISE = ["--stepwise", "--sym_calc", "--max_episode_steps", "3", "--num_few_shot", "1"]
 
 
 LN = {x: replace(reinforce.Args(), length_normalize=x) for x in (True, False)}  # the loss's args
@@ -82,25 +75,11 @@ def test_kl_regularised_return_on_a_hand_worked_example():
     kl_sum = reinforce.sequence_logprobs(old - ref, mask, length_normalize=False)
     kl_mean = reinforce.sequence_logprobs(old - ref, mask, length_normalize=True)
     assert kl_sum.item() == pytest.approx(-0.5) and kl_mean.item() == pytest.approx(-0.25)
-    rewards, steps = torch.tensor([[1.0]]), torch.ones(1, 1)
-    G = reinforce.kl_regularised_returns(rewards, kl_mean[:, None], steps, gamma=0.99, beta=0.1)
-    assert G.item() == pytest.approx(1 - 0.1 * -0.25)  # 1.025: single-turn, gamma plays no part
-    G = reinforce.kl_regularised_returns(rewards, kl_sum[:, None], steps, gamma=0.99, beta=0.1)
+    rewards = torch.tensor([1.0])
+    G = reinforce.kl_regularised_returns(rewards, kl_mean, beta=0.1)
+    assert G.item() == pytest.approx(1 - 0.1 * -0.25)  # 1.025
+    G = reinforce.kl_regularised_returns(rewards, kl_sum, beta=0.1)
     assert G.item() == pytest.approx(1.05)
-
-
-def test_discounted_per_step_return_in_stepwise_mode():
-    # episode 0: three lines, reward 1 on the last; episode 1: two lines (the third column is no
-    # step)
-    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
-    kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.5, 9.0]])
-    steps = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    G = reinforce.kl_regularised_returns(rewards, kl, steps, gamma=0.9, beta=0.5)
-    # r - 0.5 KL: [-0.05, -0.1, 0.85] -> G2 = 0.85, G1 = -0.1 + 0.9 * 0.85 = 0.665, G0 = -0.05 + 0.9
-    # * 0.665 [-0.25, 0.75] -> G1 = 0.75, G0 = -0.25 + 0.9 * 0.75 = 0.425; no step, no return (and
-    # no KL of 9 leaking in)
-    assert G.tolist()[0] == pytest.approx([0.5485, 0.665, 0.85])
-    assert G.tolist()[1] == pytest.approx([0.425, 0.75, 0.0])
 
 
 # ---- the loss -----------------------------------------------------------------------------------------------
@@ -173,117 +152,12 @@ def test_micro_batches_1x8_and_8x1_give_the_same_gradient():
     assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() < 1e-5
 
 
-# ---- the calculator and stepwise episodes ----------------------------------------------------------------
-def test_calculator_values():
-    assert calculator("48/2") == "24"
-    assert calculator("7/2") == "3.5"
-    assert calculator("1/3") == "0.33"  # 2 decimals, as the seed rounds
-    assert calculator("2*(3+4)=15") == "14"  # <<expr=...>>: the model's own value is ignored
-    assert calculator(" 12 + 30 ") == "42"
-    assert calculator("5-8") == "-3"
-    for bad in ("2**10", "x+1", "1/0", "", "print(1)"):
-        assert calculator(bad) is None, bad
-
-
-def test_calculator_refuses_code_without_side_effect(tmp_path):
-    target = tmp_path / "pwned"
-    assert calculator(f"__import__('os').system('touch {target}')") is None
-    assert not target.exists()
-
-
-@pytest.mark.parametrize("task", ["arithmetic", "gsm8k"])
-def test_few_shot_calculator_spans_are_followed_by_the_calculators_value(task):
-    # the worked examples are what the model imitates: each <<expr>> must be followed by exactly the
-    # text the calculator writes for it, and no more digits
-    spans = 0
-    for ex in load_few_shot(TASKS[task], 8):
-        for m in re.finditer(r"<<([^<>\n]*)>>", ex["solution"]):
-            value = calculator(m.group(1))
-            after = ex["solution"][m.end():]
-            assert value is not None and after.startswith(value) and not after[len(value):][:1].isdigit(), m.group(0)
-            spans += 1
-    assert spans >= 12
-
-
-def _scripted(tokenizer, script):
-    """A stand-in for the policy's sampler: plays script[(episode, step, call)], log-prob -1 per
-    token."""
-    def sample(prompts, max_new_tokens, keys):
-        out = []
-        for key in keys:
-            ids = tokenizer(script[key], add_special_tokens=False)["input_ids"][:max_new_tokens]
-            out.append((ids, [-1.0] * len(ids)))
-        return out
-    return sample
-
-
-def test_stepwise_episode_with_calculator_masks_its_tokens(tmp_path):
-    tok = load_tokenizer("tiny-random")
-    data = tmp_path / "one.jsonl"
-    data.write_text(json.dumps({"question": "What is 12 + 30?", "answer": "42"}) + "\n")
-    env = make_env("arithmetic", path=data, stepwise=True, max_steps=3)
-    target = tmp_path / "pwned"
-    script = {
-        (0, 0, 0): "12 + 30 = <<12+30>>", (0, 0, 1): " so 42 apples.\n",   # calculator writes "42"
-        (0, 1, 0): "The answer is 42.\n",
-        (1, 0, 0): "I guess 41.\n",
-        (1, 1, 0): f"<<__import__('os').system('touch {target}')>>", (1, 1, 1): " hm.\n",  # refused
-        (1, 2, 0): "The answer is 41.\n",
-    }
-    ro = play_episodes(_scripted(tok, script), tok, env, [0], 2, 128, True, torch.device("cpu"),
-                       {tok.eos_token_id})
-    assert not target.exists()
-    assert ro.texts == ["12 + 30 = <<12+30>>42 so 42 apples.\nThe answer is 42.",
-                        f"I guess 41.\n<<__import__('os').system('touch {target}')>> hm.\nThe "
-                        "answer is 41."]
-    assert ro.rewards.tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
-    assert ro.step_mask.tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
-    assert ro.correct.tolist() == [1.0, 0.0] and ro.truncated.tolist() == [False, False]
-    assert ro.calc_fired == 0.5 and ro.calc_refused == 0.5  # per episode
-    gen = ro.gen
-    assert gen.prompt_ids.shape[0] == 5  # 2 + 3 lines, episode by episode
-    # row 0 is episode 0's first line: exactly the calculator's "42" is out of the loss (and has no
-    # log-prob)
-    calc = (gen.response_mask[0] == 1) & (ro.loss_mask[0] == 0)
-    assert tok.decode(gen.response_ids[0][calc]) == "42"
-    assert gen.logprobs[0][calc].tolist() == [0.0, 0.0]
-    n_before = len(tok("12 + 30 = <<12+30>>", add_special_tokens=False)["input_ids"])
-    assert calc.nonzero().flatten().tolist() == [n_before, n_before + 1]
-    # the refused span writes nothing: every token of episode 1's second line (row 3) is the
-    # policy's
-    assert ro.loss_mask[3].sum() == gen.response_mask[3].sum()
-    # row 1 (episode 0's second line) was sampled after the state that holds the calculator's value
-    assert tok.decode(gen.prompt_ids[1][gen.prompt_mask[1].bool()]).endswith("<<12+30>>42 so 42 "
-                                                                             "apples.\n")
-    # returns: episode 0 is rewarded on its second line, so G = [gamma, 1]
-    G = reinforce.kl_regularised_returns(ro.rewards, torch.zeros(2, 3), ro.step_mask, gamma=0.9,
-                                         beta=0.1)
-    assert G.tolist()[0] == pytest.approx([0.9, 1.0, 0.0])
-    # and the loss gives the calculator's tokens no gradient
-    logprobs = torch.randn(gen.response_ids.shape, requires_grad=True)
-    adv = torch.ones(5)
-    loss, _ = reinforce.policy_loss(logprobs, logprobs.detach(), adv, ro.loss_mask.float(), 5.0,
-                                    LN[True])
-    loss.backward()
-    assert logprobs.grad[0][calc].abs().sum() == 0 and logprobs.grad[0][~calc & gen.response_mask[0].bool()].ne(0).all()
-
-
-def test_a_line_stops_after_four_calculations():
-    tok = load_tokenizer("tiny-random")
-    script = {(0, 0, c): "<<1+1>>" for c in range(5)}
-    (action,) = sample_line(_scripted(tok, script), tok, [[1, 2]], [(0, 0)], 64, True,
-                            {tok.eos_token_id})
-    assert tok.decode(action.ids) == "<<1+1>>2" * 4 + "<<1+1>>" and action.fired == 4
-
-
 # ---- argument checks ----------------------------------------------------------------------------------------
 def test_bad_arguments_fail_before_any_model_loads():
     with pytest.raises(ValueError, match="rloo needs --num_generations >= 2"):
         check_options(replace(reinforce.Args(), num_generations=1, micro_batch_size=4), reinforce.check_args, world_size=1)
     check_options(replace(reinforce.Args(), num_generations=1, micro_batch_size=4,
                                  baseline="none"), reinforce.check_args, 1)
-    with pytest.raises(ValueError, match="add --stepwise"):
-        check_options(replace(reinforce.Args(), sym_calc=True), reinforce.check_args, world_size=1)
     with pytest.raises(ValueError, match="--beta is 0"):
         check_options(replace(reinforce.Args(), beta=0.0, ref_model_sync_steps=2), reinforce.check_args, world_size=1)
     with pytest.raises(ValueError, match="the reference is the frozen base"):
@@ -326,15 +200,12 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
     assert model.config.num_hidden_layers == 2
 
 
-@pytest.mark.parametrize("mode", ["single_turn", "stepwise"])
-def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
+def test_torchrun_two_processes_match_one_process(tmp_path, monkeypatch):
     # Same global batch, the mean baseline (a global mean) and the KL term, lr large enough that the
-    # update is visible: the parameters after the updates must agree to fp32 tolerance. Stepwise: 2
-    # updates with the calculator on, which is also the stepwise smoke run.
-    steps = "2" if mode == "stepwise" else "1"
+    # update is visible: the parameters after the updates must agree to fp32 tolerance.
+    steps = "1"
     common = [*TINY, "--max_steps", steps, "--learning_rate", "1e-3", "--temperature", "1.0",
-              "--baseline", "mean",
-              "--beta", "0.1", "--no_eval_on_start", *(STEPWISE if mode == "stepwise" else [])]
+              "--baseline", "mean", "--beta", "0.1", "--no_eval_on_start"]
     run_in_process([*common, "--output_dir", str(tmp_path / "one")], monkeypatch)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -350,18 +221,10 @@ def test_torchrun_two_processes_match_one_process(tmp_path, mode, monkeypatch):
     # Adam's first steps move every weight by about lr (1e-3) whatever the size of its gradient, so
     # a wrong average, normaliser or baseline shows as ~1e-3; fp32 rounding, which differs between 1
     # and 2 processes and between CPUs, shows as up to ~3e-5 on the few weights whose gradient is
-    # almost 0 (as in test_appo.py). Stepwise states differ a lot in length, so padding differs more
-    # between the layouts.
+    # almost 0 (as in test_appo.py).
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-4
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [m["reward/mean"] for m in m1] == pytest.approx([m["reward/mean"] for m in m2])
-    if mode == "stepwise":
-        assert [x["step"] for x in m1] == [1, 2]
-        for key in (*KEYS, "episode_steps/mean", "calc/fired", "calc/refused"):
-            assert key in m1[0], key
-        assert 1 <= m1[0]["episode_steps/mean"] <= 3
-        assert m1[0]["episode_steps/mean"] == pytest.approx(m2[0]["episode_steps/mean"])
-        assert [json.loads(x)["step"] for x in (tmp_path / "one/eval.jsonl").read_text().splitlines()] == [2]
 
 
 def test_resume_continues_exactly_with_a_refreshed_reference(tmp_path, monkeypatch):
@@ -393,22 +256,11 @@ def test_kl_in_the_return_and_in_the_loss_by_hand(estimator):
     logp, ref, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
     kl = {"k1": [0.5, -1.0], "k2": [0.125, 0.5], "k3": [math.exp(-0.5) - 0.5, math.e - 2]}[estimator]
     action_kl = reinforce.sequence_logprobs(kl_estimate(logp, ref, estimator), mask, True)  # [1]
-    G = reinforce.kl_regularised_returns(torch.tensor([[1.0]]), action_kl[:, None], torch.ones(1, 1), 1.0, 0.1)
+    G = reinforce.kl_regularised_returns(torch.tensor([1.0]), action_kl, 0.1)
     assert G.item() == pytest.approx(1.0 - 0.1 * sum(kl) / 2)  # in the return: r - beta KL
     args = replace(reinforce.Args(), beta=0.1, kl_estimator=estimator, kl_penalty="loss")
     loss, stats = reinforce.policy_loss(logp, logp, torch.zeros(1), mask, 1.0, args, ref)
     assert loss.item() == pytest.approx(0.1 * sum(kl) / 2)  # in the loss: beta KL of the action
-
-
-def test_truncated_importance_weights_scale_each_tokens_log_prob():
-    # trainer over sampler: e^0.5 capped at 1.5, e^-1; A = 1, sums: loss = -(1.5 * lp0 + e^-1 * lp1)
-    args = replace(reinforce.Args(), tis_cap=1.5, length_normalize=False)
-    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    sampler = torch.tensor([[-1.5, -1.0]])
-    loss, _ = reinforce.policy_loss(logp, sampler, torch.ones(1), torch.ones(1, 2), 1.0, args, None, sampler)
-    assert loss.item() == pytest.approx(-(1.5 * -1.0 + math.exp(-1.0) * -2.0))
-    loss.backward()
-    torch.testing.assert_close(logp.grad, torch.tensor([[-1.5, -math.exp(-1.0)]]))
 
 
 # ---- the update loop's wiring ------------------------------------------------------------------------------
@@ -423,37 +275,6 @@ def _spy(monkeypatch, name, record):
     monkeypatch.setattr(reinforce, name, spy)
 
 
-def test_an_update_gives_the_calculators_tokens_no_gradient(tmp_path, monkeypatch):
-    # A scripted policy: episode 0 calls the calculator and answers right, episode 1 answers wrong,
-    # so the update has a gradient. The calculator's value ("42") is context, not the policy's
-    # choice: the loss's gradient on its log-probs is exactly 0, on the policy's own tokens not.
-    tok = load_tokenizer("tiny-random")
-    data = tmp_path / "one.jsonl"
-    data.write_text(json.dumps({"question": "What is 12 + 30?", "answer": "42", "level": 1}) + "\n")
-    script = {(0, 0, 0): "12 + 30 = <<12+30>>", (0, 0, 1): " so 42.\n",
-              (0, 1, 0): "The answer is 42.\n", (1, 0, 0): "The answer is 41.\n"}
-    monkeypatch.setattr(reinforce, "policy_sampler", lambda *a, **kw: _scripted(tok, script))
-    episodes, logprobs = [], []
-    _spy(monkeypatch, "rollout", lambda ep, *a, **kw: episodes.append(ep))
-
-    def keep(out, *a, **kw):  # the training forward's log-probs, to read their gradient
-        if out[0].requires_grad:
-            out[0].retain_grad()
-            logprobs.append(out[0])
-    _spy(monkeypatch, "token_logprobs", keep)
-    reinforce.main(parse_args(reinforce.Args, [
-        "--model_name_or_path", "tiny-random", "--dataset_path", str(data), "--stepwise",
-        "--sym_calc", "--max_episode_steps", "2", "--max_new_tokens", "32", "--num_prompts", "1",
-        "--num_generations", "2", "--num_eval_problems", "0", "--max_steps", "1",
-        "--output_dir", str(tmp_path / "run")]))
-    ep = episodes[0]
-    grad = torch.cat([lp.grad for lp in logprobs])  # [n, R], the actions in the order of gen
-    calculator_tokens = ep.gen.response_mask.bool() & ~ep.loss_mask.bool()
-    assert ep.correct.tolist() == [1.0, 0.0] and calculator_tokens.sum() >= 1
-    assert (grad[calculator_tokens] == 0).all()
-    assert (grad[ep.loss_mask.bool()] != 0).all()
-
-
 def test_the_kl_enters_the_return_times_beta(tmp_path, monkeypatch):
     # --kl_penalty reward, beta 0.5: update 2 samples from a policy that update 1 moved, so the KL is
     # not 0. The logged return/mean is mean(score - beta * KL), the KL the sampler's k1 to the
@@ -465,10 +286,10 @@ def test_the_kl_enters_the_return_times_beta(tmp_path, monkeypatch):
                     "--beta", "0.5", "--num_eval_problems", "0", "--output_dir", str(tmp_path)],
                    monkeypatch)
     ep, ref = episodes[1], refs[1]
-    mask = ep.loss_mask.float()
+    mask = ep.gen.response_mask.float()
     kl = ((ep.gen.logprobs - ref) * mask).sum(1) / mask.sum(1)  # [N]
     assert kl.abs().max() > 1e-3
-    expected = (ep.rewards.sum(1) - 0.5 * kl).mean()
+    expected = (ep.scores - 0.5 * kl).mean()
     assert metrics(tmp_path)[1]["return/mean"] == pytest.approx(expected.item(), rel=1e-4)
 
 
@@ -501,13 +322,11 @@ def test_rloo_loss_and_gradient_equal_trls_rloo_trainer_on_the_same_batch(tmp_pa
     ref_logprobs = batched_token_logprobs(load_policy("tiny-random"), gen, T, 8)
     kl = reinforce.sequence_logprobs(kl_estimate(gen.logprobs, ref_logprobs, "k1"), mask.float(),
                                      False)  # [N] summed over each response
-    returns = reinforce.kl_regularised_returns(batch.scores[:, None], kl[:, None],
-                                               torch.ones(len(kl), 1), 1.0, args.beta)[:, 0]
+    returns = reinforce.kl_regularised_returns(batch.scores, kl, args.beta)
     advantages = returns - reinforce.compute_baselines(returns, batch.group_size, "rloo")
     norm = reinforce.loss_normaliser(mask, args, world_size=1)
     logprobs, _ = token_logprobs(policy, input_ids, attention_mask, mask.shape[1], T)
-    loss, _ = reinforce.policy_loss(logprobs, gen.logprobs, advantages, mask, norm, args, None,
-                                    gen.logprobs)
+    loss, _ = reinforce.policy_loss(logprobs, gen.logprobs, advantages, mask, norm, args)
     loss.backward()
     trl_loss, trl_model, trl_advantages = trl_training_step(
         RLOOTrainer, RLOOConfig, tmp_path, batch, beta=0.05, temperature=T,

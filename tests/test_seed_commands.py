@@ -6,7 +6,7 @@ its translations.
     OpenR   train/mat/scripts/train_llm.sh                        -> appo.py, tppo.py (--algorithm_name)
     oat     docs/reasoning_examples.md, run_ppo on GSM8K          -> ppo.py
     oat     examples/r1_zero_math.py on CountDown                 -> grpo.py
-    LLM_RL  README.md, reinforce_stable_on_gsm8k_training.py      -> reinforce.py
+    LLM_RL  README.md, reinforce_stable_on_gsm8k_training.py      -> reinforce_stepwise.py
     TRL     examples/scripts/ppo/ppo.py, the docs' `trl grpo` CLI -> ppo.py, grpo.py
 """
 
@@ -147,7 +147,7 @@ def test_llm_rl_reinforce_stable_on_gsm8k(model, tmp_path):
         "symbol '<<>>'. "
         "Finally, end your solution with `The answer is: [answer]`.\nWrite every step of the "
         "solution in a new line.")
-    out = run("reinforce",
+    out = run("reinforce_stepwise",
               ["--gsm8k_path", "data/test_all.json", "--train_data_file", "data/train_all.json",
                "--test_gsm8k_path", "data/test_all.json", "--sys_prompt_path",
                "policy/stepwise_solver_sys.txt", "--model_name_or_path", model, "--ref_model_name",
@@ -163,7 +163,7 @@ def test_llm_rl_reinforce_stable_on_gsm8k(model, tmp_path):
     assert "--max_steps given: it wins over --num_iterations" in out
     args = one_update(tmp_path / "data/policy_l1b_k25")
     assert (args["num_prompts"], args["num_generations"], args["baseline"],
-            args["stepwise"]) == (100, 1, "none", True)
+            args["sym_calc"]) == (100, 1, "none", True)
     assert (args["max_episode_steps"], args["beta"], args["ref_model_sync_steps"],
             args["num_few_shot"]) == (10, 0.25, 2, 5)
     assert args["dataset_name"] == "gsm8k"

@@ -88,8 +88,9 @@ def check_eval_sets(args):
     if (args.eval_datasets or args.eval_samples) and not args.num_eval_problems:
         raise UsageError("--eval_datasets and --eval_samples evaluate held-out problems, but "
                          "--num_eval_problems is 0: drop them or give --num_eval_problems N.")
-    alone = ("tools.py evaluates with its tools" if algorithm_of(args) == "tools" else
-             "--stepwise evaluates stepwise episodes" if getattr(args, "stepwise", False) else None)
+    alone = {"tools": "tools.py evaluates with its tools",
+             "reinforce_stepwise": "reinforce_stepwise.py evaluates stepwise episodes"}.get(
+        algorithm_of(args))
     others = [name for name in args.eval_datasets or () if name != args.dataset_name]
     if alone and (args.eval_samples or others):
         raise UsageError(f"{alone}, greedily, on its own held-out set: drop --eval_samples and "

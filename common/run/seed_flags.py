@@ -19,6 +19,8 @@ from typing import Optional
 from common.errors import PathError, UsageError
 
 OAT_FILES = ("ppo", "grpo", "online_dpo")  # oat runs PPO, GRPO and online DPO
+# LLM_RL's REINFORCE: its stepwise policy, and the same algorithm on whole responses
+LLM_RL_FILES = ("reinforce", "reinforce_stepwise")
 STEPWISE = ("appo", "tppo")  # OpenR's files: one action is one reasoning step
 # the files a flag is read by, when it is not a list of them
 EVERY, SINGLE_TURN = "every file", "every file but appo.py and tppo.py"
@@ -84,10 +86,10 @@ ALIASES = [
     Alias("input_key", OAT, OAT_FILES, to="question_key"),
     Alias("output_key", OAT, OAT_FILES, to="answer_key"),
     Alias("max_eval", OAT, OAT_FILES, to="num_eval_problems"),
-    Alias("eval_steps", OAT + " / " + TRL, (*OAT_FILES, "reinforce"), to="eval_interval"),
+    Alias("eval_steps", OAT + " / " + TRL, (*OAT_FILES, *LLM_RL_FILES), to="eval_interval"),
     Alias("max_norm", OAT, OAT_FILES, to="max_grad_norm"),
-    Alias("save_path", OAT + " / " + LLM_RL, (*OAT_FILES, "reinforce"), to="output_dir"),
-    Alias("save_steps", OAT + " / " + TRL, (*OAT_FILES, "reinforce"), to="save_interval"),
+    Alias("save_path", OAT + " / " + LLM_RL, (*OAT_FILES, *LLM_RL_FILES), to="output_dir"),
+    Alias("save_steps", OAT + " / " + TRL, (*OAT_FILES, *LLM_RL_FILES), to="save_interval"),
     Alias("lam", OAT + " / " + TRL_PPO, ("ppo",), to="gae_lambda"),
     Alias("cliprange", OAT + " / " + TRL_PPO, ("ppo",), to="epsilon"),
     Alias("num_prompt_epoch", OAT, OAT_FILES, to="num_train_epochs"),
@@ -129,37 +131,36 @@ ALIASES = [
     _infra("use_wb", OAT, "--track logs to wandb", OAT_FILES, switch=True),
     _infra("wb_run_name", OAT, "the wandb run is named after --output_dir", OAT_FILES),
     # navidmdn/LLM_RL (examples/reinforce_stable_on_gsm8k_training.py)
-    Alias("n_few_shot_examples", LLM_RL, ("reinforce",), to="num_few_shot"),
-    Alias("num_iterations", LLM_RL, ("reinforce",), to="max_steps"),
-    Alias("kl_coeff", LLM_RL, ("reinforce",), to="beta"),
-    Alias("update_ref_iterations", LLM_RL, ("reinforce",), to="ref_model_sync_steps"),
-    Alias("evaluation_at_start", LLM_RL, ("reinforce",), to="eval_on_start", switch=True),
-    Alias("evaluation_iterations", LLM_RL, ("reinforce",), to="eval_interval"),
-    Alias("n_eval_steps", LLM_RL, ("reinforce",), to="num_eval_problems"),
-    Alias("n_save_iterations", LLM_RL, ("reinforce",), to="save_interval"),
-    Alias("gsm8k_path", LLM_RL, ("reinforce",)),  # -> dataset_path, and the gsm8k task (rule below)
-    Alias("test_gsm8k_path", LLM_RL, ("reinforce",), to="eval_dataset_path"),
-    # -> max_episode_steps and --stepwise (rule)
-    Alias("max_trajectory_steps", LLM_RL, ("reinforce",)),
-    Alias("num_collection_episodes", LLM_RL, ("reinforce",)),  # -> num_prompts (rule below)
-    Alias("sys_prompt_path", LLM_RL, ("reinforce",)),  # -> system_prompt, read from the file (rule)
-    Alias("ref_model_name", LLM_RL, ("reinforce",)),  # must be the policy's start (rule below)
+    Alias("n_few_shot_examples", LLM_RL, LLM_RL_FILES, to="num_few_shot"),
+    Alias("num_iterations", LLM_RL, LLM_RL_FILES, to="max_steps"),
+    Alias("kl_coeff", LLM_RL, LLM_RL_FILES, to="beta"),
+    Alias("update_ref_iterations", LLM_RL, LLM_RL_FILES, to="ref_model_sync_steps"),
+    Alias("evaluation_at_start", LLM_RL, LLM_RL_FILES, to="eval_on_start", switch=True),
+    Alias("evaluation_iterations", LLM_RL, LLM_RL_FILES, to="eval_interval"),
+    Alias("n_eval_steps", LLM_RL, LLM_RL_FILES, to="num_eval_problems"),
+    Alias("n_save_iterations", LLM_RL, LLM_RL_FILES, to="save_interval"),
+    Alias("gsm8k_path", LLM_RL, LLM_RL_FILES),  # -> dataset_path, and the gsm8k task (rule below)
+    Alias("test_gsm8k_path", LLM_RL, LLM_RL_FILES, to="eval_dataset_path"),
+    Alias("max_trajectory_steps", LLM_RL, ("reinforce_stepwise",), to="max_episode_steps"),
+    Alias("num_collection_episodes", LLM_RL, LLM_RL_FILES),  # -> num_prompts (rule below)
+    Alias("sys_prompt_path", LLM_RL, LLM_RL_FILES),  # -> system_prompt, read from the file (rule)
+    Alias("ref_model_name", LLM_RL, LLM_RL_FILES),  # must be the policy's start (rule below)
     _infra("num_update_steps", LLM_RL,
            "no replay buffer: each rollout batch is one on-policy update "
-           "(the REINFORCE gradient is unbiased only on-policy)", ("reinforce",)),
+           "(the REINFORCE gradient is unbiased only on-policy)", LLM_RL_FILES),
     _infra("gradient_accumulation_steps", LLM_RL,
            "no replay buffer: each rollout batch is one on-policy "
-           "update, accumulated over micro-batches of --micro_batch_size", ("reinforce",)),
-    _infra("cache_buffer", LLM_RL, "no replay buffer to cache", ("reinforce",), switch=True),
-    _infra("buffer_cache_path", LLM_RL, "no replay buffer to cache", ("reinforce",)),
-    _infra("buffer_size", LLM_RL, "no replay buffer", ("reinforce",)),
-    _infra("load_buffer_from_cache_at_start", LLM_RL, "no replay buffer", ("reinforce",),
+           "update, accumulated over micro-batches of --micro_batch_size", LLM_RL_FILES),
+    _infra("cache_buffer", LLM_RL, "no replay buffer to cache", LLM_RL_FILES, switch=True),
+    _infra("buffer_cache_path", LLM_RL, "no replay buffer to cache", LLM_RL_FILES),
+    _infra("buffer_size", LLM_RL, "no replay buffer", LLM_RL_FILES),
+    _infra("load_buffer_from_cache_at_start", LLM_RL, "no replay buffer", LLM_RL_FILES,
            switch=True),
     _infra("train_data_file", LLM_RL, "few-shot examples come from data/few_shot_<task>.jsonl",
-           ("reinforce",)),
-    _infra("cache_dir", LLM_RL, "models are cached where HF_HOME says", ("reinforce",)),
-    _infra("stepwise_eval", LLM_RL, "--stepwise runs evaluate stepwise", ("reinforce",),
-           switch=True),
+           LLM_RL_FILES),
+    _infra("cache_dir", LLM_RL, "models are cached where HF_HOME says", LLM_RL_FILES),
+    _infra("stepwise_eval", LLM_RL, "reinforce_stepwise.py evaluates stepwise episodes",
+           LLM_RL_FILES, switch=True),
     # TRL (GRPOConfig, PPOConfig, RLOOConfig, ScriptArguments, TrainingArguments)
     Alias("num_iterations", TRL_GRPO, ("grpo",), to="num_ppo_epochs"),
     Alias("steps_per_generation", TRL_GRPO, ("grpo",)),  # batch rule
@@ -189,7 +190,7 @@ ALIASES = [
     _infra("disable_dropout", TRL_ODPO, "dropout is the model's own (0 in Llama and Qwen configs)",
            ("online_dpo",), switch=True),
     _infra("reward_model_path", TRL_PPO, "rewards come from the task's verifier: no reward model",
-           (*OAT_FILES, "reinforce")),
+           (*OAT_FILES, *LLM_RL_FILES)),
     _infra("use_vllm", TRL, NO_VLLM, ("grpo", "reinforce", "online_dpo"), switch=True),
     _infra("vllm_mode", TRL, NO_VLLM, ("grpo", "reinforce", "online_dpo")),
     _infra("vllm_gpu_memory_utilization", TRL, NO_VLLM, ("grpo", "reinforce", "online_dpo")),
@@ -340,11 +341,6 @@ def apply_rules(algo, args, seed, given, say, world_size):
     if "gsm8k_path" in seed:
         put("dataset_path", seed["gsm8k_path"], f"--gsm8k_path is {LLM_RL} training data")
         put("dataset_name", "gsm8k", "  of the gsm8k task")
-    if "max_trajectory_steps" in seed:
-        put("max_episode_steps", int(seed["max_trajectory_steps"]),
-            f"--max_trajectory_steps is {LLM_RL} "
-                                                                    f"stepwise episode limit")
-        put("stepwise", True, f"  ({LLM_RL} policy plays one line per step)")
     # the seed collects one episode per random problem, no baseline
     if "num_collection_episodes" in seed:
         put("num_prompts", int(seed["num_collection_episodes"]),
