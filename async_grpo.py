@@ -222,7 +222,7 @@ def off_policy_weights(old_logprobs, sampler_logprobs, mask, args):
     it out)."""
     log_r = (old_logprobs - sampler_logprobs) * mask  # log pi_prox / mu per token, 0 on padding
     r = torch.exp(log_r.clamp(-20, 20))  # exp of a large log-ratio would overflow to inf
-    if args.off_policy_correction == "tis":  # TIS: truncated at C
+    if args.off_policy_correction == "tis":  # truncated at C
         return r.clamp(max=args.is_cap), r > args.is_cap
     if args.off_policy_correction == "icepop":  # IcePop: tokens far off are masked
         cut = (r < args.icepop_low) | (r > args.icepop_high)

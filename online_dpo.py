@@ -84,9 +84,9 @@ class Args(TrainArgs):
     """weight of the KL to the frozen reference: DPO's implicit reward is beta log(pi / pi_ref)"""
     preference_loss: Literal["sigmoid", "ipo"] = "sigmoid"
     """sigmoid: DPO's -log sigmoid(beta h); ipo: (h - 1 / (2 beta))^2, with beta as IPO's tau"""
-    ties: Literal["skip", "first"] = "skip"  # TRL: ties paired
+    ties: Literal["skip", "first"] = "skip"
     """responses that score the same: no pair, or (TRL's rule) the first response is chosen"""
-    missing_eos_penalty: float = 0.0  # TRL: a penalty for no EOS
+    missing_eos_penalty: float = 0.0
     """taken off the score of a response cut at max_new_tokens before EOS (TRL's; 0: none)"""
 
 
@@ -138,7 +138,7 @@ def preference_pairs(scores, group_size, ties="skip"):
     best, worst = s.argmax(dim=1), s.argmin(dim=1)  # torch takes the first of equal values
     differ = s.max(dim=1).values > s.min(dim=1).values
     keep = differ
-    if ties == "first":  # TRL: the first of equals is chosen
+    if ties == "first":  # TRL's rule: the first of equals is chosen
         best, worst = torch.where(differ, best, 0), torch.where(differ, worst, 1)
         keep = torch.ones_like(differ)
     group_start = torch.arange(len(s), device=scores.device) * group_size
@@ -248,7 +248,7 @@ def main(args):
 
         # ---- pairs: each prompt's best response against its worst, as the verifier sees them
         preferred = scores  # [N] what the judge compares
-        if args.missing_eos_penalty:  # TRL: a response cut short scores less
+        if args.missing_eos_penalty:  # a response cut short scores less
             preferred = scores - args.missing_eos_penalty * gen.truncated.float()
         chosen, rejected = preference_pairs(preferred, G, args.ties)  # [P] rows of gen each
         P = len(chosen)

@@ -95,7 +95,7 @@ class Args(TrainArgs):
     """where the KL enters: a loss term per token, or a cost in the reward"""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
-    critic_type: Literal["separate", "shared"] = "separate"  # shared critic: --critic_type shared
+    critic_type: Literal["separate", "shared"] = "separate"
     """separate: a second transformer and a value head (oat, TRL); shared: a head on the policy"""
     critic_learning_rate: float = 2e-4
     """learning rate of the critic (AdamW; or of the shared value head)"""
@@ -113,16 +113,14 @@ class Args(TrainArgs):
     """GAE lambda (oat: 1, i.e. A_t = return - V_t; TRL: 0.95)"""
     whiten_advantages: bool = True
     """whiten the advantages over the batch's response tokens"""
-    whiten_rewards: bool = False  # TRL: whitened rewards
+    whiten_rewards: bool = False
     """scale the per-token rewards to unit variance before GAE (TRL)"""
-    missing_eos_penalty: float = 0.0  # TRL: a penalty for no EOS
+    missing_eos_penalty: float = 0.0
     """taken off the score of a response cut at max_new_tokens before EOS (TRL's; 0: none)"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus"""
-    target_kl: float = 0.0  # early stop: CleanRL's
+    target_kl: float = 0.0
     """stop this batch's epochs once a minibatch's approx_kl exceeds this (CleanRL; 0: never)"""
-    tis_cap: float = 0.0  # TIS: truncated importance sampling
-    """tokens weigh min(pi_trainer / pi_sampler, this) (0: off)"""
 
 
 def check_args(args, world_size):
@@ -163,7 +161,7 @@ def token_rewards(scores, truncated, response_mask, args, kl=None):
     """Per-token rewards [B, R]. scores, truncated: [B]; kl: [B, R] KL estimates, or None."""
     mask = response_mask.float()
     rewards = torch.zeros_like(mask) if kl is None else -args.beta * kl * mask  # [B, R]
-    scores = scores - args.missing_eos_penalty * truncated.float()  # TRL: [B]
+    scores = scores - args.missing_eos_penalty * truncated.float()  # [B]
     # CRUCIAL: the score sits on the last real token of each right-padded response: its EOS when
     # it stopped, else the last token it was allowed to sample. Other tokens get the KL term only.
     last = (mask.sum(1).long() - 1).clamp(min=0)  # [B]
@@ -174,7 +172,7 @@ def token_rewards(scores, truncated, response_mask, args, kl=None):
 def compute_advantages(rewards, values, response_mask, args):
     """Token-level GAE. rewards, values: [B, R] -> (advantages, returns), [B, R], 0 on padding."""
     mask = response_mask.float()
-    if args.whiten_rewards:  # TRL: (r - mean) / std + mean, over every rank's tokens
+    if args.whiten_rewards:  # (r - mean) / std + mean, over every rank's tokens
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     # CRUCIAL: the episode ends at each row's last real token: V after it is 0 (truncated too).
     advantages, returns = token_gae(rewards, values, mask, args.gamma, args.gae_lambda)  # [B, R]
@@ -214,19 +212,16 @@ def aggregate(per_token, mask, loss_type, normaliser):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
-                ref_logprobs=None, sampler_logprobs=None):
+                ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); sampler_logprobs [b, R]: what the sampler gave each token (--tis_cap);
-    logprobs, old_logprobs: [b, R]; advantages: [b, R], one per token."""
+    the loss); logprobs, old_logprobs: [b, R]; advantages: [b, R], one per token."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
     ratio = torch.exp(log_ratio)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
-    if args.tis_cap:  # TIS: tokens weigh pi_trainer / pi_sampler, truncated
-        per_token = per_token * torch.exp(old_logprobs - sampler_logprobs).clamp(max=args.tis_cap)
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
@@ -264,7 +259,7 @@ def forward(policy, critic, input_ids, attention_mask, R, args):
     """-> logprobs [b, R], entropy [b, R], values [b, R] (V(s_t) of the prefix before token t). The
     critic is a separate transformer, or (--critic_type shared) a value head on the policy's own
     hidden states."""
-    if args.critic_type == "shared":  # shared critic: a value head reads the policy's states
+    if args.critic_type == "shared":  # a value head reads the policy's hidden states
         logprobs, entropy, hidden = token_logprobs(policy, input_ids, attention_mask, R,
                                                    args.temperature, return_hidden=True,
                                                    fast=not args.plain)
@@ -376,8 +371,7 @@ def main(args):
                                                             attention_mask[rows], R, args)
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
                 pg, pg_stats = policy_loss(logprobs, old_logprobs[rows], advantages[rows],
-                                           loss_mask[rows], normaliser, args, ref,
-                                           gen.logprobs[rows])
+                                           loss_mask[rows], normaliser, args, ref)
                 vf, v_stats = value_loss(new_values.float(), values[rows], returns[rows],
                                          loss_mask[rows], normaliser, args)
                 loss = pg + args.vf_coef * vf
@@ -395,12 +389,12 @@ def main(args):
             if run.guard.ok(total_loss, grad_norms[-1], critic_grad_norms[-1]):
                 optimizer.step()
                 critic_optimizer.step()
-            # early stop: CleanRL's, on this minibatch's approx_kl over every rank
+            # CleanRL's early stop: the update ends once this minibatch's approx_kl, averaged
+            # over every rank so that all ranks stop together, passes --target_kl
             kl_now = [s["approx_kl"] for s in stats[first_stat:]]
-            # early stop: the mean over ranks
             kl_now = all_reduce_sum(torch.tensor(sum(kl_now) / len(kl_now), dtype=torch.float64,
                                                  device=run.device)).item() / run.world
-            if args.target_kl and kl_now > args.target_kl:  # early stop: the policy moved far
+            if args.target_kl and kl_now > args.target_kl:
                 break
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)

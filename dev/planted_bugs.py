@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (file, the correct line(s), the bug, the test aimed at it)
 BUGS = {
     "calculator_tokens_in_the_loss": (
-        "reinforce.py",
+        "reinforce_stepwise.py",
         "        loss_mask = batch.loss_mask  #",
         "        loss_mask = gen.response_mask  #",
-        "tests/test_reinforce.py::test_an_update_gives_the_calculators_tokens_no_gradient"),
+        "tests/test_reinforce_stepwise.py::test_an_update_gives_the_calculators_tokens_no_gradient"),
     "group_of_the_wrong_size": (
         "grpo.py",
         "advantages = group_advantages(rewards, G,",
@@ -50,8 +50,8 @@ BUGS = {
         "test_the_kl_in_the_reward_is_the_samplers_to_the_references_once_the_policy_moved"),
     "kl_weight_dropped": (
         "reinforce.py",
-        "batch.step_mask, args.gamma,\n                                         args.beta)",
-        "batch.step_mask, args.gamma,\n                                         1.0)",
+        "returns = kl_regularised_returns(scores, kl_seq, args.beta)",
+        "returns = kl_regularised_returns(scores, kl_seq, 1.0)",
         "tests/test_reinforce.py::test_the_kl_enters_the_return_times_beta"),
     "critic_off_by_one": (
         "ppo.py",

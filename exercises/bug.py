@@ -216,6 +216,16 @@ EXERCISES = [
         flags=f"{TINY} --max_steps 3 --overlong_buffer_len 8 --no_dynamic_sampling {CAPITAL}",
         hint="DAPO's overlong filtering keeps the responses cut at the budget out of the loss "
              "(docs/dapo.md). Which rows does the mask keep?"),
+    BugExercise(
+        "4.13", "calculator_tokens_in_the_loss",
+        symptom="None at this size: the tiny model never closes a <<expr>> span (calc/fired 0.0 in "
+                "every update), so the calculator writes nothing and every metric is the real "
+                "file's to the last digit. Logs do not show every bug: find it by reading the "
+                "file against docs/reinforce_stepwise.md.",
+        flags=f"{TINY} --max_steps 3 --sym_calc --max_episode_steps 3",
+        hint="The calculator's value is context the policy reads, not a token it chose "
+             "(docs/reinforce_stepwise.md, item 5). Which mask does the update's loss take, and "
+             "which one keeps the calculator's tokens out?"),
 ]
 BY_ID = {e.id: e for e in EXERCISES}
 

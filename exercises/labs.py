@@ -97,7 +97,8 @@ LABS = [
         [("fp32", "grpo.py", [*ONE_UPDATE]), ("bf16", "grpo.py", [*ONE_UPDATE, "--bf16"])],
         ["mismatch/abs", "mismatch/kl", "clipfrac", "approx_kl"],
         "Before the first update the policy that sampled and the policy that trains are the same "
-        "weights. Why is their log-prob ratio not 1, and what does --tis_cap do about it?"),
+        "weights. Why is their log-prob ratio not 1, and what does truncated importance sampling "
+        "(async_grpo.py --off_policy_correction tis) do about it?"),
 ]
 BY_NAME = {lab.name: lab for lab in LABS}
 

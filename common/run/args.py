@@ -192,7 +192,7 @@ RANGES = {
     "max_grad_norm": (0, math.inf, "[]"),  # 0: no clipping, as in transformers' Trainer
     "warmup_ratio": (0, 1, "[]"), "num_train_epochs": (0, math.inf, "()"),
     "epsilon": (0, math.inf, "()"), "epsilon_high": (0, math.inf, "()"),
-    "beta": (0, math.inf, "[)"), "tis_cap": (0, math.inf, "[)"),
+    "beta": (0, math.inf, "[)"),
     "cliprange_value": (0, math.inf, "()"), "vf_coef": (0, math.inf, "[)"),
     # 0 is greedy: with --eval_samples, k copies of the greedy response (refused in checks.py)
     "eval_temperature": (0, math.inf, "[)"),

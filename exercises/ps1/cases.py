@@ -450,7 +450,7 @@ def _each_token(loss_of_mask, shape):
 
 
 def _surrogate_oracle(logprobs, old_logprobs, advantages, epsilon):
-    args = SimpleNamespace(epsilon=epsilon, tis_cap=0, loss_type="bnpo", kl_estimator="k3",
+    args = SimpleNamespace(epsilon=epsilon, loss_type="bnpo", kl_estimator="k3",
                            beta=0.0)
     return _each_token(lambda m: ppo.policy_loss(logprobs, old_logprobs, advantages, m, 1.0,
                                                  args)[0], logprobs.shape)
