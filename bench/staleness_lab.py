@@ -16,7 +16,6 @@ seeds). A finished run (its metrics.jsonl holds every update) is not run again.
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
