@@ -41,17 +41,22 @@ def free_port():
         return str(sock.getsockname()[1])
 
 
-def run_one(name, out, max_steps, extra):
+def command(name, run_dir, max_steps, extra):
+    """The command line of one setting's run."""
     prefix, options = SETTINGS[name]
-    run_dir = out / f"run{list(SETTINGS).index(name)}"
-    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's
-    command = [a.replace("PORT", free_port()) for a in prefix] + [
+    return [a.replace("PORT", free_port()) for a in prefix] + [
         *options, "--max_steps", str(max_steps), "--num_eval_problems", "0",
         "--output_dir", str(run_dir), *extra]
-    print(f"{name}: {' '.join(command[1:])}", flush=True)
+
+
+def run_one(name, out, max_steps, extra):
+    run_dir = out / f"run{list(SETTINGS).index(name)}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's
+    command_line = command(name, run_dir, max_steps, extra)
+    print(f"{name}: {' '.join(command_line[1:])}", flush=True)
     start = time.time()
     with open(f"{run_dir}.log", "w") as log:
-        done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        done = subprocess.run(command_line, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                               env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
     if done.returncode != 0:
         raise SystemExit(f"{name} failed: see {run_dir}.log")
@@ -65,12 +70,19 @@ def run_one(name, out, max_steps, extra):
             "reward": [round(r["reward/mean"], 3) for r in rows], "wall_s": time.time() - start}
 
 
-def main():
+def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs/async_throughput")
     parser.add_argument("--max_steps", type=int, default=8)
     parser.add_argument("extra", nargs="*", help="after --: options every run gets")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.max_steps < 2:  # the figure is the mean of the updates after the first
+        parser.error("--max_steps must be at least 2: the first update is left out")
+    return args
+
+
+def main():
+    args = parse()
     args.out.mkdir(parents=True, exist_ok=True)
     results = [run_one(name, args.out, args.max_steps, args.extra) for name in SETTINGS]
     base = results[0]["s_per_update"]

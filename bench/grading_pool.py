@@ -19,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the right answers the child can write: sqrt(k) + sqrt(3) for each k below 1000 not a square
+RIGHT_ANSWERS = sum(1 for k in range(2, 1000) if int(k ** 0.5) ** 2 != k)
 CHILD = r"""
 import json, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,12 +47,23 @@ print(json.dumps({"seconds": time.perf_counter() - start, "right": right}))
 """
 
 
-def main():
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--answers", type=int, default=64)
     p.add_argument("--runaways", type=int, default=8)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if not 0 <= args.runaways < args.answers:
+        p.error("--runaways must be at least 0 and fewer than --answers")
+    if args.answers - args.runaways > RIGHT_ANSWERS:  # the child's square roots run out
+        p.error(f"at most {RIGHT_ANSWERS} answers that are not runaways")
+    if min(args.workers) < 1:
+        p.error("--workers: a pool has at least 1 worker")
+    return args
+
+
+def main():
+    args = parse()
     print(f"{args.answers} answers graded from {args.answers} threads at once, {args.runaways} of "
           f"them runaways; {os.cpu_count()} CPU cores")
     print("| sympy workers | batch wall time | right |")

@@ -16,7 +16,6 @@ seeds). A finished run (its metrics.jsonl holds every update) is not run again.
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,9 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from common.run.plot import read_log  # noqa: E402
 
+CORRECTIONS = ["none", "tis", "icepop", "seq_mis"]
 TASK = ["--model_name_or_path", "tiny-random", "--num_prompts", "4", "--num_generations", "8",
         "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0",
         "--temperature", "1.0"]
+
+
+def command(k, correction, seed, run_dir, args):
+    """The command line of one async_grpo.py run, rewarded by the test reward."""
+    return [sys.executable, "tests/run_with_test_reward.py", "async_grpo", *TASK,
+            "--max_steps", str(args.max_steps), "--learning_rate", str(args.learning_rate),
+            "--max_staleness", str(k), "--off_policy_correction", correction, "--seed",
+            str(seed), "--output_dir", str(run_dir)]
 
 
 def run_one(k, correction, seed, out, args):
@@ -38,16 +46,13 @@ def run_one(k, correction, seed, out, args):
     log = run_dir / "metrics.jsonl"
     if log.is_file() and len(read_log(log)) == args.max_steps:
         return read_log(log)
-    command = [sys.executable, "tests/run_with_test_reward.py", "async_grpo", *TASK,
-               "--max_steps", str(args.max_steps), "--learning_rate", str(args.learning_rate),
-               "--max_staleness", str(k), "--off_policy_correction", correction, "--seed",
-               str(seed), "--output_dir", str(run_dir)]
     if run_dir.exists():  # an unfinished run: start it again
         shutil.rmtree(run_dir)
     print(f"k={k} {correction} seed {seed}", flush=True)
     out_log = out / f"k{k}-{correction}-seed{seed}.log"
     with open(out_log, "w") as f:
-        done = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+        done = subprocess.run(command(k, correction, seed, run_dir, args), cwd=ROOT, stdout=f,
+                              stderr=subprocess.STDOUT,
                               env={**os.environ, "TEST_REWARD": "first_upper"})
     if done.returncode != 0:
         raise SystemExit(f"the run failed: see {out_log}")
@@ -109,15 +114,26 @@ def figure(results, args, path):
     fig.savefig(path, dpi=110)
 
 
-def main():
+def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs/staleness_lab")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
-    parser.add_argument("--corrections", nargs="+", default=["none", "tis", "icepop", "seq_mis"])
+    parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4],
+                        help="async_grpo.py's --max_staleness")
+    parser.add_argument("--corrections", nargs="+", default=CORRECTIONS, choices=CORRECTIONS,
+                        help="async_grpo.py's --off_policy_correction")
     parser.add_argument("--learning_rate", type=float, default=5e-2)
     parser.add_argument("--max_steps", type=int, default=30)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if min(args.ks) < 0:
+        parser.error("--ks: a staleness is 0 or more updates")
+    if args.max_steps < 1:
+        parser.error("--max_steps must be at least 1")
+    return args
+
+
+def main():
+    args = parse()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for k, c in settings(args):

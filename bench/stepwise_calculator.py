@@ -41,14 +41,19 @@ SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> span
 }
 
 
+def episodes_env(args, sym_calc, calc_annotations):
+    """The held-out stepwise env of one setting."""
+    task_options = {"difficulty": args.difficulty} if args.dataset_name == "arithmetic" else {}
+    return make_env(args.dataset_name, "test", path=args.eval_dataset_path,
+                    num_few_shot=args.num_few_shot,
+                    **task_options, stepwise=True, max_steps=args.max_episode_steps,
+                    calc_annotations=calc_annotations,
+                    system_prompt=stepwise_system_prompt(args.dataset_name, sym_calc))
+
+
 def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     """Greedy stepwise episodes on --num_problems held-out problems: means per episode."""
-    task_options = {"difficulty": args.difficulty} if args.dataset_name == "arithmetic" else {}
-    env = make_env(args.dataset_name, "test", path=args.eval_dataset_path,
-                   num_few_shot=args.num_few_shot,
-                   **task_options, stepwise=True, max_steps=args.max_episode_steps,
-                   calc_annotations=calc_annotations,
-                   system_prompt=stepwise_system_prompt(args.dataset_name, sym_calc))
+    env = episodes_env(args, sym_calc, calc_annotations)
     sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, sym_calc)
     eos_ids = set(eos_token_ids(policy, tokenizer))
     # the fixed subset that reinforce.py's own evaluation plays, so update 0 of a run is comparable
@@ -73,7 +78,7 @@ def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
             "lines": totals["lines"] / n, "seconds": round(time.time() - start, 1), "problems": n}
 
 
-def main():
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_name_or_path", default="SmolLM2-135M-Instruct")
@@ -88,7 +93,17 @@ def main():
     p.add_argument("--max_episode_steps", type=int, default=10)
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--output", default=None, help="also write the rows as JSON lines here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    least = {"num_problems": 1, "num_few_shot": 0, "max_new_tokens": 1, "max_episode_steps": 1,
+             "batch_size": 1}
+    for name, low in least.items():
+        if getattr(args, name) < low:
+            p.error(f"--{name} must be at least {low}")
+    return args
+
+
+def main():
+    args = parse()
     torch.manual_seed(0)
     policy, tokenizer = load_policy(args.model_name_or_path), load_tokenizer(args.model_name_or_path)
     policy.eval()

@@ -32,13 +32,15 @@ sys.path.insert(0, str(ROOT))
 from dev.algorithms import ALGORITHMS  # noqa: E402
 
 
+def command(algo, args, out):
+    """The command line of one file's run: its own defaults, evaluation off."""
+    return [sys.executable, str(ROOT / f"{algo}.py"), "--model_name_or_path",
+            args.model_name_or_path, "--max_steps", str(args.steps), "--num_eval_problems", "0",
+            "--output_dir", out, "--seed", str(args.seed), *(["--bf16"] if args.bf16 else [])]
+
+
 def measure(algo, args, out):
-    cmd = [sys.executable, str(ROOT / f"{algo}.py"), "--model_name_or_path",
-           args.model_name_or_path,
-           "--max_steps", str(args.steps), "--num_eval_problems", "0", "--output_dir", out,
-           "--seed", str(args.seed)]
-    if args.bf16:
-        cmd.append("--bf16")
+    cmd = command(algo, args, out)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "TQDM_DISABLE": "1"})
@@ -59,7 +61,7 @@ def measure(algo, args, out):
     }
 
 
-def main():
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algos", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
@@ -69,9 +71,14 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None,
                    help="folder for the runs and throughput.json (default: a temp dir)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
+    return args
+
+
+def main():
+    args = parse()
     out = args.out or tempfile.mkdtemp(prefix="bench-throughput-")
     results = {}
     print(f"{'file':10s} {'rollout tok/s':>14s} {'update tok/s':>13s} {'resp tokens':>12s} "

@@ -29,6 +29,12 @@ from common.run.plot import read_log  # noqa: E402
 SETTINGS = {"calc": "with the calculator", "none": "without a tool"}
 
 
+def command(tools, seed, run_dir, max_steps, extra):
+    """The command line of one tools.py run."""
+    return [sys.executable, "tools.py", "--difficulty", "6", "--max_steps", str(max_steps),
+            "--seed", str(seed), "--tools", tools, "--output_dir", str(run_dir), *extra]
+
+
 def run_one(tools, seed, out, max_steps, extra):
     """One tools.py run as a child process -> its run.json record."""
     run_dir = out / f"{tools}-seed{seed}"
@@ -36,14 +42,13 @@ def run_one(tools, seed, out, max_steps, extra):
     if record_path.is_file() and json.loads(record_path.read_text())["returncode"] == 0:
         return json.loads(record_path.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "tools.py", "--difficulty", "6", "--max_steps", str(max_steps),
-               "--seed", str(seed), "--tools", tools, "--output_dir", str(run_dir), *extra]
-    print(f"{tools} / seed {seed}: {' '.join(command[1:])}", flush=True)
+    command_line = command(tools, seed, run_dir, max_steps, extra)
+    print(f"{tools} / seed {seed}: {' '.join(command_line[1:])}", flush=True)
     start = time.time()
     with open(run_dir / "log.txt", "w") as log:
-        child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command_line, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         _, status, _ = os.wait4(child.pid, 0)
-    record = {"tools": tools, "seed": seed, "command": command[1:],
+    record = {"tools": tools, "seed": seed, "command": command_line[1:],
               "returncode": os.waitstatus_to_exitcode(status),
               "wall_s": round(time.time() - start, 1)}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
@@ -74,14 +79,21 @@ def table(records, out):
     return lines
 
 
-def main():
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--max_steps", type=int, default=10, help="updates of each run")
     p.add_argument("--out", default="runs/tool_gain", help="folder for the runs and the table")
     p.add_argument("extra", nargs="*", help="after --: flags passed to every run")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.max_steps < 1:
+        p.error("--max_steps must be at least 1")
+    return args
+
+
+def main():
+    args = parse()
     out = Path(args.out).resolve()
     records = [run_one(tools, seed, out, args.max_steps, args.extra)
                for seed in args.seeds for tools in SETTINGS]

@@ -133,8 +133,8 @@ FILES_COUNT = re.compile(rf"\b({'|'.join(WORDS[4:])})\s+(?:algorithm\s+)?files\b
 LINE_COUNT = re.compile(r"`([\w/.-]+\.py)` is (\d[\d,]*) lines\b"
                         r"|([\w/.-]+\.py)`?(?:\]\([^)\s]*\))?\s+\((\d[\d,]*) lines[),;]")
 # the pages, and the docstrings and comments of every script and module
-COUNTED = ["README.md", "docs/*.md", "*.py", "common/**/*.py", "bench/*.py", "dev/*.py",
-           "dev/lab/*.py"]
+COUNTED = ["README.md", "docs/*.md", "dev/README.md", "*.py", "common/**/*.py", "bench/*.py",
+           "dev/*.py", "dev/lab/*.py"]
 
 
 def stale_counts(texts):
@@ -172,15 +172,14 @@ def test_the_docs_count_the_algorithm_files_and_their_lines_right():
     assert stale_counts(texts) == []
 
 
-def test_the_readme_counts_the_slow_tests_right():
-    from conftest import COLLECTED
-
-    if COLLECTED["files"] != {p.name for p in (ROOT / "tests").glob("test_*.py")}:
-        pytest.skip("only part of the suite was collected")
-    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-             "ten", "eleven", "twelve"]
-    said = re.search(r"(\w+) long runs are marked `slow`", (ROOT / "README.md").read_text())
-    assert said and words.index(said.group(1).lower()) == len(COLLECTED["slow"]), COLLECTED["slow"]
+def test_the_readmes_tests_are_the_two_tiers_and_no_figure_to_go_stale():
+    readme = (ROOT / "README.md").read_text()
+    section = re.search(r"^## Tests\n(.*?)(?=^## |\Z)", readme, re.M | re.S).group(1)
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert commands == ["python -m pytest -q -n 2", "python -m pytest -q -n 2 -m slow"]
+    # how many tests and how long they take change with every round: the section states neither
+    assert not re.search(r"\d[\d,]* (?:tests|min\b|minutes|long runs)", section), section
 
 
 def test_a_planted_stale_count_fails():
@@ -202,43 +201,29 @@ def test_a_planted_stale_count_fails():
     ]
 
 
-# ---- the README's layout and the docs' table of files ------------------------------------
+# ---- the README's layout: the one list of what is at the root ----------------------------
 def top_level(path):
     """The entry at the repository's root that a path names: `common/env/` -> `common/`."""
     head, slash, _ = path.partition("/")
     return head + slash
 
 
-def layout_of_the_readme():
-    """{top-level entry: the name as written} of the README's Layout block: the names that open a
-    line, before the two or more spaces that start its description (indented lines are inside a
-    folder)."""
-    block = re.search(r"^## Layout\n+```\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
-    names = [name for line in block.group(1).splitlines() if line[:1].strip()
-             for name in re.split(r"\s{2,}", line)[0].split()]
-    return {top_level(name): name for name in names}
-
-
-def files_of_the_docs_table():
-    """{top-level entry: the path as written} of the first column of docs/README.md's table
-    "What each file is"."""
-    text = (ROOT / "docs/README.md").read_text()
-    section = re.search(r"^## What each file is\n(.*?)^## ", text, re.M | re.S).group(1)
-    paths = [path for line in section.splitlines() if line.startswith("| `")
-             for path in re.findall(r"`([^`]+)`", line.split(" | ")[0])]
+def named_by_the_readme():
+    """{top-level entry: the path as written} of the first column of the README's tables: the
+    algorithm files' table and the Layout."""
+    paths = [path for line in (ROOT / "README.md").read_text().splitlines()
+             if line.startswith("| ") for path in re.findall(r"`([^`]+)`", line.split(" | ")[0])]
     return {top_level(path): path for path in paths}
 
 
-def test_the_readme_layout_and_the_docs_table_of_files_name_the_same_paths():
-    readme, docs = layout_of_the_readme(), files_of_the_docs_table()
-    assert set(readme) == set(docs), ("named in one list only: README's Layout "
-                                      f"{sorted(set(readme) - set(docs))}, docs/README.md's "
-                                      f"table {sorted(set(docs) - set(readme))}")
-    for path in docs.values():  # each path the table names is there (`docs/*.md` a glob)
-        assert list(ROOT.glob(path.rstrip("/"))), f"docs/README.md names {path}, which is not there"
+def test_the_readme_names_only_paths_that_are_there():
+    layout = re.search(r"^## Layout\n(.*?)^## ", (ROOT / "README.md").read_text(), re.M | re.S)
+    assert layout and "| path |" in layout.group(1)
+    for path in named_by_the_readme().values():
+        assert list(ROOT.glob(path.rstrip("/"))), f"README.md names {path}, which is not there"
 
 
-def test_every_entry_a_user_meets_at_the_root_is_in_both_lists():
+def test_every_entry_a_user_meets_at_the_root_is_in_the_readme():
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip("not a git checkout")
@@ -246,8 +231,8 @@ def test_every_entry_a_user_meets_at_the_root_is_in_both_lists():
                if (ROOT / path).exists()}  # a file deleted but not yet committed is gone
     # the page itself, pytest's settings and the dot-files (CI, .gitignore) are not met by a user
     met = {entry for entry in tracked if not entry.startswith(".")} - {"README.md", "pytest.ini"}
-    missing = met - set(layout_of_the_readme()) | met - set(files_of_the_docs_table())
-    assert not missing, f"{sorted(missing)}: add to README.md's Layout and docs/README.md's table"
+    missing = met - set(named_by_the_readme())
+    assert not missing, f"{sorted(missing)}: add to README.md's Layout"
     assert {f"{a}.py" for a in ALGORITHMS} <= met
 
 
