@@ -79,7 +79,7 @@ class Args(TrainArgs):
     seed: int = 0
     """seeds prompt order, sampling and model init: runs are reproducible"""
     # ---- sampling
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: Optional[int] = None  # new to APPO: a step's
     """response length limit, in tokens: of one step (default by task: arithmetic 32, countdown 64,
     gsm8k and math 96, OpenR's)"""
     temperature: float = 0.7
@@ -105,9 +105,9 @@ class Args(TrainArgs):
     """the PRM's 'bad step' token"""
     outcome_reward_coef: float = 0.0
     """beyond OpenR: with a PRM, add this times the verifier's correctness to the final reward"""
-    num_ppo_epochs: int = 1
+    num_ppo_epochs: int = 1  # new to APPO: a segment's
     """passes over each rollout batch (a segment of every episode)"""
-    num_mini_batches: int = 2
+    num_mini_batches: int = 2  # new to APPO: of every episode
     """optimizer steps per pass (must divide num_steps: each takes steps from every episode)"""
     epsilon: float = 0.2
     """clip range of the ratio"""

@@ -14,7 +14,7 @@ one trains. Three policies meet in the loss:
     pi_prox  the trainer's weights at update n (its log-probs recomputed): PPO's pi_old
     pi       the weights being trained
 and with A_i the group advantage and rho_it = pi / pi_prox, exactly as grpo.py's,
-    L = agg_it [ w_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i) + beta KL_it ]
+    L = agg_it [ w_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i) + beta KL_it ]
 where w_it corrects for mu != pi_prox, from r_it = pi_prox(o_it) / mu(o_it)
 (--off_policy_correction):
     none      w = 1
@@ -113,7 +113,7 @@ class Args(TrainArgs):
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
     # ---- off-policy
-    max_staleness: int = 1  # off-policy: k
+    max_staleness: int = 1  # new to async: k
     """k: update n trains on responses that the weights of update n - k sampled (0: grpo.py)"""
     off_policy_correction: Literal["none", "tis", "icepop", "seq_mis"] = "tis"
     """each token's weight toward the trainer's policy (see the docstring)"""
@@ -128,13 +128,13 @@ class Args(TrainArgs):
 def check_args(args, world_size):
     """This file's own option errors, each with its fix, before any model loads (Run checks the
     shared ones of common/run/checks.py first)."""
-    if world_size > 1 and args.fsdp:  # off-policy: the sampler holds whole weights
+    if world_size > 1 and args.fsdp:  # new to async: the sampler holds whole weights
         raise UsageError("--fsdp would shard the weights over every rank, and async_grpo.py's "
                          "last rank samples with whole weights: drop --fsdp, or use grpo.py "
                          "--fsdp.")
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
-    correction = args.off_policy_correction  # off-policy: each correction reads its own bounds
+    correction = args.off_policy_correction  # new to async: each correction reads its own bounds
     check_unused(args, [
         ("is_cap", correction in ("tis", "seq_mis"), "--off_policy_correction tis or seq_mis"),
         ("icepop_low", correction == "icepop", "--off_policy_correction icepop"),
@@ -214,7 +214,7 @@ def aggregate(per_token, mask, loss_type, normaliser):
     return (per_token * mask).sum() / normaliser
 
 
-# off-policy: the correction
+# new to async: the correction
 def off_policy_weights(old_logprobs, sampler_logprobs, mask, args):
     """Each token's weight w_it toward pi_prox (old_logprobs: the trainer's weights at this update)
     for a token that mu (sampler_logprobs: the weights of k updates ago) drew, and where a bound cut
@@ -235,20 +235,20 @@ def off_policy_weights(old_logprobs, sampler_logprobs, mask, args):
 
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
-                ref_logprobs=None, sampler_logprobs=None):
+                ref_logprobs=None, sampler_logprobs=None):  # new to async: the sampler's [b, R]
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); sampler_logprobs [b, R]: what the sampler (k updates behind) gave each token;
-    logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    the loss); logprobs, old_logprobs: [b, R]."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
+    ratio = torch.exp(log_ratio)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
+    # every token of a response shares its advantage: [b] -> [b, 1]
+    advantages = advantages[:, None]
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
-    # off-policy: each token weighted from the sampler's policy toward pi_prox
+    # new to async: each token weighted from the sampler's policy (k updates behind) to pi_prox
     weights, cut = off_policy_weights(old_logprobs, sampler_logprobs, mask, args)  # [b, R]
-    per_token = pg_loss * weights
+    per_token = pg_loss * weights  # new to async: the weighted surrogate
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
         kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
         per_token = per_token + args.beta * kl
@@ -258,9 +258,9 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
                  # how far the policy moved from the one that sampled (pi_old)
                  "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
-                 "pg_loss": masked_mean(pg_loss, mask).item(),
-                 "is_weight/mean": masked_mean(weights, mask).item(),
-                 "is_weight/clipped_frac": masked_mean(cut.float(), mask).item()}
+                 "pg_loss": masked_mean(pg_loss, mask).item()}
+        stats.update({"is_weight/mean": masked_mean(weights, mask).item(),  # new to async: cut
+                      "is_weight/clipped_frac": masked_mean(cut.float(), mask).item()})
         if ref_logprobs is not None:
             stats["kl_ref"] = masked_mean(kl, mask).item()
     return loss, stats
@@ -272,17 +272,17 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
 def main(args):
     # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
     # bad task or data file fails at once; where the run starts
-    run = Run(args, check_args, samplers=1)  # off-policy: under torchrun the last rank samples
+    run = Run(args, check_args, samplers=1)  # new to async: under torchrun the last rank samples
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
 
-    # off-policy: under torchrun the last rank samples and run.trainers ranks train, k updates
+    # new to async: under torchrun the last rank samples and run.trainers ranks train, k updates
     # behind; one process does both
     local_prompts, G = args.num_prompts // run.trainers, args.num_generations
-    N, staleness = local_prompts * G, args.max_staleness  # samples per trainer per update; k
+    N, staleness = local_prompts * G, args.max_staleness  # new to async: per trainer; k
     run.print(f"async GRPO | {run.world} process(es), {run.trainers} training, on {run.device} | "
               f"batches sampled {staleness} update(s) behind, corrected by "
               f"{args.off_policy_correction} | {args.num_prompts} prompts x {G} samples per update "
@@ -290,18 +290,18 @@ def main(args):
               f"minibatch(es) of micro-batches of {args.micro_batch_size} | {len(env)} problems | "
               f"{args.max_steps} updates")
     start_step, resume_from = run.resume_point()
-    queue = saved_queue(run.state, args, start_step, len(env), resume_from)  # off-policy: checked
+    queue = saved_queue(run.state, args, start_step, len(env), resume_from)  # new to async: checked
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
     run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # off-policy: the batches of the next updates, whole, each drawn by the weights of k updates
+    # new to async: the batches of the next updates, whole, each drawn by the weights of k updates
     # before (under torchrun the last rank samples them while the others train); a resumed run's
     # from its checkpoint
     ahead = SampledAhead(run, staleness, lambda position: rollout(
         policy, tokenizer, env, position, 0, args.num_prompts, args, run.autocast), queue)
-    if ahead.is_sampler:  # the last rank: samples until the last batch is sent, never trains
+    if ahead.is_sampler:  # new to async: the last rank samples until the last batch, never trains
         return ahead.serve(policy, start_step)
 
     ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
@@ -310,16 +310,15 @@ def main(args):
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
         optimizer = run.offload_optimizer(policy, optimizer)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
-    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
-              extra_state=lambda: {"queue": ahead.state(step)})  # off-policy: the checkpoint's
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},  # new to async:
+              extra_state=lambda: {"queue": ahead.state(step)})  # the queue, in each checkpoint
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        # ---- rollout: G responses to each of this rank's problems of the update, sampled k
-        # updates ago, graded
-        sampled = ahead.pop(step)  # off-policy: .version, the update whose weights drew it
+        # ---- rollout: G responses to each of this rank's problems, sampled k updates ago, graded
+        sampled = ahead.pop(step)  # new to async: .version, the update whose weights drew it
         first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = sampled.share(first_prompt, local_prompts)  # off-policy: sampled whole
+        batch = sampled.share(first_prompt, local_prompts)  # new to async: sampled whole
         run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
@@ -355,6 +354,7 @@ def main(args):
         policy.train()
         stats, grad_norms = [], []
         for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
+            # new to async: the ranks that train, the sampler left out
             normaliser = loss_normaliser(loss_mask[batch_rows], args, run.trainers)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
@@ -365,6 +365,7 @@ def main(args):
                                                        fast=not args.plain)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
+                # new to async: the sampler's log-probs, which weigh each token
                 loss, loss_stats = policy_loss(logprobs, old, advantages[rows], loss_mask[rows],
                                                normaliser, args, ref, gen.logprobs[rows])
                 loss.backward()
@@ -377,7 +378,7 @@ def main(args):
                 optimizer.step()
         # the rollout has no use for gradients: freed here, not at the next update's start
         optimizer.zero_grad(set_to_none=True)
-        ahead.updated(policy, step)  # off-policy: under torchrun rank 0 sends the sampler these
+        ahead.updated(policy, step)  # new to async: under torchrun rank 0 sends the sampler these
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
@@ -391,12 +392,13 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
-            "staleness/mean": step - sampled.version,  # off-policy: updates behind
+            "staleness/mean": step - sampled.version,  # new to async: updates behind
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": lr, "tokens_per_s": n_tokens * run.trainers / sampled.seconds,
+            "lr": lr, "tokens_per_s": n_tokens * run.trainers / sampled.seconds,  # new to async:
             # the sampler's time on this batch; the trainer's wait for it (under torchrun: what the
             # sampler could not hide behind the update)
-            "time/rollout_s": sampled.seconds, "time/wait_s": t_rollout, "time/update_s": t_update,
+            "time/rollout_s": sampled.seconds, "time/wait_s": t_rollout,  # new to async:
+            "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
@@ -405,7 +407,7 @@ def main(args):
                    for k in range(0, N, max(1, N // 8))]
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)
-    ahead.close()
+    ahead.close()  # new to async: the sampler's last batch, and its process
     return run.finish()
 
 

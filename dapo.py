@@ -81,7 +81,7 @@ class Args(TrainArgs):
     """passes over each rollout batch"""
     num_mini_batches: int = 1
     """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
-    epsilon: float = 0.2
+    epsilon: float = 0.2  # new to DAPO: eps_low
     """clip range of the ratio (DAPO's eps_low)"""
     epsilon_high: float = 0.28  # new to DAPO: clip-higher
     """the upper clip range: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]"""
@@ -234,12 +234,13 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    the loss); logprobs, old_logprobs: [b, R]."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
+    ratio = torch.exp(log_ratio)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon_high  # new to DAPO: clip-higher
-    advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
+    # every token of a response shares its advantage: [b] -> [b, 1]
+    advantages = advantages[:, None]
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
@@ -331,7 +332,7 @@ def main(args):
         # new to DAPO: the length reward of the soft overlong punishment
         penalty = overlong_penalty(response_mask.sum(1), args.max_new_tokens,
                                    args.overlong_buffer_len, args.overlong_penalty_factor)  # [N]
-        rewards = kl_penalised(scores + penalty, kl, response_mask, args.beta)  # [N]
+        rewards = kl_penalised(scores + penalty, kl, response_mask, args.beta)  # new to DAPO: [N]
         advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
         loss_mask = response_mask  # [N, R] the tokens that count in the loss

@@ -64,7 +64,7 @@ class Args(TrainArgs):
     (e.g. a grpo.py checkpoint, runs/teacher/checkpoint-20)"""
     # ---- optimisation
     learning_rate: float = 5e-6
-    """AdamW learning rate of the policy"""
+    """AdamW learning rate of the policy (docs/grpo.md#results: why not 2e-5)"""
     lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
     """schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
     warmup_steps: int = 0
@@ -85,7 +85,7 @@ class Args(TrainArgs):
     # ---- sampling
     max_new_tokens: int = 64
     """response length limit, in tokens"""
-    temperature: float = 0.7
+    temperature: float = 0.7  # new to distill: the teacher's too
     """sampling temperature (also applied to the student's and the teacher's log-probs)"""
     top_p: float = 1.0
     """nucleus sampling mass"""
@@ -93,7 +93,7 @@ class Args(TrainArgs):
     num_prompts: int = 8
     """prompts per update, over all ranks"""
     num_generations: int = 4
-    """G: responses sampled per prompt"""
+    """G: responses sampled per prompt (the group)"""
     num_ppo_epochs: int = 1
     """passes over each rollout batch"""
     num_mini_batches: int = 1
@@ -103,7 +103,7 @@ class Args(TrainArgs):
     loss_form: Literal["sampled", "full"] = "sampled"
     """sampled: the reverse KL on the sampled tokens as a per-token reward; full: the divergence of
     the whole next-token distributions (TRL's DistillationTrainer)"""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"  # new to distill: TRL's
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (dapo: a token mean over the
     global batch, as TRL's DistillationTrainer)"""
     jsd_beta: float = 1.0
@@ -299,14 +299,16 @@ def main(args):
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
     run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
+    # new to distill: the teacher scores the student's token ids, so it reads the same ones
     teacher_tokenizer = load_tokenizer(args.teacher_model_name_or_path,
                                        "--teacher_model_name_or_path")
-    if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():  # it scores the student's token ids
+    if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():  # new to distill:
         raise UsageError(f"--teacher_model_name_or_path {args.teacher_model_name_or_path} has "
                          "another tokenizer than the student's: the teacher scores the student's "
                          "token ids, so pass a teacher of the student's family.")
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # the teacher: frozen and whole on every rank, as grpo.py's reference (bf16 under --bf16)
+    # new to distill: the teacher, frozen and whole on every rank as grpo.py's reference (bf16
+    # under --bf16)
     teacher = load_reference(args.teacher_model_name_or_path,
                              torch.bfloat16 if args.bf16 else torch.float32, run.device)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
@@ -408,8 +410,10 @@ def main(args):
             "zero_std_frac": zero_std.float().mean().item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
-            "time/rollout_s": t_rollout, "time/update_s": t_update, "time/teacher_s": t_teacher,
+            "time/rollout_s": t_rollout, "time/update_s": t_update,
+            "time/teacher_s": t_teacher,  # new to distill: the teacher's forwards, in the update
         }
+        # new to distill: no reference, so no kl_ref; the advantage is per token, not logged
         samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
                     "reward": scores[k].item()}
                    for k in range(0, N, max(1, N // 8))]

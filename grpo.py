@@ -177,14 +177,16 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    the loss); logprobs, old_logprobs: [b, R]."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
+    ratio = torch.exp(log_ratio)  # [b, R]
     if args.importance_sampling_level == "sequence":  # GSPO: one ratio per response
-        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]
-    ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
+        seq_log_ratio = (log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1)  # [b]
+        ratio = torch.exp(seq_log_ratio)[:, None].expand_as(logprobs)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
+    # every token of a response shares its advantage: [b] -> [b, 1]
+    advantages = advantages[:, None]
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi

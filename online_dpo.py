@@ -78,9 +78,9 @@ class Args(TrainArgs):
     # ---- the algorithm
     num_prompts: int = 16
     """prompts per update, over all ranks"""
-    num_generations: int = 2
+    num_generations: int = 2  # new to online DPO: a pair
     """G: responses sampled per prompt (TRL: 2); the best and the worst of them form the pair"""
-    beta: float = 0.1
+    beta: float = 0.1  # new to online DPO: DPO's beta
     """weight of the KL to the frozen reference: DPO's implicit reward is beta log(pi / pi_ref)"""
     preference_loss: Literal["sigmoid", "ipo"] = "sigmoid"
     """sigmoid: DPO's -log sigmoid(beta h); ipo: (h - 1 / (2 beta))^2, with beta as IPO's tau"""
@@ -227,7 +227,7 @@ def main(args):
     tokenizer = load_tokenizer(args.model_name_or_path)
     run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    ref_policy = reference_policy(args, policy, run.device)  # DPO's implicit reward needs it
+    ref_policy = reference_policy(args, policy, run.device)  # new to online DPO: always
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
@@ -311,15 +311,17 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "pairs/frac": P / local_prompts,
-            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),  # new to online DPO: maybe 0
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
+        # new to online DPO: the KL to the reference is in the pairs' statistics; the samples say
+        # which responses were paired
         samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
                     "reward": scores[k].item(), "chosen": k in chosen[:P].tolist(),
                     "rejected": k in rejected[:P].tolist()}
                    for k in range(0, N, max(1, N // 8))]
-        run.log(step + 1, metrics, stats, samples, stat_keys=PAIR_STATS)
+        run.log(step + 1, metrics, stats, samples, stat_keys=PAIR_STATS)  # new to online DPO:
         run.end_update(step + 1)
     return run.finish()
 

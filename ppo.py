@@ -79,7 +79,7 @@ class Args(TrainArgs):
     # ---- the algorithm
     num_prompts: int = 16
     """prompts per update, over all ranks"""
-    num_generations: int = 1
+    num_generations: int = 1  # new to PPO: the critic is the baseline
     """G: responses sampled per prompt (with a critic for the baseline, 1 works: oat, TRL)"""
     num_ppo_epochs: int = 1
     """passes over each rollout batch"""
@@ -215,11 +215,12 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); logprobs, old_logprobs: [b, R]; advantages: [b, R], one per token."""
+    the loss); logprobs, old_logprobs: [b, R]."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
     ratio = torch.exp(log_ratio)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
+    # new to PPO: the advantages are the tokens' own already, [b, R]
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
@@ -307,16 +308,18 @@ def main(args):
     tokenizer = load_tokenizer(args.model_name_or_path)
     run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
     policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    # new in PPO: the critic, a copy of the policy with a value head (or a head on the policy)
+    # new to PPO: the critic, a copy of the policy with a value head (or a head on the policy)
     critic = make_critic(args, policy, run.device, run.state)
     ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
                                   lr=args.learning_rate, weight_decay=0.0)
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
         optimizer = run.offload_optimizer(policy, optimizer)
+    # new to PPO: the critic's own AdamW, always fp32
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate,
                                          weight_decay=0.0)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    # new to PPO: the critic's optimizer and weights are saved and resumed with the policy's
     run.start(policy, tokenizer, eval_env,
               {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)},
               extra_state=lambda: {"critic": critic_state(critic)})
@@ -337,7 +340,7 @@ def main(args):
 
         # ---- log-probs of the behaviour policy, its values, and the reference, before any update
         micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
-        old_logprobs, ref_logprobs, kl = None, None, None
+        ref_logprobs, kl = None, None
         with run.autocast:
             # [N, R] each
             old_logprobs, values = rollout_forward(policy, critic, gen, micro_batch, args)
@@ -422,6 +425,7 @@ def main(args):
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
+        # new to PPO: the first token's advantage, value and return of each response
         samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
                     "reward": scores[k].item(), "advantage": advantages[k, 0].item(),
                     "value": values[k, 0].item(), "return": returns[k, 0].item()}

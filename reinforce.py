@@ -77,7 +77,7 @@ class Args(TrainArgs):
     num_prompts: int = 4
     """prompts per update, over all ranks"""
     num_generations: int = 8
-    """G: responses (stepwise: episodes) sampled per prompt, the RLOO group (LLM_RL's k)"""
+    """G: responses sampled per prompt (the group)"""
     baseline: Literal["none", "mean", "rloo"] = "rloo"
     """what each return is measured against: none (the seed), the batch mean, or rloo"""
     beta: float = 0.05
@@ -227,11 +227,11 @@ def main(args):
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
         optimizer = run.offload_optimizer(policy, optimizer)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    # new to REINFORCE: a refreshed reference (--ref_model_sync_steps) is saved with the policy
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
-              # a refreshed reference (--ref_model_sync_steps) is saved with the policy
               extra_state=lambda: ({"ref_policy": ref_policy.state_dict()}
                                    if args.ref_model_sync_steps else None))
-    # a refreshed reference comes back with the policy
+    # new to REINFORCE: and comes back with it
     if run.state is not None and "ref_policy" in run.state["extra"] and ref_policy is not None:
         ref_policy.load_state_dict(run.state["extra"]["ref_policy"])
 
@@ -245,8 +245,7 @@ def main(args):
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
         response_mask = gen.response_mask  # [N, R] every sampled token
-        loss_mask = response_mask  # [N, R] the tokens that count in the loss
-        mask = loss_mask.float()
+        mask = response_mask.float()  # the same, for the statistics
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
@@ -267,6 +266,7 @@ def main(args):
         returns = kl_regularised_returns(scores, kl_seq, args.beta)  # [N]
         baselines = compute_baselines(returns, G, args.baseline)  # [N]
         advantages = returns - baselines  # [N]
+        loss_mask = response_mask  # [N, R] the tokens that count in the loss
 
         # ---- update: one optimizer step on the whole batch (REINFORCE is on-policy), micro-batched
         lr = run.set_lr(optimizer, step)
@@ -307,7 +307,7 @@ def main(args):
             "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
-            "grad_norm": grad_norm,
+            "grad_norm": grad_norm,  # new to REINFORCE: one optimizer step
             "return/mean": returns.mean().item(),
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,

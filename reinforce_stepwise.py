@@ -83,8 +83,8 @@ class Args(TrainArgs):
     # ---- the algorithm
     num_prompts: int = 4
     """prompts per update, over all ranks"""
-    num_generations: int = 8
-    """G: responses (stepwise: episodes) sampled per prompt, the RLOO group (LLM_RL's k)"""
+    num_generations: int = 8  # new to stepwise: episodes
+    """G: episodes played per problem (the group; LLM_RL's k)"""
     baseline: Literal["none", "mean", "rloo"] = "rloo"
     """what each return is measured against: none (the seed), the batch mean, or rloo"""
     beta: float = 0.05
@@ -189,7 +189,7 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     """-A log pi(action), over `normaliser`.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
     the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per action."""
-    mask = loss_mask.float()  # stepwise: 0 on padding and on the calculator's tokens
+    mask = loss_mask.float()  # new to stepwise: 0 on padding and on the calculator's tokens
     seq_logprobs = sequence_logprobs(logprobs, mask, args.length_normalize)  # [b]
     # CRUCIAL: advantages are constants; the gradient flows only through log pi of the policy's
     # own tokens.
@@ -215,10 +215,11 @@ def main(args):
     # bad task or data file fails at once; where the run starts
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    # new to stepwise: the env plays lines, with the calculator's syntax in its prompt
     stepwise = dict(stepwise=True, max_steps=args.max_episode_steps, calc_annotations=args.sym_calc,
                     system_prompt=args.system_prompt or stepwise_system_prompt(args.dataset_name,
                                                                                args.sym_calc))
-    env, eval_env = make_envs(args, stepwise, stepwise_eval=True, say=run.print)
+    env, eval_env = make_envs(args, stepwise, stepwise_eval=True, say=run.print)  # new to stepwise:
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
@@ -241,11 +242,11 @@ def main(args):
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
         optimizer = run.offload_optimizer(policy, optimizer)
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
+    # new to REINFORCE: a refreshed reference (--ref_model_sync_steps) is saved with the policy
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
-              # a refreshed reference (--ref_model_sync_steps) is saved with the policy
               extra_state=lambda: ({"ref_policy": ref_policy.state_dict()}
                                    if args.ref_model_sync_steps else None))
-    # a refreshed reference comes back with the policy
+    # new to REINFORCE: and comes back with it
     if run.state is not None and "ref_policy" in run.state["extra"] and ref_policy is not None:
         ref_policy.load_state_dict(run.state["extra"]["ref_policy"])
 
@@ -255,12 +256,12 @@ def main(args):
         first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
         batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
                         run.autocast)
-        run.check_rewards(batch.rewards, step + 1, batch.problems)  # NaN or inf: the run stops
-        gen, scores = batch.gen, batch.scores  # a row of gen per action: a response or line
-        input_ids, attention_mask = gen.sequences()  # [n, P + R]
-        response_mask = gen.response_mask  # [n, R] every token of the actions
-        loss_mask = batch.loss_mask  # [n, R] the policy's own tokens: no calculator tokens
-        mask = loss_mask.float()
+        # new to stepwise: rewards [N, T], one per line; gen has a row per line, n in all
+        run.check_rewards(batch.rewards, step + 1, batch.problems)
+        gen, scores = batch.gen, batch.scores
+        input_ids, attention_mask = gen.sequences()  # new to stepwise: [n, P + R]
+        response_mask = gen.response_mask  # new to stepwise: [n, R] a row per line
+        mask = batch.loss_mask.float()  # new to stepwise: no calculator tokens
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
@@ -272,18 +273,21 @@ def main(args):
                 ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature,
                                                       micro_batch, fast=not args.plain)
         if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
-            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [n, R]
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # new to stepwise: [n, R]
             ref_logprobs = None
 
         # ---- advantages: each action's KL-regularised return against its episode's baseline
-        steps, kl_steps = batch.step_mask.bool(), torch.zeros_like(batch.rewards)  # [N, T]
-        if kl is not None:  # CRUCIAL: the sampler's log-probs make the KL a number, not a function
-            kl_steps[steps] = sequence_logprobs(kl, mask, args.length_normalize)  # of the weights
-        returns = stepwise_returns(batch.rewards, kl_steps, batch.step_mask, args.gamma,
-                                         args.beta)
-        baselines = compute_baselines(returns[:, 0], G, args.baseline)  # [N], from G_0
-        advantages = (returns - baselines[:, None])[steps]  # [n], in the order of gen's rows
-        n = len(advantages)
+        # CRUCIAL: the sampler's log-probs make the KL a number, not a function of the weights
+        # new to stepwise: [N, T] per episode and line, each line's KL a token mean
+        steps, kl_steps = batch.step_mask.bool(), torch.zeros_like(batch.rewards)
+        if kl is not None:  # new to stepwise: the KL of each line an episode played
+            kl_steps[steps] = sequence_logprobs(kl, mask, args.length_normalize)
+        # new to stepwise: each line's return carries the rest of its episode
+        returns = stepwise_returns(batch.rewards, kl_steps, batch.step_mask, args.gamma, args.beta)
+        baselines = compute_baselines(returns[:, 0], G, args.baseline)  # new to stepwise: of G_0
+        advantages = (returns - baselines[:, None])[steps]  # new to stepwise: [n], gen's rows
+        loss_mask = batch.loss_mask  # new to stepwise: [n, R] no calculator tokens
+        n = len(advantages)  # new to stepwise: the lines of the batch
 
         # ---- update: one optimizer step on the whole batch (REINFORCE is on-policy), micro-batched
         lr = run.set_lr(optimizer, step)
@@ -291,7 +295,8 @@ def main(args):
         stats, total_loss = [], 0.0
         normaliser = loss_normaliser(loss_mask, args, run.world)
         optimizer.zero_grad(set_to_none=True)
-        for rows in torch.arange(n, device=run.device).split(micro_batch):  # gradients accumulate
+        # new to stepwise: gradients accumulate over micro-batches of lines
+        for rows in torch.arange(n, device=run.device).split(micro_batch):
             with run.autocast:
                 logprobs, entropy = token_logprobs(policy, input_ids[rows], attention_mask[rows], R,
                                                    args.temperature, fast=not args.plain)
@@ -323,16 +328,18 @@ def main(args):
             **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
             "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
-            "truncated_frac": batch.truncated.float().mean().item(),
-            "grad_norm": grad_norm,
-            "return/mean": returns[:, 0].mean().item(),
+            "truncated_frac": batch.truncated.float().mean().item(),  # new to stepwise: lines
+            "grad_norm": grad_norm,  # new to REINFORCE: one optimizer step
+            "return/mean": returns[:, 0].mean().item(),  # new to stepwise: G_0
             "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
             "time/rollout_s": t_rollout, "time/update_s": t_update,
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
+        # new to stepwise: lines per episode, the calculator's values written and refused
         metrics.update({"episode_steps/mean": n / N, "calc/fired": batch.calc_fired,
                         "calc/refused": batch.calc_refused})
+        # new to stepwise: an episode's advantage is its first line's
         samples = [{**env.sample_fields(batch.problems[k // G]), "response": batch.texts[k],
                     "reward": scores[k].item(), "advantage": (returns[k, 0] - baselines[k]).item()}
                    for k in range(0, N, max(1, N // 8))]

@@ -11,7 +11,7 @@ runs (common/env/toolbox.py) and its answer is put after the call as token ids,
 response is then
     o_i = [model ids, tool ids, model ids, ...]    m_it = 1 on the model's ids, 0 on the tool's
 and, with A_i the group advantage of the final answer's reward, exactly as grpo.py:
-    L = agg_it [ m_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i) + beta KL_it ]
+    L = agg_it [ m_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i) + beta KL_it ]
 Two details make or break it:
 - which tokens train: the tool's ids get m_it = 0 (TRL's tool_mask, verl's response_mask): the model
   did not choose them, so their log-probs must not move, yet they stay in the sequence, where the
@@ -74,7 +74,7 @@ class Args(TrainArgs):
     seed: int = 0
     """seeds prompt order, sampling and model init: runs are reproducible"""
     # ---- sampling
-    max_new_tokens: int = 96
+    max_new_tokens: int = 96  # new to tools: the tools' tokens count
     """response length limit, in tokens: the model's and the tools' together (TRL's
     max_completion_length)"""
     temperature: float = 0.7
@@ -101,9 +101,9 @@ class Args(TrainArgs):
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
     """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
     # ---- the tools
-    tools: str = "calc"  # tools: what the model may call
+    tools: str = "calc"  # new to tools: what the model may call
     """the tools, a comma list of calc, solve, simplify, factor (common/env/toolbox.py), or none"""
-    max_turns: int = 3  # tools: TRL's max_tool_calling_iterations + 1
+    max_turns: int = 3  # new to tools: TRL's max_tool_calling_iterations + 1
     """turns of the model in one response at most: max_turns - 1 tool calls are answered"""
 
 
@@ -112,7 +112,7 @@ def check_args(args, world_size):
     shared ones of common/run/checks.py first)."""
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
-    try:  # tools: every name known
+    try:  # new to tools: every name known
         parse_tools(args.tools)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -207,7 +207,7 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
              for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    # tools: turns of the model with the tools' answers between them; under FSDP2 the whole
+    # new to tools: turns of the model with the tools' answers between them; under FSDP2 the whole
     # weights for every turn (ranks take different numbers of turns)
     with unsharded(policy):
         gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, args,
@@ -216,7 +216,7 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
     graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
     scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
     correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
-    # tools: the tool mask, the calls and their failures come with the rollout
+    # new to tools: the tool mask, the calls and their failures come with the rollout
     return ToolRollout(gen, texts, scores, correct, problems, tool_mask, calls, failures)
 
 
@@ -271,12 +271,13 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None):
     """Clipped surrogate per token.
     loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); logprobs, old_logprobs: [b, R]; advantages: [b], one per response."""
+    the loss); logprobs, old_logprobs: [b, R]."""
     mask = loss_mask.float()
     log_ratio = logprobs - old_logprobs  # [b, R]
-    ratio = torch.exp(log_ratio).expand_as(logprobs)  # [b, R]
+    ratio = torch.exp(log_ratio)  # [b, R]
     low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    advantages = advantages[:, None]  # [b, 1]: every token of a response shares its advantage
+    # every token of a response shares its advantage: [b] -> [b, 1]
+    advantages = advantages[:, None]
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
     per_token = pg_loss
     if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
@@ -304,8 +305,8 @@ def main(args):
     # ---- derived options: the only lines that change args after parsing (args.json keeps them)
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
-    tools = parse_tools(args.tools)  # tools: ("calc",) by default
-    for e in (env, eval_env):  # tools: the prompts name them and show one call
+    tools = parse_tools(args.tools)  # new to tools: ("calc",) by default
+    for e in (env, eval_env):  # new to tools: the prompts name them and show one call
         show_tools(e, tools, args.num_few_shot)
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
@@ -329,13 +330,15 @@ def main(args):
     if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
         optimizer = run.offload_optimizer(policy, optimizer)
 
-    def respond(prompts):  # tools: the held-out evaluation answers greedily, with the tools
+    # new to tools: the held-out evaluation answers greedily, with the tools
+    def respond(prompts):
         gen, _, texts, _, _ = play(policy, tokenizer, prompts, [0] * len(prompts), args, 0.0,
                                    run.autocast)
         return texts, gen.truncated.tolist()
 
     # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
-    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)}, respond=respond)
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},  # new to tools:
+              respond=respond)
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
@@ -346,9 +349,10 @@ def main(args):
         run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
-        response_mask = gen.response_mask  # [N, R] every token: the model's and the tools'
-        own_mask = response_mask * batch.tool_mask  # [N, R] tools: the model's own tokens only
-        mask = own_mask.float()  # the same, for the statistics
+        # new to tools: every token is the model's or the tools', and only the model's count
+        response_mask = gen.response_mask  # new to tools: [N, R] the model's and the tools'
+        own_mask = response_mask * batch.tool_mask  # new to tools: [N, R] the model's own
+        mask = own_mask.float()  # new to tools: the same, for the statistics
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
@@ -369,10 +373,11 @@ def main(args):
             ref_logprobs = None
 
         # ---- advantages: each response's reward against its group's
-        rewards = kl_penalised(scores, kl, own_mask, args.beta)  # [N]
+        rewards = kl_penalised(scores, kl, own_mask, args.beta)  # new to tools: the model's KL
         advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
-        # CRUCIAL: the tools' tokens are out of the loss (TRL: completion_mask * tool_mask)
+        # new to tools: CRUCIAL, the tools' tokens are out of the loss (TRL: completion_mask *
+        # tool_mask)
         loss_mask = own_mask  # [N, R] the tokens that count in the loss
 
         # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
@@ -405,7 +410,7 @@ def main(args):
         t_update = time.time() - t0 - t_rollout
 
         # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
-        n_tokens = own_mask.sum().item()  # the model's: what it wrote
+        n_tokens = own_mask.sum().item()  # new to tools: what the model wrote
         metrics = {
             "reward/mean": scores.mean().item(),
             "reward/std": scores.std(unbiased=False).item(),
@@ -415,7 +420,7 @@ def main(args):
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
-            # tools: TRL's names; calls per response, and the share of calls that failed
+            # new to tools: TRL's names; calls per response, and the share of calls that failed
             "tools/call_frequency": batch.calls.float().mean().item(),
             "tools/failure_frequency": (batch.failures.sum()
                                         / batch.calls.sum().clamp(min=1)).item(),
@@ -425,7 +430,8 @@ def main(args):
         }
         if kl is not None:
             metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        transcripts = gen.completion_ids()  # tools: the samples show the tools' answers too
+        transcripts = gen.completion_ids()  # new to tools: the samples show the tools' answers
+        # new to tools: each response decoded with the tools' answers in it
         samples = [{**env.sample_fields(batch.problems[k // G]),
                     "response": tokenizer.decode(transcripts[k], skip_special_tokens=True),
                     "reward": scores[k].item(), "advantage": advantages[k].item()}

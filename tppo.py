@@ -80,7 +80,7 @@ class Args(TrainArgs):
     seed: int = 0
     """seeds prompt order, sampling and model init: runs are reproducible"""
     # ---- sampling
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: Optional[int] = None  # new to TPPO: a step's
     """response length limit, in tokens: of one step (default by task: arithmetic 32, countdown 64,
     gsm8k and math 96, OpenR's)"""
     temperature: float = 0.7
@@ -106,9 +106,9 @@ class Args(TrainArgs):
     """the PRM's 'bad step' token"""
     outcome_reward_coef: float = 0.0
     """beyond OpenR: with a PRM, add this times the verifier's correctness to the final reward"""
-    num_ppo_epochs: int = 1
+    num_ppo_epochs: int = 1  # new to TPPO: a segment's
     """passes over each rollout batch (a segment of every episode)"""
-    num_mini_batches: int = 2
+    num_mini_batches: int = 2  # new to TPPO: of every episode
     """optimizer steps per pass (must divide num_steps: each takes steps from every episode)"""
     epsilon: float = 0.2
     """clip range of the ratio"""
@@ -279,8 +279,9 @@ def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, 
     all_ids, all_mask = gen.sequences()
     response_mask, R = gen.response_mask, gen.response_mask.shape[1]
     normaliser = loss_normaliser(response_mask[batch_rows], args, run.world)
-    # CRUCIAL: the advantages are standardised per minibatch (OpenR), over every rank's tokens
-    step_mask = response_mask[batch_rows].float()  # one advantage per token
+    # new to TPPO: CRUCIAL, the advantages are standardised per minibatch (OpenR), over every
+    # rank's tokens
+    step_mask = response_mask[batch_rows].float()  # new to TPPO: one advantage per token
     advantages = masked_whiten(advantages[batch_rows], step_mask, eps_on_std=True)
     optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
@@ -381,14 +382,15 @@ def main(args):
         micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
         with torch.no_grad(), run.autocast:
             values = torch.cat([critic_values(critic, input_ids[rows], attention_mask[rows], R)
-                                for rows in torch.arange(N).split(micro_batch)])
-            values = values.float() * response_mask
+                                for rows in torch.arange(N).split(micro_batch)])  # new to TPPO:
+            values = values.float() * response_mask  # new to TPPO: one value per token
             next_obs = left_pad(segment.next_obs, tokenizer.pad_token_id)
             next_values = critic(*(x.to(run.device) for x in next_obs))[:, -1].float()  # at the cut
+        # new to TPPO: GAE over tokens, with the BAD backup
         advantages, returns = compute_advantages(
             segment.rewards, values.view(local_envs, T, R), response_mask.view(local_envs, T, R),
             next_values, segment.dones, args.gamma, args.gae_lambda)  # [E, T, R]
-        advantages, returns = advantages.reshape(N, R), returns.reshape(N, R)  # [N, R]
+        advantages, returns = advantages.reshape(N, R), returns.reshape(N, R)  # new to TPPO:
 
         # ---- log-probs of the behaviour policy: the sampler's, which are exact in fp32
         old_logprobs = gen.logprobs  # [N, R]
@@ -420,7 +422,7 @@ def main(args):
         # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
         n_tokens = response_mask.sum().item()
         rewards = segment.rewards.reshape(N)
-        mask = response_mask.float()  # one value per token
+        mask = response_mask.float()  # new to TPPO: one value per token
         episodes = segment.episodes  # those that ended in this segment
         # the true accuracy and length of the episodes that ended in this segment, over all ranks
         ended = all_reduce_sum(torch.tensor([len(episodes), sum(e["correct"] for e in episodes),

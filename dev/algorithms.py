@@ -24,24 +24,45 @@ SIBLINGS = (("grpo", "dapo"), ("grpo", "tools"), ("grpo", "async_grpo"), ("grpo"
             ("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("appo", "tppo"),
             ("reinforce", "reinforce_stepwise"))
 
-# The helpers that several files hold as copies, each with the files that hold it; the first
-# holds the text the others keep (tests/test_layers.py). A copy may differ only in lines that say
-# why: their comment starts with the file's tag (TAGS), and the tag takes its whole statement. One
-# name may be held by two groups of files (each family's check_args).
+# What several files hold as copies, each with the files that hold it; the first holds the text
+# the others keep (tests/test_layers.py): a top-level function, `Args` (field by field: the fields
+# two files both have keep one text, their defaults aside), or a region of main between two of its
+# banners (`main[log-probs:logging]`). A copy may differ only in lines that say why: their comment
+# starts with the file's tag (TAGS), and the tag takes its whole statement; it may leave out the
+# first holder's variant lines (VARIANTS). One name may be held by two groups of files.
 GRPO_FAMILY = ("grpo", "dapo", "tools", "async_grpo", "distill")
 SHARED = (
+    ("Args", ALGORITHMS),
     ("rollout", (*GRPO_FAMILY, "ppo", "online_dpo")),
     ("kl_penalised", ("grpo", "dapo", "tools", "async_grpo")),
     ("group_advantages", GRPO_FAMILY),
     ("loss_normaliser", (*GRPO_FAMILY, "ppo")),
     ("aggregate", (*GRPO_FAMILY, "ppo")),
+    ("policy_loss", ("grpo", "dapo", "tools", "async_grpo", "ppo")),
+    ("main[:models]", ("grpo", "dapo", "tools", "async_grpo", "distill", "ppo", "reinforce",
+                       "online_dpo")),
+    ("main[models:rollout]", ("grpo", "dapo", "tools", "async_grpo", "distill", "ppo",
+                              "reinforce", "online_dpo")),
+    ("main[rollout:log-probs]", ("grpo", "dapo", "tools", "async_grpo", "distill", "ppo",
+                                 "reinforce")),
+    ("main[log-probs:logging]", ("grpo", "dapo", "tools", "async_grpo")),
+    ("main[logging:]", ("grpo", "dapo", "tools", "async_grpo", "distill", "ppo", "reinforce",
+                        "online_dpo")),
     ("check_args", ("appo", "tppo")),
     ("env_minibatches", ("appo", "tppo")),
     ("update_critic", ("appo", "tppo")),
+    ("update_policy", ("appo", "tppo")),
+    ("main", ("appo", "tppo")),
     *((name, ("reinforce", "reinforce_stepwise"))
       for name in ("check_args", "sequence_logprobs", "compute_baselines", "loss_normaliser",
-                   "policy_loss")),
+                   "policy_loss", "main")),
 )
-# the comment that marks what a file changes in a shared helper: `# tools: ...`
-TAGS = {"dapo": "new to DAPO", "tools": "tools", "async_grpo": "off-policy", "distill": "distill",
-        "reinforce_stepwise": "stepwise"}
+# the comment that marks what a file changes in a copy: `# new to DAPO: ...`
+TAGS = {"dapo": "new to DAPO", "tools": "new to tools", "async_grpo": "new to async",
+        "distill": "new to distill", "reinforce_stepwise": "new to stepwise", "ppo": "new to PPO",
+        "reinforce": "new to REINFORCE", "appo": "new to APPO", "tppo": "new to TPPO",
+        "online_dpo": "new to online DPO"}
+# A line that only a variant of a file's own method needs starts its comment with the variant's
+# name and a colon (docs/reading.md, "Variants"): GSPO's sequence ratio in grpo.py, IPO's loss in
+# online_dpo.py
+VARIANTS = ("GSPO", "IPO")

@@ -449,89 +449,214 @@ def test_a_planted_second_vocabulary_or_retired_option_fails():
 
 
 # ---- the copies: a helper that several files hold keeps one text ------------------------------
-def helper_lines(source, name):
-    """The lines of the top-level function `name` of `source` (None if it has none), and the
-    indices of those lines that belong to a statement some comment tags (`tagged`)."""
+def unit_span(source, name):
+    """(first, last) 1-based lines of a shared unit of `source`, or None where it has none: a
+    top-level function or class by its name, or `main[a:b]`, main's lines after its `# ---- a`
+    banner to the last line before its `# ---- b` banner ("" for a: from `def main`; for b: to
+    main's end)."""
     tree = ast.parse(source)
-    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-    if node is None:
+    top = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    if not name.startswith("main["):
+        node = top.get(name)
+        return None if node is None else (node.lineno, node.end_lineno)
+    a, b = name[len("main["):-1].split(":")
+    node, lines = top.get("main"), source.splitlines()
+
+    def banner(word):
+        return next((k for k in range(node.lineno, node.end_lineno + 1)
+                     if lines[k - 1].strip().startswith(f"# ---- {word}")), None)
+    if node is None or (a and banner(a) is None) or (b and banner(b) is None):
         return None
-    return source.splitlines()[node.lineno - 1:node.end_lineno], node.lineno
+    first, last = banner(a) if a else node.lineno, banner(b) - 1 if b else node.end_lineno
+    while not lines[last - 1].strip():
+        last -= 1
+    return first, last
 
 
-def tagged(lines, tag):
-    """Indices of `lines` (a function's) that the tag `# tag:` takes: a tag after code takes the
-    statement that starts on its line, a tag on a line of its own the next statement, each with
-    its whole block."""
-    if not tag:
-        return set()
-    mark = re.compile(r"#\s*" + re.escape(tag) + ":")
-    heads = set()
-    for i, line in enumerate(lines):
-        if mark.search(line):
-            heads.add(i)
-            if line.lstrip().startswith("#"):  # a comment line: the statement after it
-                nxt = next((j for j in range(i + 1, len(lines)) if lines[j].strip()
-                            and not lines[j].lstrip().startswith("#")), i)
-                heads.update(range(i, nxt + 1))  # and the comment's own next lines
-    out = set()
-    for node in ast.walk(ast.parse("\n".join(lines))):
-        if isinstance(node, ast.stmt) and node.lineno - 1 in heads:
-            out.update(range(node.lineno - 1, node.end_lineno))
-    out.update(i for i in heads if lines[i].lstrip().startswith("#"))
+def tagged(source, tags):
+    """The 1-based lines of `source` that a comment starting with one of `tags` takes: its own
+    line; after code, the statement that starts on that line; on a line of its own, the comment
+    lines under it and the next statement, each with its whole block."""
+    lines = source.splitlines()
+    mark = re.compile(r"#\s*(" + "|".join(re.escape(t) for t in tags) + "):") if tags else None
+    marked = {i for i, line in enumerate(lines, 1) if mark and mark.search(line)}
+    heads, out = set(marked), set(marked)
+    for i in marked:
+        if lines[i - 1].lstrip().startswith("#"):
+            k = i + 1
+            while k <= len(lines) and (not lines[k - 1].strip()
+                                       or lines[k - 1].lstrip().startswith("#")):
+                out.add(k)
+                k += 1
+            heads.add(k)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt) and node.lineno in heads:
+            out.update(range(node.lineno, node.end_lineno + 1))
     return out
 
 
-def copy_violations(sources, shared, tags):
-    """'file.py:line: helper ...' for each copy of a shared helper whose text is not its first
-    holder's: every line that differs must be one the file tags (`tags`: the file's own tag),
-    standing where the first holder's lines stand; a copy that leaves a line out, or changes one
-    without a tag, breaks the contract."""
+def own_words(source):
+    """The 1-based lines of `source` that say what its file runs, in its own words, and so are
+    every file's own: its `run.print(...)` statements (the line it prints at its start) and its
+    section banners (`# ---- rollout: G responses to ...`)."""
+    out = {i for i, line in enumerate(source.splitlines(), 1)
+           if line.strip().startswith("# ---- ")}
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) == "run.print"):
+            out.update(range(node.lineno, node.end_lineno + 1))
+    return out
+
+
+def args_fields(source, span):
+    """{field: (its first line, its lines with the default value left out)} of the Args class at
+    `span`: the annotation line and the docstring under it."""
+    lines = source.splitlines()
+    body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)
+                and n.lineno == span[0]).body
+    out = {}
+    for k, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            doc = body[k + 1] if k + 1 < len(body) else None
+            end = (doc.end_lineno if isinstance(doc, ast.Expr)
+                   and isinstance(doc.value, ast.Constant) else node.end_lineno)
+            head = lines[node.lineno - 1].split("  #")[0]
+            head = head.split(" = ")[0]  # the default is the algorithm's own
+            out[node.target.id] = (node.lineno, [head, *lines[node.lineno:end]])
+    return out
+
+
+def metric_lines(source, span):
+    """{first key on the line: (line, its text)} of the `metrics = {...}` dict literal inside
+    `span`, a line at a time (`**env.reward_metrics()` named by its text, a comment line by its
+    line number): each file logs the metrics of its own method beside the shared ones, so the
+    dict is compared key by key."""
+    lines, out = source.splitlines(), {}
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and [ast.unparse(t) for t in node.targets] == ["metrics"]
+                and span[0] <= node.lineno <= span[1]):
+            for k in range(node.lineno + 1, node.end_lineno):
+                text = lines[k - 1].strip()
+                key = (text.split('"')[1] if text.startswith('"') else
+                       text.split("#")[0].strip() or f"line {k}")
+                out[key] = (k, lines[k - 1])
+    return out
+
+
+def copy_violations(sources, shared, tags, variants=()):
+    """'file.py:line: unit ...' for each copy of a shared unit whose text is not its first
+    holder's. Every line that differs must be one the file tags (`tags`: each file's own tag),
+    standing where the first holder's lines stand; a copy may leave out only the first holder's
+    lines of a variant (`variants`: GSPO's, in grpo.py). `Args` is compared field by field: a
+    field the two files both have keeps the first holder's text, its default aside."""
     import difflib
 
     bad = []
-    for helper, holders in shared:
-        ref, _ = helper_lines(sources[holders[0]], helper)
+    for unit, holders in shared:
+        ref_source = sources[holders[0]]
+        ref_span = unit_span(ref_source, unit)
+        ref_lines = ref_source.splitlines()
+        optional = tagged(ref_source, variants) | own_words(ref_source)
         for algo in holders[1:]:
-            found = helper_lines(sources[algo], helper)
-            if found is None:
-                bad.append(f"{algo}.py holds no {helper}, which dev/algorithms.py says it "
-                           "shares")
+            source = sources[algo]
+            span = unit_span(source, unit)
+            if span is None:
+                bad.append(f"{algo}.py holds no {unit}, which dev/algorithms.py says it shares")
                 continue
-            mine, first = found
-            said = tagged(mine, tags.get(algo))
-            for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ref, mine,
-                                                              autojunk=False).get_opcodes():
-                if op != "equal" and (j1 == j2 or not all(j in said for j in range(j1, j2))):
-                    where = first + (j1 if j1 < j2 else max(0, j1 - 1))
-                    bad.append(f"{algo}.py:{where}: {helper} differs from {holders[0]}.py's "
-                               f"without a '# {tags.get(algo, algo)}:' tag")
+            said = tagged(source, [tags.get(algo, algo)]) | own_words(source)
+            lines = source.splitlines()
+            why = f"differs from {holders[0]}.py's without a '# {tags.get(algo, algo)}:' tag"
+            if unit == "Args":
+                ref_fields, fields = args_fields(ref_source, ref_span), args_fields(source, span)
+                bad += [f"{algo}.py:{fields[f][0]}: Args.{f} {why}" for f in sorted(
+                    set(ref_fields) & set(fields)) if fields[f][1] != ref_fields[f][1]
+                        and fields[f][0] not in said]
+                continue
+            # the metrics dict, key by key: a key both files log keeps one text
+            ref_metrics, metrics = metric_lines(ref_source, ref_span), metric_lines(source, span)
+            bad += [f"{algo}.py:{metrics[key][0]}: {unit}'s metric {key} {why}"
+                    for key in sorted(set(ref_metrics) & set(metrics))
+                    if metrics[key][1] != ref_metrics[key][1] and metrics[key][0] not in said]
+            skip_ref = {k for k, _ in ref_metrics.values()}
+            skip = {k for k, _ in metrics.values()}
+            ref = [(k, ref_lines[k - 1]) for k in range(ref_span[0], ref_span[1] + 1)
+                   if k not in skip_ref]
+            mine = [(k, lines[k - 1]) for k in range(span[0], span[1] + 1) if k not in skip]
+            matcher = difflib.SequenceMatcher(None, [x for _, x in ref], [x for _, x in mine],
+                                              autojunk=False)
+            for op, i1, i2, j1, j2 in matcher.get_opcodes():
+                left_out = all(k in optional or not x.strip() for k, x in ref[i1:i2])
+                if op == "equal" or op == "delete" and left_out:
+                    continue
+                if j1 == j2 or not all(k in said or not x.strip() for k, x in mine[j1:j2]):
+                    where = mine[j1][0] if j1 < j2 else mine[max(0, j1 - 1)][0]
+                    bad.append(f"{algo}.py:{where}: {unit} {why}")
                     break
     return bad
 
 
 def test_the_helpers_that_files_share_keep_one_text():
-    from dev.algorithms import SHARED, TAGS
+    from dev.algorithms import SHARED, TAGS, VARIANTS
 
     sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
-    assert copy_violations(sources, SHARED, TAGS) == []
+    assert copy_violations(sources, SHARED, TAGS, VARIANTS) == []
 
 
 def test_a_planted_change_to_one_copy_of_group_advantages_fails():
-    from dev.algorithms import SHARED, TAGS
+    from dev.algorithms import SHARED, TAGS, VARIANTS
 
     sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     line = "        advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)"
     assert all(sources[a].count(line) == 1 for a in dict(SHARED)["group_advantages"])
     planted = dict(sources, tools=sources["tools"].replace(line, line.replace("1e-4", "1e-6")))
     where = sources["tools"][:sources["tools"].index(line)].count("\n") + 1
-    assert copy_violations(planted, SHARED, TAGS) == [
-        f"tools.py:{where}: group_advantages differs from grpo.py's without a '# tools:' tag"]
+    assert copy_violations(planted, SHARED, TAGS, VARIANTS) == [
+        f"tools.py:{where}: group_advantages differs from grpo.py's without a '# new to tools:' tag"]
     # the same change, tagged with the file's reason, is the file's own
     said = dict(sources, tools=sources["tools"].replace(
-        line, line.replace("1e-4", "1e-6") + "  # tools: a smaller epsilon"))
-    assert copy_violations(said, SHARED, TAGS) == []
+        line, line.replace("1e-4", "1e-6") + "  # new to tools: a smaller epsilon"))
+    assert copy_violations(said, SHARED, TAGS, VARIANTS) == []
     mean = "    advantages = r - r.mean(dim=1, keepdim=True)\n"
     dropped = dict(sources, dapo=sources["dapo"].replace(mean, ""))
-    assert [v.split(":", 2)[2] for v in copy_violations(dropped, SHARED, TAGS)] == [
+    assert [v.split(":", 2)[2] for v in copy_violations(dropped, SHARED, TAGS, VARIANTS)] == [
         " group_advantages differs from grpo.py's without a '# new to DAPO:' tag"]
+
+
+def test_a_planted_change_to_a_region_of_main_or_a_field_of_args_fails():
+    from dev.algorithms import SHARED, TAGS, VARIANTS
+
+    sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
+    # the update loop's micro-batch statistics, in the region from the log-probs to the logging
+    line = '"entropy": masked_mean(entropy.detach(), mask[rows]).item()})'
+    assert sources["dapo"].count(line) == 1
+    planted = dict(sources, dapo=sources["dapo"].replace(line, line.replace("mask[rows]",
+                                                                            "mask")))
+    assert [v.split(":", 2)[2] for v in copy_violations(planted, SHARED, TAGS, VARIANTS)] == [
+        " main[log-probs:logging] differs from grpo.py's without a '# new to DAPO:' tag"]
+    # a field both files have keeps its docstring; its default is the file's own
+    doc = '    """nucleus sampling mass"""'
+    planted = dict(sources, ppo=sources["ppo"].replace(doc, '    """nucleus mass"""'))
+    assert [v.split(":", 2)[2] for v in copy_violations(planted, SHARED, TAGS, VARIANTS)] == [
+        " Args.top_p differs from grpo.py's without a '# new to PPO:' tag"]
+    default = "    top_p: float = 1.0\n"
+    planted = dict(sources, ppo=sources["ppo"].replace(default, "    top_p: float = 0.9\n"))
+    assert copy_violations(planted, SHARED, TAGS, VARIANTS) == []
+    # a copy may leave out grpo.py's GSPO lines, and only those
+    assert "GSPO" in sources["grpo"] and "GSPO" not in sources["tools"]
+    assert copy_violations(sources, SHARED, TAGS, ()) != []  # GSPO's lines as any others
+
+
+def test_a_tag_takes_its_line_its_statement_and_a_comment_s_next_statement():
+    source = ("def f(a,\n"
+              "      b):  # new to X: b\n"          # 2: its own line
+              "    x = 1\n"
+              "    # new to X: y, over\n"          # 4: the comment, the lines under it and
+              "    # two lines\n"
+              "    y = [1,\n"                       # 6-7: the next statement, whole
+              "         2]\n"
+              "    if x:  # new to X: the block\n"  # 8-9: the statement that starts there
+              "        x = 2\n"
+              "    z = 3\n")
+    assert tagged(source, ["new to X"]) == {2, 4, 5, 6, 7, 8, 9}
+    assert tagged(source, []) == set()
