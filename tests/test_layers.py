@@ -660,3 +660,45 @@ def test_a_tag_takes_its_line_its_statement_and_a_comment_s_next_statement():
               "    z = 3\n")
     assert tagged(source, ["new to X"]) == {2, 4, 5, 6, 7, 8, 9}
     assert tagged(source, []) == set()
+
+# ---- a module docstring names only what its file has ------------------------------------------
+INDICES = ("i", "t", "j", "k", "it", "old", "ref", "prox", "T")  # subscripts of the equations
+
+
+def docstring_violations(algo, source, options, reads):
+    """What a module docstring names that its file lacks: a snake_case word in its equations
+    that is neither an option nor a name of the code (eps_high in a file without it; rho_it, a
+    symbol with an index, is the equations' own), or a --flag that the file neither has nor reads
+    as a seed's name (`reads`), torchrun's own before the file's name aside."""
+    doc = ast.get_docstring(ast.parse(source), clean=False) or ""
+    names = set(re.findall(r"[A-Za-z_]\w*", source.split('"""', 2)[-1]))
+    bad = []
+    for line in doc.splitlines():
+        if line.startswith("    ") and "=" in line and not line.split()[0] in ("python",
+                                                                               "torchrun"):
+            for word in re.findall(r"\b[a-z]{2,}(?:_[a-z0-9]{2,})+\b", line):
+                if word.rsplit("_", 1)[1] not in INDICES and word not in options | names:
+                    bad.append(f"{algo}.py's docstring: {word} is not an option or a name here")
+        own = line.split(f"{algo}.py", 1)[1] if f"{algo}.py" in line else line
+        for flag in re.findall(r"--([a-z]\w*)", own):
+            if flag.removeprefix("no_") not in options and flag not in reads:
+                bad.append(f"{algo}.py's docstring: --{flag} is not an option of the file")
+    return bad
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_a_module_docstring_names_only_options_and_names_of_its_file(algo):
+    from common.run.seed_flags import aliases_for
+
+    options = set(importlib.import_module(algo).Args.__dataclass_fields__)
+    source = (ROOT / f"{algo}.py").read_text()
+    assert docstring_violations(algo, source, options, set(aliases_for(algo))) == []
+
+
+def test_a_docstring_that_names_a_missing_option_fails():
+    source = ('"""X.\n    L = clip(rho_it, 1 - eps, 1 + eps_high) A_i + beta KL_it\n'
+              'Launch:\n    torchrun --nproc_per_node 2 x.py --beta 0.1 --no_eval --epsilon_high 1\n'
+              '"""\nbeta = 1\n')
+    assert docstring_violations("x", source, {"beta", "eval"}, set()) == [
+        "x.py's docstring: eps_high is not an option or a name here",
+        "x.py's docstring: --epsilon_high is not an option of the file"]
