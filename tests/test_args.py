@@ -8,6 +8,7 @@ import importlib
 import json
 import math
 import re
+import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -25,6 +26,34 @@ def args_of(algo, argv, capsys=None):
     module = importlib.import_module(algo)
     args = parse_args(module.Args, argv)
     return args, (capsys.readouterr().out if capsys else "")
+
+
+# ---- the front door: the file's own flags never enter the seeds' dialect ----------------------------------------
+def entered(argv, algo="grpo"):
+    """The functions of common/run/seed_flags.py that parse_args calls on `argv`."""
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith("seed_flags.py"):
+            called.add(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        args_of(algo, argv)
+    finally:
+        sys.setprofile(None)
+    return called
+
+
+def test_a_start_with_the_files_own_flags_enters_none_of_the_dialect():
+    assert entered([]) == set()
+    assert entered(["--max_steps", "1"]) == set()
+    # every spelling of an own flag: dashes, --name=value, --no_X, --X true, lists
+    assert entered(["--max-steps=2", "--no_eval_on_start", "--bf16", "false", "--eval_datasets",
+                    "arithmetic", "gsm8k", "--output_dir=~/runs/x"]) == set()
+    # a seed's flag enters it, and so does an option under two of its names (it says which wins)
+    assert "translate" in entered(["--max_completion_length", "64"])
+    assert "translate" in entered(["--eval_on_start", "true", "--no_eval_on_start"])
 
 
 # ---- renames, notes, rules ------------------------------------------------------------------------------------
