@@ -195,6 +195,14 @@ def whole_run(algo="grpo"):
     return counted
 
 
+def whole_run_apart(algo="grpo"):
+    """whole_run in a process of its own: a cache that an earlier run in this process filled
+    (functools.lru_cache) would hide the calls it answers."""
+    out = subprocess.run([sys.executable, __file__, "--reach", algo, "--whole", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    return {(m, name): n for m, name, n in json.loads(out.strip().splitlines()[-1])}
+
+
 def module_name(path):
     """common/models/sampler.py -> models/sampler"""
     return str(Path(path).resolve().relative_to(COMMON).with_suffix(""))
@@ -285,21 +293,27 @@ def main():
     parser.add_argument("--reach", default="grpo", help="the algorithm file to trace")
     parser.add_argument("--diffs", action="store_true", help="only the core diffs (no run)")
     parser.add_argument("--whole", action="store_true",
-                        help="only the whole run's figure, module by module and function by function")
+                        help="only the whole run's figure, by module and by function")
     parser.add_argument("--json", action="store_true", help="the figures as one JSON line")
     args = parser.parse_args()
+    if args.whole and args.json:  # whole_run_apart's child
+        print(json.dumps([[m, name, n] for (m, name), n in sorted(whole_run(args.reach).items())]))
+        return
     if args.whole:
         whole = whole_run(args.reach)
         for module, lines in sorted(by_module(whole).items(), key=lambda m: -m[1]):
-            defs = sorted(((n, name) for (m, name), n in whole.items() if m == module), reverse=True)
+            defs = sorted(((n, name) for (m, name), n in whole.items() if m == module),
+                          reverse=True)
             print(f"common/{module}.py: {lines} lines in {len(defs)}: "
                   + ", ".join(f"{name} {n}" for n, name in defs))
-        print(f"the whole run calls {len(whole)} functions of common/: {sum(whole.values()):,} lines")
+        print(f"the whole run calls {len(whole)} functions of common/: "
+              f"{sum(whole.values()):,} lines")
         return
     if args.json:  # what tests/test_docs.py checks the page against
+        whole = whole_run_apart(args.reach)
         print(json.dumps({"reached": by_module(reached(args.reach)),
                           "default": by_module(reached(args.reach, plain=False)),
-                          "whole": by_module(whole_run(args.reach)),
+                          "whole": by_module(whole), "whole_functions": len(whole),
                           "speedups": speedup_lines(),
                           "diffs": [[a, b, plain_diff(a, b), core_diff(a, b)]
                                     for a, b in SIBLINGS]}))
@@ -320,7 +334,7 @@ def main():
     default = by_module(reached(args.reach, plain=False))
     print(f"and {sum(default.values())} on the default path, as `python {args.reach}.py` runs: "
           + ", ".join(f"{m} {n}" for m, n in sorted(default.items())))
-    whole = whole_run(args.reach)
+    whole = whole_run_apart(args.reach)
     print(f"and {sum(whole.values()):,} on the whole run (parse_args to the last checkpoint, "
           f"--plain, one update): {len(whole)} functions of common/ called")
     fast = speedup_lines()
