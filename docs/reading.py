@@ -6,11 +6,19 @@
   page teaches (`--plain`: `generate` with its plain `Decoder`, `token_logprobs`' own lines), and
   the default path, as `python grpo.py` runs it (the speedups of common/models/fast/ included).
   Both are real runs of the file, nothing patched.
+- the lines of common/ the whole run enters (`whole_run`): the run a student starts,
+  `main(parse_args(Args, argv))` of a tiny one-update `--plain` run, from parse_args' first line
+  to main's return. Every function or method of common/ that the run calls is counted once, by
+  its whole span, from its first decorator to its last line. A comprehension, a lambda or a
+  function nested in a function is part of the function around it and adds nothing; a lambda
+  outside any function (a table's row) is counted by its own lines. Class bodies are not code
+  that runs, and a dataclass's generated __init__ has no lines, so neither counts.
 - the core diff of two sibling files: `diff a.py b.py` without the module docstrings and without
   the lines tagged as a variant's (docs/reading.md, "Variants").
 
-    python docs/reading.py                  # both, for grpo.py and the sibling pairs
+    python docs/reading.py                  # all three, for grpo.py and the sibling pairs
     python docs/reading.py --reach ppo      # the lines of common/ ppo.py's student reads
+    python docs/reading.py --whole          # the whole run's figure, function by function
     python docs/reading.py --diffs          # the diffs only (no run)
 """
 
@@ -24,6 +32,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +139,70 @@ def reached(algo, plain=True, extra=()):
     return counted
 
 
+def function_spans(path):
+    """[(name, first line, last line)] of each function of a module that is not inside another
+    function (a method is named Class.method), and of each lambda outside any function."""
+    out = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + child.name, _start(child), child.end_lineno))
+            elif isinstance(child, ast.Lambda):
+                out.append((f"{prefix}<lambda {child.lineno}>", child.lineno, child.end_lineno))
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text()), "")
+    return out
+
+
+def whole_run(algo="grpo"):
+    """{(module, function): lines} of common/ that a tiny one-update `--plain` run of `algo`.py
+    calls, from parse_args' first line to main's return (the module docstring's definition)."""
+    module = importlib.import_module(algo)
+    from common.run.args import parse_args
+
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(str(COMMON)):
+            called.add((frame.f_code.co_filename, frame.f_code.co_firstlineno))
+
+    with tempfile.TemporaryDirectory() as out:
+        argv = ["--model_name_or_path", "tiny-random", "--max_steps", "1", "--no_eval_on_start",
+                "--num_eval_problems", "1", "--num_prompts", "2", "--num_generations", "2",
+                "--output_dir", out, "--plain"]
+        with contextlib.redirect_stdout(open(os.devnull, "w")):
+            sys.setprofile(profile)
+            threading.setprofile(profile)
+            try:
+                module.main(parse_args(module.Args, argv))
+            finally:
+                sys.setprofile(None)
+                threading.setprofile(None)
+    counted, spans = {}, {}
+    for path, line in called:
+        if path not in spans:
+            spans[path] = function_spans(Path(path))
+        # the outermost function whose lines hold the code's first line: a nested one's own
+        hits = [(a, name, b) for name, a, b in spans[path] if a <= line <= b]
+        if hits:
+            a, name, b = min(hits)
+            counted[(module_name(path), name)] = b - a + 1
+    return counted
+
+
+def whole_run_apart(algo="grpo"):
+    """whole_run in a process of its own: a cache that an earlier run in this process filled
+    (functools.lru_cache) would hide the calls it answers."""
+    out = subprocess.run([sys.executable, __file__, "--reach", algo, "--whole", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    return {(m, name): n for m, name, n in json.loads(out.strip().splitlines()[-1])}
+
+
 def module_name(path):
     """common/models/sampler.py -> models/sampler"""
     return str(Path(path).resolve().relative_to(COMMON).with_suffix(""))
@@ -219,11 +292,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reach", default="grpo", help="the algorithm file to trace")
     parser.add_argument("--diffs", action="store_true", help="only the core diffs (no run)")
+    parser.add_argument("--whole", action="store_true",
+                        help="only the whole run's figure, by module and by function")
     parser.add_argument("--json", action="store_true", help="the figures as one JSON line")
     args = parser.parse_args()
+    if args.whole and args.json:  # whole_run_apart's child
+        print(json.dumps([[m, name, n] for (m, name), n in sorted(whole_run(args.reach).items())]))
+        return
+    if args.whole:
+        whole = whole_run(args.reach)
+        for module, lines in sorted(by_module(whole).items(), key=lambda m: -m[1]):
+            defs = sorted(((n, name) for (m, name), n in whole.items() if m == module),
+                          reverse=True)
+            print(f"common/{module}.py: {lines} lines in {len(defs)}: "
+                  + ", ".join(f"{name} {n}" for n, name in defs))
+        print(f"the whole run calls {len(whole)} functions of common/: "
+              f"{sum(whole.values()):,} lines")
+        return
     if args.json:  # what tests/test_docs.py checks the page against
+        whole = whole_run_apart(args.reach)
         print(json.dumps({"reached": by_module(reached(args.reach)),
                           "default": by_module(reached(args.reach, plain=False)),
+                          "whole": by_module(whole), "whole_functions": len(whole),
                           "speedups": speedup_lines(),
                           "diffs": [[a, b, plain_diff(a, b), core_diff(a, b)]
                                     for a, b in SIBLINGS]}))
@@ -244,6 +334,9 @@ def main():
     default = by_module(reached(args.reach, plain=False))
     print(f"and {sum(default.values())} on the default path, as `python {args.reach}.py` runs: "
           + ", ".join(f"{m} {n}" for m, n in sorted(default.items())))
+    whole = whole_run_apart(args.reach)
+    print(f"and {sum(whole.values()):,} on the whole run (parse_args to the last checkpoint, "
+          f"--plain, one update): {len(whole)} functions of common/ called")
     fast = speedup_lines()
     print(f"the speedups beside it: {sum(fast.values())} lines in {len(fast)} modules")
 

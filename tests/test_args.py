@@ -8,6 +8,7 @@ import importlib
 import json
 import math
 import re
+import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -25,6 +26,34 @@ def args_of(algo, argv, capsys=None):
     module = importlib.import_module(algo)
     args = parse_args(module.Args, argv)
     return args, (capsys.readouterr().out if capsys else "")
+
+
+# ---- the front door: the file's own flags never enter the seeds' dialect ----------------------------------------
+def entered(argv, algo="grpo"):
+    """The functions of common/run/seed_flags.py that parse_args calls on `argv`."""
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith("seed_flags.py"):
+            called.add(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        args_of(algo, argv)
+    finally:
+        sys.setprofile(None)
+    return called
+
+
+def test_a_start_with_the_files_own_flags_enters_none_of_the_dialect():
+    assert entered([]) == set()
+    assert entered(["--max_steps", "1"]) == set()
+    # every spelling of an own flag: dashes, --name=value, --no_X, --X true, lists
+    assert entered(["--max-steps=2", "--no_eval_on_start", "--bf16", "false", "--eval_datasets",
+                    "arithmetic", "gsm8k", "--output_dir=~/runs/x"]) == set()
+    # a seed's flag enters it, and so does an option under two of its names (it says which wins)
+    assert "translate" in entered(["--max_completion_length", "64"])
+    assert "translate" in entered(["--eval_on_start", "true", "--no_eval_on_start"])
 
 
 # ---- renames, notes, rules ------------------------------------------------------------------------------------
@@ -251,3 +280,16 @@ def test_every_metric_key_is_in_the_vocabulary(algo):
     assert expected - ({"approx_kl"} if algo == "online_dpo" else set()) <= keys
     for key in keys:
         assert key in names, f"{algo}.py logs {key!r}, which docs/README.md's vocabulary does not define"
+
+
+@pytest.mark.parametrize("algo,flag,says", [
+    ("reinforce", "--stepwise", "reinforce.py: --stepwise: LLM_RL's stepwise policy is "
+                                "reinforce_stepwise.py now: run that file."),
+    ("reinforce", "--sym_calc", "reinforce.py: --sym_calc: LLM_RL's stepwise policy is "
+                                "reinforce_stepwise.py now"),
+    ("ppo", "--tis_cap", "ppo.py: --tis_cap: truncated importance sampling is async_grpo.py's: "
+                         "async_grpo.py --max_staleness 0 --off_policy_correction tis")])
+def test_an_option_that_left_for_its_recipe_s_file_names_the_new_form(algo, flag, says):
+    with pytest.raises(SystemExit) as e:
+        parse_args(importlib.import_module(algo).Args, [flag, "2"] if "cap" in flag else [flag])
+    assert str(e.value).startswith(says), str(e.value)

@@ -85,8 +85,9 @@ def test_the_import_count_the_reading_page_quotes_is_current():
 
 
 def test_the_reading_page_quotes_the_lines_a_student_reads_and_the_core_diffs():
-    # docs/reading.py traces two real runs of grpo.py, --plain and the default; issue 65: the plain
-    # path at most 600 lines, with the bound at least 50 above the figure
+    # docs/reading.py traces three real runs of grpo.py, --plain and the default, and the whole
+    # --plain run; issue 65: the plain path at most 600 lines, with the bound at least 50 above the
+    # figure
     out = subprocess.run([sys.executable, "docs/reading.py", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -96,6 +97,10 @@ def test_the_reading_page_quotes_the_lines_a_student_reads_and_the_core_diffs():
     assert total <= 600
     assert f"## To follow GRPO: {total} lines of `common/`" in text and f"That is {total} lines" in text
     assert f"The default path, `python grpo.py` as it runs, reaches {default:,} lines" in text
+    # issue 76: the whole --plain run, parse_args included, each function it calls once
+    whole, functions = sum(figures["whole"].values()), figures["whole_functions"]
+    assert re.search(rf"calls {functions} functions of `common/` that hold {whole:,} lines",
+                     " ".join(text.split()))
     rows = re.findall(r"^\| \[`common/([\w/]+)\.py`\]\([^)]*\) \| (\d+) \|", text, re.M)
     assert {module: int(n) for module, n in rows} == figures["reached"]
     fast = sum(figures["speedups"].values())

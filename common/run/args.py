@@ -1,13 +1,12 @@
 """Arguments: the options every algorithm file shares (`TrainArgs`; its data options, `DataArgs`,
 eval.py's too), `--help` from the docstring under each field (CleanRL's style), `parse_args`, which
-also reads the seeds' command lines (common/run/seed_flags.py), and the learning-rate schedule.
+hands a seed's command line to common/run/seed_flags.py, and the learning-rate schedule.
 
 One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a seed calls it something
 else, that name is an alias (common/run/seed_flags.py), never a second field.
 """
 
 import ast
-import difflib
 import inspect
 import math
 import os
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from common.errors import report_user_errors
-from common.run.seed_flags import ALIASES, aliases_for, apply_rules
 
 
 @dataclass
@@ -259,82 +257,29 @@ def make_parser(args_class):
 # ------------------------------------------------------------------------------------------------
 # The parser
 # ------------------------------------------------------------------------------------------------
-BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "t", "f", "y", "n"}
-
-
 def parse_args(args_class, argv=None):
-    """Command line -> an args_class instance. The seeds' flag names are translated, each with one
-    line."""
-    algo = Path(inspect.getfile(args_class)).stem
+    """Command line -> an args_class instance. A flag that is not the file's own is a seed's name,
+    read by the seeds' dialect (common/run/seed_flags.py): a start with the file's own flags alone
+    enters none of it."""
+    from transformers import HfArgumentParser
+
     report_user_errors()  # from here on a user error prints as one line, without a traceback
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = make_parser(args_class)
-    options = parser._option_string_actions
-    table = aliases_for(algo)
-    lines = []
+    # the docstrings become --help's text only when it is asked for
+    asked = any(word == "--help" or word.startswith("-h") for word in argv)
+    parser = make_parser(args_class) if asked else HfArgumentParser(args_class)
+    native, values, lines = [], {}, []
+    for word in argv:  # --name=value as two words, as the dialect reads it
+        flag, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        native += [flag, value] if eq else [flag]
+    own = parser._option_string_actions
+    flags = {"--" + word[2:].replace("-", "_") for word in native if word.startswith("--")}
+    # a seed's flag, or one option under two of its names (--X and --no_X): the dialect says which
+    if not flags <= own.keys() or len({own[flag].dest for flag in flags}) < len(flags):
+        from common.run.seed_flags import translate
 
-    def say(text):
-        lines.append(text)
-
-    native, seed, given_as, from_seed, i = [], {}, {}, set(), 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
-        if token in ("-h", "--help") or not token.startswith("--"):
-            native.append(token)
-            continue
-        name, value = token[2:].split("=", 1) if "=" in token else (token[2:], None)
-        name = name.replace("-", "_")
-        action = options.get(f"--{name}")
-        alias = table.get(name) if action is None else None
-        if action is None and alias is None:
-            raise SystemExit(_unknown(name, options, table, algo))
-        if action is not None:
-            nargs = action.nargs
-        else:
-            nargs = 0 if alias.switch else "+" if alias.many else None
-        takes = {0: "none", "?": "optional", "+": "list", "*": "list"}.get(nargs, "one")
-        values = [] if value is None else [value]
-        if value is None and takes == "one" and i < len(argv):
-            values, i = [argv[i]], i + 1
-        elif (value is None and takes == "optional" and i < len(argv)
-              and argv[i].lower() in BOOL_WORDS):
-            values, i = [argv[i]], i + 1
-        elif value is None and takes == "list":
-            while i < len(argv) and not argv[i].startswith("--"):
-                values.append(argv[i])
-                i += 1
-        if action is not None:
-            native += [f"--{name}", *values]
-            given_as[action.dest] = given_as.get(action.dest, []) + [(f"--{name}", values)]
-        elif alias.to is not None:
-            converted = [alias.convert(v) for v in values] if alias.convert else values
-            say(f"--{name} is {alias.source} name for --{alias.to}")
-            from_seed.add(len(native))
-            native += [f"--{alias.to}", *converted]
-            given_as[alias.to] = given_as.get(alias.to, []) + [(f"--{name}", converted)]
-        elif alias.note is not None:
-            say(f"--{name}: {alias.note}")
-        else:
-            seed[name] = " ".join(values) if values else "true"
-    for dest, uses in given_as.items():  # two names of one option, with different values
-        if len({tuple(v) for _, v in uses}) < 2:
-            continue
-        own = [name for name, _ in uses if name == f"--{dest}"]
-        if not own:  # two seeds' names
-            raise SystemExit(f"{' and '.join(sorted({n for n, _ in uses}))} name the same option "
-                             f"(--{dest}) with different values: pass one of them.")
-        # this project's own name wins over a seed's, as a later flag would (e.g. --max_steps 1 for
-        # a test)
-        seed_names = sorted({n for n, _ in uses if n != own[0]})
-        if seed_names:
-            say(f"{own[0]} given: it wins over {', '.join(seed_names)}")
-        native = _drop_seed_values(native, dest, options, from_seed)
-    args = parser.parse_args_into_dataclasses(args=native)[0]
-    given = {options[t].dest for t in native if t in options}
-    args = replace(args, **apply_rules(algo, args, seed, given, say,
-                                       int(os.environ.get("WORLD_SIZE", 1))))
-    args = expand_home(args)
+        native, values, lines = translate(Path(inspect.getfile(args_class)).stem, argv, parser)
+    args = expand_home(replace(parser.parse_args_into_dataclasses(args=native)[0], **values))
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
     return args
@@ -357,29 +302,6 @@ def expand_home(args):
         if expanded != value:
             changes[name] = expanded
     return replace(args, **changes)
-
-
-def _drop_seed_values(native, dest, options, from_seed):
-    """The argv without the values of option `dest` that came from a seed's name (at from_seed)."""
-    out, k = [], 0
-    while k < len(native):
-        if k in from_seed and options[native[k]].dest == dest:
-            k += 1
-            while k < len(native) and not native[k].startswith("--"):
-                k += 1
-            continue
-        out.append(native[k])
-        k += 1
-    return out
-
-
-def _unknown(name, options, table, algo):
-    known = sorted({o[2:] for o in options if o.startswith("--")} | set(table))
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    elsewhere = sorted({a.source for a in ALIASES if a.name == name})
-    where = f" ({', '.join(elsewhere)} flag, not used by {algo}.py)" if elsewhere else ""
-    fix = f"the closest option is --{close[0]}" if close else f"see python {algo}.py --help"
-    return f"{algo}.py: --{name} is not an option here{where}; {fix}."
 
 
 def lr_at(step, args, base=None):

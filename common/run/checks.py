@@ -26,76 +26,110 @@ from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models.loading import check_model_name
 
 
-def check_common_args(args, world_size=1):
-    """The checks every algorithm file shares, before any model loads, each naming the fix: sizes
-    (and, in the files that sample num_generations responses to num_prompts prompts, how they split
-    over ranks and minibatches), sampling, the output folder, the model's path, wandb."""
-    check_ranges(args)
-    check_rollout_size(args, world_size)
-    if not args.temperature > 0 or not 0 < args.top_p <= 1:
-        raise UsageError(f"--temperature {args.temperature} --top_p {args.top_p}: training samples "
-                         "need a "
-                         f"temperature > 0 (log-probs are divided by it) and top_p in (0, 1].")
-    if hasattr(args, "num_prompts"):
-        check_batch(args, world_size, args.num_prompts, args.num_generations)
-    check_output_dir(args.output_dir)
-    if hasattr(args, "kl_estimator"):  # the files with a KL to a reference, which beta > 0 loads
-        check_unused(args, [(name, args.beta > 0, "--beta > 0")
-                            for name in ("kl_estimator", "kl_penalty")])
-    if args.lora_r and importlib.util.find_spec("peft") is None:
-        raise PackageError("--lora_r needs peft: pip install peft (or --lora_r 0 for full "
-                           "fine-tuning)")
-    if args.lora_alpha is not None and not args.lora_r:
-        raise UsageError("--lora_alpha scales LoRA adapters, but --lora_r is 0 (full fine-tuning): "
-                         "drop --lora_alpha or set --lora_r.")
-    if args.lora_alpha is not None and args.lora_alpha / args.lora_r > MOST_LORA_SCALE:
-        raise UsageError(f"--lora_alpha {args.lora_alpha}: adapters are scaled by lora_alpha / "
-                         f"lora_r = {args.lora_alpha / args.lora_r:g}, which must be at most "
-                         f"{MOST_LORA_SCALE} (the default, 2 * lora_r, scales by 2); pass "
-                         f"--lora_alpha {MOST_LORA_SCALE * args.lora_r} or less.")
-    if args.merge_lora and not args.lora_r:
-        raise UsageError("--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning "
-                         "saves whole models already): drop --merge_lora or set --lora_r.")
-    if args.fsdp and "RANK" not in os.environ:
-        raise UsageError("--fsdp shards the models over the processes that torchrun starts: run "
-                         "`torchrun --nproc_per_node N <file>.py --fsdp ...` (N = 1 works too).")
-    if args.compile and args.fsdp:
-        raise UsageError("--compile decodes with a whole, compiled model; under --fsdp the weights "
-                         "are gathered from shards for each rollout: drop one of the two.")
-    if args.offload_optimizer and not args.bf16:
-        raise UsageError("--offload_optimizer keeps the trained weights in bf16 on the device, so "
-                         "the forwards run in bf16: add --bf16.")
-    if args.offload_optimizer and args.fsdp:
-        raise UsageError("--offload_optimizer keeps a whole fp32 copy of the weights on each "
-                         "rank's CPU; --fsdp shards them over the ranks instead: drop one of the "
-                         "two.")
-    if args.track and importlib.util.find_spec("wandb") is None:
-        raise PackageError("--track logs to Weights & Biases, which is not installed: pip install "
-                           "-r requirements-extra.txt (wandb and tensorboard), or drop --track "
-                           "(metrics.jsonl is written anyway, TensorBoard logs when installed).")
-    check_model_name(args.model_name_or_path)
-    check_eval_sets(args)
+# The checks every algorithm file shares, in the order they run, before any model loads. A row:
+# (the option a file must have for the row to apply, or None: every file; whether something is
+# wrong, from the args `a` and the number of ranks that train `w`; the error; its message, which
+# names the fix: a str.format text over a and w, or a function of them). A row with no message is
+# a check that computes its own and raises it.
+COMMON_CHECKS = [
+    (None, lambda a, w: check_ranges(a), None, None),
+    (None, lambda a, w: check_rollout_size(a, w), None, None),
+    (None, lambda a, w: not a.temperature > 0 or not 0 < a.top_p <= 1, UsageError,
+     "--temperature {a.temperature} --top_p {a.top_p}: training samples need a temperature > 0 "
+     "(log-probs are divided by it) and top_p in (0, 1]."),
+    ("num_prompts", lambda a, w: a.num_prompts % w, UsageError,
+     lambda a, w: f"--num_prompts {a.num_prompts} must be divisible by the number of processes "
+                  f"that train ({w}); try --num_prompts {w * max(1, a.num_prompts // w)}."),
+    ("num_prompts", lambda a, w: rows_a_rank(a, w) % getattr(a, "num_mini_batches", 1), UsageError,
+     lambda a, w: f"each rank gets {rows_a_rank(a, w)} sequences per update (num_prompts / "
+                  f"processes x num_generations), which --num_mini_batches {a.num_mini_batches} "
+                  f"must divide; try --num_mini_batches "
+                  f"{math.gcd(rows_a_rank(a, w), a.num_mini_batches)}."),
+    (None, lambda a, w: check_output_dir(a.output_dir), None, None),
+    # the files with a KL to a reference, which beta > 0 loads
+    ("kl_estimator", lambda a, w: check_unused(a, [(name, a.beta > 0, "--beta > 0")
+                                                   for name in ("kl_estimator", "kl_penalty")]),
+     None, None),
+    (None, lambda a, w: a.lora_r and importlib.util.find_spec("peft") is None, PackageError,
+     "--lora_r needs peft: pip install peft (or --lora_r 0 for full fine-tuning)"),
+    (None, lambda a, w: a.lora_alpha is not None and not a.lora_r, UsageError,
+     "--lora_alpha scales LoRA adapters, but --lora_r is 0 (full fine-tuning): drop --lora_alpha "
+     "or set --lora_r."),
+    (None, lambda a, w: a.lora_alpha is not None and a.lora_alpha / a.lora_r > MOST_LORA_SCALE,
+     UsageError,
+     lambda a, w: f"--lora_alpha {a.lora_alpha}: adapters are scaled by lora_alpha / lora_r = "
+                  f"{a.lora_alpha / a.lora_r:g}, which must be at most {MOST_LORA_SCALE} (the "
+                  f"default, 2 * lora_r, scales by 2); pass --lora_alpha "
+                  f"{MOST_LORA_SCALE * a.lora_r} or less."),
+    (None, lambda a, w: a.merge_lora and not a.lora_r, UsageError,
+     "--merge_lora merges LoRA adapters, but --lora_r is 0 (full fine-tuning saves whole models "
+     "already): drop --merge_lora or set --lora_r."),
+    (None, lambda a, w: a.fsdp and "RANK" not in os.environ, UsageError,
+     "--fsdp shards the models over the processes that torchrun starts: run `torchrun "
+     "--nproc_per_node N <file>.py --fsdp ...` (N = 1 works too)."),
+    (None, lambda a, w: a.compile and a.fsdp, UsageError,
+     "--compile decodes with a whole, compiled model; under --fsdp the weights are gathered from "
+     "shards for each rollout: drop one of the two."),
+    (None, lambda a, w: a.offload_optimizer and not a.bf16, UsageError,
+     "--offload_optimizer keeps the trained weights in bf16 on the device, so the forwards run in "
+     "bf16: add --bf16."),
+    (None, lambda a, w: a.offload_optimizer and a.fsdp, UsageError,
+     "--offload_optimizer keeps a whole fp32 copy of the weights on each rank's CPU; --fsdp shards "
+     "them over the ranks instead: drop one of the two."),
+    (None, lambda a, w: a.track and importlib.util.find_spec("wandb") is None, PackageError,
+     "--track logs to Weights & Biases, which is not installed: pip install -r "
+     "requirements-extra.txt (wandb and tensorboard), or drop --track (metrics.jsonl is written "
+     "anyway, TensorBoard logs when installed)."),
+    (None, lambda a, w: check_model_name(a.model_name_or_path), None, None),
+]
+# --eval_datasets and --eval_samples where the evaluation can do them: held-out problems to
+# evaluate, and whole responses sampled by `generate` (a stepwise evaluation plays episodes, and
+# tools.py's answers with its tools, greedily, on prompts that show the tools). The last of the
+# shared checks.
+EVAL_CHECKS = [
+    (None, lambda a, w: a.eval_samples and a.eval_temperature == 0, UsageError,
+     "--eval_samples {a.eval_samples} with --eval_temperature 0 draws {a.eval_samples} copies of "
+     "the greedy response: sample with e.g. --eval_temperature 0.6, or drop --eval_samples."),
+    (None, lambda a, w: (a.eval_datasets or a.eval_samples) and not a.num_eval_problems,
+     UsageError,
+     "--eval_datasets and --eval_samples evaluate held-out problems, but --num_eval_problems is 0: "
+     "drop them or give --num_eval_problems N."),
+    (None, lambda a, w: evaluates_alone(a) and (
+        a.eval_samples or any(name != a.dataset_name for name in a.eval_datasets or ())),
+     UsageError,
+     lambda a, w: f"{evaluates_alone(a)}, greedily, on its own held-out set: drop --eval_samples "
+                  "and --eval_datasets, and evaluate a checkpoint on other sets with eval.py "
+                  "(--eval_datasets A B --num_generations k --temperature 0.6)."),
+]
+COMMON_CHECKS += EVAL_CHECKS
+
+
+def check_common_args(args, world_size=1, rows=COMMON_CHECKS):
+    """The checks every algorithm file shares (COMMON_CHECKS), before any model loads: the first
+    row that applies and finds something wrong stops the run with its message."""
+    for option, wrong, error, message in rows:
+        if (option is None or hasattr(args, option)) and wrong(args, world_size):
+            raise error(message(args, world_size) if callable(message)
+                        else message.format(a=args, w=world_size))
 
 
 def check_eval_sets(args):
-    """--eval_datasets and --eval_samples where the evaluation can do them: held-out problems to
-    evaluate, and whole responses sampled by `generate` (a stepwise evaluation plays episodes, and
-    tools.py's answers with its tools, greedily, on prompts that show the tools)."""
-    if args.eval_samples and args.eval_temperature == 0:
-        raise UsageError(f"--eval_samples {args.eval_samples} with --eval_temperature 0 draws "
-                         f"{args.eval_samples} copies of the greedy response: sample with e.g. "
-                         "--eval_temperature 0.6, or drop --eval_samples.")
-    if (args.eval_datasets or args.eval_samples) and not args.num_eval_problems:
-        raise UsageError("--eval_datasets and --eval_samples evaluate held-out problems, but "
-                         "--num_eval_problems is 0: drop them or give --num_eval_problems N.")
-    alone = {"tools": "tools.py evaluates with its tools",
-             "reinforce_stepwise": "reinforce_stepwise.py evaluates stepwise episodes"}.get(
+    """The evaluation's rows (EVAL_CHECKS) alone."""
+    check_common_args(args, rows=EVAL_CHECKS)
+
+
+def rows_a_rank(args, world_size):
+    """The sequences one rank samples in an update: its share of the prompts, num_generations
+    each."""
+    return args.num_prompts // world_size * args.num_generations
+
+
+def evaluates_alone(args):
+    """What evaluates only its own held-out set, greedily: tools.py (with its tools) and
+    reinforce_stepwise.py (episodes), or None."""
+    return {"tools": "tools.py evaluates with its tools",
+            "reinforce_stepwise": "reinforce_stepwise.py evaluates stepwise episodes"}.get(
         algorithm_of(args))
-    others = [name for name in args.eval_datasets or () if name != args.dataset_name]
-    if alone and (args.eval_samples or others):
-        raise UsageError(f"{alone}, greedily, on its own held-out set: drop --eval_samples and "
-                         "--eval_datasets, and evaluate a checkpoint on other sets with eval.py "
-                         "(--eval_datasets A B --num_generations k --temperature 0.6).")
 
 
 def check_options(args, check_args, world_size=1, samplers=0):
@@ -256,19 +290,3 @@ class StepGuard:
         """Steps skipped since the last call (the `skipped_steps` metric of one update)."""
         skipped, self.skipped = self.skipped, 0
         return skipped
-
-
-def check_batch(args, world_size, num_prompts, per_prompt):
-    """Prompts split evenly over the ranks, and each rank's rows over the minibatches, or the
-    fix."""
-    if num_prompts % world_size:
-        raise UsageError(f"--num_prompts {num_prompts} must be divisible by the number of "
-                         "processes that train "
-                         f"({world_size}); try --num_prompts "
-                         f"{world_size * max(1, num_prompts // world_size)}.")
-    local = num_prompts // world_size * per_prompt
-    if local % getattr(args, "num_mini_batches", 1):
-        raise UsageError(f"each rank gets {local} sequences per update (num_prompts / processes x "
-                         f"num_generations), which --num_mini_batches {args.num_mini_batches} must "
-                         "divide; "
-                         f"try --num_mini_batches {math.gcd(local, args.num_mini_batches)}.")

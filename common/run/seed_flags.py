@@ -1,6 +1,7 @@
 """The seeds' command lines: each flag name that OpenR, oat, navidmdn/LLM_RL or TRL use for an
 option of this project is an alias of that option, never a second field (docs/README.md,
-"Vocabulary"). `common.run.args.parse_args` reads them:
+"Vocabulary"). `common.run.args.parse_args` hands a command line here, to `translate`, only when a
+flag in it is not the file's own:
 
     --ppo_epoch 1       ->  --num_ppo_epochs 1, and says "--ppo_epoch is OpenR's name for ..."
     --collocate         ->  nothing, and says what this project does instead
@@ -12,6 +13,8 @@ A flag that is a plain rename is an `Alias` with `to`; one with no use here has 
 (batch sizes and flags that set several options) are read by `apply_rules`.
 """
 
+import difflib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -216,6 +219,118 @@ ALIASES = [
     Alias("num_samples", "eval.py's earlier", ("eval",), to="num_generations"),
     Alias("num_problems", "eval.py's earlier", ("eval",), to="num_eval_problems"),
 ]
+
+
+# ------------------------------------------------------------------------------------------------
+# A command line in the seeds' dialect -> this project's
+# ------------------------------------------------------------------------------------------------
+BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "t", "f", "y", "n"}
+
+
+def translate(algo, argv, parser):
+    """The command line `argv` of `algo`.py, with seeds' flags in it, -> (this project's argv,
+    {option: value} of every option as the rules leave them, the lines to print: one for each
+    flag translated). parser: the file's HfArgumentParser. A flag that is neither the file's own
+    nor a seed's is refused with the closest option."""
+    options = parser._option_string_actions
+    table = aliases_for(algo)
+    lines = []
+
+    def say(text):
+        lines.append(text)
+
+    native, seed, given_as, from_seed, i = [], {}, {}, set(), 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token in ("-h", "--help") or not token.startswith("--"):
+            native.append(token)
+            continue
+        name, value = token[2:].split("=", 1) if "=" in token else (token[2:], None)
+        name = name.replace("-", "_")
+        action = options.get(f"--{name}")
+        alias = table.get(name) if action is None else None
+        if action is None and alias is None:
+            raise SystemExit(_unknown(name, options, table, algo))
+        if action is not None:
+            nargs = action.nargs
+        else:
+            nargs = 0 if alias.switch else "+" if alias.many else None
+        takes = {0: "none", "?": "optional", "+": "list", "*": "list"}.get(nargs, "one")
+        values = [] if value is None else [value]
+        if value is None and takes == "one" and i < len(argv):
+            values, i = [argv[i]], i + 1
+        elif (value is None and takes == "optional" and i < len(argv)
+              and argv[i].lower() in BOOL_WORDS):
+            values, i = [argv[i]], i + 1
+        elif value is None and takes == "list":
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+        if action is not None:
+            native += [f"--{name}", *values]
+            given_as[action.dest] = given_as.get(action.dest, []) + [(f"--{name}", values)]
+        elif alias.to is not None:
+            converted = [alias.convert(v) for v in values] if alias.convert else values
+            say(f"--{name} is {alias.source} name for --{alias.to}")
+            from_seed.add(len(native))
+            native += [f"--{alias.to}", *converted]
+            given_as[alias.to] = given_as.get(alias.to, []) + [(f"--{name}", converted)]
+        elif alias.note is not None:
+            say(f"--{name}: {alias.note}")
+        else:
+            seed[name] = " ".join(values) if values else "true"
+    for dest, uses in given_as.items():  # two names of one option, with different values
+        if len({tuple(v) for _, v in uses}) < 2:
+            continue
+        own = [name for name, _ in uses if name == f"--{dest}"]
+        if not own:  # two seeds' names
+            raise SystemExit(f"{' and '.join(sorted({n for n, _ in uses}))} name the same option "
+                             f"(--{dest}) with different values: pass one of them.")
+        # this project's own name wins over a seed's, as a later flag would (e.g. --max_steps 1 for
+        # a test)
+        seed_names = sorted({n for n, _ in uses if n != own[0]})
+        if seed_names:
+            say(f"{own[0]} given: it wins over {', '.join(seed_names)}")
+        native = _drop_seed_values(native, dest, options, from_seed)
+    args = parser.parse_args_into_dataclasses(args=native)[0]
+    given = {options[t].dest for t in native if t in options}
+    values = apply_rules(algo, args, seed, given, say, int(os.environ.get("WORLD_SIZE", 1)))
+    return native, values, lines
+
+
+def _drop_seed_values(native, dest, options, from_seed):
+    """The argv without the values of option `dest` that came from a seed's name (at from_seed)."""
+    out, k = [], 0
+    while k < len(native):
+        if k in from_seed and options[native[k]].dest == dest:
+            k += 1
+            while k < len(native) and not native[k].startswith("--"):
+                k += 1
+            continue
+        out.append(native[k])
+        k += 1
+    return out
+
+
+# Options that left a file for the file of their recipe: (file, option) -> where it went
+STEPWISE_NOW = "LLM_RL's stepwise policy is reinforce_stepwise.py now: run that file"
+TIS_NOW = ("truncated importance sampling is async_grpo.py's: async_grpo.py --max_staleness 0 "
+           "--off_policy_correction tis --is_cap C trains grpo.py with it")
+MOVED = {**{("reinforce", name): STEPWISE_NOW
+            for name in ("stepwise", "sym_calc", "max_episode_steps", "gamma")},
+         ("reinforce", "tis_cap"): TIS_NOW, ("ppo", "tis_cap"): TIS_NOW}
+
+
+def _unknown(name, options, table, algo):
+    if (algo, name) in MOVED:
+        return f"{algo}.py: --{name}: {MOVED[algo, name]}."
+    known = sorted({o[2:] for o in options if o.startswith("--")} | set(table))
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    elsewhere = sorted({a.source for a in ALIASES if a.name == name})
+    where = f" ({', '.join(elsewhere)} flag, not used by {algo}.py)" if elsewhere else ""
+    fix = f"the closest option is --{close[0]}" if close else f"see python {algo}.py --help"
+    return f"{algo}.py: --{name} is not an option here{where}; {fix}."
 
 
 def aliases_for(algo):
