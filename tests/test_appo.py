@@ -262,6 +262,7 @@ def test_two_updates_with_a_tiny_prm_write_metrics_and_a_loadable_checkpoint(tmp
     assert all(k.startswith("head.") for k in state["extra"]["critic"])
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(tmp_path):
     # one process: 2 updates, a checkpoint after each. Two processes: 1 update, then --resume for
     # the 2nd. The episodes carry over the update boundary, so the resumed run must restore them

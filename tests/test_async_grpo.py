@@ -179,6 +179,7 @@ def logs(folder):
     return [json.loads(x) for x in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # the second tier: two runs
 def test_k_0_trains_exactly_what_grpo_py_trains(tmp_path):
     run("grpo", ["--max_steps", "3"], tmp_path / "grpo")
     run("async_grpo", ["--max_steps", "3", "--max_staleness", "0", "--off_policy_correction",
@@ -191,6 +192,7 @@ def test_k_0_trains_exactly_what_grpo_py_trains(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_two_and_three_processes_train_the_weights_of_one_and_resume_exactly(tmp_path):
     # k = 2, 5 updates, a checkpoint every 2: one process throughout; two processes (a trainer and
     # a sampler) and three (two trainers, data-parallel, and a sampler) throughout; two processes

@@ -17,6 +17,8 @@ from baseline_variance import estimator_stats, last_layer_param, per_sample_grad
 from trl_vs_mathrl import summarize  # noqa: E402
 from gsm8k_curve import equations, reading  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the second tier: the benches' units
+
 
 def test_summary_ratios_and_rollout_time_by_hand():
     rows = {

@@ -13,6 +13,8 @@ import pytest
 
 from common.run.args import parse_args
 
+pytestmark = pytest.mark.slow  # the second tier: the benches' arguments
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(str(p.relative_to(ROOT)) for pattern in ("bench/*.py", "dev/*.py", "dev/lab/*.py")
                  for p in ROOT.glob(pattern) if 'if __name__ == "__main__":' in p.read_text())

@@ -19,6 +19,8 @@ sys.path.insert(0, str(ROOT / "dev"))
 from carry import join, split  # noqa: E402
 from device_check import stage_plan  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the second tier: the device check's CPU plans
+
 
 def digest(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -163,6 +163,7 @@ def test_a_teacher_equal_to_the_student_gives_a_loss_and_gradient_of_0(loss_form
         assert abs(loss.item()) < 1e-6 and norm < 1e-5 * moved_norm, (loss.item(), norm)
 
 
+@pytest.mark.slow  # the second tier: TRL's code
 @pytest.mark.parametrize("beta", [1.0, 0.5])
 def test_the_full_form_equals_trls_distillation_trainer_on_the_same_batch(tmp_path, beta):
     # TRL 1.16's DistillationTrainer.training_step samples, then computes its chunked divergence of
@@ -223,6 +224,7 @@ def test_a_run_whose_teacher_is_the_student_measures_a_kl_of_0_and_moves_no_weig
     assert all(torch.equal(weights[name], start[name]) for name in weights)
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(tmp_path):
     # the full form, whose token mean is over every rank's tokens: one process makes 2 updates with
     # a checkpoint after each; two processes make 1, then --resume makes the 2nd (the teacher is
@@ -296,6 +298,7 @@ def near_teacher(path):
     return path
 
 
+@pytest.mark.slow  # the second tier: a learning run
 @pytest.mark.parametrize("loss_form,updates", [("sampled", 30), ("full", 10)])
 def test_the_sampled_reverse_kl_to_a_teacher_falls(tmp_path, loss_form, updates):
     # measured, kl_teacher at update 1 and the mean of the last 5 updates: at seed 0 1.42 and 0.19

@@ -108,6 +108,7 @@ def test_pass_at_k_from_more_samples_is_the_unbiased_estimate():
     assert evaluation.pass_at_k(4, 3, 2) == 1.0
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_the_same_numbers_under_one_and_two_processes(gsm8k_file, tmp_path):
     # the training's evaluation before any update, 2 sets x (greedy + 4 samples), graded by the
     # responses' parity (tests/run_with_test_reward.py) so that the numbers are not all 0

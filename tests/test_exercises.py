@@ -394,6 +394,7 @@ def test_the_logprob_and_surrogate_adapters_are_the_files_own_with_the_oracles()
         assert torch.allclose(a, b, atol=1e-6) and torch.allclose(ga, gb, atol=1e-6) and sa == sb
 
 
+@pytest.mark.slow  # the second tier: a run of PS2
 def test_ps2_with_the_projects_functions_is_the_plain_run(tmp_path):
     """--solution binds the oracles in place of the file's functions: the same numbers, so the
     weights after two updates are the plain run's, bit for bit."""
@@ -791,6 +792,7 @@ def test_run_executes_the_copy_as_the_file_with_the_root_on_the_path(copies, cap
     assert copies.run_flags(ex, ["--output-dir=mine"]) == ["--output-dir=mine"]
 
 
+@pytest.mark.slow  # the second tier: a copy of the tree
 def test_check_fails_on_the_buggy_copy_and_passes_on_the_real_files_text(copies, capsys):
     # PS4.7, whose aimed test is pure tensors: --check copies the tree, puts the copy in place of
     # tppo.py and runs the test; the working tree is left as it was

@@ -94,6 +94,7 @@ def test_waiting_for_the_lock_is_not_charged():
     assert result == [True]
 
 
+@pytest.mark.slow  # the second tier: 32 processes
 def test_32_processes_at_once_all_correct_and_no_worker_left():
     code = (
         "import sys; from common.env.grader import math_equal, grader_counts; "

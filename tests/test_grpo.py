@@ -364,6 +364,7 @@ def grpo_step(batch, args, bias_corrected=False):
     return loss, policy
 
 
+@pytest.mark.slow  # the second tier: TRL's code
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_the_loss_and_gradient_equal_trls_grpo_trainer_on_the_same_batch(tmp_path, loss_type):
     # grpo.py's group advantages, k3 KL in the loss, clipped ratio and each of TRL's four
@@ -389,6 +390,7 @@ def test_the_loss_and_gradient_equal_trls_grpo_trainer_on_the_same_batch(tmp_pat
         assert ((ours.grad - theirs.grad).norm() / theirs.grad.norm()).item() < 2e-6, name
 
 
+@pytest.mark.slow  # the second tier: TRL's code
 def test_trls_default_kl_differs_from_grpo_py_by_the_ratio_in_the_gradient_only(tmp_path):
     # With TRL's default use_bias_correction_kl the loss is grpo.py's (the ratio is 1 on the
     # policy's own samples) and the gradient is grpo.py's plus beta KL_t d(log pi_t), about 1 %

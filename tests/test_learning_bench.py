@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from learning import FILES, mean_se, table, teacher_of  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the second tier: a bench's run
+
 
 def test_mean_and_standard_error_by_hand():
     # sample s.d. of (0.2, 0.4, 0.6) is 0.2, so the standard error is 0.2 / sqrt(3)

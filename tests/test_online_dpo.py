@@ -152,6 +152,7 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
     assert model.config.num_hidden_layers == 2
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process(tmp_path):
     # Ties give no pair, so the two ranks hold different numbers of pairs (the one with fewer adds
     # pairs of weight 0); the loss is a mean over every rank's pairs: the weights after two updates
@@ -195,6 +196,7 @@ def test_the_pair_statistics_are_the_keys_the_update_measures():
     assert set(online_dpo.PAIR_STATS) == {*stats, "entropy", "kl_ref"}
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_a_rank_without_a_pair_of_its_own_neither_hangs_nor_dilutes_the_statistics(tmp_path):
     # rank 1's prompts all tie: it runs only pairs of weight 0 and measures nothing, so the logged
     # statistics are rank 0's pairs alone, those of one process on rank 0's two prompts (a key
@@ -211,6 +213,7 @@ def test_a_rank_without_a_pair_of_its_own_neither_hangs_nor_dilutes_the_statisti
         assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
 
 
+@pytest.mark.slow  # the second tier: two runs and a resume
 def test_resume_continues_exactly(tmp_path):
     common = ["tests/run_with_test_reward.py", "online_dpo", *TINY, "--learning_rate", "1e-3",
               "--no_eval_on_start", "--num_eval_problems", "0"]
@@ -262,6 +265,7 @@ def test_the_reference_is_the_starting_policy_once_the_policy_moved(tmp_path, mo
 
 
 # ---- against TRL's own code -------------------------------------------------------------------
+@pytest.mark.slow  # the second tier: TRL's code
 @pytest.mark.parametrize("preference_loss", ["sigmoid", "ipo"])
 def test_the_loss_and_gradient_equal_trls_training_step_on_the_same_batch(tmp_path, preference_loss):
     # TRL 1.16's OnlineDPOTrainer.training_step computes its loss inline, between its own sampling

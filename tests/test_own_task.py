@@ -155,6 +155,7 @@ def test_reward_fn_specs_fail_with_the_fix(tmp_path, monkeypatch):
         example_env(reward_funcs=example_funcs()[:2], reward_weights=[1.0, math.nan, -1.0])
 
 
+@pytest.mark.slow  # the second tier: TRL's code
 @pytest.mark.skipif(not (ROOT / "examples").exists(), reason="no examples folder")
 def test_the_same_function_gives_trls_rewards(tmp_path):
     pytest.importorskip("trl")
@@ -279,6 +280,7 @@ def docs_commands():
                                                          re.M)]
 
 
+@pytest.mark.slow  # the second tier: every command of a page
 def test_every_command_of_the_page_runs(tmp_path):
     """Each command as the page writes it, on the tiny model and cut to one update (the page's own
     runs use the embedded model)."""
@@ -301,6 +303,7 @@ def test_every_command_of_the_page_runs(tmp_path):
     assert {"rewards/verifier/mean", "rewards/names_the_unit/mean"} <= set(line)
 
 
+@pytest.mark.slow  # the second tier: a learning run
 def test_the_examples_own_reward_rises(tmp_path):
     """The example's data and reward file, its style reward alone (--reward_weights 0 1): the tiny
     random model learns to start with a capital letter, as in tests/test_learning.py."""

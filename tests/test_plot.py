@@ -11,6 +11,8 @@ import pytest
 from common.run import plot
 from common.run.logger import json_line
 
+pytestmark = pytest.mark.slow  # the second tier: plots
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

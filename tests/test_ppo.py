@@ -380,6 +380,7 @@ def test_shared_critic_with_every_option_on(tmp_path):
     assert head["net.2.weight"].abs().max() > 0  # the zero-initialised output layer learned
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process(tmp_path):
     # Same global batch (2 prompts x 4 samples), two epochs, the KL reward on: whitening, the
     # token-mean denominator and explained variance are global, so policy and critic after one
@@ -412,6 +413,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
         assert m1[key] == pytest.approx(m2[key], abs=1e-5)
 
 
+@pytest.mark.slow  # the second tier: two runs and a resume
 def test_resume_continues_exactly(tmp_path):
     common = ["tests/run_with_test_reward.py", "ppo", *TINY, "--learning_rate", "1e-3",
               "--critic_learning_rate", "1e-3"]

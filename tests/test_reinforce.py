@@ -200,6 +200,7 @@ def test_two_updates_write_two_metric_lines_and_a_loadable_checkpoint(tmp_path):
     assert model.config.num_hidden_layers == 2
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process(tmp_path, monkeypatch):
     # Same global batch, the mean baseline (a global mean) and the KL term, lr large enough that the
     # update is visible: the parameters after the updates must agree to fp32 tolerance.
@@ -294,6 +295,7 @@ def test_the_kl_enters_the_return_times_beta(tmp_path, monkeypatch):
 
 
 # ---- against TRL's own code -------------------------------------------------------------------
+@pytest.mark.slow  # the second tier: TRL's code
 def test_rloo_loss_and_gradient_equal_trls_rloo_trainer_on_the_same_batch(tmp_path):
     # reinforce.py --baseline rloo as TRL's RLOOTrainer runs it (the bench's pair): the k1 KL
     # summed over each response and taken from its reward (beta 0.05), the leave-one-out baseline,

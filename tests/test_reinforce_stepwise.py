@@ -197,6 +197,7 @@ KEYS = ("reward/mean", "reward/std", "accuracy", "response_len/mean", "truncated
         "time/rollout_s", "time/update_s", "episode_steps/mean", "calc/fired", "calc/refused")
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process(tmp_path, monkeypatch):
     # Same global batch, the mean baseline (a global mean) and the KL term, lr large enough that the
     # update is visible: the parameters after 2 updates with the calculator on must agree to fp32

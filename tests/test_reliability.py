@@ -227,6 +227,7 @@ def test_defaults_work_at_1_2_and_8_processes_or_name_the_fix(algo, world, tmp_p
         assert world == 8 and getattr(args, "num_prompts", world) < world, e
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_ppo_defaults_under_torchrun_with_two_processes(tmp_path):
     # ppo's defaults (16 prompts, 2 minibatches, micro-batches of 8) give each rank minibatches of 4
     # sequences: this used to fail with "--micro_batch_size 8 must divide 4"; micro-batches are now
@@ -551,6 +552,7 @@ def test_divergence_is_said_once(tmp_path, capsys):
 
 
 # appo: episodes that carry over updates, a critic
+@pytest.mark.slow  # the second tier: kills and resumes
 @pytest.mark.parametrize("algo", ["grpo", "appo"])
 def test_killed_at_random_moments_and_resumed_ends_like_an_uninterrupted_run(algo, tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
@@ -631,6 +633,7 @@ time.sleep(20)
 """
 
 
+@pytest.mark.slow  # the second tier: torchrun
 @pytest.mark.parametrize("failing,says", [("0,1", ["error: bad here"]),
                                           ("1", ["error (rank 1): bad here"])])
 def test_under_torchrun_an_error_of_every_rank_is_said_once_and_one_rank_s_by_it(
@@ -662,6 +665,7 @@ dist.destroy_process_group()  # else gloo may abort at exit ("terminate called .
 """
 
 
+@pytest.mark.slow  # the second tier: torchrun
 @pytest.mark.parametrize("shared", [True, False])
 def test_resume_on_two_nodes_stops_unless_every_rank_sees_rank_0_s_checkpoint(shared, tmp_path):
     import socket

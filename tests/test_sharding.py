@@ -71,6 +71,7 @@ def largest_difference(a, b):
 
 # LoRA with a critic (ppo's second transformer, appo's value head) runs with -m slow: the LoRA path
 # and the critics' sharding are each covered by the fast four
+@pytest.mark.slow  # the second tier: torchrun, FSDP2
 @pytest.mark.parametrize("algo,lora", [
     pytest.param(algo, lora, id=f"{algo}-{'lora' if lora else 'full'}",
                  marks=[pytest.mark.slow] if lora and algo != "grpo" else [])
@@ -91,6 +92,7 @@ def test_two_fsdp_processes_match_one_whole_process(algo, lora, tmp_path):
         assert len(weights(two)) == (28 if algo != "appo" else 8)  # appo: q_proj, v_proj (OpenR)
 
 
+@pytest.mark.slow  # the second tier: torchrun, FSDP2
 def test_fsdp_resume_is_bit_exact_and_the_checkpoint_loads(tmp_path):
     argv = ["grpo", *CASES["grpo"], "--save_interval", "1"]
     run([*argv, "--max_steps", "2", "--output_dir", str(tmp_path / "straight")], processes=2)
@@ -170,6 +172,7 @@ def offline(code, **kw):
     return out.stdout
 
 
+@pytest.mark.slow  # the second tier: a LoRA run
 def test_a_lora_checkpoint_records_a_base_folder_that_peft_loads_offline(lora_run, tmp_path):
     folder, stdout = lora_run
     checkpoint = folder / "checkpoint-2"
@@ -191,6 +194,7 @@ def test_a_lora_checkpoint_records_a_base_folder_that_peft_loads_offline(lora_ru
     assert largest_difference(merged, start) > 1e-3  # the adapter moved it (lr 1e-2)
 
 
+@pytest.mark.slow  # the second tier: a LoRA run
 def test_eval_py_evaluates_a_lora_checkpoint(lora_run, tmp_path):
     checkpoint = lora_run[0] / "checkpoint-2"
     stdout = subprocess.run(
@@ -208,6 +212,7 @@ def test_eval_py_evaluates_a_lora_checkpoint(lora_run, tmp_path):
     assert f"accuracy: {acc:.4f} ({round(acc * 4)}/4 correct)" in stdout.stdout
 
 
+@pytest.mark.slow  # the second tier: a LoRA run
 def test_resume_continues_a_lora_run_bit_exactly_and_records_the_base_folder(lora_run, tmp_path):
     run([*LORA_RUN, "--max_steps", "1", "--output_dir", str(tmp_path)])
     # as written before adapters recorded a folder, naming the reserved name: resumed all the same

@@ -241,6 +241,7 @@ def test_the_tool_s_tokens_get_exactly_zero_gradient(monkeypatch, tiny):
                                                            -1.0 / own[0].sum().item() / 2))
 
 
+@pytest.mark.slow  # the second tier: two runs
 def test_a_run_whose_tool_never_fires_trains_exactly_what_grpo_py_trains(tmp_path):
     # tiny-random never writes </calc>: tools.py's rollout is then grpo.py's, token for token, and
     # so are its loss (a token mean, with the k3 KL to the reference) and its weights, bit for bit.
@@ -321,6 +322,7 @@ ONE_CALL = [("<calc>5 - 1</calc>", False), ("The answer is 4.", True)]
 GROUPS = [TWO_CALLS, NO_CALL, ONE_CALL, [("The answer is 5.", True)]]  # 2 prompts x 2 responses
 
 
+@pytest.mark.slow  # the second tier: TRL's code
 def test_trl_s_tool_loop_on_the_same_scripted_batch_gives_the_same_mask_and_loss(tmp_path,
                                                                                  monkeypatch, tiny):
     # TRL 1.16's GRPOTrainer with tools: its _tool_call_loop runs the calls (our calculator, our
@@ -402,6 +404,7 @@ def test_trl_s_tool_loop_on_the_same_scripted_batch_gives_the_same_mask_and_loss
 
 
 # ---- learning ----------------------------------------------------------------------------------
+@pytest.mark.slow  # the second tier: a learning run
 def test_a_random_model_learns_to_call_the_tool_and_then_answer(tmp_path):
     # rewarded when its response closes a call and writes on after the answer, a random model over
     # characters and the four tags (tests/tool_model.py: </calc> is ~1 % of its tokens) starts near
@@ -427,6 +430,7 @@ def test_a_random_model_learns_to_call_the_tool_and_then_answer(tmp_path):
     assert calls[0] < 0.2 and sum(calls[-5:]) / 5 > 0.8, calls  # it calls the tool
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_sharded_processes_match_one_process(tmp_path):
     # the model that calls by chance, so that ranks take different numbers of turns: under --fsdp
     # the weights are gathered once for every turn of a rollout, or a rank would wait for another

@@ -227,6 +227,7 @@ def test_two_updates_with_a_tiny_prm_write_metrics_and_a_loadable_checkpoint(tmp
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2").config.num_hidden_layers == 2
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_torchrun_two_processes_match_one_process_and_resume_continues_exactly(tmp_path):
     common = ["tests/run_with_test_reward.py", "tppo", *TINY, "--learning_rate", "1e-3",
               "--critic_learning_rate", "1e-3",

@@ -83,6 +83,7 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.slow  # the second tier: torchrun
 def test_a_torchrun_launch_forks_its_ranks_with_torchrun_s_variables(tmp_path):
     script = tmp_path / "dist.py"
     script.write_text(DISTRIBUTED)
