@@ -25,6 +25,7 @@
 import argparse
 import ast
 import contextlib
+import difflib
 import importlib
 import json
 import os
@@ -38,7 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ROOT / "common"
 sys.path.insert(0, str(ROOT))
+from dev.algorithms import ALGORITHMS, SHARED  # noqa: E402
 from dev.algorithms import SIBLINGS as ALGORITHM_SIBLINGS  # noqa: E402
+from dev.algorithms import VARIANTS as ALGORITHM_VARIANTS  # noqa: E402
 
 
 def units(path):
@@ -223,8 +226,7 @@ SIBLINGS = list(ALGORITHM_SIBLINGS)
 # A line whose comment starts with one of these names and a colon belongs to that variant only
 # ("# GSPO: one ratio per response"): the whole statement it starts is the variant's (a def, an if
 # block, an Args field with the docstring under it). docs/reading.md, "Variants", says what each is.
-VARIANTS = ("GSPO", "TIS", "IPO", "TRL", "stepwise", "shared critic",
-            "early stop", "ref sync")
+VARIANTS = ALGORITHM_VARIANTS
 TAG = re.compile(r"#\s*(" + "|".join(re.escape(v) for v in VARIANTS) + r"):")
 
 
@@ -253,6 +255,26 @@ def variant_lines(source):
                     and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
                 out.update(range(doc.lineno, doc.end_lineno + 1))
     return out
+
+
+def unheld(algo):
+    """The lines of `algo`.py that it shares with grpo.py word for word (diff's common lines, blank
+    lines left out) and that no copy test holds: outside every unit dev/algorithms.py's SHARED
+    says the file holds (tests/test_layers.py holds those to one text)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_layers import unit_span
+
+    ref = (ROOT / "grpo.py").read_text().splitlines()
+    source = (ROOT / f"{algo}.py").read_text()
+    lines, held = source.splitlines(), set()
+    for unit, holders in SHARED:
+        span = unit_span(source, unit) if algo in holders else None
+        if span:
+            held.update(range(span[0] - 1, span[1]))
+    common = set()
+    for _, b, size in difflib.SequenceMatcher(None, ref, lines, autojunk=False).get_matching_blocks():
+        common.update(b + k for k in range(size) if lines[b + k].strip())
+    return len(common - held)
 
 
 def core(path):
@@ -316,10 +338,14 @@ def main():
                           "whole": by_module(whole), "whole_functions": len(whole),
                           "speedups": speedup_lines(),
                           "diffs": [[a, b, plain_diff(a, b), core_diff(a, b)]
-                                    for a, b in SIBLINGS]}))
+                                    for a, b in SIBLINGS],
+                          "unheld": {a: unheld(a) for a in ALGORITHMS if a != "grpo"}}))
         return
     for a, b in SIBLINGS:
         print(f"{a}.py -> {b}.py: {plain_diff(a, b)} lines differ, {core_diff(a, b)} in the cores")
+    free = {a: unheld(a) for a in ALGORITHMS if a != "grpo"}
+    print(f"lines shared word for word with grpo.py that no copy test holds: {sum(free.values())} "
+          f"({', '.join(f'{a} {n}' for a, n in free.items())})")
     if args.diffs:
         return
     counted = reached(args.reach)
