@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 
 from common import UsageError, all_gather_objects, all_reduce_mean, all_reduce_sum, sample_seed
-from common.env import make_envs, resolve_task
-from common.models import (ProcessRewardModel, StepwiseEnvs, batched_token_logprobs, critic_state,
-                           left_pad, load_prm_tokenizer, load_tokenizer, make_critic,
+from common.env import StepwiseEnvs, make_envs, resolve_task
+from common.models import (ProcessRewardModel, batched_token_logprobs, critic_state, left_pad,
+                           load_prm_tokenizer, load_tokenizer, make_critic, play_segment,
                            single_token_id, token_logprobs, trained_policy, trim_left_padding)
 from common.rl import explained_variance, kl_estimate, masked_mean, masked_whiten, mismatch_stats
 from common.run import Run, TrainArgs, mean_of, parse_args
@@ -351,8 +351,7 @@ def main(args):
         optimizer = run.offload_optimizer(policy, optimizer)
     critic_optimizer = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad],
                                         lr=args.critic_learning_rate, eps=1e-5)
-    envs = StepwiseEnvs(env, tokenizer, local_envs, run.rank * local_envs, args.num_envs,
-                        args.seed, prm, args.outcome_reward_coef)
+    envs = StepwiseEnvs(env, local_envs, run.rank * local_envs, args.num_envs, args.seed)
 
     def extra_state():  # the critic, and the running episodes of every rank's envs
         running = [s for part in all_gather_objects(envs.state_dict()) for s in part]
@@ -369,8 +368,9 @@ def main(args):
     for step in range(start_step, args.max_steps):
         t0 = time.time()
         # ---- rollout: T steps in each of this rank's envs; unfinished episodes go on next update
-        segment = envs.collect(policy, step, T, args.max_new_tokens, args.temperature, args.top_p,
-                               run.autocast, fast=not args.plain)
+        segment = play_segment(envs, policy, tokenizer, step, T, args.max_new_tokens,
+                               args.temperature, args.top_p, run.autocast, fast=not args.plain,
+                               prm=prm, outcome_reward_coef=args.outcome_reward_coef)
         run.check_rewards(segment.rewards, step + 1, segment.indices)  # NaN or inf: the run stops
         gen = segment.gen
         input_ids, attention_mask = gen.sequences()  # [N, P + R], row k * T + t = env k, step t

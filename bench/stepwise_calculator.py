@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.env.math_env import make_env  # noqa: E402
 from common.models.loading import load_policy, load_tokenizer  # noqa: E402
 from common.models.sampler import eos_token_ids  # noqa: E402
-from common.models.stepwise import play_episodes, policy_sampler, stepwise_system_prompt  # noqa: E402
+from common.env.stepwise import stepwise_system_prompt  # noqa: E402
+from common.models.stepwise import play_episodes, policy_sampler  # noqa: E402
 
 SETTINGS = {  # name -> (--sym_calc, few-shot solutions keep their <<expr>> spans)
     "no calculator": (False, False),

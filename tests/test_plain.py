@@ -20,7 +20,7 @@ import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 ROOT = Path(__file__).resolve().parents[1]
 # each call that has a fast form, and the keyword that switches it
 SWITCHED = {"fast_decoding": "enabled", "token_logprobs": "fast", "batched_token_logprobs": "fast",
-            "collect": "fast", "policy_sampler": "fast"}
+            "play_segment": "fast", "policy_sampler": "fast"}
 
 
 def unswitched(source):
@@ -46,7 +46,7 @@ def test_a_call_without_the_switch_is_found():
     source = ("def f(args):\n"
               "    with fast_decoding(policy, enabled=not args.plain) as d:\n"
               "        token_logprobs(policy, x, m, R, 1.0)\n"                      # 3
-              "    envs.collect(policy, 0, 4, 8, fast=True)\n"                     # 4
+              "    play_segment(envs, policy, tok, 0, 4, 8, fast=True)\n"         # 4
               "    batched_token_logprobs(p, g, 1.0, 8, fast=not args.plain)\n")
     assert unswitched(source) == [3, 4]
 

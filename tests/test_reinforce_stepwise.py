@@ -19,7 +19,8 @@ from common.env import math_env as envlib
 from common.env.math_env import make_env
 from common.env.tasks import TASKS, load_few_shot
 from common.models.loading import load_tokenizer
-from common.models.stepwise import calculator, play_episodes, sample_line
+from common.env.stepwise import calculator
+from common.models.stepwise import play_episodes, sample_line
 from common.run.args import field_docs, make_parser, parse_args
 from common.run.checks import check_options
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process

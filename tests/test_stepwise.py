@@ -1,17 +1,17 @@
-"""common/models/stepwise.py: the PRM read-out, parallel stepwise episodes (carry-over, resets, EOS,
-rewards, resume)."""
+"""common/models/stepwise.py's PRM read-out, and stepwise episodes side by side: common/env/stepwise.py's
+StepwiseEnvs played by play_segment (carry-over, resets, EOS, rewards, resume)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from common.env.math_env import problem_index
-from common.env.math_env import make_env
+from common.env.math_env import make_env, problem_index
+from common.env.stepwise import StepwiseEnvs
 from common.models.hf import KV_CACHE
 from common.models.loading import load_policy, load_tokenizer
-from common.models.stepwise import (ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer, prm_scores,
-                             single_token_id, trim_left_padding)
+from common.models.stepwise import (ProcessRewardModel, load_prm_tokenizer, play_segment, prm_scores,
+                                    single_token_id, trim_left_padding)
 
 TAG, GOOD, BAD, PAD = 7, 3, 4, 0
 
@@ -100,10 +100,10 @@ def arithmetic(max_steps=2):
 def test_episodes_carry_over_segments_and_reset_after_max_steps(tok):
     env, policy = arithmetic(max_steps=2), load_policy("tiny-random")
     # global envs 2 and 3 of 4
-    envs = StepwiseEnvs(env, tok, num_envs=2, first_env=2, total_envs=4, seed=0)
+    envs = StepwiseEnvs(env, num_envs=2, first_env=2, total_envs=4, seed=0)
     first = [e.index for e in envs.envs]
     assert first == [problem_index(2, 50, 0), problem_index(3, 50, 0)]
-    seg = envs.collect(policy, update=0, num_steps=3, max_new_tokens=3, temperature=1.0)
+    seg = play_segment(envs, policy, tok, update=0, num_steps=3, max_new_tokens=3, temperature=1.0)
     # the random model never writes an answer: every episode ends at its 2nd step, then a new one
     # starts
     assert seg.dones.tolist() == [[0, 1, 0], [0, 1, 0]]
@@ -120,10 +120,10 @@ def test_episodes_carry_over_segments_and_reset_after_max_steps(tok):
     assert len(envs.envs[0].steps) == 1
     # resume: a fresh set of envs loaded from the state continues identically
     state = envs.state_dict()
-    twin = StepwiseEnvs(env, tok, num_envs=2, first_env=2, total_envs=4, seed=0)
+    twin = StepwiseEnvs(env, num_envs=2, first_env=2, total_envs=4, seed=0)
     twin.load_state_dict(state)
-    a = envs.collect(policy, update=1, num_steps=2, max_new_tokens=3, temperature=1.0)
-    b = twin.collect(policy, update=1, num_steps=2, max_new_tokens=3, temperature=1.0)
+    a = play_segment(envs, policy, tok, update=1, num_steps=2, max_new_tokens=3, temperature=1.0)
+    b = play_segment(twin, policy, tok, update=1, num_steps=2, max_new_tokens=3, temperature=1.0)
     assert torch.equal(a.gen.response_ids,
                        b.gen.response_ids) and torch.equal(a.gen.prompt_ids, b.gen.prompt_ids)
     assert a.dones.tolist() == b.dones.tolist() == [[1, 0], [1, 0]]
@@ -134,9 +134,9 @@ def test_answer_ends_the_episode_and_prm_plus_outcome_reward(tok):
     answer = env.examples[problem_index(0, 50, 0)]["answer"]
     policy = ScriptedPolicy(tok.encode(f"The answer is {answer}.\n"))
     prm = ProcessRewardModel("tiny-random")
-    envs = StepwiseEnvs(env, tok, num_envs=1, first_env=0, total_envs=1, seed=0, prm=prm,
-                        outcome_reward_coef=2.0)
-    seg = envs.collect(policy, update=0, num_steps=2, max_new_tokens=16, temperature=1.0)
+    envs = StepwiseEnvs(env, num_envs=1, first_env=0, total_envs=1, seed=0)
+    seg = play_segment(envs, policy, tok, update=0, num_steps=2, max_new_tokens=16,
+                       temperature=1.0, prm=prm, outcome_reward_coef=2.0)
     assert seg.texts[0] == f"The answer is {answer}.\n" and seg.dones.tolist() == [[1, 1]]
     assert seg.episodes[0]["correct"] and seg.episodes[0]["steps"] == 1
     # step 0 answers problem 0 correctly; step 1 writes the same text for problem 1 (another answer)
@@ -152,8 +152,8 @@ def test_eos_ends_the_episode_and_grades_what_was_written(tok):
     env = arithmetic(max_steps=5)
     answer = env.examples[problem_index(0, 50, 0)]["answer"]
     policy = ScriptedPolicy(tok.encode(f"It is {answer}") + [tok.eos_token_id])
-    envs = StepwiseEnvs(env, tok, num_envs=1, first_env=0, total_envs=1, seed=0)
-    seg = envs.collect(policy, update=0, num_steps=1, max_new_tokens=16, temperature=1.0)
+    envs = StepwiseEnvs(env, num_envs=1, first_env=0, total_envs=1, seed=0)
+    seg = play_segment(envs, policy, tok, update=0, num_steps=1, max_new_tokens=16, temperature=1.0)
     # graded, but without an answer marker a right number earns nothing (data/README.md, grading
     # policy)
     assert seg.dones.tolist() == [[1]] and seg.rewards.tolist() == [[0.0]]

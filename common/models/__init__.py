@@ -15,7 +15,7 @@ in this order:
     fast/                         the same samples and log-probs, faster (fast/decoding.py first)
     logprobs                      token_logprobs: one forward, the one-token shift, log-softmax,
                                   gather, entropy
-    loading, stepwise             models from names and options, critics; stepwise episodes, the PRM
+    loading, stepwise             models from names and options, critics; lines sampled, the PRM
 """
 
 from common.models.fast.decoding import fast_decoding
@@ -28,15 +28,15 @@ from common.models.loading import (check_model_name, check_teacher, critic_state
 from common.models.sampler import (Decoder, Generation, Rollout, encode_prompts, eos_token_ids,
                                    generate, left_pad, right_pad)
 from common.models.sharding import full_state_dict, unsharded
-from common.models.stepwise import (Episodes, ProcessRewardModel, StepwiseEnvs, load_prm_tokenizer,
-                                    play_episodes, policy_sampler, single_token_id,
-                                    stepwise_system_prompt, trim_left_padding)
+from common.models.stepwise import (Episodes, ProcessRewardModel, load_prm_tokenizer, play_episodes,
+                                    play_segment, policy_sampler, single_token_id,
+                                    trim_left_padding)
 
-__all__ = ["Decoder", "Episodes", "Generation", "ProcessRewardModel", "Rollout", "StepwiseEnvs",
+__all__ = ["Decoder", "Episodes", "Generation", "ProcessRewardModel", "Rollout",
            "backbone_and_head", "batched_token_logprobs", "capture_decoding", "check_model_name",
            "check_teacher", "critic_state", "encode_prompts", "eos_token_ids", "fast_decoding",
            "full_state_dict", "generate", "left_pad", "load_policy", "load_prm_tokenizer",
            "load_reference", "load_tokenizer", "logprobs_from_logits", "make_critic",
-           "max_positions", "play_episodes", "policy_sampler", "reference_policy", "right_pad",
-           "single_token_id", "stepwise_system_prompt", "token_logprobs", "trained_policy",
-           "trim_left_padding", "unsharded"]
+           "max_positions", "play_episodes", "play_segment", "policy_sampler", "reference_policy",
+           "right_pad", "single_token_id", "token_logprobs", "trained_policy", "trim_left_padding",
+           "unsharded"]

@@ -1,12 +1,14 @@
-"""Stepwise episodes: one action is one line of text. For action-level RL (appo.py, tppo.py) a few
-episodes run side by side and carry over from one rollout segment to the next, and a process reward
-model (PRM) can score every step (`StepwiseEnvs`); for reinforce.py --stepwise, k whole episodes per
-problem, with a safe calculator (`play_episodes`). Plumbing only: advantages, losses and updates
-stay in the algorithm files.
+"""Stepwise episodes, the policy's side: one action is one line of text, sampled by the policy.
+For action-level RL (appo.py, tppo.py) `play_segment` plays a segment of the episodes that
+common/env/stepwise.py's `StepwiseEnvs` keeps side by side, and a process reward model (PRM) can
+score every step; for reinforce_stepwise.py, `play_episodes` plays k whole episodes per problem,
+with the env's safe calculator. Plumbing only: advantages, losses and updates stay in the
+algorithm files.
 
     prm = ProcessRewardModel("peiyi9979/math-shepherd-mistral-7b-prm")  # "tiny-random" in tests
-    envs = StepwiseEnvs(env, tokenizer, num_envs=4, first_env=0, total_envs=4, seed=0, prm=prm)
-    segment = envs.collect(policy, update=0, num_steps=8, max_new_tokens=48, temperature=0.7)
+    envs = StepwiseEnvs(env, num_envs=4, first_env=0, total_envs=4, seed=0)
+    segment = play_segment(envs, policy, tokenizer, update=0, num_steps=8, max_new_tokens=48,
+                           prm=prm)
     segment.gen.sequences()  # [obs ; action] of the 4 x 8 transitions; row k * 8 + t: env k, step t
 
 Each step's prompt is the episode so far, re-encoded as text; sampling it with the FastDecoder
@@ -17,22 +19,19 @@ added since the episode's last step.
 import contextlib
 import copy
 import math
-import re
 from dataclasses import dataclass, field
 
 import torch
 
-from common.env.answers import safe_arith
 from common.distributed import sample_seed
-from common.env.math_env import problem_index
+from common.env.stepwise import CALC_SPAN, MAX_CALCS, calculator
 from common.errors import UsageError
-from common.models.fast.prompts import PrefixCache
 from common.models.fast.decoding import fast_decoding
+from common.models.fast.prompts import PrefixCache
 from common.models.hf import position_ids_from_mask
 from common.models.loading import TINY_RANDOM, load_reference, load_tokenizer, tiny_random_model
 from common.models.sampler import (Generation, Rollout, encode_prompts, eos_token_ids, generate,
                                    left_pad, right_pad)
-from common.env.tasks import TASKS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,7 +136,7 @@ class ProcessRewardModel:
 
 
 # ------------------------------------------------------------------------------------------------
-# Parallel stepwise episodes
+# A segment of the episodes that run side by side (appo.py, tppo.py)
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class Segment:
@@ -155,114 +154,59 @@ class Segment:
     indices: list  # [E][T] the problem each step was played on
 
 
-class StepwiseEnvs:
-    """`num_envs` stepwise episodes played side by side (OpenR's vector env). An episode that ends
-    is reset at once on the next problem, and episodes carry over from one segment to the next.
-
-    Under torchrun this rank owns the global envs first_env .. first_env + num_envs - 1 of
-    total_envs. Global env g plays its e-th episode on problem e * total_envs + g of a seeded
-    stream, and samples with a seed made of (seed, env step, g): 1 process and N processes play
-    exactly the same episodes.
-    """
-
-    def __init__(self, env, tokenizer, num_envs, first_env, total_envs, seed, prm=None,
+@torch.no_grad()
+def play_segment(envs, policy, tokenizer, update, num_steps, max_new_tokens, temperature=1.0,
+                 top_p=1.0, autocast=contextlib.nullcontext(), fast=True, prm=None,
                  outcome_reward_coef=0.0):
-        if not env.stepwise:
-            raise ValueError("StepwiseEnvs needs an env made with stepwise=True")
-        # one episode state each, shared problems
-        self.envs = [copy.copy(env) for _ in range(num_envs)]
-        self.tokenizer, self.first, self.total, self.seed = tokenizer, first_env, total_envs, seed
-        self.prm, self.outcome_reward_coef = prm, outcome_reward_coef
-        self.episode = [0] * num_envs  # episodes started by each env
-        # rewards of the running episode, for logging
-        self.step_rewards = [[] for _ in range(num_envs)]
-        self.obs = [self._reset(k) for k in range(num_envs)]
-
-    def _reset(self, k):
-        index = problem_index(self.episode[k] * self.total + self.first + k, len(self.envs[k]),
-                              self.seed)
-        self.episode[k] += 1
-        self.step_rewards[k] = []
-        return self.envs[k].reset(index)
-
-    @torch.no_grad()
-    def collect(self, policy, update, num_steps, max_new_tokens, temperature=1.0, top_p=1.0,
-                autocast=contextlib.nullcontext(), fast=True):
-        """Play num_steps steps in every env with the policy, sampling under `autocast` (--bf16),
-        with the sampler's speedups unless fast is False (--plain); returns a Segment."""
-        E, T, tok = len(self.envs), num_steps, self.tokenizer
-        eos = set(eos_token_ids(policy, tok))
-        obs_ids, actions, logprobs, texts, truncated, indices = (
-            [[None] * T for _ in range(E)] for _ in range(6))
-        rewards, dones = torch.zeros(E, T), torch.zeros(E, T)
-        prm_rewards = torch.full((E, T), math.nan)
-        episodes = []
-        device = next(policy.parameters()).device
-        # an episode's next state is its last one plus the line just sampled: read only the new
-        # tokens (this segment only: the policy's weights change at the next update)
-        prefix_cache = PrefixCache()
-        for t in range(T):
-            prompts = encode_prompts(tok, self.obs)
-            seeds = [sample_seed(self.seed, update * T + t, self.first + k) for k in range(E)]
-            with autocast, fast_decoding(policy, prefix_cache, enabled=fast) as decoder:
-                gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
-                               stop_strings=("\n",), seeds=seeds, decoder=decoder)
-            decoder.remember(gen)
-            correct, cut = torch.zeros(E), torch.zeros(E)
-            for k, env in enumerate(self.envs):
-                keep = gen.response_mask[k].bool()
-                ids, lps = gen.response_ids[k][keep].tolist(), gen.logprobs[k][keep].tolist()
-                obs_ids[k][t], actions[k][t], logprobs[k][t] = prompts[k], ids, lps
-                indices[k][t] = env.index
-                truncated[k][t] = bool(gen.truncated[k])
-                texts[k][t] = tok.decode(ids, skip_special_tokens=True)
-                self.obs[k], rewards[k, t], done, info = env.step(texts[k][t])
-                # the policy closed its reply without the answer phrase:
-                if ids[-1] in eos and not done:
-                    # grade what it wrote
-                    rewards[k, t], info = env.score("\n".join(env.steps), env.index)
-                    env.done = done = True
-                dones[k, t], correct[k] = float(done), float(done and info["correct"])
-                cut[k] = float(info.get("cut", False))
-            # CRUCIAL: the PRM's score of the newest step replaces the env's reward
-            if self.prm is not None:
-                questions = [env.examples[env.index]["question"] for env in self.envs]
-                prm_rewards[:, t] = self.prm(questions, [env.steps for env in self.envs])
-                rewards[:, t] = prm_rewards[:, t] + self.outcome_reward_coef * correct
-            for k, env in enumerate(self.envs):
-                self.step_rewards[k].append(rewards[k, t].item())
-                if dones[k, t]:
-                    example = env.examples[env.index]
-                    episodes.append({"question": example["question"], "answer": example["answer"],
-                                     "response": "\n".join(env.steps), "correct": bool(correct[k]),
-                                     "steps": len(env.steps), "cut": bool(cut[k]),
-                                     "rewards": self.step_rewards[k]})
-                    self.obs[k] = self._reset(k)
-        flat = [(obs_ids[k][t], actions[k][t], logprobs[k][t],
-                 truncated[k][t]) for k in range(E) for t in range(T)]
-        prompt_ids, prompt_mask = left_pad([f[0] for f in flat], tok.pad_token_id)
-        response_ids, response_mask = right_pad([f[1] for f in flat], tok.pad_token_id)
-        truncated = torch.tensor([f[3] for f in flat])  # hit max_new_tokens before a newline or EOS
-        gen = Generation(prompt_ids, prompt_mask, response_ids, response_mask,
-                         right_pad([f[2] for f in flat], 0.0, torch.float)[0], ~truncated,
-                         truncated)
-        gen = Generation(*(x.to(device) for x in vars(gen).values()))
-        return Segment(gen, rewards.to(device), dones.to(device), encode_prompts(tok, self.obs),
-                       prm_rewards.to(device), [x for row in texts for x in row], episodes, indices)
-
-    def state_dict(self):
-        """What --resume needs to continue the running episodes exactly: problem, steps so far,
-        counters."""
-        return [{"episode": self.episode[k], "index": env.index, "steps": list(env.steps),
-                 "step_rewards": list(self.step_rewards[k])} for k, env in enumerate(self.envs)]
-
-    def load_state_dict(self, states):
-        """states: this rank's envs, in order. The running episodes are replayed step by step."""
-        for k, (env, state) in enumerate(zip(self.envs, states)):
-            self.episode[k], self.step_rewards[k] = state["episode"], list(state["step_rewards"])
-            self.obs[k] = env.reset(state["index"])
-            for step in state["steps"]:
-                self.obs[k] = env.step(step)[0]
+    """Play num_steps steps in every env of `envs` (common/env/stepwise.py's StepwiseEnvs) with the
+    policy, sampling under `autocast` (--bf16), with the sampler's speedups unless fast is False
+    (--plain); with a PRM, its score of each step (plus outcome_reward_coef for a right answer) is
+    the step's reward. Each sample's seed is made of (seed, env step, global env): 1 process and N
+    processes play exactly the same episodes. -> a Segment"""
+    E, T, tok = len(envs), num_steps, tokenizer
+    eos = set(eos_token_ids(policy, tok))
+    obs_ids, actions, logprobs, texts, truncated, indices = (
+        [[None] * T for _ in range(E)] for _ in range(6))
+    rewards, dones = torch.zeros(E, T), torch.zeros(E, T)
+    prm_rewards = torch.full((E, T), math.nan)
+    episodes = []
+    device = next(policy.parameters()).device
+    # an episode's next state is its last one plus the line just sampled: read only the new
+    # tokens (this segment only: the policy's weights change at the next update)
+    prefix_cache = PrefixCache()
+    for t in range(T):
+        prompts = encode_prompts(tok, envs.obs)
+        seeds = [sample_seed(envs.seed, update * T + t, envs.first + k) for k in range(E)]
+        with autocast, fast_decoding(policy, prefix_cache, enabled=fast) as decoder:
+            gen = generate(policy, tok, prompts, max_new_tokens, temperature, top_p,
+                           stop_strings=("\n",), seeds=seeds, decoder=decoder)
+        decoder.remember(gen)
+        correct = torch.zeros(E)
+        for k in range(E):
+            keep = gen.response_mask[k].bool()
+            ids, lps = gen.response_ids[k][keep].tolist(), gen.logprobs[k][keep].tolist()
+            obs_ids[k][t], actions[k][t], logprobs[k][t] = prompts[k], ids, lps
+            indices[k][t] = envs.envs[k].index
+            truncated[k][t] = bool(gen.truncated[k])
+            texts[k][t] = tok.decode(ids, skip_special_tokens=True)
+            rewards[k, t], done, correct[k], _ = envs.step(k, texts[k][t], ids[-1] in eos)
+            dones[k, t] = float(done)
+        # CRUCIAL: the PRM's score of the newest step replaces the env's reward
+        if prm is not None:
+            prm_rewards[:, t] = prm(envs.questions(), [env.steps for env in envs.envs])
+            rewards[:, t] = prm_rewards[:, t] + outcome_reward_coef * correct
+        episodes += envs.end_step(rewards[:, t].tolist())
+    flat = [(obs_ids[k][t], actions[k][t], logprobs[k][t],
+             truncated[k][t]) for k in range(E) for t in range(T)]
+    prompt_ids, prompt_mask = left_pad([f[0] for f in flat], tok.pad_token_id)
+    response_ids, response_mask = right_pad([f[1] for f in flat], tok.pad_token_id)
+    truncated = torch.tensor([f[3] for f in flat])  # hit max_new_tokens before a newline or EOS
+    gen = Generation(prompt_ids, prompt_mask, response_ids, response_mask,
+                     right_pad([f[2] for f in flat], 0.0, torch.float)[0], ~truncated,
+                     truncated)
+    gen = Generation(*(x.to(device) for x in vars(gen).values()))
+    return Segment(gen, rewards.to(device), dones.to(device), encode_prompts(tok, envs.obs),
+                   prm_rewards.to(device), [x for row in texts for x in row], episodes, indices)
 
 
 def trim_left_padding(input_ids, attention_mask):
@@ -273,38 +217,9 @@ def trim_left_padding(input_ids, attention_mask):
 
 
 # ------------------------------------------------------------------------------------------------
-# Whole episodes, k per problem, with a calculator (reinforce.py --stepwise: LLM_RL's few-shot
+# Whole episodes, k per problem, with a calculator (reinforce_stepwise.py: LLM_RL's few-shot
 # stepwise math policy)
 # ------------------------------------------------------------------------------------------------
-MAX_CALCS = 4  # calculator interruptions per line, as in the seed
-CALC_SPAN = re.compile(r"<<([^<>\n]*)>>[^<>\n]*$")  # a <<...>> span that the last token closed
-STEP_HINT = " Write one step per line."
-CALC_HINT = (" For a calculation write <<expression>>: a calculator writes its value right after, "
-             "e.g. <<12*7>>84.")
-
-
-def stepwise_system_prompt(task, sym_calc):
-    """The task's system prompt, asking for one step per line and, with the calculator, for its
-    syntax."""
-    if task not in TASKS:
-        return None  # make_env names the registered tasks
-    prompt = TASKS[task].system_prompt
-    prompt += "" if "one step per line" in prompt else STEP_HINT
-    return prompt + (CALC_HINT if sym_calc else "")
-
-
-def calculator(expr):
-    """The text a calculator writes for the inside of <<expr>> or <<expr=...>>: '24', '3.5', '0.33'
-    (2 decimals at most, as the seed rounds), or None if expr is not arithmetic. safe_arith walks an
-    AST whitelist: model text is never run."""
-    value = safe_arith(expr.split("=")[0])
-    if value is None:
-        return None
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.2f}".rstrip("0").rstrip(".")
-
-
 @dataclass
 class Action:
     """One line of a stepwise episode: sampled and calculator tokens in the order the policy saw."""
