@@ -374,8 +374,7 @@ def _not_a_task(task):
 
 
 def _task_of_data(task, path, args, say):
-    """resolve_task's task where there is a data path: the one its first row's fields say, for a
-    file given with the default task or none, or for a hub dataset given as --dataset_name."""
+    """resolve_task's task where a data file or hub dataset is given: its first row's, if asked."""
     keys = {"question": args.question_key, "answer": args.answer_key}
     if Path(path).is_file() and task in (None, "arithmetic"):
         found = detect_task([rename_fields(read_rows(path, "arithmetic")[0], keys)])

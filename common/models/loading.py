@@ -171,8 +171,7 @@ def check_model_name(name, flag="--model_name_or_path"):
 
 
 def _check_model_folder(name, flag):
-    """check_model_name's checks of a name that looks like a local folder: it is one, it holds a
-    config, and its weights files are whole."""
+    """check_model_name's checks, for a name that looks like a local folder."""
     path = Path(name).expanduser()
     examples = ("a hub id such as peiyi9979/math-shepherd-mistral-7b-prm, or 'tiny-random' (a "
                 "test PRM)" if flag == "--prm_model_name_or_path" else
@@ -465,7 +464,7 @@ def trained_policy(args, resume_from, device):
 
 
 def _lora_policy(args, resume_from, device):
-    """trained_policy under --lora_r: the base model, then the adapter (the checkpoint's, or new)."""
+    """trained_policy under --lora_r: the base model, then the checkpoint's adapter or a new one."""
     # the base weights are frozen: bf16 halves them under --bf16
     policy = load_policy(args.model_name_or_path, device=device,
                          dtype=torch.bfloat16 if args.bf16 else torch.float32,

@@ -105,8 +105,8 @@ def _write_checkpoint(path, tmp, model, weights, tokenizer, step, optimizer_stat
 
 
 def _swap_in(tmp, path):
-    """_write_checkpoint's rename for the same step saved again: a swap by renames, so that a
-    whole copy exists at every moment."""
+    """_write_checkpoint's rename where the same step was saved before."""
+    # a swap by renames, so that a whole copy exists at every moment
     old = tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".old")
     os.replace(path, old)
     os.replace(tmp, path)
@@ -171,8 +171,7 @@ def resume_point(output_dir, resume, max_steps, args=None):
 
 
 def _earlier_run(output_dir, found, logs):
-    """resume_point's error without --resume, for a folder that holds an earlier run's checkpoints
-    or logs."""
+    """resume_point's error without --resume, for a folder that holds an earlier run's files."""
     if found:
         return PathError(f"--output_dir {output_dir} already holds {found[0].name} from an "
                          "earlier run: pass --resume to continue it, or another --output_dir "

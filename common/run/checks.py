@@ -236,8 +236,7 @@ def check_output_dir(path, flag="--output_dir"):
 
 
 def _no_folder(flag, path, existing):
-    """check_output_dir's error, for an `existing` that is no folder: a link to nothing, or
-    something else."""
+    """check_output_dir's error, for an `existing` that is no folder (or a link to nothing)."""
     if existing.is_symlink() and not existing.exists():
         return PathError(f"{flag} {path}: {existing} is a symbolic link to "
                          f"{os.readlink(existing)}, which does not exist: make that folder, "

@@ -165,16 +165,21 @@ def open_log(path):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
                      0o644)
     except OSError as e:
-        if kind_of(path) not in (None, "a file"):  # a link, a pipe without a reader, a folder
-            _refuse_log(path)
-        if out_of_room(e, path.parent):
-            raise disk_full(path, e) from None
+        _refuse_unopened(path, e)
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe with a reader, a device
         os.close(fd)
         _refuse_log(path)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "a")
+
+
+def _refuse_unopened(path, error):
+    """open_log's errors, for a path that os.open refused: what is there, or a full disk."""
+    if kind_of(path) not in (None, "a file"):  # a link, a pipe without a reader, a folder
+        _refuse_log(path)
+    if out_of_room(error, path.parent):
+        raise disk_full(path, error) from None
 
 
 def _refuse_log(path):

@@ -184,8 +184,8 @@ class Run:
         self._timeouts = grader_counts()["timeouts"]
 
     def _each_set(self, eval_env):
-        """start's held-out sets under --eval_datasets or --eval_samples: each set on its own, the
-        training task's name standing for eval_env."""
+        """start's held-out sets, under --eval_datasets or --eval_samples."""
+        # each set on its own, the training task's name standing for eval_env
         return ({name: eval_env if env is None else env for name, env in self.eval_sets.items()}
                 or {eval_set_name(self.args.dataset_name): eval_env})
 
@@ -267,8 +267,8 @@ class Run:
             self.logger.log_samples(step, list(samples))
 
     def _fit_micro_batches(self, step):
-        """log's measure, on a GPU without --micro_batch_size, after the first update: its cost
-        sets the micro-batches of the rest (measured once)."""
+        """log's measure, on a GPU without --micro_batch_size, until one update is measured."""
+        # the first update's cost sets the micro-batches of the rest (measured once)
         grads = sum(p.numel() * p.element_size() for module, _ in self.optimizers.values()
                     for p in module.parameters() if p.requires_grad)
         if self.fit.measure(grads):
