@@ -44,12 +44,17 @@ class DistInfo:
 
 
 def init_distributed():
-    """Initialise from the torchrun environment: nccl on CUDA, gloo on CPU, and gloo where ranks
-    share a GPU (more ranks on this machine than GPUs: a check of two processes on one device),
-    since NCCL refuses two ranks on one device."""
+    """This process's rank and device: the only process, or, under torchrun, `_join_torchrun`'s."""
     use_cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:
         return DistInfo(device=torch.device("cuda" if use_cuda else "cpu"))
+    return _join_torchrun(use_cuda)
+
+
+def _join_torchrun(use_cuda):
+    """init_distributed under torchrun: initialise from its environment, nccl on CUDA, gloo on
+    CPU, and gloo where ranks share a GPU (more ranks on this machine than GPUs: a check of two
+    processes on one device), since NCCL refuses two ranks on one device."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun, which is this rank's parent

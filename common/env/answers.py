@@ -63,12 +63,7 @@ def _arith(node: ast.AST, src: str, powers: bool = False) -> Fraction:
         value = _arith(node.operand, src, powers)
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp) and powers and isinstance(node.op, ast.Pow):
-        base, exp = _arith(node.left, src, powers), _arith(node.right, src, powers)
-        digits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 4) * 0.30103
-        # refused before it is built
-        if exp.denominator != 1 or digits * abs(exp) > _MAX_ANSWER_DIGITS + 4:
-            raise ValueError("power too large or not an integer power")
-        return base ** int(exp)
+        return _power(node, src)
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
         value = _ARITH_OPS[type(node.op)](_arith(node.left, src, powers),
                                           _arith(node.right, src, powers))
@@ -77,6 +72,16 @@ def _arith(node: ast.AST, src: str, powers: bool = False) -> Fraction:
             raise ValueError("too large")
         return value
     raise ValueError(f"not arithmetic: {type(node).__name__}")
+
+
+def _power(node: ast.BinOp, src: str) -> Fraction:
+    """_arith's `**`, read in final answers only (powers=True): an integer power of bounded size."""
+    base, exp = _arith(node.left, src, True), _arith(node.right, src, True)
+    digits = max(abs(base.numerator).bit_length(), base.denominator.bit_length(), 4) * 0.30103
+    # refused before it is built
+    if exp.denominator != 1 or digits * abs(exp) > _MAX_ANSWER_DIGITS + 4:
+        raise ValueError("power too large or not an integer power")
+    return base ** int(exp)
 
 
 # ------------------------------------------------------------------------------------------------

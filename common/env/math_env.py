@@ -104,16 +104,19 @@ class MathEnv:
         near = [i for i in indices
                 if frame + len(self.examples[i]["question"].encode("utf-8")) > budget]
         for i, tokens in zip(near, count_tokens([self.prompt(i) for i in near])):
-            if tokens <= budget:
-                continue
-            where = self.examples[i].get("where", f"problem {i}")
-            fix = (f"lower --max_new_tokens to {max_positions - tokens} or less, or shorten the "
-                   "question" if tokens < max_positions else
-                   "shorten the question or drop the row" +
-                   (", or use fewer --num_few_shot examples" if self.few_shot else ""))
-            raise UsageError(f"{where}: the prompt is {tokens:,} tokens, which with "
-                             f"--max_new_tokens {max_new_tokens} passes the {max_positions:,} "
-                             f"positions of {model}: {fix}.")
+            if tokens > budget:
+                raise self._too_long(i, tokens, max_positions, max_new_tokens, model)
+
+    def _too_long(self, i, tokens, max_positions, max_new_tokens, model):
+        """check_prompt_lengths' error, for problem i, whose prompt is `tokens` tokens."""
+        where = self.examples[i].get("where", f"problem {i}")
+        fix = (f"lower --max_new_tokens to {max_positions - tokens} or less, or shorten the "
+               "question" if tokens < max_positions else
+               "shorten the question or drop the row" +
+               (", or use fewer --num_few_shot examples" if self.few_shot else ""))
+        return UsageError(f"{where}: the prompt is {tokens:,} tokens, which with "
+                          f"--max_new_tokens {max_new_tokens} passes the {max_positions:,} "
+                          f"positions of {model}: {fix}.")
 
     def reset(self, index: int | None = None):
         """Start an episode on problem `index` (None: drawn with the env's seeded RNG). Returns the
@@ -163,8 +166,10 @@ class MathEnv:
         """{"rewards/<name>/mean": ...} of the verifier and each --reward_fn over the responses
         graded since the last call (None values left out; NaN where none was graded, so that every
         update and every rank logs the same keys); {} without a --reward_fn."""
-        if not self.reward_funcs:
-            return {}
+        return self._reward_means() if self.reward_funcs else {}
+
+    def _reward_means(self) -> dict:
+        """reward_metrics where there is a --reward_fn: each reward's mean, and the log emptied."""
         names = ["verifier"] + [name for name, _ in self.reward_funcs]
         out = {f"rewards/{name}/mean": sum(values) / len(values) if values else math.nan
                for name in names for values in [self.reward_log.get(name, [])]}
@@ -245,11 +250,16 @@ def _names(benchmark: bool) -> str:
 
 def _task(name: str) -> type[Task]:
     if name not in TASKS:
-        raise UsageError(f"unknown task {name!r}; the tasks are {_names(False)}. For your own "
-                         "data and reward, pass a file with the task whose answers it holds and "
-                         "--reward_fn file.py:name (docs/your_own_task.md). The benchmarks, "
-                         f"evaluated only: {_names(True)}.")
+        raise _unknown_task(name)
     return TASKS[name]
+
+
+def _unknown_task(name):
+    """_task's error, for a name that is no task."""
+    return UsageError(f"unknown task {name!r}; the tasks are {_names(False)}. For your own "
+                      "data and reward, pass a file with the task whose answers it holds and "
+                      "--reward_fn file.py:name (docs/your_own_task.md). The benchmarks, "
+                      f"evaluated only: {_names(True)}.")
 
 
 def verify(task: str, response: str, answer: str) -> float:
@@ -317,11 +327,17 @@ def _check_options(template, system_prompt, num_few_shot, stepwise, step_tag, ma
     if reward_fn is not None and not callable(reward_fn):
         raise ValueError("reward_fn must be a callable reward_fn(example, steps, done) -> float, "
                          "or None")
-    if reward_weights is not None and len(reward_weights) != 1 + len(reward_funcs):
+    if reward_weights is not None:
+        _check_weights(reward_weights, reward_funcs)
+
+
+def _check_weights(reward_weights, reward_funcs):
+    """_check_options' check of --reward_weights, where they are given."""
+    if len(reward_weights) != 1 + len(reward_funcs):
         raise UsageError(f"--reward_weights {' '.join(map(str, reward_weights))}: give "
                          f"{1 + len(reward_funcs)} weights, the verifier's first, then one per "
                          f"--reward_fn ({', '.join(name for name, _ in reward_funcs) or 'none'})")
-    if reward_weights is not None and not all(math.isfinite(w) for w in reward_weights):
+    if not all(math.isfinite(w) for w in reward_weights):
         raise UsageError(f"--reward_weights {' '.join(map(str, reward_weights))}: every weight "
                          "must be a finite number (negative ones are penalties)")
 
@@ -344,19 +360,31 @@ def resolve_task(args, say=print):
     elif task not in TASKS and (Path(task).is_file() or is_hub_id(task)):  # TRL's way: the data
         task, path = None, path or task
     elif task not in TASKS:
-        raise UsageError(f"--dataset_name {task!r}: not a task ({_names(False)}), a MATH "
-                         f"subject ({', '.join(MATH_SUBJECTS)}), a benchmark ({_names(True)}), "
-                         "a data file or a hub dataset id.")
+        raise _not_a_task(task)
+    if path is not None:
+        task = _task_of_data(task, path, args, say)
+    return task, path, subject
+
+
+def _not_a_task(task):
+    """resolve_task's error, for a --dataset_name that names nothing it reads."""
+    return UsageError(f"--dataset_name {task!r}: not a task ({_names(False)}), a MATH "
+                      f"subject ({', '.join(MATH_SUBJECTS)}), a benchmark ({_names(True)}), "
+                      "a data file or a hub dataset id.")
+
+
+def _task_of_data(task, path, args, say):
+    """resolve_task's task where a data file or hub dataset is given: its first row's, if asked."""
     keys = {"question": args.question_key, "answer": args.answer_key}
-    if path is not None and Path(path).is_file() and task in (None, "arithmetic"):
+    if Path(path).is_file() and task in (None, "arithmetic"):
         found = detect_task([rename_fields(read_rows(path, "arithmetic")[0], keys)])
         if task is not None and found != task:
             say(f"{path}: its fields are those of the {found} task, not arithmetic: reading it as "
                 f"{found}")
-        task = found
-    elif task is None:  # a hub dataset named by --dataset_name: its fields decide
-        task = detect_task([rename_fields(load_hub_rows(path, None, "train")[0], keys)])
-    return task, path, subject
+        return found
+    if task is None:  # a hub dataset named by --dataset_name: its fields decide
+        return detect_task([rename_fields(load_hub_rows(path, None, "train")[0], keys)])
+    return task
 
 
 def make_env_options(args, task: str) -> dict:

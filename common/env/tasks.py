@@ -48,7 +48,12 @@ def _field(row: dict, names: tuple, task: str, where: str):
     for name in names:
         if row.get(name) is not None:
             return row[name]
-    raise UsageError(
+    raise _no_field(row, names, task, where)
+
+
+def _no_field(row, names, task, where):
+    """_field's error, for a row that holds none of `names`."""
+    return UsageError(
         f"{where} has no {' / '.join(repr(n) for n in names)} field (fields found: {sorted(row)}). "
         f"The {task} task accepts rows with {TASKS[task].fields}; see data/README.md."
     )
@@ -64,14 +69,19 @@ def _question(row: dict, names: tuple, task: str, where: str) -> str:
     """The question of a row: text, and no longer than MAX_QUESTION_CHARS. Every task reads its
     question here, so that a list or an object never reaches a prompt."""
     question = _field(row, names, task, where)
-    if not isinstance(question, str):
-        raise UsageError(f"{where}: the question is {_kind(question)}, not text; each row's "
-                         f"{' / '.join(repr(n) for n in names)} field must be a string.")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise UsageError(f"{where}: the question has {len(question):,} characters, more than the "
-                         f"{MAX_QUESTION_CHARS:,} a question may have: shorten it or drop the "
-                         "row (is the right field read? --question_key names another).")
+    if not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS:
+        raise _bad_question(question, names, where)
     return question
+
+
+def _bad_question(question, names, where):
+    """_question's error, for a question that is not text or is too long."""
+    if not isinstance(question, str):
+        return UsageError(f"{where}: the question is {_kind(question)}, not text; each row's "
+                          f"{' / '.join(repr(n) for n in names)} field must be a string.")
+    return UsageError(f"{where}: the question has {len(question):,} characters, more than the "
+                      f"{MAX_QUESTION_CHARS:,} a question may have: shorten it or drop the "
+                      "row (is the right field read? --question_key names another).")
 
 
 def _gold(value, where: str) -> str:
@@ -84,9 +94,14 @@ def _gold(value, where: str) -> str:
         return str(value)
     if isinstance(value, float) and math.isfinite(value):
         return format(Decimal(repr(value)), "f")
-    raise UsageError(f"{where}: the gold answer is {_kind(value)}; it must be a string or a finite "
-                     "number. Fix the row, or point --answer_key at the field that holds the "
-                     "answer.")
+    raise _bad_gold(value, where)
+
+
+def _bad_gold(value, where):
+    """_gold's error, for a gold answer that is neither text nor a finite number."""
+    return UsageError(f"{where}: the gold answer is {_kind(value)}; it must be a string or a "
+                      "finite number. Fix the row, or point --answer_key at the field that holds "
+                      "the answer.")
 
 
 def _label(row: dict, name: str, where: str):
@@ -136,24 +151,34 @@ class Task:
         """Refuse a split the task does not have, before any data loads (make_env calls it): a
         benchmark's train split."""
         if cls.benchmark and split != "test":
-            raise UsageError(
-                f"{cls.name} is a benchmark: it is evaluated, not trained on, and has only a test "
-                f"split. Evaluate it during training with --eval_datasets {cls.name}, or "
-                f"afterwards with python eval.py --dataset_name {cls.name}; train on another task "
-                "(e.g. --dataset_name math).")
+            raise cls._only_test()
+
+    @classmethod
+    def _only_test(cls):
+        """check_split's error, for a benchmark's train split."""
+        return UsageError(
+            f"{cls.name} is a benchmark: it is evaluated, not trained on, and has only a test "
+            f"split. Evaluate it during training with --eval_datasets {cls.name}, or "
+            f"afterwards with python eval.py --dataset_name {cls.name}; train on another task "
+            "(e.g. --dataset_name math).")
 
     @classmethod
     def load(cls, split: str, path, seed: int, keys=None, **options) -> list[dict]:
         """Examples from `path` if given (a local file or a hub dataset id), else from the task's
         hub data. keys: {"question": field, "answer": field} of rows whose fields have other
         names."""
-        if path is not None and is_hub_id(path):
+        if path is None or is_hub_id(path):
+            return cls._load_hub(split, path, keys)
+        # "row": the row as the file has it, whose fields a --reward_fn receives; "where": the
+        # words that name it, for messages after loading (common/env/math_env.py)
+        return [{**cls.from_row(rename_fields(row, keys), where), "row": row, "where": where}
+                for where, row in named_rows(path, cls.name)]
+
+    @classmethod
+    def _load_hub(cls, split, path, keys):
+        """Task.load's examples from the hub: the dataset id `path`, or, None, the task's own."""
+        if path is not None:
             name, config, hub_split = str(path), None, split
-        elif path is not None:
-            # "row": the row as the file has it, whose fields a --reward_fn receives; "where": the
-            # words that name it, for messages after loading (common/env/math_env.py)
-            return [{**cls.from_row(rename_fields(row, keys), where), "row": row, "where": where}
-                    for where, row in named_rows(path, cls.name)]
         else:
             name, config, hub_split = cls.hub[split]
         rows = load_hub_rows(name, config, hub_split)
@@ -738,8 +763,13 @@ def load_hub_rows(name, config, split) -> list[dict]:
 def rename_fields(row: dict, keys) -> dict:
     """The row with keys["question"] / keys["answer"] (oat's --input_key / --output_key) copied to
     the names the tasks read."""
-    if not keys:
+    if not keys or all(key is None for key in keys.values()):
         return row
+    return _renamed(row, keys)
+
+
+def _renamed(row, keys):
+    """rename_fields' row, where a --question_key or --answer_key is given."""
     row = dict(row)
     for name, key in keys.items():
         if key is None:
@@ -779,29 +809,39 @@ def _read(path, task):
     """(rows, the line of each row in a .jsonl file, else None each)."""
     path = Path(path)
     if not path.is_file():
-        hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
-        alt = f", or leave path out to load {' / '.join(hub)} from the hub" if hub else ""
-        raise PathError(
-            f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
-            f"path=... (--dataset_path on the command line){alt}."
-        )
+        raise _not_found(path, task)
     lines = None
     try:
         if path.suffix == ".jsonl":
             rows, lines = _jsonl_rows(path)
-        elif path.suffix == ".json":
-            rows = _json_rows(path)
-        elif path.suffix == ".parquet":
-            rows = _parquet_rows(path)
         else:
-            raise UsageError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
-                             ".parquet")
+            rows = _other_rows(path)
     except OSError as e:  # a file it may not read, a folder named x.jsonl...
         raise PathError(f"{path} can't be read ({e.strerror or e}): pass a data file you can "
                         "read.") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
         raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
     return rows, lines or [None] * len(rows)
+
+
+def _not_found(path, task):
+    """_read's error, for a path that is no file."""
+    hub = sorted({name for name, _, _ in TASKS[task].hub.values()})
+    alt = f", or leave path out to load {' / '.join(hub)} from the hub" if hub else ""
+    return PathError(
+        f"dataset file not found: {path}. Pass an existing .jsonl, .json or .parquet file with "
+        f"path=... (--dataset_path on the command line){alt}."
+    )
+
+
+def _other_rows(path):
+    """_read's rows of a file that is not .jsonl: .json, .parquet, or the error of another type."""
+    if path.suffix == ".json":
+        return _json_rows(path)
+    if path.suffix == ".parquet":
+        return _parquet_rows(path)
+    raise UsageError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or "
+                     ".parquet")
 
 
 def _jsonl_rows(path):
@@ -813,16 +853,20 @@ def _jsonl_rows(path):
         for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
             text = raw.removesuffix(b"\n")
             if len(text) > MAX_LINE_BYTES:
-                raise UsageError(f"{path}, line {number}: longer than "
-                                 f"{MAX_LINE_BYTES / 2**20:.3g} MB, the most one row may take; "
-                                 "each line of a .jsonl file is one problem (is this the right "
-                                 "file?).")
+                raise _too_long_line(path, number)
             line = _utf8(text, path, number, offset)
             offset += len(raw)
             if line.strip():
                 rows.append(_json(line, path, number))
                 lines.append(number)
     return rows, lines
+
+
+def _too_long_line(path, number):
+    """_jsonl_rows' error, for a line over MAX_LINE_BYTES."""
+    return UsageError(f"{path}, line {number}: longer than {MAX_LINE_BYTES / 2**20:.3g} MB, the "
+                      "most one row may take; each line of a .jsonl file is one problem (is this "
+                      "the right file?).")
 
 
 def _json_rows(path):
@@ -853,11 +897,15 @@ def _utf8(raw: bytes, path, line=None, offset=0) -> str:
     try:
         return raw[mark:].decode("utf-8")
     except UnicodeDecodeError as e:
-        bad = mark + e.start
-        number = line if line is not None else raw.count(b"\n", 0, bad) + 1
-        raise UsageError(f"{path}, line {number}: not UTF-8 (byte 0x{raw[bad]:02x} at byte "
-                         f"{offset + bad} of the file): save it as UTF-8, e.g. iconv -f latin1 -t "
-                         f"utf-8 {path.name} > fixed{path.suffix}.") from None
+        raise _not_utf8(raw, mark + e.start, path, line, offset) from None
+
+
+def _not_utf8(raw, bad, path, line, offset):
+    """_utf8's error, for raw whose byte `bad` breaks the UTF-8."""
+    number = line if line is not None else raw.count(b"\n", 0, bad) + 1
+    return UsageError(f"{path}, line {number}: not UTF-8 (byte 0x{raw[bad]:02x} at byte "
+                      f"{offset + bad} of the file): save it as UTF-8, e.g. iconv -f latin1 -t "
+                      f"utf-8 {path.name} > fixed{path.suffix}.")
 
 
 class _TooManyDigits(ValueError):
@@ -877,21 +925,26 @@ def _parse_int(digits: str) -> int:
 
 def _json(text: str, path, line=None):
     """text parsed as JSON, or the error naming the line. line: the .jsonl line that text is."""
-    where = f"{path}, line {line}" if line is not None else f"{path}"
     try:
         return json.loads(text, parse_int=_parse_int)
-    except _TooManyDigits as e:
+    except (_TooManyDigits, json.JSONDecodeError, RecursionError) as e:
+        raise _bad_json(e, text, path, line) from None
+
+
+def _bad_json(e, text, path, line):
+    """_json's error, for text that json.loads refused: a long integer, no JSON, or too deep."""
+    if isinstance(e, _TooManyDigits):
         number = line if line is not None else text.count("\n", 0, text.find(e.digits)) + 1
-        raise UsageError(f"{path}, line {number}: an integer of {len(e.digits):,} digits, more "
-                         f"than the {sys.get_int_max_str_digits():,} Python reads from text: "
-                         "write it as a string (in quotes), or drop the row.") from None
-    except json.JSONDecodeError as e:
+        return UsageError(f"{path}, line {number}: an integer of {len(e.digits):,} digits, more "
+                          f"than the {sys.get_int_max_str_digits():,} Python reads from text: "
+                          "write it as a string (in quotes), or drop the row.")
+    if isinstance(e, json.JSONDecodeError):
         number = line if line is not None else e.lineno
         shown = f": {text[:80]!r}. Each line of a .jsonl file is one JSON object" if line else ""
-        raise UsageError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
-                         f"{e.colno}){shown}.") from None
-    except RecursionError:
-        raise UsageError(f"{where}: JSON nested too deeply to be a row of fields.") from None
+        return UsageError(f"{path}, line {number}: not valid JSON ({e.msg}, column "
+                          f"{e.colno}){shown}.")
+    where = f"{path}, line {line}" if line is not None else f"{path}"
+    return UsageError(f"{where}: JSON nested too deeply to be a row of fields.")
 
 
 

@@ -101,8 +101,13 @@ def embedded_tokenizer_dir():
     """Folder with the embedded model's tokenizer only (fast: tiny-random needs it, not the
     weights)."""
     out = cache_dir() / EMBEDDED_MODEL
-    if (out / "tokenizer.json").exists():
-        return out
+    if not (out / "tokenizer.json").exists():
+        _write_embedded_tokenizer(out)
+    return out
+
+
+def _write_embedded_tokenizer(out):
+    """embedded_tokenizer_dir's first call on a machine: the tokenizer, read from the GGUF file."""
     with _file_lock(cache_dir() / ".lock"):
         if not (out / "tokenizer.json").exists():
             from transformers import AutoTokenizer
@@ -119,7 +124,6 @@ def embedded_tokenizer_dir():
                     os.replace(f, out / f.name)
             os.replace(tmp / "tokenizer.json", out / "tokenizer.json")
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def embedded_model_dir():
@@ -162,27 +166,31 @@ def check_model_name(name, flag="--model_name_or_path"):
     flag: the option that named it, for the message (the PRM's is --prm_model_name_or_path)."""
     if name in (EMBEDDED_MODEL, TINY_RANDOM):
         return
-    looks_local = name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1
-    if looks_local:
-        path = Path(name).expanduser()
-        examples = ("a hub id such as peiyi9979/math-shepherd-mistral-7b-prm, or 'tiny-random' (a "
-                    "test PRM)" if flag == "--prm_model_name_or_path" else
-                    f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or {EMBEDDED_MODEL!r} (the "
-                    "offline default)")
-        if not path.is_dir():
-            raise PathError(f"{flag} {name!r}: no such folder. Pass a folder written by "
-                            f"save_pretrained (with config.json), {examples}.")
-        # a --lora_r checkpoint holds an adapter (adapter_config.json), which load_policy merges
-        if not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
-            raise PathError(f"{flag} {name!r} has no config.json. Point it at a checkpoint folder "
-                            "(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run "
-                            "folder itself.")
-        for weights in sorted(path.glob("*.safetensors")):
-            try:
-                check_safetensors(weights)
-            except ValueError as e:
-                raise PathError(f"{flag} {name!r}: {e} (a copy or a save that stopped early?). "
-                                "Copy it again, or pass another checkpoint.") from None
+    if name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1:
+        _check_model_folder(name, flag)
+
+
+def _check_model_folder(name, flag):
+    """check_model_name's checks, for a name that looks like a local folder."""
+    path = Path(name).expanduser()
+    examples = ("a hub id such as peiyi9979/math-shepherd-mistral-7b-prm, or 'tiny-random' (a "
+                "test PRM)" if flag == "--prm_model_name_or_path" else
+                f"a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or {EMBEDDED_MODEL!r} (the "
+                "offline default)")
+    if not path.is_dir():
+        raise PathError(f"{flag} {name!r}: no such folder. Pass a folder written by "
+                        f"save_pretrained (with config.json), {examples}.")
+    # a --lora_r checkpoint holds an adapter (adapter_config.json), which load_policy merges
+    if not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
+        raise PathError(f"{flag} {name!r} has no config.json. Point it at a checkpoint folder "
+                        "(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run "
+                        "folder itself.")
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            check_safetensors(weights)
+        except ValueError as e:
+            raise PathError(f"{flag} {name!r}: {e} (a copy or a save that stopped early?). "
+                            "Copy it again, or pass another checkpoint.") from None
 
 
 def check_safetensors(path):
@@ -392,15 +400,7 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
     if name == TINY_RANDOM:
         model = tiny_random_model().to(dtype)
     elif (Path(name) / "adapter_config.json").is_file():  # a --lora_r checkpoint: merge it
-        from peft import PeftConfig, PeftModel
-
-        base = PeftConfig.from_pretrained(name).base_model_name_or_path
-        if base.startswith("/") and not os.path.isdir(base):  # a checkpoint from another machine
-            raise PathError(f"{name} holds a LoRA adapter on {base}, which is not on this "
-                            f"machine: set base_model_name_or_path in {name}/adapter_config.json "
-                            "to the base model's folder or hub id.")
-        with refuse_code(f"the adapter in {name}", WEIGHTS_FIX):
-            model = PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
+        model = _merged_adapter(name, dtype)
     else:
         # outside the try: PathError is an OSError, and is not the hub's
         with refuse_code(f"the weights file of {name}", WEIGHTS_FIX):
@@ -423,6 +423,19 @@ def load_policy(name, dtype=torch.float32, device="cpu", gradient_checkpointing=
     return model
 
 
+def _merged_adapter(name, dtype):
+    """load_policy of a --lora_r checkpoint: its adapter merged into its base model."""
+    from peft import PeftConfig, PeftModel
+
+    base = PeftConfig.from_pretrained(name).base_model_name_or_path
+    if base.startswith("/") and not os.path.isdir(base):  # a checkpoint from another machine
+        raise PathError(f"{name} holds a LoRA adapter on {base}, which is not on this "
+                        f"machine: set base_model_name_or_path in {name}/adapter_config.json "
+                        "to the base model's folder or hub id.")
+    with refuse_code(f"the adapter in {name}", WEIGHTS_FIX):
+        return PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
+
+
 def load_reference(name, dtype=torch.float32, device="cpu"):
     """A frozen copy of the starting policy, for KL penalties."""
     model = load_policy(name, dtype=dtype, device=device)
@@ -435,15 +448,8 @@ def trained_policy(args, resume_from, device):
     """The policy a file trains, from the checkpoint it resumes or the starting model: whole, or
     LoRA adapters on frozen weights (--lora_r: the base model, then the adapter); the same on every
     rank (broadcast from rank 0), then sharded by FSDP2 under --fsdp."""
-    if args.lora_r:  # the base weights are frozen: bf16 halves them under --bf16
-        policy = load_policy(args.model_name_or_path, device=device,
-                             dtype=torch.bfloat16 if args.bf16 else torch.float32,
-                             gradient_checkpointing=args.gradient_checkpointing)
-        # `is None`, not `or`: a --lora_alpha 0 once became 2 * lora_r here (checks.py refuses it)
-        alpha = 2 * args.lora_r if args.lora_alpha is None else args.lora_alpha
-        with refuse_code(f"the adapter in {resume_from}", WEIGHTS_FIX):
-            policy = add_lora(policy, args.lora_r, alpha, args.lora_target_modules,
-                              base_model_path(args.model_name_or_path), resume_from)
+    if args.lora_r:
+        policy = _lora_policy(args, resume_from, device)
     else:
         policy = load_policy(str(resume_from or args.model_name_or_path), device=device,
                              gradient_checkpointing=args.gradient_checkpointing)
@@ -452,9 +458,22 @@ def trained_policy(args, resume_from, device):
         shard(policy, decoder_layers(policy), args.bf16)
     if args.compile:
         compile_decoding(policy)
-    elif args.cuda_graphs:
-        capture_decoding(policy)  # on a GPU; a CPU decodes as before
+    elif args.cuda_graphs and device.type == "cuda":  # a CPU decodes as before
+        capture_decoding(policy)
     return policy
+
+
+def _lora_policy(args, resume_from, device):
+    """trained_policy under --lora_r: the base model, then the checkpoint's adapter or a new one."""
+    # the base weights are frozen: bf16 halves them under --bf16
+    policy = load_policy(args.model_name_or_path, device=device,
+                         dtype=torch.bfloat16 if args.bf16 else torch.float32,
+                         gradient_checkpointing=args.gradient_checkpointing)
+    # `is None`, not `or`: a --lora_alpha 0 once became 2 * lora_r here (checks.py refuses it)
+    alpha = 2 * args.lora_r if args.lora_alpha is None else args.lora_alpha
+    with refuse_code(f"the adapter in {resume_from}", WEIGHTS_FIX):
+        return add_lora(policy, args.lora_r, alpha, args.lora_target_modules,
+                        base_model_path(args.model_name_or_path), resume_from)
 
 
 def reference_policy(args, policy, device):

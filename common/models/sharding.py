@@ -193,8 +193,13 @@ def clip_grad_norm(model, max_norm) -> float:
 def full_state_dict(model, all_ranks=False):
     """The whole state dict (every rank takes part in the gathers under --fsdp). Sharded, it goes
     to rank 0's CPU memory, other ranks get {}; all_ranks: every rank gets it, on its device."""
-    if not is_sharded(model):
-        return model.state_dict()
+    if is_sharded(model):
+        return _gathered_state_dict(model, all_ranks)
+    return model.state_dict()
+
+
+def _gathered_state_dict(model, all_ranks):
+    """full_state_dict of a sharded model: gathered from the ranks' shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
@@ -211,8 +216,13 @@ def untied(model, state):
 
 def optimizer_state(model, optimizer):
     """The optimizer's state as optimizer.state_dict() gives it for a whole model."""
-    if not is_sharded(model):
-        return optimizer.state_dict()
+    if is_sharded(model):
+        return _gathered_optimizer_state(model, optimizer)
+    return optimizer.state_dict()
+
+
+def _gathered_optimizer_state(model, optimizer):
+    """optimizer_state of a sharded model: gathered from the ranks' shards, to rank 0's CPU."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     return get_optimizer_state_dict(model, optimizer,

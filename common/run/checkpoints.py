@@ -54,9 +54,7 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
     if dist.is_initialized():  # every rank stops, not only the one that looked
         bad = all_gather_objects(bad)[0]
     if bad:
-        raise NonFiniteError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds "
-                             "NaN or inf. "
-                             f"The previous checkpoint is intact; --resume continues from it.")
+        raise _nan_error(path, bad)
     if not main:
         return
     # a full disk is one line that says so (disk_room); the unfinished folder goes, so that the
@@ -78,6 +76,12 @@ def save_checkpoint(path, model, tokenizer, step, optimizers=None, extra=None, m
         raise
 
 
+def _nan_error(path, bad):
+    """save_checkpoint's error, for weights or extra state that hold NaN or inf (`bad`)."""
+    return NonFiniteError(f"not writing {path}: {bad[0]} ({len(bad)} tensors in all) holds NaN or "
+                          "inf. The previous checkpoint is intact; --resume continues from it.")
+
+
 def _write_checkpoint(path, tmp, model, weights, tokenizer, step, optimizer_states, extra,
                       merge_base, algorithm):
     """save_checkpoint's files, written into the new folder `tmp`, then renamed to `path`."""
@@ -94,14 +98,19 @@ def _write_checkpoint(path, tmp, model, weights, tokenizer, step, optimizer_stat
     (tmp / "manifest.json").write_text(json.dumps(sizes, indent=1))
     if path.is_symlink():  # planted while the run went: the link goes, never what it names
         path.unlink()
-    # the same step saved again: swap by renames, so that a whole copy exists at every moment
     if path.exists():
-        old = tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".old")
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old)
+        _swap_in(tmp, path)
     else:
         os.replace(tmp, path)
+
+
+def _swap_in(tmp, path):
+    """_write_checkpoint's rename where the same step was saved before."""
+    # a swap by renames, so that a whole copy exists at every moment
+    old = tempfile.mkdtemp(dir=path.parent, prefix=f"{path.name}.", suffix=".old")
+    os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old)
 
 
 def _save_merged(base_name, adapter_dir, tokenizer):
@@ -146,31 +155,39 @@ def load_trainer_state(path):
 
 def resume_point(output_dir, resume, max_steps, args=None):
     """(start_step, checkpoint folder, trainer state): where a run starts, decided before any model
-    loads.
-
-    Without --resume a folder that already holds checkpoints, or the logs of a run killed before
-    its first checkpoint, is an error (a later --resume would mix two runs; the logs would be
-    lost). With --resume: the newest complete checkpoint, falling back past a corrupt one with a
-    message; none at all starts from update 0, said plainly (the logger keeps the earlier lines
-    aside); a checkpoint beyond --max_steps is an error; one at --max_steps means the run is
-    finished, and the process exits. Under torchrun every rank must find the same checkpoint
-    (same_checkpoint_on_every_rank). args: the run's options, which the checkpoint must suit
-    (check_resumable)."""
+    loads. Without --resume a folder that already holds checkpoints, or the logs of a run killed
+    before its first checkpoint, is an error (a later --resume would mix two runs; the logs would
+    be lost); with --resume, `_resumed` finds it. args: the run's options, which the checkpoint
+    must suit (check_resumable)."""
     check_run_folder(output_dir)
     found = checkpoints(output_dir)
-    if not resume:
-        if found:
-            raise PathError(f"--output_dir {output_dir} already holds {found[0].name} from an "
-                            "earlier run: pass --resume to continue it, or another --output_dir "
-                            "for a new run.")
-        logs = [name for name in LOG_FILES
-                if (Path(output_dir) / name).exists() and (Path(output_dir) / name).stat().st_size]
-        if logs:
-            raise PathError(f"--output_dir {output_dir} holds the logs of an earlier run "
-                            f"({', '.join(logs)}) but no checkpoint: pass another --output_dir for "
-                            "a new run, or --resume to start again from update 0 with those logs "
-                            "kept aside.")
-        return 0, None, None
+    if resume:
+        return _resumed(output_dir, found, max_steps, args)
+    logs = [name for name in LOG_FILES
+            if (Path(output_dir) / name).exists() and (Path(output_dir) / name).stat().st_size]
+    if found or logs:
+        raise _earlier_run(output_dir, found, logs)
+    return 0, None, None
+
+
+def _earlier_run(output_dir, found, logs):
+    """resume_point's error without --resume, for a folder that holds an earlier run's files."""
+    if found:
+        return PathError(f"--output_dir {output_dir} already holds {found[0].name} from an "
+                         "earlier run: pass --resume to continue it, or another --output_dir "
+                         "for a new run.")
+    return PathError(f"--output_dir {output_dir} holds the logs of an earlier run "
+                     f"({', '.join(logs)}) but no checkpoint: pass another --output_dir for "
+                     "a new run, or --resume to start again from update 0 with those logs "
+                     "kept aside.")
+
+
+def _resumed(output_dir, found, max_steps, args):
+    """resume_point with --resume: the newest complete checkpoint, falling back past a corrupt one
+    with a message; none at all starts from update 0, said plainly (the logger keeps the earlier
+    lines aside); a checkpoint beyond --max_steps is an error; one at --max_steps means the run is
+    finished, and the process exits. Under torchrun every rank must find the same checkpoint
+    (same_checkpoint_on_every_rank)."""
     path, state = _newest_complete(found)
     same_checkpoint_on_every_rank(output_dir, path)
     if path is None:
@@ -201,21 +218,26 @@ def check_run_folder(output_dir):
     if not folder.is_dir():
         return
     for entry in sorted(folder.iterdir()):
-        checkpoint = re.fullmatch(r"checkpoint-\d+(\..*)?", entry.name)
-        written = entry.name in RUN_FILES or checkpoint
-        if entry.is_symlink() and written:  # a checkpoint-best -> checkpoint-20 of yours may stay
-            raise PathError(f"--output_dir {output_dir}: {entry.name} there is a symbolic link (to "
-                            f"{os.readlink(entry)}), and a run follows no link in its folder: "
-                            f"remove it (rm {entry}), or pass another --output_dir.")
-        # folders: tb/ and checkpoint-N/ (a leftover checkpoint-N.x.tmp of any kind is removed
-        # or passed over by the next save); files: args.json and the logs
-        folder_kind = entry.name == "tb" or (checkpoint and not checkpoint.group(1))
-        want = "a folder" if folder_kind else "a file" if entry.name in RUN_FILES else None
-        kind = kind_of(entry)
-        if want and kind != want:
-            raise PathError(f"--output_dir {output_dir}: {entry.name} there is {kind}, where a run "
-                            f"writes {want} of that name: remove it (rm -r {entry}), or pass "
-                            "another --output_dir.")
+        _check_entry(output_dir, entry)
+
+
+def _check_entry(output_dir, entry):
+    """check_run_folder's check of one entry the folder holds."""
+    checkpoint = re.fullmatch(r"checkpoint-\d+(\..*)?", entry.name)
+    written = entry.name in RUN_FILES or checkpoint
+    if entry.is_symlink() and written:  # a checkpoint-best -> checkpoint-20 of yours may stay
+        raise PathError(f"--output_dir {output_dir}: {entry.name} there is a symbolic link (to "
+                        f"{os.readlink(entry)}), and a run follows no link in its folder: "
+                        f"remove it (rm {entry}), or pass another --output_dir.")
+    # folders: tb/ and checkpoint-N/ (a leftover checkpoint-N.x.tmp of any kind is removed
+    # or passed over by the next save); files: args.json and the logs
+    folder_kind = entry.name == "tb" or (checkpoint and not checkpoint.group(1))
+    want = "a folder" if folder_kind else "a file" if entry.name in RUN_FILES else None
+    kind = kind_of(entry)
+    if want and kind != want:
+        raise PathError(f"--output_dir {output_dir}: {entry.name} there is {kind}, where a run "
+                        f"writes {want} of that name: remove it (rm -r {entry}), or pass "
+                        "another --output_dir.")
 
 
 def check_resumable(path, state, args):

@@ -146,20 +146,24 @@ def check_ranges(args):
     number, whether or not a range names it: the check covers an option added later too
     (--temperature inf would sample from a flat distribution, and the run would exit 0). eval.py's
     options too."""
-    defaults = defaults_of(args)
     for name, (low, high, brackets) in RANGES.items():
         value = getattr(args, name, None)
         if value is not None and not in_range(value, low, high, brackets):
             raise UsageError(f"--{name} {value}: must be {range_text(low, high, brackets)} "
-                             f"{default_text(defaults[name])}.")
+                             f"{default_text(defaults_of(args)[name])}.")
     for f in fields(args):
         value = getattr(args, f.name)
         numbers = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in numbers) \
                 and f.name not in RANGES:  # those in RANGES passed, inf allowed (max_grad_norm)
-            shown = " ".join(map(str, numbers)) if isinstance(value, (list, tuple)) else value
-            raise UsageError(f"--{f.name} {shown}: must be a finite number "
-                             f"{default_text(defaults[f.name])}.")
+            raise _not_finite(args, f.name, value)
+
+
+def _not_finite(args, name, value):
+    """check_ranges' error, for an option outside RANGES that holds NaN or inf."""
+    shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+    return UsageError(f"--{name} {shown}: must be a finite number "
+                      f"{default_text(defaults_of(args)[name])}.")
 
 
 def defaults_of(args):
@@ -203,10 +207,15 @@ def check_rollout_size(args, world_size):
         sizes = f"--num_envs {args.num_envs} x --num_steps {args.num_steps}"
     tokens = rows * (args.max_new_tokens or 1)  # appo, tppo: None is a task's own, at most 96
     if rows > MOST_ROWS or tokens > MOST_TOKENS:
-        raise UsageError(f"{sizes} over {world_size} process(es) is {rows} sequences a rank, "
-                         f"{tokens} new tokens with --max_new_tokens {args.max_new_tokens}: one "
-                         f"rank's rollout holds at most {MOST_ROWS} sequences and {MOST_TOKENS} "
-                         "tokens, so lower them, or run on more processes.")
+        raise _too_large(sizes, world_size, rows, tokens, args.max_new_tokens)
+
+
+def _too_large(sizes, world_size, rows, tokens, max_new_tokens):
+    """check_rollout_size's error, for a rollout beyond MOST_ROWS or MOST_TOKENS."""
+    return UsageError(f"{sizes} over {world_size} process(es) is {rows} sequences a rank, "
+                      f"{tokens} new tokens with --max_new_tokens {max_new_tokens}: one "
+                      f"rank's rollout holds at most {MOST_ROWS} sequences and {MOST_TOKENS} "
+                      "tokens, so lower them, or run on more processes.")
 
 
 def check_output_dir(path, flag="--output_dir"):
@@ -217,19 +226,23 @@ def check_output_dir(path, flag="--output_dir"):
     # the first of the path and its parents that is there: lexists, so that a link to nothing
     # (which mkdir would fail on, with a traceback) is found and said
     existing = next(p for p in [path, *path.parents] if os.path.lexists(p))
-    if existing.is_symlink() and not existing.exists():
-        raise PathError(f"{flag} {path}: {existing} is a symbolic link to {os.readlink(existing)}, "
-                        "which does not exist: make that folder, remove the link, or pass "
-                        "another path.")
     if not existing.is_dir():
-        raise PathError(f"{flag} {path}: {existing} is {kind_of(existing.resolve())}, not a "
-                        "folder; pass a folder (it is created if missing).")
+        raise _no_folder(flag, path, existing)
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
         raise PathError(f"{flag} {path} can't be written ({e.strerror or e} in {existing}): "
-                        "pass a folder "
-                        f"you can write to.") from None
+                        "pass a folder you can write to.") from None
+
+
+def _no_folder(flag, path, existing):
+    """check_output_dir's error, for an `existing` that is no folder (or a link to nothing)."""
+    if existing.is_symlink() and not existing.exists():
+        return PathError(f"{flag} {path}: {existing} is a symbolic link to "
+                         f"{os.readlink(existing)}, which does not exist: make that folder, "
+                         "remove the link, or pass another path.")
+    return PathError(f"{flag} {path}: {existing} is {kind_of(existing.resolve())}, not a "
+                     "folder; pass a folder (it is created if missing).")
 
 
 def check_rewards(rewards, step, task, problems):

@@ -165,16 +165,21 @@ def open_log(path):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
                      0o644)
     except OSError as e:
-        if kind_of(path) not in (None, "a file"):  # a link, a pipe without a reader, a folder
-            _refuse_log(path)
-        if out_of_room(e, path.parent):
-            raise disk_full(path, e) from None
+        _refuse_unopened(path, e)
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe with a reader, a device
         os.close(fd)
         _refuse_log(path)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "a")
+
+
+def _refuse_unopened(path, error):
+    """open_log's errors, for a path that os.open refused: what is there, or a full disk."""
+    if kind_of(path) not in (None, "a file"):  # a link, a pipe without a reader, a folder
+        _refuse_log(path)
+    if out_of_room(error, path.parent):
+        raise disk_full(path, error) from None
 
 
 def _refuse_log(path):
@@ -202,12 +207,16 @@ def report_end(first_acc, final_acc, path, adapter=False):
     """The last line of a run: held-out accuracy before and after, and where the policy went."""
     accuracy = " -> ".join(f"{a:.3f}" for a in (first_acc, final_acc) if a is not None)
     # the exact call that loads it, so that a reader can paste it; eval.py takes either folder
-    loads = (f"a LoRA adapter: peft.AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) loads "
-             f"it with its base, python eval.py --model_name_or_path {path} evaluates it"
-             if adapter else f"transformers.AutoModelForCausalLM.from_pretrained({str(path)!r}) "
-             "loads it")
+    loads = (_adapter_loads(path) if adapter else
+             f"transformers.AutoModelForCausalLM.from_pretrained({str(path)!r}) loads it")
     print0(f"held-out greedy accuracy {accuracy or 'not measured'}; policy saved to {path} "
            f"({loads})")
+
+
+def _adapter_loads(path):
+    """report_end's words for a LoRA policy: the calls that load and evaluate its adapter."""
+    return (f"a LoRA adapter: peft.AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) loads "
+            f"it with its base, python eval.py --model_name_or_path {path} evaluates it")
 
 
 class Logger:
@@ -251,12 +260,14 @@ class Logger:
         except ImportError:  # an optional extra: the jsonl logs hold the same numbers
             print0("TensorBoard logs are not written: tensorboard is not installed (pip install -r "
                    "requirements-extra.txt)")
-        self.wandb = None
-        if args.track:
-            import wandb
-
-            self.wandb = wandb.init(project=args.wandb_project, name=self.dir.name, config=config)
+        self.wandb = self._wandb_run(args, config) if args.track else None
         self.warned, self.kl_history = set(), []
+
+    def _wandb_run(self, args, config):
+        """--track: the Weights & Biases run that every logged line goes to as well."""
+        import wandb
+
+        return wandb.init(project=args.wandb_project, name=self.dir.name, config=config)
 
     def log(self, step, metrics):
         """One JSON line per update in metrics.jsonl."""
@@ -276,19 +287,24 @@ class Logger:
         usual = sorted(history)[len(history) // 2] if len(history) >= 5 else None
         far = usual is not None and kl is not None and kl > max(0.05, 10 * usual)
         if kl is not None and (not math.isfinite(kl) or kl > 1.0 or far):
-            self._warn_once("approx_kl",
-                            f"warning: approx_kl is {kl:.4g} at update {step} (usually "
-                            f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far "
-                            "from the one that "
-                            f"sampled, a sign of divergence; consider a lower --learning_rate.")
+            self._warn_once("approx_kl", self._far_from_sampler(kl, step, usual))
         elif kl is not None:
             self.kl_history.append(kl)
         if entropy is not None and entropy < 1e-3:
-            self._warn_once("entropy",
-                            f"warning: the policy's entropy collapsed to {entropy:.2g} at update "
-                            f"{step}: "
-                            "its samples are (nearly) all the same, so they carry little learning "
-                            "signal.")
+            self._warn_once("entropy", self._collapsed(entropy, step))
+
+    @staticmethod
+    def _far_from_sampler(kl, step, usual):
+        """_watch's warning, for an approx_kl that says the policy moved far."""
+        return (f"warning: approx_kl is {kl:.4g} at update {step} (usually "
+                f"{'n/a' if usual is None else f'{usual:.3g}'}): the policy moved far from the one "
+                "that sampled, a sign of divergence; consider a lower --learning_rate.")
+
+    @staticmethod
+    def _collapsed(entropy, step):
+        """_watch's warning, for an entropy that collapsed to about 0."""
+        return (f"warning: the policy's entropy collapsed to {entropy:.2g} at update {step}: its "
+                "samples are (nearly) all the same, so they carry little learning signal.")
 
     def _warn_once(self, kind, text):
         if kind not in self.warned:
@@ -347,12 +363,17 @@ def _set_aside(path):
     """Rename a non-empty log to the first free name.k.jsonl, and start an empty one."""
     refuse_special(path)
     if path.exists() and path.stat().st_size:
-        k = 1
-        while os.path.lexists(aside := path.with_name(f"{path.stem}.{k}{path.suffix}")):
-            k += 1
-        os.replace(path, aside)
-        print0(f"{path.name}: the earlier run's lines are kept in {aside.name}")
+        _keep_aside(path)
     open_log(path).close()
+
+
+def _keep_aside(path):
+    """_set_aside's rename, for a log that an earlier run left lines in."""
+    k = 1
+    while os.path.lexists(aside := path.with_name(f"{path.stem}.{k}{path.suffix}")):
+        k += 1
+    os.replace(path, aside)
+    print0(f"{path.name}: the earlier run's lines are kept in {aside.name}")
 
 
 def _keep_lines_up_to(path, step):

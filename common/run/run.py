@@ -171,10 +171,7 @@ class Run:
         args = self.args
         self.policy, self.tokenizer, self.eval_env = policy, tokenizer, eval_env
         if eval_env is not None and (args.eval_samples or self.eval_sets):
-            # each set on its own, the training task's name standing for eval_env
-            self.eval_sets = ({name: eval_env if env is None else env
-                               for name, env in self.eval_sets.items()}
-                              or {eval_set_name(args.dataset_name): eval_env})
+            self.eval_sets = self._each_set(eval_env)
         self.respond = respond
         self.optimizers, self.extra_state = optimizers, extra_state or (lambda: None)
         self.eval_max_new_tokens = eval_max_new_tokens or args.max_new_tokens
@@ -185,6 +182,12 @@ class Run:
         self.logger = Logger(args, self.start_step, enabled=self.is_main)
         self.first_acc = self.evaluate(0) if args.eval_on_start and self.start_step == 0 else None
         self._timeouts = grader_counts()["timeouts"]
+
+    def _each_set(self, eval_env):
+        """start's held-out sets, under --eval_datasets or --eval_samples."""
+        # each set on its own, the training task's name standing for eval_env
+        return ({name: eval_env if env is None else env for name, env in self.eval_sets.items()}
+                or {eval_set_name(self.args.dataset_name): eval_env})
 
     def schedule(self, num_problems, per_update):
         """(max_steps, warmup_steps) once the data is read: --num_train_epochs and --warmup_ratio,
@@ -254,20 +257,24 @@ class Run:
         the mean of every rank's micro-batch `stats` (`stat_keys` logged as NaN where no micro-batch
         measured them), and the steps the guard skipped. Every --log_interval updates (and after the
         first) `samples` go to samples.jsonl."""
-        # the first update's cost sets the micro-batches of the rest (measured once)
         if self.fit is not None and self.fit.tokens is None:
-            grads = sum(p.numel() * p.element_size() for module, _ in self.optimizers.values()
-                        for p in module.parameters() if p.requires_grad)
-            if self.fit.measure(grads):
-                self.print(f"micro-batches of up to {self.fit.tokens} tokens from update "
-                           f"{step + 1} on: {self.fit.fraction:.0%} of free GPU memory "
-                           "(--micro_batch_size sets a number of rows)")
+            self._fit_micro_batches(step)
         metrics = {**all_reduce_mean(metrics, self.device),
                    **all_reduce_stats(stats, stat_keys, self.device)}
         metrics["skipped_steps"] = self.guard.pop()
         self.logger.log(step, metrics)
         if step % self.args.log_interval == 0 or step == 1:
             self.logger.log_samples(step, list(samples))
+
+    def _fit_micro_batches(self, step):
+        """log's measure, on a GPU without --micro_batch_size, until one update is measured."""
+        # the first update's cost sets the micro-batches of the rest (measured once)
+        grads = sum(p.numel() * p.element_size() for module, _ in self.optimizers.values()
+                    for p in module.parameters() if p.requires_grad)
+        if self.fit.measure(grads):
+            self.print(f"micro-batches of up to {self.fit.tokens} tokens from update "
+                       f"{step + 1} on: {self.fit.fraction:.0%} of free GPU memory "
+                       "(--micro_batch_size sets a number of rows)")
 
     def evaluate(self, step):
         """Greedy held-out accuracy of the policy (None without a held-out env), logged; with
