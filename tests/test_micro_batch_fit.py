@@ -80,6 +80,8 @@ class NoRoom(FakeMemory):
 FILES = {"grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "ppo": ["--num_prompts", "4", "--num_generations", "2"],
          "reinforce": ["--num_prompts", "2", "--num_generations", "4"],
+         "reinforce_stepwise": ["--num_prompts", "2", "--num_generations", "2",
+                                "--max_episode_steps", "2"],
          "online_dpo": ["--num_prompts", "4"],
          "tools": ["--num_prompts", "2", "--num_generations", "4"],
          "async_grpo": ["--num_prompts", "2", "--num_generations", "4"],
