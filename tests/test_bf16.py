@@ -23,6 +23,8 @@ import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = {"grpo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
          "reinforce": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
+         "reinforce_stepwise": ["--num_prompts", "2", "--num_generations", "2",
+                                "--max_episode_steps", "2", "--micro_batch_size", "2"],
          "ppo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
          "appo": ["--num_envs", "2", "--num_steps", "2", "--num_mini_batches", "2",
                   "--micro_batch_size", "1", "--critic_hidden_size", "16", "--critic_num_layers", "1"],
