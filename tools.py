@@ -1,38 +1,41 @@
-"""Multi-turn tool use: GRPO over responses that call tools, the tools' tokens out of the loss.
-Docs: docs/tools.md
+"""Multi-turn tool use: GRPO over responses that call tools, the tools' tokens out of
+the loss. Docs: docs/tools.md
 
-Papers: ToRL (Li et al. 2025, arXiv:2503.23383) and ReTool (Feng et al. 2025, arXiv:2504.11536),
-GRPO-style RL over responses with tool calls in them; the loss is grpo.py's (DeepSeekMath, Shao et
-al. 2024, arXiv:2402.03300), as TRL's GRPOTrainer computes it with `tools=`.
+Papers: ToRL (Li et al. 2025, arXiv:2503.23383) and ReTool (Feng et al. 2025,
+arXiv:2504.11536): GRPO over responses with tool calls in them; the loss is
+grpo.py's, as TRL's GRPOTrainer computes it with `tools=`.
 
-The model writes; when it closes a call, `<calc>214 + 23 * 105</calc>`, sampling stops, the tool
-runs (common/env/toolbox.py) and its answer is put after the call as token ids,
-`<output>2629</output>`; sampling resumes after it, for up to --max_turns turns of the model. One
-response is then
-    o_i = [model ids, tool ids, model ids, ...]    m_it = 1 on the model's ids, 0 on the tool's
-and, with A_i the group advantage of the final answer's reward, exactly as grpo.py:
-    L = agg_it [ m_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i) + beta KL_it ]
+The model writes; when it closes a call, `<calc>214 + 23 * 105</calc>`,
+sampling stops, the tool runs (common/env/toolbox.py) and its answer goes
+after the call as token ids, `<output>2629</output>`; sampling resumes after
+it, for up to --max_turns turns of the model. One response is then
+    o_i = [model ids, tool ids, model ids, ...]    m_it = 1 on the model's ids
+and, with A_i the group advantage of the final answer's reward, as in grpo.py:
+    L = agg_it [ m_it * -min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i)
+                 + beta KL_it ]
 Two details make or break it:
-- which tokens train: the tool's ids get m_it = 0 (TRL's tool_mask, verl's response_mask): the model
-  did not choose them, so their log-probs must not move, yet they stay in the sequence, where the
-  model reads them;
-- which ids the trainer sees: token in, token out. The training sequence is exactly the ids that
-  were sampled plus the tool's ids, never the transcript decoded and tokenised again (which can
-  split a word differently and train the model on tokens it never drew).
-The reward grades the model's own text only: a tool's output is not the model's answer.
+- which tokens train: the tool's ids get m_it = 0 (TRL's tool_mask, verl's
+  response_mask): the model did not choose them, so their log-probs must not
+  move, yet they stay in the sequence, where the model reads them;
+- which ids the trainer sees: token in, token out. The training sequence is
+  the ids that were sampled plus the tool's ids, never the transcript decoded
+  and tokenised again (which can split a word differently: tokens the model
+  never drew).
+The reward grades the model's own text only: a tool's output is not its
+answer.
 
 Simplified versus the papers and TRL:
-- tools are a few whitelisted functions (a calculator, sympy's solve, simplify, factor), called with
-  a tag of their own, not JSON in the chat template's tool format;
-- one process both samples and learns, with the HF model and a KV-cached sampling loop (no vLLM);
-- each turn is sampled again from its whole context (no cache kept across a tool call).
+- a few whitelisted tools (a calculator, sympy's solve, simplify, factor),
+  called with a tag of their own, not JSON in the chat template's tool format;
+- one process samples and learns, with the HF model (no vLLM);
+- each turn is sampled again from its whole context (no cache across a call).
 
 Launch:
-    python tools.py --difficulty 6             # CPU, offline: SmolLM2-135M-Instruct, a calculator
-    python tools.py --difficulty 6 --tools none   # the same run without a tool, to compare
+    python tools.py --difficulty 6      # CPU, offline: SmolLM2-135M, a calculator
+    python tools.py --difficulty 6 --tools none   # the same without a tool
     python tools.py --tools calc,solve,factor --dataset_name math --max_new_tokens 256
-    torchrun --nproc_per_node 8 tools.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
-        --dataset_name gsm8k --bf16 --num_prompts 64
+    torchrun --nproc_per_node 8 tools.py --bf16 --num_prompts 64 \\
+        --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset_name gsm8k
 """
 
 import time
@@ -42,11 +45,12 @@ from typing import Literal, Optional
 import torch
 
 from common import UsageError, all_reduce_sum, sample_seed
-from common.env import (find_call, make_envs, output_text, parse_tools, prompt_indices, run_tool,
-                        show_tools, stop_strings)
+from common.env import (find_call, make_envs, output_text, parse_tools, prompt_indices,
+                        run_tool, show_tools, stop_strings)
 from common.models import (Generation, Rollout, batched_token_logprobs, encode_prompts,
-                           eos_token_ids, fast_decoding, generate, left_pad, load_tokenizer,
-                           reference_policy, right_pad, token_logprobs, trained_policy, unsharded)
+                           eos_token_ids, fast_decoding, generate, left_pad,
+                           load_tokenizer, reference_policy, right_pad, token_logprobs,
+                           trained_policy, unsharded)
 from common.rl import kl_estimate, masked_mean, mismatch_stats
 from common.run import Run, TrainArgs, check_unused, parse_args
 
@@ -55,9 +59,9 @@ from common.run import Run, TrainArgs, check_unused, parse_args
 class Args(TrainArgs):
     # ---- optimisation
     learning_rate: float = 5e-6
-    """AdamW learning rate of the policy (docs/grpo.md#results: why not 2e-5)"""
+    """AdamW learning rate (docs/grpo.md#results: why not 2e-5)"""
     lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
-    """schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
+    """schedule after the warmup (but constant, down to 0 at the end)"""
     warmup_steps: int = 0
     """updates of linear learning-rate warmup"""
     warmup_ratio: Optional[float] = None
@@ -67,16 +71,14 @@ class Args(TrainArgs):
     max_steps: int = 20
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
-    """when given, max_steps covers this many passes over the training problems"""
+    """when given, max_steps covers this many passes over the problems"""
     micro_batch_size: Optional[int] = None
-    """sequences per forward/backward; gradients accumulate over micro-batches (default 8; on a GPU
-    without --fsdp, 8 in the first update, then what half of the free memory holds)"""
+    """sequences per forward and backward (8; on a GPU, what fits)"""
     seed: int = 0
-    """seeds prompt order, sampling and model init: runs are reproducible"""
+    """seeds prompt order, sampling and model init"""
     # ---- sampling
     max_new_tokens: int = 96  # new to tools: the tools' tokens count
-    """response length limit, in tokens: the model's and the tools' together (TRL's
-    max_completion_length)"""
+    """response length limit, in tokens, the tools' too (TRL's max_completion_length)"""
     temperature: float = 0.7
     """sampling temperature (also applied to the training log-probs)"""
     top_p: float = 1.0
@@ -89,89 +91,94 @@ class Args(TrainArgs):
     num_ppo_epochs: int = 1
     """passes over each rollout batch"""
     num_mini_batches: int = 1
-    """optimizer steps per pass: the rollout batch is shuffled and cut into this many"""
+    """optimizer steps per pass over the shuffled batch"""
     epsilon: float = 0.2
     """clip range of the ratio"""
     beta: float = 0.0
-    """weight of the KL to the frozen reference (0: no reference is loaded)"""
+    """weight of the KL to the frozen reference (0: none is loaded)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """per-token estimate of the KL: k1 log-ratio, k2 its square / 2, k3 the GRPO paper's"""
+    """per-token estimate of the KL (k3: the GRPO paper's)"""
     kl_penalty: Literal["loss", "reward"] = "loss"
     """where the KL enters: a loss term per token, or a cost in the reward"""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
-    """how per-token losses are aggregated, by TRL GRPOTrainer's names (see the docstring)"""
+    """how per-token losses are aggregated, by TRL's names (see the docstring)"""
     # ---- the tools
     tools: str = "calc"  # new to tools: what the model may call
-    """the tools, a comma list of calc, solve, simplify, factor (common/env/toolbox.py), or none"""
+    """the tools, a comma list of calc, solve, simplify, factor
+    (common/env/toolbox.py), or none"""
     max_turns: int = 3  # new to tools: TRL's max_tool_calling_iterations + 1
-    """turns of the model in one response at most: max_turns - 1 tool calls are answered"""
+    """the model's turns in a response at most: max_turns - 1 calls are answered"""
 
 
 def check_args(args, world_size):
-    """This file's own option errors, each with its fix, before any model loads (Run checks the
-    shared ones of common/run/checks.py first)."""
+    """This file's own option errors, each with its fix, before any model loads."""
     if args.num_generations < 2:
-        raise UsageError("--num_generations must be >= 2: the group baseline needs two samples.")
+        raise UsageError("--num_generations must be >= 2: the group baseline needs "
+                         "two samples.")
     try:  # new to tools: every name known
         parse_tools(args.tools)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_unused(args, [("max_turns", args.tools.strip() != "none", "--tools naming a tool")])
+    check_unused(args, [("max_turns", args.tools.strip() != "none",
+                         "--tools naming a tool")])
 
 
-# ------------------------------------------------------------------------------------------------
-# Rollout: turns of the model, with the tools' answers between them
-# ------------------------------------------------------------------------------------------------
+# ---- Rollout: turns of the model, with the tools' answers between them
 @dataclass
 class ToolRollout(Rollout):
-    tool_mask: torch.Tensor  # [N, R] TRL's name: 1 on the model's own tokens, 0 on the tools'
+    tool_mask: torch.Tensor  # [N, R] 1 on the model's tokens (TRL's name)
     calls: torch.Tensor  # [N] tool calls in each response
-    failures: torch.Tensor  # [N] of them, the calls whose tool answered with an error
+    failures: torch.Tensor  # [N] of them, the calls answered with an error
 
 
 def turn_seed(seed, turn):
-    """The sampling seed of one response's turn: the first turn's is the response's own, so that a
-    response with no tool call is the one grpo.py samples."""
+    """A response's seed for one turn: the first turn's is the response's own, so
+    that a response with no tool call is the one grpo.py samples."""
     return seed if turn == 0 else sample_seed(seed, turn, 0)
 
 
 def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
-    """Multi-turn responses to `prompts` (token-id lists): sample until EOS, the token budget or a
-    closed tool call; run the tool and append its answer AS TOKEN IDS; sample again from the whole
-    context. -> (Generation of every row's ids, tool_mask [N, R], the model's own texts, calls [N],
-    failures [N]). The Generation's response_mask is 1 on the tools' tokens too (the model reads
-    them); its log-probs are 0 there."""
+    """Multi-turn responses to `prompts` (token-id lists): sample until EOS, the
+    budget or a closed tool call; append the tool's answer AS TOKEN IDS; sample
+    again from the whole context. -> (Generation, tool_mask [N, R], the model's own
+    texts, calls [N], failures [N]). The Generation's response_mask is 1 on the
+    tools' tokens too (the model reads them), its log-probs 0 there."""
     n, budget, tools = len(prompts), args.max_new_tokens, parse_tools(args.tools)
     eos = set(eos_token_ids(policy, tokenizer))
-    ids = [[] for _ in range(n)]  # each response so far: the model's ids and the tools', in order
+    ids = [[] for _ in range(n)]  # the model's ids and the tools', in order
     own = [[] for _ in range(n)]  # 1 on the model's ids, 0 on the tools'
-    logprobs = [[] for _ in range(n)]  # the sampler's log-prob of each of the model's ids
+    logprobs = [[] for _ in range(n)]  # the sampler's, of the model's ids
     calls, failures, ended = [0] * n, [0] * n, [False] * n
     active = list(range(n))  # the rows still writing
     for turn in range(args.max_turns):
-        # the last turn's call would go unanswered: it samples on to EOS or the budget
+        # the last turn samples on, as its call would go unanswered
         stops = stop_strings(tools) if turn < args.max_turns - 1 else ()
         room = [budget - len(ids[i]) for i in active]
-        # CRUCIAL: token in, token out: the context is the ids as they are, never re-tokenised text
+        # CRUCIAL: token in, token out: the ids, never re-tokenised text
+        contexts = [prompts[i] + ids[i] for i in active]
+        turn_seeds = [turn_seed(seeds[i], turn) for i in active]
         with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
-            gen = generate(policy, tokenizer, [prompts[i] + ids[i] for i in active], max(room),
-                           temperature, args.top_p, stop_strings=stops,
-                           seeds=[turn_seed(seeds[i], turn) for i in active], decoder=decoder)
+            gen = generate(policy, tokenizer, contexts, max(room), temperature,
+                           args.top_p, stop_strings=stops, seeds=turn_seeds,
+                           decoder=decoder)
         still = []
         for j, (i, sampled) in enumerate(zip(active, gen.completion_ids())):
-            new = sampled[:room[j]]  # the budget is per row: a row that had a tool answer has less
+            new = sampled[:room[j]]  # a row with a tool answer has less room
             ids[i] += new
             own[i] += [1] * len(new)
             logprobs[i] += gen.logprobs[j, :len(new)].tolist()
             ended[i] = bool(new) and new[-1] in eos
-            # a call is closed where the stop string, not EOS or the budget, ended the turn
+            # closed if the stop string, not EOS or the budget, ended the turn
             closed = bool(stops) and bool(gen.finished[j]) and not ended[i]
-            call = find_call(tokenizer.decode(new), tools) if closed and new == sampled else None
-            if call is None:  # EOS, the budget, or the last turn: the response is done
+            call = None
+            if closed and new == sampled:
+                call = find_call(tokenizer.decode(new), tools)
+            if call is None:  # done at EOS, the budget or the last turn
                 continue
-            answer = run_tool(*call)  # never raises: an error is a text the model reads
-            calls[i], failures[i] = calls[i] + 1, failures[i] + answer.startswith("error:")
-            # CRUCIAL: the tool's ids go in with mask 0: the model reads them, it did not pick them
+            answer = run_tool(*call)  # an error is a text the model reads
+            calls[i] += 1
+            failures[i] += answer.startswith("error:")
+            # CRUCIAL: the tool's ids go in with mask 0: the model did not pick them
             out = tokenizer.encode(output_text(answer), add_special_tokens=False)
             out = out[:budget - len(ids[i])]
             ids[i] += out
@@ -191,69 +198,70 @@ def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
                      right_pad(logprobs, 0.0, torch.float)[0], finished, ~finished)
     gen = Generation(*(x.to(device) for x in vars(gen).values()))
     # the reward reads what the model wrote, not what a tool answered
-    texts = [tokenizer.decode([t for t, m in zip(row, keep) if m], skip_special_tokens=True)
+    texts = [tokenizer.decode([t for t, m in zip(row, keep) if m],
+                              skip_special_tokens=True)
              for row, keep in zip(ids, own)]
     return gen, tool_mask.to(device), texts, torch.tensor(calls), torch.tensor(failures)
 
 
-def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args, autocast):
-    """This rank's share (local_prompts from the first) of the num_prompts problems at `position` of
-    the prompt stream: sample G responses for each and grade them. Each response's seed follows its
-    global sample index, so 1 process and N processes draw the same samples."""
+def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
+            autocast):
+    """G responses to each of this rank's problems of update `position`, graded. A
+    response's seed follows its global index: N processes draw what 1 does."""
     G = args.num_generations
     problems = prompt_indices(position, args.num_prompts, len(env), args.seed)
     problems = problems[first_prompt:first_prompt + local_prompts]
     seeds = [sample_seed(args.seed, position, first_prompt * G + k)
              for k in range(local_prompts * G)]
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
-    prompts = [p for p in prompts for _ in range(G)]  # consecutive rows share a prompt
-    # new to tools: turns of the model with the tools' answers between them; under FSDP2 the whole
-    # weights for every turn (ranks take different numbers of turns)
+    prompts = [p for p in prompts for _ in range(G)]  # a group's rows in a row
+    # new to tools: turns of the model, the tools' answers between them; under FSDP2
+    # the whole weights for every turn (ranks take different numbers of turns)
     with unsharded(policy):
-        gen, tool_mask, texts, calls, failures = play(policy, tokenizer, prompts, seeds, args,
-                                                      args.temperature, autocast)
-    # (reward, info): the verifier, plus your own --reward_fn rewards
-    graded = env.score_all(texts, [p for p in problems for _ in range(G)], gen.completion_ids())
-    scores = torch.tensor([reward for reward, _ in graded], device=gen.response_ids.device)
-    correct = torch.tensor([float(info["correct"]) for _, info in graded], device=scores.device)
-    # new to tools: the tool mask, the calls and their failures come with the rollout
-    return ToolRollout(gen, texts, scores, correct, problems, tool_mask, calls, failures)
+        gen, tool_mask, texts, calls, failures = play(
+            policy, tokenizer, prompts, seeds, args, args.temperature, autocast)
+    graded = env.score_all(texts, [p for p in problems for _ in range(G)],
+                           gen.completion_ids())
+    device = gen.response_ids.device
+    scores = torch.tensor([reward for reward, _ in graded], device=device)
+    correct = torch.tensor([float(info["correct"]) for _, info in graded],
+                           device=device)
+    # new to tools: the tool mask, the calls and their failures
+    return ToolRollout(gen, texts, scores, correct, problems, tool_mask, calls,
+                       failures)
 
 
-# ------------------------------------------------------------------------------------------------
-# Advantages
-# ------------------------------------------------------------------------------------------------
+# ---- Advantages
 def kl_penalised(scores, kl, response_mask, beta):
-    """--kl_penalty reward: each response's score minus beta times its summed per-token KL. [N]"""
-    return scores if kl is None else scores - beta * (kl * response_mask.float()).sum(1)
+    """--kl_penalty reward: each score minus beta times its summed KL. [N]"""
+    if kl is None:
+        return scores
+    return scores - beta * (kl * response_mask.float()).sum(1)
 
 
 def group_advantages(rewards, group_size, scale=True):
-    """[N * G] rewards -> [N * G] advantages: each response against the others of its group. Dr.GRPO
-    (scale=False) keeps the std out: it up-weights questions whose rewards barely vary."""
-    r = rewards.view(-1, group_size)  # [N, G]: consecutive rows form a group
+    """[N * G] rewards -> advantages, each against its own group. Dr.GRPO's
+    (scale=False) keeps out the std, which up-weights groups that barely vary."""
+    r = rewards.view(-1, group_size)  # [N, G]
     advantages = r - r.mean(dim=1, keepdim=True)
-    if scale:  # a group of equal rewards gets 0; the std is unbiased, as torch and TRL take it
+    if scale:  # the unbiased std, as torch and TRL take it
         advantages = advantages / (r.std(dim=1, keepdim=True) + 1e-4)
     return advantages.reshape(-1)
 
 
-# ------------------------------------------------------------------------------------------------
-# Loss
-# ------------------------------------------------------------------------------------------------
+# ---- Loss
 def loss_normaliser(loss_mask, args, world_size):
-    """The denominator of a whole minibatch, fixed before micro-batching so that the micro-batch
-    losses sum to the minibatch loss (1 x 8 and 8 x 1 give the same gradient). loss_mask [n, R]:
-    the tokens that count."""
-    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()  # a dropped group's count nowhere
+    """A minibatch's denominator, fixed before micro-batching, so that 1 x 8 and 8 x 1
+    give the same gradient. loss_mask [n, R]: the tokens that count."""
+    sequences = (loss_mask.sum(1) > 0).sum().clamp(min=1).item()
     if args.loss_type == "grpo":
         return float(sequences)
     if args.loss_type == "bnpo":
-        return loss_mask.sum().clamp(min=1).item()  # tokens in this rank's minibatch
+        return loss_mask.sum().clamp(min=1).item()  # this rank's tokens
     if args.loss_type == "dapo":
-        # tokens in the global minibatch, per rank: after gradients are averaged over ranks this is
-        # a token mean over everything every rank generated.
-        return (all_reduce_sum(loss_mask.sum().float()) / world_size).clamp(min=1).item()
+        # once the gradients are averaged over ranks: a mean over every rank's tokens
+        tokens = all_reduce_sum(loss_mask.sum().float())
+        return (tokens / world_size).clamp(min=1).item()
     if args.loss_type == "dr_grpo":
         return float(sequences * args.max_new_tokens)
     raise ValueError(f"unknown loss_type {args.loss_type!r}")
@@ -262,178 +270,188 @@ def loss_normaliser(loss_mask, args, world_size):
 def aggregate(per_token, mask, loss_type, normaliser):
     """[b, R] per-token losses -> this micro-batch's share of the minibatch loss."""
     if loss_type == "grpo":
-        # CRUCIAL: each sequence is a mean over its own tokens: long and short answers weigh alike.
-        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / normaliser
+        # CRUCIAL: a mean over each sequence's own tokens: long and short weigh alike
+        per_sequence = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return per_sequence.sum() / normaliser
     return (per_token * mask).sum() / normaliser
 
 
 def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
                 ref_logprobs=None):
-    """Clipped surrogate per token.
-    loss_mask [b, R]: the tokens that count; ref_logprobs [b, R] adds the KL term (None: no KL in
-    the loss); logprobs, old_logprobs: [b, R]."""
+    """The clipped surrogate. logprobs, old_logprobs, loss_mask: [b, R];
+    ref_logprobs [b, R] adds the KL term (None: no KL in the loss)."""
     mask = loss_mask.float()
-    log_ratio = logprobs - old_logprobs  # [b, R]
+    log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)  # [b, R]
-    low, high = 1 - args.epsilon, 1 + args.epsilon  # the clip range
-    # every token of a response shares its advantage: [b] -> [b, 1]
-    advantages = advantages[:, None]
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))  # [b, R]
+    low, high = 1 - args.epsilon, 1 + args.epsilon
+    advantages = advantages[:, None]  # [b, 1]: a response's tokens share it
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))
     per_token = pg_loss
-    if ref_logprobs is not None:  # the KL as a loss term, differentiated through log pi
-        kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)  # [b, R]
+    if ref_logprobs is not None:
+        kl = kl_estimate(logprobs, ref_logprobs, args.kl_estimator)
         per_token = per_token + args.beta * kl
     loss = aggregate(per_token, mask, args.loss_type, normaliser)
     with torch.no_grad():
-        clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
+        clipped = (((ratio < low) & (advantages < 0))
+                   | ((ratio > high) & (advantages > 0)))
+        # approx_kl is how far the policy moved from the one that sampled
+        approx_kl = kl_estimate(old_logprobs, logprobs, "k3")
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
-                 # how far the policy moved from the one that sampled (pi_old)
-                 "approx_kl": masked_mean(kl_estimate(old_logprobs, logprobs, "k3"), mask).item(),
+                 "approx_kl": masked_mean(approx_kl, mask).item(),
                  "pg_loss": masked_mean(pg_loss, mask).item()}
         if ref_logprobs is not None:
             stats["kl_ref"] = masked_mean(kl, mask).item()
     return loss, stats
 
 
-# ------------------------------------------------------------------------------------------------
-# Main: setup -> models -> update loop (rollout, advantages, update) -> logging, eval, checkpoints
-# ------------------------------------------------------------------------------------------------
+# ---- Main: setup, models, then each update's rollout, advantages, update, logs
 def main(args):
-    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
-    # bad task or data file fails at once; where the run starts
+    # TRY NOT TO MODIFY: processes, option checks, the seed; the env before any
+    # model, so that a bad task or data file fails at once
     run = Run(args, check_args)
-    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
+    # ---- derived options: the only lines that change args after parsing
     env, eval_env = make_envs(args, say=run.print)
-    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
+    args.dataset_name, args.dataset_path = env.source
     tools = parse_tools(args.tools)  # new to tools: ("calc",) by default
-    for e in (env, eval_env):  # new to tools: the prompts name them and show one call
+    # new to tools: the prompts name the tools and show one call
+    for e in (env, eval_env):
         show_tools(e, tools, args.num_few_shot)
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
-    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch
 
     local_prompts, G = args.num_prompts // run.world, args.num_generations
     N = local_prompts * G  # samples per rank per update
-    run.print(f"GRPO with tools ({', '.join(tools) or 'none'}, {args.max_turns} turns) | "
-              f"{run.world} process(es) on {run.device} | {args.num_prompts} prompts x {G} "
-              f"samples per update ({N} per rank) | {args.num_ppo_epochs} epoch(s) x "
-              f"{args.num_mini_batches} minibatch(es) of micro-batches of {args.micro_batch_size} "
-              f"| {len(env)} problems | {args.max_steps} updates")
+    run.print(f"GRPO with tools ({', '.join(tools) or 'none'}, {args.max_turns} "
+              f"turns) | {run.world} process(es) on {run.device} | "
+              f"{args.num_prompts} prompts x {G} samples | {args.num_ppo_epochs} "
+              f"epoch(s) x {args.num_mini_batches} minibatch(es) | {len(env)} "
+              f"problems | {args.max_steps} updates")
     start_step, resume_from = run.resume_point()
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
-    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    ref_policy = reference_policy(args, policy, run.device) if args.beta > 0 else None
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
-                                  lr=args.learning_rate, weight_decay=0.0)
-    if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
+    run.check_prompts(tokenizer, env, eval_env)
+    policy = trained_policy(args, resume_from, run.device)
+    ref_policy = None
+    if args.beta > 0:
+        ref_policy = reference_policy(args, policy, run.device)
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=0.0)
+    if args.offload_optimizer:
         optimizer = run.offload_optimizer(policy, optimizer)
 
     # new to tools: the held-out evaluation answers greedily, with the tools
     def respond(prompts):
-        gen, _, texts, _, _ = play(policy, tokenizer, prompts, [0] * len(prompts), args, 0.0,
-                                   run.autocast)
+        gen, _, texts, _, _ = play(policy, tokenizer, prompts, [0] * len(prompts),
+                                   args, 0.0, run.autocast)
         return texts, gen.truncated.tolist()
 
-    # TRY NOT TO MODIFY: a resumed run's optimizer state, the logs, the accuracy before training
-    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},  # new to tools:
+    # TRY NOT TO MODIFY: a resumed run's optimizers, the logs, the first evaluation
+    # new to tools: the evaluation's respond
+    run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)},
               respond=respond)
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        # ---- rollout: G responses to each of this rank's problems of the update, graded
-        first_prompt = run.rank * local_prompts  # this rank's share of the update's problems
-        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts, args,
-                        run.autocast)
-        run.check_rewards(batch.scores, step + 1, batch.problems)  # NaN or inf: the run stops
+        # ---- rollout: G responses to each of this rank's problems, graded
+        first_prompt = run.rank * local_prompts
+        batch = rollout(policy, tokenizer, env, step, first_prompt, local_prompts,
+                        args, run.autocast)
+        run.check_rewards(batch.scores, step + 1, batch.problems)
         gen, scores = batch.gen, batch.scores
         input_ids, attention_mask = gen.sequences()  # [N, P + R]
-        # new to tools: every token is the model's or the tools', and only the model's count
-        response_mask = gen.response_mask  # new to tools: [N, R] the model's and the tools'
-        own_mask = response_mask * batch.tool_mask  # new to tools: [N, R] the model's own
-        mask = own_mask.float()  # new to tools: the same, for the statistics
+        response_mask = gen.response_mask  # [N, R]
+        # new to tools: the model's own tokens; response_mask holds the tools' too
+        own_mask = response_mask * batch.tool_mask
+        mask = own_mask.float()  # new to tools: the model's own tokens
         R = response_mask.shape[1]
         t_rollout = time.time() - t0
 
-        # ---- log-probs of the behaviour policy and of the reference, before any update
-        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
+        # ---- log-probs of the behaviour policy and of the reference
+        micro_batch = run.micro_batch_size(*input_ids.shape)
         old_logprobs, ref_logprobs, kl = None, None, None
         with run.autocast:
-            # one pass of one minibatch: pi_old is the policy itself, detached in the loss
+            # with one pass of one minibatch pi_old is the policy, detached
             if args.num_ppo_epochs > 1 or args.num_mini_batches > 1:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, micro_batch,
-                                                      fast=not args.plain)
+                old_logprobs = batched_token_logprobs(
+                    policy, gen, args.temperature, micro_batch, fast=not args.plain)
             if ref_policy is not None:
-                ref_logprobs = batched_token_logprobs(ref_policy, gen, args.temperature,
-                                                      micro_batch, fast=not args.plain)
-        if ref_logprobs is not None and args.kl_penalty == "reward":  # a cost in the reward
-            # under the sampler's log-probs: a number, not a function of the weights
-            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)  # [N, R]
+                ref_logprobs = batched_token_logprobs(
+                    ref_policy, gen, args.temperature, micro_batch,
+                    fast=not args.plain)
+        if ref_logprobs is not None and args.kl_penalty == "reward":
+            # CRUCIAL: from the sampler's log-probs, the KL is a number, not a
+            # function of the weights
+            kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)
             ref_logprobs = None
 
         # ---- advantages: each response's reward against its group's
-        rewards = kl_penalised(scores, kl, own_mask, args.beta)  # new to tools: the model's KL
-        advantages = group_advantages(rewards, G, scale=args.loss_type != "dr_grpo")  # [N]
-        zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)  # [N]
-        # new to tools: CRUCIAL, the tools' tokens are out of the loss (TRL: completion_mask *
-        # tool_mask)
+        # new to tools: the KL of the model's own tokens
+        rewards = kl_penalised(scores, kl, own_mask, args.beta)  # [N]
+        advantages = group_advantages(rewards, G, args.loss_type != "dr_grpo")
+        zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)
+        # new to tools: CRUCIAL: the tools' tokens are out of the loss
         loss_mask = own_mask  # [N, R] the tokens that count in the loss
 
-        # ---- update: num_ppo_epochs passes of num_mini_batches optimizer steps, over micro-batches
+        # ---- update: epochs of minibatches, an optimizer step each
         lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
-        for batch_rows in run.minibatches(N, step):  # seeded: a resumed run takes the same
+        for batch_rows in run.minibatches(N, step):
             normaliser = loss_normaliser(loss_mask[batch_rows], args, run.world)
             optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
+            for rows in batch_rows.split(micro_batch):
                 with run.autocast:
-                    logprobs, entropy = token_logprobs(policy, input_ids[rows],
-                                                       attention_mask[rows], R, args.temperature,
-                                                       fast=not args.plain)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
+                    logprobs, entropy = token_logprobs(
+                        policy, input_ids[rows], attention_mask[rows], R,
+                        args.temperature, fast=not args.plain)
+                old = logprobs.detach()
+                if old_logprobs is not None:
+                    old = old_logprobs[rows]
                 ref = None if ref_logprobs is None else ref_logprobs[rows]
-                loss, loss_stats = policy_loss(logprobs, old, advantages[rows], loss_mask[rows],
-                                               normaliser, args, ref)
+                loss, loss_stats = policy_loss(logprobs, old, advantages[rows],
+                                               loss_mask[rows], normaliser, args, ref)
                 loss.backward()
                 total_loss += loss.item()
-                stats.append({**loss_stats, **mismatch_stats(old, gen.logprobs[rows], mask[rows]),
-                              "entropy": masked_mean(entropy.detach(), mask[rows]).item()})
-            # what DDP does: the mean of every rank's gradient; then the clip
-            grad_norms.append(run.sync_gradients(policy))
-            if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips the step
+                loss_stats["entropy"] = masked_mean(entropy.detach(), mask[rows]).item()
+                stats.append({**loss_stats,
+                              **mismatch_stats(old, gen.logprobs[rows], mask[rows])})
+            grad_norms.append(run.sync_gradients(policy))  # DDP's mean, the clip
+            if run.guard.ok(total_loss, grad_norms[-1]):  # a NaN or inf skips it
                 optimizer.step()
-        # the rollout has no use for gradients: freed here, not at the next update's start
+        # the rollout has no use for gradients: freed now
         optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
-        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints
         n_tokens = own_mask.sum().item()  # new to tools: what the model wrote
         metrics = {
             "reward/mean": scores.mean().item(),
             "reward/std": scores.std(unbiased=False).item(),
             "reward/grader_timeouts": run.grader_timeouts() / N,
-            **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
+            **env.reward_metrics(),
             "accuracy": batch.correct.mean().item(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "zero_std_frac": zero_std.float().mean().item(),
-            # new to tools: TRL's names; calls per response, and the share of calls that failed
+            # new to tools: TRL's names: calls a response, the share that failed
             "tools/call_frequency": batch.calls.float().mean().item(),
             "tools/failure_frequency": (batch.failures.sum()
                                         / batch.calls.sum().clamp(min=1)).item(),
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
-            "time/rollout_s": t_rollout, "time/update_s": t_update,
+            "lr": lr,
+            "tokens_per_s": n_tokens * run.world / t_rollout,
+            "time/rollout_s": t_rollout,
+            "time/update_s": t_update,
         }
         if kl is not None:
-            metrics["kl_ref"] = masked_mean(kl, mask).item()  # per token
-        transcripts = gen.completion_ids()  # new to tools: the samples show the tools' answers
+            metrics["kl_ref"] = masked_mean(kl, mask).item()
+        transcripts = gen.completion_ids()  # new to tools: with the tools' answers
         # new to tools: each response decoded with the tools' answers in it
         samples = [{**env.sample_fields(batch.problems[k // G]),
-                    "response": tokenizer.decode(transcripts[k], skip_special_tokens=True),
+                    "response": tokenizer.decode(transcripts[k],
+                                                 skip_special_tokens=True),
                     "reward": scores[k].item(), "advantage": advantages[k].item()}
                    for k in range(0, N, max(1, N // 8))]
         run.log(step + 1, metrics, stats, samples)

@@ -82,8 +82,10 @@ BUGS = {
         "tests/test_tppo.py::test_both_losses_are_token_means_over_the_minibatch"),
     "teacher_at_another_temperature": (
         "distill.py",
-        "                        teacher, input_ids[rows], attention_mask[rows], R, args.temperature,",
-        "                        teacher, input_ids[rows], attention_mask[rows], R, 1.0,",
+        "                        teacher, input_ids[rows], attention_mask[rows], R,\n"
+        "                        args.temperature,",
+        "                        teacher, input_ids[rows], attention_mask[rows], R,\n"
+        "                        1.0,",
         "tests/test_distill.py::"
         "test_a_run_whose_teacher_is_the_student_measures_a_kl_of_0_and_moves_no_weight"),
     "tool_answers_in_the_loss": (
