@@ -628,7 +628,7 @@ def test_a_planted_change_to_a_region_of_main_or_a_field_of_args_fails():
 
     sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
     # the update loop's micro-batch statistics, in the region from the log-probs to the logging
-    line = '"entropy": masked_mean(entropy.detach(), mask[rows]).item()})'
+    line = 'loss_stats["entropy"] = masked_mean(entropy.detach(), mask[rows]).item()'
     assert sources["dapo"].count(line) == 1
     planted = dict(sources, dapo=sources["dapo"].replace(line, line.replace("mask[rows]",
                                                                             "mask")))
