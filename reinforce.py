@@ -1,7 +1,7 @@
 """REINFORCE with a KL-regularised return and a baseline. Docs: docs/reinforce.md
 
-Paper: Williams 1992 (REINFORCE), as LLM_RL's "REINFORCE stable" does it, with the
-leave-one-out baseline of RLOO (Ahmadian et al. 2024). Stepwise: reinforce_stepwise.py.
+Paper: Williams 1992, as LLM_RL's "REINFORCE stable" does it, with RLOO's
+leave-one-out baseline (Ahmadian et al. 2024). Stepwise: reinforce_stepwise.py.
 
 Sample k responses per prompt, grade each with the task's verifier, and push up the
 log-probability of each by how much its KL-regularised return beats a baseline:
@@ -72,7 +72,7 @@ class Args(TrainArgs):
     num_generations: int = 8
     """G: responses sampled per prompt (the group)"""
     baseline: Literal["none", "mean", "rloo"] = "rloo"
-    """what each return is measured against: none (the seed), the batch mean, or rloo"""
+    """what each return is measured against: none (the seed), the mean, or rloo"""
     beta: float = 0.05
     """weight of the KL to the frozen reference (0: none is loaded)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -127,36 +127,36 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
 
 # ---- Advantages
 def sequence_logprobs(logprobs, mask, length_normalize):
-    """[b, R] token log-probs (or KLs) -> [b]: their sum, or the seed's mean."""
+    """[b, R] log-probs (or KLs) -> [b]: their sum, or the seed's mean."""
     total = (logprobs * mask).sum(1)  # [b]
     return total / mask.sum(1).clamp(min=1) if length_normalize else total
 
 
 def kl_regularised_returns(rewards, kl, beta):
     """rewards, kl: [N], per response -> returns [N], G = r - beta KL."""
-    # CRUCIAL: the KL, a number without gradients, enters as a reward: pure REINFORCE
+    # CRUCIAL: the KL enters as a number, without a gradient: pure REINFORCE
     return rewards - beta * kl
 
 
 def compute_baselines(episode_returns, group_size, baseline):
-    """[N] returns G_0 of groups of k = group_size in a row -> [N] baselines."""
+    """[N] returns G_0, k = group_size a prompt in a row -> [N] baselines."""
     if baseline == "none":
         return torch.zeros_like(episode_returns)
-    if baseline == "mean":  # over every rank's episodes: 1 and N processes agree
+    if baseline == "mean":  # every rank's: 1 and N processes agree
         count = episode_returns.new_tensor(float(len(episode_returns)))
         total = all_reduce_sum(torch.stack([episode_returns.sum(), count]))
         return (total[0] / total[1]).expand_as(episode_returns)
     if baseline == "rloo":
         r = episode_returns.view(-1, group_size)  # [N / k, k]
-        # CRUCIAL: sample i is out of its own baseline: b_i does not depend on o_i
+        # CRUCIAL: i is out of its own baseline: b_i does not depend on o_i
         return ((r.sum(dim=1, keepdim=True) - r) / (group_size - 1)).reshape(-1)
     raise ValueError(f"unknown baseline {baseline!r}")
 
 
 # ---- Loss
 def loss_normaliser(loss_mask, args, world_size):
-    """The batch's actions over all ranks, per rank (ranks may hold different numbers),
-    fixed before micro-batching: 1 x 8 and 8 x 1 agree. loss_mask [n, R]: a row each."""
+    """The batch's actions over all ranks, per rank, fixed before micro-batching:
+    1 x 8 and 8 x 1 agree. loss_mask [n, R]: a row an action."""
     actions = torch.tensor(float(loss_mask.shape[0]), device=loss_mask.device)
     return (all_reduce_sum(actions) / world_size).item()
 
@@ -167,7 +167,7 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     ref_logprobs [b, R] adds the KL term (None: no KL in the loss)."""
     mask = loss_mask.float()
     seq_logprobs = sequence_logprobs(logprobs, mask, args.length_normalize)  # [b]
-    # CRUCIAL: the advantages are constants: the gradient flows through log pi only
+    # CRUCIAL: A is a constant: the gradient flows through log pi alone
     pg_loss = -advantages * seq_logprobs  # [b]
     per_action = pg_loss
     if ref_logprobs is not None:
@@ -252,7 +252,7 @@ def main(args):
             kl = kl_estimate(gen.logprobs, ref_logprobs, args.kl_estimator)
             ref_logprobs = None
 
-        # ---- advantages: each response's KL-regularised return against its baseline
+        # ---- advantages: each KL-regularised return against its baseline
         kl_seq = (0.0 if kl is None
                   else sequence_logprobs(kl, mask, args.length_normalize))  # [N]
         returns = kl_regularised_returns(scores, kl_seq, args.beta)  # [N]
@@ -260,7 +260,7 @@ def main(args):
         advantages = returns - baselines  # [N]
         loss_mask = response_mask  # [N, R] the tokens that count in the loss
 
-        # ---- update: one optimizer step on the whole batch (REINFORCE is on-policy)
+        # ---- update: one optimizer step on the whole batch, on-policy
         lr = run.set_lr(optimizer, step)
         policy.train()
         stats, grad_norms = [], []
