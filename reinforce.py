@@ -142,7 +142,7 @@ def compute_baselines(episode_returns, group_size, baseline):
     """[N] returns G_0, k = group_size a prompt in a row -> [N] baselines."""
     if baseline == "none":
         return torch.zeros_like(episode_returns)
-    if baseline == "mean":  # every rank's: 1 and N processes agree
+    if baseline == "mean":  # over every rank's, so that 1 and N processes agree
         count = episode_returns.new_tensor(float(len(episode_returns)))
         total = all_reduce_sum(torch.stack([episode_returns.sum(), count]))
         return (total[0] / total[1]).expand_as(episode_returns)

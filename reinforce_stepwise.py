@@ -127,7 +127,7 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
                             lambda k, t, call: sample_seed(seeds[k], t, call),
                             args.sym_calc, autocast, fast=not args.plain)
     eos_ids = set(eos_token_ids(policy, tokenizer))
-    with unsharded(policy):  # FSDP2: ranks may play different numbers of lines
+    with unsharded(policy):  # ranks may play different numbers of lines
         device = next(policy.parameters()).device
         return play_episodes(sample, tokenizer, env, problems, G,
                              args.max_new_tokens, args.sym_calc, device, eos_ids)
@@ -152,7 +152,7 @@ def compute_baselines(episode_returns, group_size, baseline):
     """[N] returns G_0, k = group_size a prompt in a row -> [N] baselines."""
     if baseline == "none":
         return torch.zeros_like(episode_returns)
-    if baseline == "mean":  # every rank's: 1 and N processes agree
+    if baseline == "mean":  # over every rank's, so that 1 and N processes agree
         count = episode_returns.new_tensor(float(len(episode_returns)))
         total = all_reduce_sum(torch.stack([episode_returns.sum(), count]))
         return (total[0] / total[1]).expand_as(episode_returns)
