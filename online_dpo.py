@@ -149,7 +149,7 @@ def rows_in_step(chosen, rejected):
     (FSDP2 gathers the weights on every rank at once): a rank with fewer pairs
     adds pairs of weight 0."""
     most = max(all_gather_objects(len(chosen)))
-    pad = most - len(chosen)  # rows 0 and 1: any rows do, at weight 0
+    pad = most - len(chosen)  # any rows do (0 and 1), at weight 0
     weights = torch.cat([torch.ones(len(chosen)), torch.zeros(pad)])
     weights = weights.to(chosen.device)
     chosen = torch.cat([chosen, chosen.new_zeros(pad)])
@@ -166,7 +166,7 @@ def loss_normaliser(loss_mask, args, world_size):
     return (all_reduce_sum(pairs) / world_size).clamp(min=1).item()
 
 
-# the pairs' statistics: NaN (null in metrics.jsonl) without a pair
+# the pairs' statistics, NaN (null in metrics.jsonl) without a pair
 PAIR_STATS = ("rewards/chosen", "rewards/rejected", "rewards/margins",
               "rewards/accuracies", "logps/chosen", "logps/rejected", "pg_loss",
               "entropy", "kl_ref")
@@ -257,7 +257,7 @@ def main(args):
         pairs = gen.rows(rows_of_pairs)  # w, l, w, l...
         input_ids, attention_mask = pairs.sequences()  # [2 P', P + R]
         loss_mask = pairs.response_mask  # [2 P', R] the pairs' tokens
-        # the statistics' mask: the tokens of the pairs of weight 1
+        # the statistics count the tokens of the pairs of weight 1 only
         mask = loss_mask.float() * weights.repeat_interleave(2)[:, None]
         R = loss_mask.shape[1]
 
@@ -291,7 +291,7 @@ def main(args):
                 loss.backward()
                 total_loss += loss.item()
                 if loss_stats:  # the micro-batch holds a pair of weight 1
-                    # kl_ref: k1 a token, TRL's objective/kl over the length
+                    # kl_ref is k1 a token, TRL's objective/kl over the length
                     kl = logprobs.detach() - ref_logprobs[rows]
                     entropy = entropy.detach()
                     stats.append({**loss_stats,
