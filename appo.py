@@ -159,7 +159,7 @@ def check_args(args, world_size):
         raise UsageError(f"--num_mini_batches {args.num_mini_batches} must divide "
                          f"--num_steps {args.num_steps}: each minibatch takes as many "
                          "steps of every episode.")
-    if args.prm_model_name_or_path:  # the tag and candidates: a token each
+    if args.prm_model_name_or_path:  # the tag and candidates, a token each
         prm_tok = load_prm_tokenizer(args.prm_model_name_or_path,
                                      args.prm_step_tag)
         for text, what in [(args.prm_step_tag, "step tag"),
@@ -297,7 +297,7 @@ def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows,
                                        entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
-        if unmoved:  # the policy has not moved: its log-probs are the rollout's
+        if unmoved:  # the policy has not moved, so its log-probs are the rollout's
             loss_stats.update(mismatch_stats(
                 logprobs.detach(), gen.logprobs[rows], response_mask[rows].float()))
         stats.append(loss_stats)
@@ -461,13 +461,13 @@ def main(args):
             "time/rollout_s": t_rollout,
             "time/update_s": t_update,
         }
-        if ended[0] > 0:  # cut: ended by --max_episode_steps before an answer
+        if ended[0] > 0:  # a cut episode ended at --max_episode_steps, unanswered
             metrics.update({"accuracy": (ended[1] / ended[0]).item(),
                             "episode_steps/mean": (ended[2] / ended[0]).item(),
                             "episode_cut_frac": (ended[3] / ended[0]).item()})
         if prm is not None:
             metrics["prm_reward"] = segment.prm_rewards.mean().item()
-        # grad_norm: the mean over the steps taken (none if all stopped early)
+        # grad_norm is the mean over the steps taken (none if all stopped early)
         samples = [{**e, "reward": sum(e["rewards"])} for e in episodes[:4]]
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)
