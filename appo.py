@@ -1,39 +1,46 @@
-"""APPO: action-level PPO with process rewards, as in OpenR's train/mat. Docs: docs/appo.md
+"""APPO: action-level PPO with process rewards, as OpenR's train/mat does it.
+Docs: docs/appo.md
 
-OpenR (Wang et al. 2024, arXiv:2410.09671), train/mat/trainers/llm_trainer_appo.py. One action is
-one reasoning step (a line of text), rewarded per step: r_t = P('+' | question, steps 1..t) of a
-process reward model, or without one the verifier on the final step. APPO is *action-level* PPO
-(not asynchronous PPO): the ratio is that of the step's joint probability, and the critic gives one
-value per step (TWOSOME-style, Tan et al. 2024):
+OpenR (Wang et al. 2024, arXiv:2410.09671), llm_trainer_appo.py. An action
+is a reasoning step (a line), rewarded per step: r_t = P('+' | question,
+steps 1..t) of a process reward model, or without one the verifier on the
+last step. APPO is *action-level* PPO (not asynchronous PPO): the ratio is
+the step's joint probability's, and the critic gives one value a step
+(TWOSOME-style, Tan et al. 2024):
 
-    delta_t = r_t + gamma V(o_t+1) m_t+1 - V(o_t),    A_t = delta_t + gamma lam m_t+1 A_t+1
-    R_t = A_t + V(o_t),  rho_t = exp(sum_j [log pi(w_j | o_t, w_<j) - log pi_old(w_j | o_t, w_<j)])
-    L_pi = mean max(-rho A, -clip(rho, 1 - eps, 1 + eps) A) - c_ent mean H    (A: whitened)
-    L_V  = c_V mean max(huber(R - V_clip), huber(R - V)),  V_clip = V_old + clip(V - V_old, +-eps)
-with m_t+1 = 0 when the episode ended at step t. A minibatch whose approx KL exceeds skip_kl is
+    delta_t = r_t + gamma V(o_t+1) m_t+1 - V(o_t)
+    A_t     = delta_t + gamma lam m_t+1 A_t+1,  R_t = A_t + V(o_t)
+    rho_t   = exp(sum_j [log pi(w_j | o_t, w_<j) - log pi_old(w_j | o_t, w_<j)])
+    L_pi    = mean max(-rho A, -clip(rho, 1 - eps, 1 + eps) A) - c_ent mean H
+    L_V     = c_V mean max(huber(R - V_clip), huber(R - V))
+with V_clip = V_old + clip(V - V_old, +-eps), A whitened, m_t+1 = 0 when
+the episode ended at step t. A minibatch whose approx KL passes skip_kl is
 skipped.
 
 Simplified or changed versus OpenR:
-- one process both samples and learns with the HF model (no vLLM, no subprocess vector env);
-- the critic is a value head on a frozen copy of the starting policy (OpenR: the base model with the
-  LoRA adapters switched off, which is what --lora_r does here);
-- beyond OpenR, whose PRM never sees the gold answer: --outcome_reward_coef adds the verifier's
-  correctness on the final step, and without a PRM the reward is the verifier alone;
-- an episode also ends when the policy emits EOS (OpenR only ends on "answer" or after 10 steps);
-- evaluation is greedy single-turn generation of the whole answer (common/run/evaluation.py), on the
-  same held-out problems as every other file.
+- one process samples and learns, with the HF model (no vLLM, no
+  subprocess vector env);
+- the critic is a value head on a frozen copy of the starting policy
+  (OpenR: the base model, its LoRA adapters off, as --lora_r does here);
+- beyond OpenR, whose PRM never sees the gold answer:
+  --outcome_reward_coef adds the verifier's correctness on the last step;
+  without a PRM the reward is the verifier alone;
+- an episode also ends at EOS (OpenR: on "answer" or after 10 steps);
+- evaluation is greedy single-turn generation of the whole answer
+  (common/run/evaluation.py), on every file's held-out problems.
 
 Launch:
-    python appo.py                        # CPU, offline: SmolLM2-135M-Instruct, arithmetic
-    python appo.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --template plain --bf16 \\
-        --dataset_name math --prm_model_name_or_path peiyi9979/math-shepherd-mistral-7b-prm \\
-        --max_new_tokens 96
-    torchrun --nproc_per_node 8 appo.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
-        --dataset_name gsm8k --bf16 --num_envs 64
-    python appo.py --seed 10 --dataset_name prealgebra --dataset_path math_500.jsonl \\
-        --model_name_or_path Qwen2.5-Math-1.5B --prm_type MS \\
-        --prm_model_name_or_path math-shepherd-mistral-7b-prm --algorithm_name APPO \\
-        --experiment_name ms_single --num_mini_batch 4 --ppo_epoch 1        # OpenR's own command
+    python appo.py                      # CPU, offline: SmolLM2-135M, arithmetic
+    python appo.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B \\
+        --template plain --dataset_name math --max_new_tokens 96 --bf16 \\
+        --prm_model_name_or_path peiyi9979/math-shepherd-mistral-7b-prm
+    torchrun --nproc_per_node 8 appo.py --bf16 --num_envs 64 \\
+        --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset_name gsm8k
+    python appo.py --seed 10 --dataset_name prealgebra \\
+        --dataset_path math_500.jsonl --model_name_or_path Qwen2.5-Math-1.5B \\
+        --prm_type MS --prm_model_name_or_path math-shepherd-mistral-7b-prm \\
+        --algorithm_name APPO --experiment_name ms_single \\
+        --num_mini_batch 4 --ppo_epoch 1    # OpenR's own command
 """
 
 import time
@@ -43,26 +50,29 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from common import UsageError, all_gather_objects, all_reduce_mean, all_reduce_sum, sample_seed
+from common import (UsageError, all_gather_objects, all_reduce_mean,
+                    all_reduce_sum, sample_seed)
 from common.env import StepwiseEnvs, make_envs, resolve_task
-from common.models import (ProcessRewardModel, batched_token_logprobs, critic_state, left_pad,
-                           load_prm_tokenizer, load_tokenizer, make_critic, play_segment,
-                           single_token_id, token_logprobs, trained_policy, trim_left_padding)
-from common.rl import (explained_variance, kl_estimate, masked_mean, masked_whiten, mismatch_stats,
-                       step_gae)
+from common.models import (ProcessRewardModel, batched_token_logprobs, critic_state,
+                           left_pad, load_prm_tokenizer, load_tokenizer, make_critic,
+                           play_segment, single_token_id, token_logprobs, trained_policy,
+                           trim_left_padding)
+from common.rl import (explained_variance, kl_estimate, masked_mean,
+                       masked_whiten, mismatch_stats, step_gae)
 from common.run import Run, TrainArgs, mean_of, parse_args
 
 # steps per episode and tokens per step, by task (OpenR's 10 of 96 on MATH)
-STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96), "math": (10, 96)}
+STEP_LIMITS = {"arithmetic": (2, 32), "countdown": (4, 64), "gsm8k": (10, 96),
+               "math": (10, 96)}
 
 
 @dataclass
 class Args(TrainArgs):
     # ---- optimisation
     learning_rate: float = 5e-6
-    """AdamW learning rate of the policy (docs/grpo.md#results: why not 2e-5)"""
+    """AdamW learning rate (docs/grpo.md#results: why not 2e-5)"""
     lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
-    """schedule after the warmup (linear, cosine, polynomial: down to 0 at max_steps)"""
+    """schedule after the warmup (but constant, down to 0 at the end)"""
     warmup_steps: int = 0
     """updates of linear learning-rate warmup"""
     warmup_ratio: Optional[float] = None
@@ -72,43 +82,42 @@ class Args(TrainArgs):
     max_steps: int = 15
     """policy updates (one rollout batch each)"""
     num_train_epochs: Optional[float] = None
-    """when given, max_steps covers this many passes over the training problems"""
+    """when given, max_steps covers this many passes over the problems"""
     micro_batch_size: Optional[int] = None
-    """sequences per forward/backward; gradients accumulate over micro-batches (default 8; on a GPU
-    without --fsdp, 8 in the first update, then what half of the free memory holds)"""
+    """sequences per forward and backward (8; on a GPU, what fits)"""
     seed: int = 0
-    """seeds prompt order, sampling and model init: runs are reproducible"""
+    """seeds prompt order, sampling and model init"""
     # ---- sampling
     max_new_tokens: Optional[int] = None  # new to APPO: a step's
-    """response length limit, in tokens: of one step (default by task: arithmetic 32, countdown 64,
-    gsm8k and math 96, OpenR's)"""
+    """response length limit, in tokens: of one step (by task: arithmetic 32,
+    countdown 64, else 96, OpenR's)"""
     temperature: float = 0.7
     """sampling temperature (also applied to the training log-probs)"""
     top_p: float = 1.0
     """nucleus sampling mass"""
     # ---- the algorithm
     num_envs: int = 8
-    """episodes played side by side, over all ranks (OpenR: n_rollout_threads)"""
+    """episodes played side by side, over all ranks (n_rollout_threads)"""
     num_steps: int = 4
-    """steps each episode takes per update; episodes carry over, bootstrapped with V at the cut"""
+    """steps each episode takes per update; episodes carry over"""
     max_episode_steps: Optional[int] = None
-    """steps per episode at most (default by task: arithmetic 2, countdown 4, gsm8k and math 10)"""
+    """steps per episode at most (by task: arithmetic 2, countdown 4, else 10)"""
     step_tag: str = "\n"
-    """text after each step in the policy's context (OpenR: ' ки\\n'); a step ends at a newline"""
+    """text after each step (a line) in the policy's context (OpenR: ' ки\\n')"""
     prm_model_name_or_path: Optional[str] = None
-    """process reward model (Math-Shepherd style) scoring every step (default: the verifier)"""
+    """process reward model (Math-Shepherd's) scoring each step (else the verifier)"""
     prm_step_tag: str = "ки"
     """the PRM's step tag; one token for its tokenizer"""
     prm_good_token: str = "+"
-    """the PRM's 'good step' token: reward = P(good) against bad, at the tag"""
+    """the PRM's 'good step' token: reward = P(good) against bad"""
     prm_bad_token: str = "-"
     """the PRM's 'bad step' token"""
     outcome_reward_coef: float = 0.0
-    """beyond OpenR: with a PRM, add this times the verifier's correctness to the final reward"""
+    """beyond OpenR: with a PRM, add this times the verifier's correctness"""
     num_ppo_epochs: int = 1  # new to APPO: a segment's
     """passes over each rollout batch (a segment of every episode)"""
     num_mini_batches: int = 2  # new to APPO: of every episode
-    """optimizer steps per pass (must divide num_steps: each takes steps from every episode)"""
+    """optimizer steps per pass over the shuffled batch (dividing num_steps)"""
     epsilon: float = 0.2
     """clip range of the ratio"""
     cliprange_value: float = 0.2
@@ -120,7 +129,7 @@ class Args(TrainArgs):
     critic_num_layers: int = 2
     """hidden layers of the value head (0: one linear layer)"""
     critic_train_body: bool = False
-    """train the critic's transformer body too (OpenR freezes it: only the value head learns)"""
+    """train the critic's transformer body too (OpenR: the head only)"""
     vf_coef: float = 1.0
     """weight of the value loss"""
     huber_delta: float = 10.0
@@ -132,298 +141,333 @@ class Args(TrainArgs):
     entropy_coef: float = 0.01
     """weight of the entropy bonus (OpenR: 0.01)"""
     skip_kl: float = 0.02
-    """skip a minibatch's policy step when its approx_kl exceeds this (OpenR: 0.02; 0: never)"""
+    """skip a minibatch's policy step when its approx_kl passes this (0: never)"""
     lora_target_modules: str = "q_proj,v_proj"
-    """modules that get adapters (OpenR's LoRA: r 8, alpha 16, on q_proj and v_proj)"""
+    """modules that get adapters (OpenR's LoRA: r 8, alpha 16, q_proj and v_proj)"""
     eval_max_new_tokens: int = 64
     """token limit of the whole answer in evaluation"""
 
 
 def check_args(args, world_size):
-    """This file's own option errors, each with its fix, before any model loads (Run checks the
-    shared ones of common/run/checks.py first)."""
+    """This file's own option errors, each with its fix, before any model loads."""
     if args.num_envs % world_size:
-        raise UsageError(f"--num_envs {args.num_envs} must be divisible by the number of processes "
-                         f"({world_size}); try --num_envs "
-                         f"{world_size * max(1, args.num_envs // world_size)}.")
+        fit = world_size * max(1, args.num_envs // world_size)
+        raise UsageError(f"--num_envs {args.num_envs} must be divisible by the number "
+                         f"of processes ({world_size}); try --num_envs {fit}.")
     if args.num_steps % args.num_mini_batches:
-        raise UsageError(f"--num_mini_batches {args.num_mini_batches} must divide --num_steps "
-                         f"{args.num_steps}: each minibatch takes as many steps of every episode.")
-    if args.prm_model_name_or_path:  # its tokenizer only: the tag and candidates are single tokens
-        prm_tok = load_prm_tokenizer(args.prm_model_name_or_path, args.prm_step_tag)
-        for text, what in [(args.prm_step_tag, "step tag"), (args.prm_good_token, "good token"),
+        raise UsageError(f"--num_mini_batches {args.num_mini_batches} must divide "
+                         f"--num_steps {args.num_steps}: each minibatch takes as many "
+                         "steps of every episode.")
+    if args.prm_model_name_or_path:  # the tag and candidates, a token each
+        prm_tok = load_prm_tokenizer(args.prm_model_name_or_path,
+                                     args.prm_step_tag)
+        for text, what in [(args.prm_step_tag, "step tag"),
+                           (args.prm_good_token, "good token"),
                            (args.prm_bad_token, "bad token")]:
             single_token_id(prm_tok, text, what)
 
 
-# ------------------------------------------------------------------------------------------------
-# Advantages
-# ------------------------------------------------------------------------------------------------
+# ---- Advantages
 def compute_advantages(rewards, values, response_mask, next_values, dones, gamma, lam):
-    """Step-level GAE per env over the segment. rewards, values, dones: [E, T]; next_values: [E], V
-    of the observation after the segment's last step. A step where the episode ended (dones = 1)
-    neither bootstraps from the next observation (a new problem) nor carries the next A back."""
-    return step_gae(rewards, values, next_values, dones, gamma, lam)  # ([E, T], [E, T])
+    """Step-level GAE per env over the segment. rewards, values, dones: [E, T];
+    next_values: [E], V after the segment's last step. A step where the
+    episode ended (dones = 1) neither bootstraps from the next observation
+    (a new problem) nor carries the next A back. -> [E, T] each"""
+    return step_gae(rewards, values, next_values, dones, gamma, lam)
 
 
-# ------------------------------------------------------------------------------------------------
-# Loss
-# ------------------------------------------------------------------------------------------------
-def policy_loss(logprobs, old_logprobs, advantages, response_mask, entropy, normaliser, args):
-    """Clipped surrogate on whole steps. logprobs, old_logprobs, entropy [b, R]; advantages [b]."""
+# ---- Loss
+def policy_loss(logprobs, old_logprobs, advantages, response_mask, entropy, normaliser,
+                args):
+    """Clipped surrogate on whole steps. logprobs, old_logprobs, entropy:
+    [b, R]; advantages [b]."""
     mask = response_mask.float()
-    # CRUCIAL: one action is the whole step, so the ratio is that of the step's joint probability.
+    # CRUCIAL: an action is a whole step: the ratio of its joint probability
     logprobs = (logprobs * mask).sum(1)  # [b]
     old_logprobs = (old_logprobs * mask).sum(1)  # [b]
     ratio = torch.exp(logprobs - old_logprobs)  # [b]
-    pg_loss = torch.max(-advantages * ratio,
-                        -advantages * ratio.clamp(1 - args.epsilon, 1 + args.epsilon))  # [b]
-    entropy = masked_mean(entropy, mask, dim=1)  # [b] mean over the step's tokens
+    low, high = 1 - args.epsilon, 1 + args.epsilon
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))
+    entropy = masked_mean(entropy, mask, dim=1)  # [b] over the step's tokens
     loss = (pg_loss - args.entropy_coef * entropy).sum() / normaliser
     with torch.no_grad():
-        clipped = (((ratio < 1 - args.epsilon) & (advantages < 0))
-                   | ((ratio > 1 + args.epsilon) & (advantages > 0)))
+        clipped = (((ratio < low) & (advantages < 0))
+                   | ((ratio > high) & (advantages > 0)))
+        # approx_kl is how far the policy moved from the one that sampled
+        approx_kl = kl_estimate(old_logprobs, logprobs, "k3")
         stats = {"clipfrac": clipped.float().mean().item(),
-                 # how far the policy moved from the one that sampled
-                 "approx_kl": kl_estimate(old_logprobs, logprobs, "k3").mean().item(),
-                 "pg_loss": pg_loss.mean().item(), "entropy": entropy.mean().item()}
+                 "approx_kl": approx_kl.mean().item(),
+                 "pg_loss": pg_loss.mean().item(),
+                 "entropy": entropy.mean().item()}
     return loss, stats
 
 
 def value_loss(values, old_values, returns, response_mask, normaliser, args):
-    """OpenR's value loss: the larger of the Huber losses of the clipped and unclipped values, one
-    per step. values, old_values, returns: [b]."""
+    """OpenR's value loss: the larger of the Huber losses of the clipped and
+    the unclipped values, one a step. values, old_values, returns: [b]."""
     clip, delta = args.cliprange_value, args.huber_delta
     values_clipped = old_values + (values - old_values).clamp(-clip, clip)
-    v_loss = torch.max(F.huber_loss(values_clipped, returns, reduction="none", delta=delta),
-                       F.huber_loss(values, returns, reduction="none", delta=delta))  # [b]
+    v_loss = torch.max(  # [b]
+        F.huber_loss(values_clipped, returns, reduction="none", delta=delta),
+        F.huber_loss(values, returns, reduction="none", delta=delta))
     loss = args.vf_coef * v_loss.sum() / normaliser
     return loss, {"v_loss": v_loss.mean().item()}
 
 
 def critic_values(critic, input_ids, attention_mask, R):
-    """V(o_t) of each transition: the critic at the observation's last token, before the action."""
+    """V(o_t) of each transition: the critic at the observation's last token.
+    [b]"""
     input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
-    return critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1]  # [b]
+    return critic(input_ids, attention_mask, input_ids.shape[1] - R)[:, -R - 1]
 
 
 def loss_normaliser(loss_mask, args, world_size):
-    """Transitions in this rank's minibatch (every rank has as many): the losses are step means.
-    loss_mask [n, R]: one row per transition."""
+    """Transitions in this rank's minibatch (every rank has as many): the
+    losses are step means. loss_mask [n, R]: a row a transition."""
     return float(loss_mask.shape[0])
 
 
-# ------------------------------------------------------------------------------------------------
-# Update: one minibatch, the critic first, then the policy (OpenR's order)
-# ------------------------------------------------------------------------------------------------
-def env_minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batches, seed):
-    """Row indices (k * T + t) of each minibatch. Every env gives T / num_mini_batches of its steps,
-    drawn with a permutation seeded by (update, epoch, global env): 1 process and N processes form
-    the same global minibatch."""
+# ---- Update: one minibatch, the critic first (OpenR's order)
+def env_minibatches(step, epoch, num_envs, first_env, num_steps, num_mini_batches,
+                    seed):
+    """Row indices (k * T + t) of each minibatch. Every env gives T /
+    num_mini_batches of its steps, drawn by a permutation seeded by (update,
+    epoch, global env): 1 and N processes form the same global minibatch."""
     T, per = num_steps, num_steps // num_mini_batches
-    perms = [torch.randperm(T, generator=torch.Generator().manual_seed(
-        sample_seed(seed, step * 1000 + epoch, first_env + k) % 2**63)) for k in range(num_envs)]
-    return [torch.cat([k * T + perms[k][m * per:(m + 1) * per] for k in range(num_envs)])
+    seeds = [sample_seed(seed, step * 1000 + epoch, first_env + k) % 2**63
+             for k in range(num_envs)]
+    perms = [torch.randperm(T, generator=torch.Generator().manual_seed(s))
+             for s in seeds]
+    return [torch.cat([k * T + perms[k][m * per:(m + 1) * per]
+                       for k in range(num_envs)])
             for m in range(num_mini_batches)]
 
 
-def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows, micro_batch, args,
-                  run):
-    """One critic step on the minibatch `batch_rows` of the rollout `gen`, in micro-batches of mb
-    rows."""
+def update_critic(critic, critic_optimizer, gen, old_values, returns, batch_rows,
+                  micro_batch, args, run):
+    """One critic step on the minibatch `batch_rows` of the rollout `gen`, in
+    micro-batches of micro_batch rows."""
     input_ids, attention_mask = gen.sequences()
     response_mask, R = gen.response_mask, gen.response_mask.shape[1]
     normaliser = loss_normaliser(response_mask[batch_rows], args, run.world)
     critic_optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for rows in batch_rows.split(micro_batch):  # gradients accumulate over micro-batches
+    for rows in batch_rows.split(micro_batch):
         with run.autocast:
-            values = critic_values(critic, input_ids[rows], attention_mask[rows], R)
-        loss, loss_stats = value_loss(values, old_values[rows], returns[rows], response_mask[rows],
-                                      normaliser, args)
+            values = critic_values(critic, input_ids[rows], attention_mask[rows],
+                                   R)
+        loss, loss_stats = value_loss(values, old_values[rows], returns[rows],
+                                      response_mask[rows], normaliser, args)
         loss.backward()
         total_loss += loss.item()
         stats.append(loss_stats)
-    grad_norm = run.sync_gradients(critic)  # DDP's mean over ranks, then the clip
-    if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
+    grad_norm = run.sync_gradients(critic)  # DDP's mean, the clip
+    if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips it
         critic_optimizer.step()
-    return {"v_loss": sum(s["v_loss"] for s in stats) / len(stats), "critic_grad_norm": grad_norm}
+    v_loss = sum(s["v_loss"] for s in stats) / len(stats)
+    return {"v_loss": v_loss, "critic_grad_norm": grad_norm}
 
 
-def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows, micro_batch, args,
-                  run, unmoved=False):
-    """Accumulate the minibatch's gradient, then OpenR's early stop: if the approx KL between the
-    rollout policy and the current one exceeds skip_kl on this minibatch, skip the step. The
-    first minibatch of an update also compares the sampler's log-probs with the trainer's."""
+def update_policy(policy, optimizer, gen, old_logprobs, advantages, batch_rows,
+                  micro_batch, args, run, unmoved=False):
+    """The minibatch's gradient, then OpenR's early stop: no step if the
+    approx KL between the rollout's policy and this one passes skip_kl on the
+    minibatch. An update's first minibatch also compares the sampler's
+    log-probs with these."""
     all_ids, all_mask = gen.sequences()
     response_mask, R = gen.response_mask, gen.response_mask.shape[1]
     normaliser = loss_normaliser(response_mask[batch_rows], args, run.world)
-    # CRUCIAL: the advantages are standardised per minibatch (OpenR), over every rank's steps
-    step_mask = response_mask[batch_rows][:, 0].float()  # one advantage per step
+    # CRUCIAL: the advantages are whitened per minibatch (OpenR), over every
+    # rank's steps
+    step_mask = response_mask[batch_rows][:, 0].float()  # an advantage a step
     advantages = masked_whiten(advantages[batch_rows], step_mask, eps_on_std=True)
     optimizer.zero_grad(set_to_none=True)
     stats, total_loss = [], 0.0
-    for k, rows in enumerate(batch_rows.split(micro_batch)):  # micro-batches
+    for k, rows in enumerate(batch_rows.split(micro_batch)):
         in_batch = slice(k * micro_batch, (k + 1) * micro_batch)
-        input_ids, attention_mask = trim_left_padding(all_ids[rows], all_mask[rows])
+        input_ids, attention_mask = trim_left_padding(all_ids[rows],
+                                                      all_mask[rows])
         with run.autocast:
-            logprobs, entropy = token_logprobs(policy, input_ids, attention_mask, R,
-                                               args.temperature, fast=not args.plain)
-        loss, loss_stats = policy_loss(logprobs, old_logprobs[rows], advantages[in_batch],
-                                       response_mask[rows], entropy, normaliser, args)
+            logprobs, entropy = token_logprobs(
+                policy, input_ids, attention_mask, R, args.temperature,
+                fast=not args.plain)
+        loss, loss_stats = policy_loss(logprobs, old_logprobs[rows],
+                                       advantages[in_batch], response_mask[rows],
+                                       entropy, normaliser, args)
         loss.backward()
         total_loss += loss.item()
-        if unmoved:  # the policy has not moved yet: its log-probs are the trainer's of the rollout
-            loss_stats.update(mismatch_stats(logprobs.detach(), gen.logprobs[rows],
-                                             response_mask[rows].float()))
+        if unmoved:  # the policy has not moved, so its log-probs are the rollout's
+            loss_stats.update(mismatch_stats(
+                logprobs.detach(), gen.logprobs[rows], response_mask[rows].float()))
         stats.append(loss_stats)
     stats = all_reduce_mean(mean_of(stats), run.device)
-    if args.skip_kl and stats["approx_kl"] > args.skip_kl:  # the same on every rank
+    if args.skip_kl and stats["approx_kl"] > args.skip_kl:  # every rank alike
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "early_stop_frac": 1.0}
-    grad_norm = run.sync_gradients(policy)  # DDP's mean over ranks, then the clip
-    if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips the step
+    grad_norm = run.sync_gradients(policy)  # DDP's mean, the clip
+    if run.guard.ok(total_loss, grad_norm):  # a NaN or inf skips it
         optimizer.step()
     return {**stats, "early_stop_frac": 0.0, "grad_norm": grad_norm}
 
 
-# ------------------------------------------------------------------------------------------------
-# Main: setup -> models -> update loop -> eval, logging, checkpoint
-# ------------------------------------------------------------------------------------------------
+# ---- Main: setup, models, then each update's rollout, advantages, update, logs
 def main(args):
-    # TRY NOT TO MODIFY: processes, option checks and the seed; the env before any model, so that a
-    # bad task or data file fails at once; where the run starts
+    # TRY NOT TO MODIFY: processes, option checks, the seed; the env before any
+    # model, so that a bad task or data file fails at once
     run = Run(args, check_args)
-    # ---- derived options: the only lines that change args after parsing (args.json keeps them)
-    steps, tokens = STEP_LIMITS.get(resolve_task(args, say=run.print)[0], (10, 96))
-    args.max_episode_steps = args.max_episode_steps or steps  # an arithmetic answer is one line
+    # ---- derived options: the only lines that change args after parsing
+    task = resolve_task(args, say=run.print)[0]
+    steps, tokens = STEP_LIMITS.get(task, (10, 96))
+    args.max_episode_steps = args.max_episode_steps or steps
     args.max_new_tokens = args.max_new_tokens or tokens
-    stepwise = dict(stepwise=True, step_tag=args.step_tag, max_steps=args.max_episode_steps)
+    stepwise = dict(stepwise=True, step_tag=args.step_tag,
+                    max_steps=args.max_episode_steps)
     env, eval_env = make_envs(args, stepwise, say=run.print)
-    args.dataset_name, args.dataset_path = env.source  # a data file or hub id: its task
-    per_update = args.num_envs * args.num_steps / args.max_episode_steps  # episodes an update
+    args.dataset_name, args.dataset_path = env.source
+    # the episodes of an update
+    per_update = args.num_envs * args.num_steps / args.max_episode_steps
     args.max_steps, args.warmup_steps = run.schedule(len(env), per_update)
-    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch  # a GPU fits the rest
+    args.micro_batch_size = args.micro_batch_size or run.default_micro_batch
 
     local_envs, T = args.num_envs // run.world, args.num_steps
-    reward = "PRM " + args.prm_model_name_or_path if args.prm_model_name_or_path else "the verifier"
-    run.print(f"APPO | {run.world} process(es) on {run.device} | {args.num_envs} episodes x {T} "
-              f"steps per update ({local_envs * T} per rank) | {args.num_ppo_epochs} epoch(s) x "
-              f"{args.num_mini_batches} minibatches of micro-batches of {args.micro_batch_size} | "
-              f"{len(env)} problems | {args.max_steps} updates | reward: {reward} | episodes of "
-              f"{args.max_episode_steps} steps of {args.max_new_tokens} tokens at most")
+    reward = "the verifier"
+    if args.prm_model_name_or_path:
+        reward = "PRM " + args.prm_model_name_or_path
+    run.print(f"APPO | {run.world} process(es) on {run.device} | "
+              f"{args.num_envs} episodes x {T} steps | {args.num_ppo_epochs} "
+              f"epoch(s) x {args.num_mini_batches} minibatch(es) | {len(env)} "
+              f"problems | {args.max_steps} updates | reward: {reward} | "
+              f"episodes of {args.max_episode_steps} steps of "
+              f"{args.max_new_tokens} tokens at most")
     start_step, resume_from = run.resume_point()
 
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path)
-    run.check_prompts(tokenizer, env, eval_env)  # each prompt within the model's positions
-    policy = trained_policy(args, resume_from, run.device)  # LoRA (--lora_r), FSDP2 (--fsdp)
-    critic = make_critic(args, policy, run.device, run.state)  # beyond grpo: the value function
-    prm = (ProcessRewardModel(args.prm_model_name_or_path, args.prm_step_tag, args.prm_good_token,
-                              args.prm_bad_token, device=run.device,
-                              autocast_dtype=torch.bfloat16 if args.bf16 else None)
-           if args.prm_model_name_or_path else None)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad],
-                                  lr=args.learning_rate, weight_decay=0.0)
-    if args.offload_optimizer:  # fp32 master weights and AdamW on the CPU, bf16 on the device
+    run.check_prompts(tokenizer, env, eval_env)
+    policy = trained_policy(args, resume_from, run.device)
+    critic = make_critic(args, policy, run.device, run.state)
+    prm = None
+    if args.prm_model_name_or_path:
+        dtype = torch.bfloat16 if args.bf16 else None
+        prm = ProcessRewardModel(args.prm_model_name_or_path, args.prm_step_tag,
+                                 args.prm_good_token, args.prm_bad_token,
+                                 device=run.device, autocast_dtype=dtype)
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=0.0)
+    if args.offload_optimizer:
         optimizer = run.offload_optimizer(policy, optimizer)
-    critic_optimizer = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad],
-                                        lr=args.critic_learning_rate, eps=1e-5)
-    envs = StepwiseEnvs(env, local_envs, run.rank * local_envs, args.num_envs, args.seed)
+    critic_trained = [p for p in critic.parameters() if p.requires_grad]
+    critic_optimizer = torch.optim.Adam(
+        critic_trained, lr=args.critic_learning_rate, eps=1e-5)
+    envs = StepwiseEnvs(env, local_envs, run.rank * local_envs, args.num_envs,
+                        args.seed)
 
-    def extra_state():  # the critic, and the running episodes of every rank's envs
-        running = [s for part in all_gather_objects(envs.state_dict()) for s in part]
+    def extra_state():  # the critic, and every rank's running episodes
+        parts = all_gather_objects(envs.state_dict())
+        running = [s for part in parts for s in part]
         return {"critic": critic_state(critic), "envs": running}
 
-    # TRY NOT TO MODIFY: a resumed run's optimizer states, the logs, the accuracy before training
+    # TRY NOT TO MODIFY: a resumed run's optimizers, the logs, the first evaluation
     run.start(policy, tokenizer, eval_env,
-              {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)}, extra_state,
-              args.eval_max_new_tokens)
+              {"policy": (policy, optimizer), "critic": (critic, critic_optimizer)},
+              extra_state, args.eval_max_new_tokens)
     if run.state is not None:  # the episodes that were running carry on
-        envs.load_state_dict(run.state["extra"]["envs"][run.rank * local_envs:
-                                                        (run.rank + 1) * local_envs])
+        mine = slice(run.rank * local_envs, (run.rank + 1) * local_envs)
+        envs.load_state_dict(run.state["extra"]["envs"][mine])
 
     for step in range(start_step, args.max_steps):
         t0 = time.time()
-        # ---- rollout: T steps in each of this rank's envs; unfinished episodes go on next update
-        segment = play_segment(envs, policy, tokenizer, step, T, args.max_new_tokens,
-                               args.temperature, args.top_p, run.autocast, fast=not args.plain,
-                               prm=prm, outcome_reward_coef=args.outcome_reward_coef)
-        run.check_rewards(segment.rewards, step + 1, segment.indices)  # NaN or inf: the run stops
+        # ---- rollout: T steps in each of this rank's envs; episodes carry over
+        segment = play_segment(envs, policy, tokenizer, step, T,
+                               args.max_new_tokens, args.temperature, args.top_p,
+                               run.autocast, fast=not args.plain, prm=prm,
+                               outcome_reward_coef=args.outcome_reward_coef)
+        run.check_rewards(segment.rewards, step + 1, segment.indices)
         gen = segment.gen
-        input_ids, attention_mask = gen.sequences()  # [N, P + R], row k * T + t = env k, step t
+        input_ids, attention_mask = gen.sequences()  # [N, P + R], row k * T + t
         response_mask = gen.response_mask  # [N, R]
         N, R = response_mask.shape
         t_rollout = time.time() - t0
 
         # ---- values and advantages (beyond grpo: a critic and GAE over steps)
-        micro_batch = run.micro_batch_size(*input_ids.shape)  # rows per forward (a GPU: fitted)
+        micro_batch = run.micro_batch_size(*input_ids.shape)
         with torch.no_grad(), run.autocast:
-            values = torch.cat([critic_values(critic, input_ids[rows], attention_mask[rows], R)
-                                for rows in torch.arange(N).split(micro_batch)]).float()  # [N]
+            values = torch.cat([
+                critic_values(critic, input_ids[rows], attention_mask[rows], R)
+                for rows in torch.arange(N).split(micro_batch)]).float()  # [N]
             next_obs = left_pad(segment.next_obs, tokenizer.pad_token_id)
-            next_values = critic(*(x.to(run.device) for x in next_obs))[:, -1].float()  # at the cut
+            next_obs = [x.to(run.device) for x in next_obs]
+            next_values = critic(*next_obs)[:, -1].float()  # V at the cut
         advantages, returns = compute_advantages(
-            segment.rewards, values.view(local_envs, T), response_mask.view(local_envs, T, R),
-            next_values, segment.dones, args.gamma, args.gae_lambda)  # [E, T]
+            segment.rewards, values.view(local_envs, T),
+            response_mask.view(local_envs, T, R), next_values, segment.dones,
+            args.gamma, args.gae_lambda)  # [E, T]
         advantages, returns = advantages.reshape(N), returns.reshape(N)  # [N]
 
-        # ---- log-probs of the behaviour policy: the sampler's, which are exact in fp32
+        # ---- log-probs of the behaviour policy: the sampler's, exact in fp32
         old_logprobs = gen.logprobs  # [N, R]
-        if args.bf16:  # CRUCIAL: bf16 sampling and training forwards round differently
+        # CRUCIAL: bf16 sampling and training forwards round differently
+        if args.bf16:
             with run.autocast:
-                old_logprobs = batched_token_logprobs(policy, gen, args.temperature, micro_batch,
-                                                      fast=not args.plain)
+                old_logprobs = batched_token_logprobs(
+                    policy, gen, args.temperature, micro_batch, fast=not args.plain)
 
-        # ---- update: num_ppo_epochs passes of num_mini_batches minibatches; the critic steps first
+        # ---- update: epochs of minibatches, the critic's step first
         lr = run.set_lr(optimizer, step)
         run.set_lr(critic_optimizer, step, args.critic_learning_rate)
         policy.train()
         stats = []
         for epoch in range(args.num_ppo_epochs):
-            for batch_rows in env_minibatches(step, epoch, local_envs, run.rank * local_envs, T,
+            for batch_rows in env_minibatches(step, epoch, local_envs,
+                                              run.rank * local_envs, T,
                                               args.num_mini_batches, args.seed):
                 batch_rows = batch_rows.to(run.device)
-                step_stats = update_critic(critic, critic_optimizer, gen, values, returns,
-                                           batch_rows, micro_batch, args, run)
-                step_stats.update(update_policy(policy, optimizer, gen, old_logprobs, advantages,
-                                                batch_rows, micro_batch, args, run,
-                                                unmoved=not stats))
+                step_stats = update_critic(
+                    critic, critic_optimizer, gen, values, returns, batch_rows,
+                    micro_batch, args, run)
+                step_stats.update(update_policy(
+                    policy, optimizer, gen, old_logprobs, advantages, batch_rows,
+                    micro_batch, args, run, unmoved=not stats))
                 stats.append(step_stats)
-        # the rollout has no use for gradients: freed here, not at the next update's start
+        # the rollout has no use for gradients: freed now
         optimizer.zero_grad(set_to_none=True)
         critic_optimizer.zero_grad(set_to_none=True)
         t_update = time.time() - t0 - t_rollout
 
-        # ---- logging (averaged over ranks), held-out accuracy and checkpoints at their intervals
+        # ---- logging (averaged over ranks), held-out accuracy and checkpoints
         n_tokens = response_mask.sum().item()
         rewards = segment.rewards.reshape(N)
         mask = response_mask[:, 0].float()  # one value per step
         episodes = segment.episodes  # those that ended in this segment
-        # the true accuracy and length of the episodes that ended in this segment, over all ranks
-        ended = all_reduce_sum(torch.tensor([len(episodes), sum(e["correct"] for e in episodes),
-                                             sum(e["steps"] for e in episodes),
-                                             sum(e["cut"] for e in episodes)],
-                                            dtype=torch.float64, device=run.device))
+        # their accuracy and length, over all ranks
+        ended = [len(episodes), sum(e["correct"] for e in episodes),
+                 sum(e["steps"] for e in episodes),
+                 sum(e["cut"] for e in episodes)]
+        ended = all_reduce_sum(torch.tensor(ended, dtype=torch.float64,
+                                            device=run.device))
         metrics = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std(unbiased=False).item(),
-            "reward/grader_timeouts": run.grader_timeouts() / max(1, len(episodes)),
-            **env.reward_metrics(),  # rewards/<name>/mean of each --reward_fn
+            "reward/grader_timeouts": (run.grader_timeouts()
+                                       / max(1, len(episodes))),
+            **env.reward_metrics(),
             "response_len/mean": n_tokens / N,
             "truncated_frac": gen.truncated.float().mean().item(),
             "value/mean": masked_mean(values, mask).item(),
             "explained_variance": explained_variance(values, returns, mask),
-            "episodes": ended[0].item(), "lr": lr, "tokens_per_s": n_tokens * run.world / t_rollout,
-            "time/rollout_s": t_rollout, "time/update_s": t_update,
+            "episodes": ended[0].item(),
+            "lr": lr,
+            "tokens_per_s": n_tokens * run.world / t_rollout,
+            "time/rollout_s": t_rollout,
+            "time/update_s": t_update,
         }
-        if ended[0] > 0:  # cut: ended by --max_episode_steps before an answer
+        if ended[0] > 0:  # a cut episode ended at --max_episode_steps, unanswered
             metrics.update({"accuracy": (ended[1] / ended[0]).item(),
                             "episode_steps/mean": (ended[2] / ended[0]).item(),
                             "episode_cut_frac": (ended[3] / ended[0]).item()})
         if prm is not None:
             metrics["prm_reward"] = segment.prm_rewards.mean().item()
-        # the policy's grad_norm is the mean over the steps taken (none if all stopped early)
+        # grad_norm is the mean over the steps taken (none if all stopped early)
         samples = [{**e, "reward": sum(e["rewards"])} for e in episodes[:4]]
         run.log(step + 1, metrics, stats, samples)
         run.end_update(step + 1)
