@@ -72,7 +72,7 @@ class Args(TrainArgs):
     learning_rate: float = 5e-6
     """AdamW learning rate (docs/grpo.md#results: why not 2e-5)"""
     lr_scheduler: Literal["constant", "linear", "cosine", "polynomial"] = "constant"
-    """schedule after the warmup (but constant, down to 0 at the end)"""
+    """schedule after the warmup (all but constant end at 0)"""
     warmup_steps: int = 0
     """updates of linear learning-rate warmup"""
     warmup_ratio: Optional[float] = None

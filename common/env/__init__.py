@@ -23,8 +23,8 @@ from common.env.tasks import TASKS, grade, named_rows, read_rows, rename_fields
 from common.env.toolbox import (find_call, output_text, parse_tools, run_tool, show_tools,
                                 stop_strings)
 
-__all__ = ["MATH_SUBJECTS", "MathEnv", "StepwiseEnvs", "TASKS", "calculator", "eval_set_env", "eval_set_name", "filter_math",
-           "find_call", "grade", "make_env", "make_env_options", "make_envs", "make_eval_sets",
-           "named_rows", "normalize", "output_text", "parse_tools", "prompt_indices", "read_rows",
-           "rename_fields", "resolve_task", "run_tool", "show_tools", "stepwise_system_prompt",
-           "stop_strings", "to_number", "verify"]
+__all__ = ["MATH_SUBJECTS", "MathEnv", "StepwiseEnvs", "TASKS", "calculator", "eval_set_env",
+           "eval_set_name", "filter_math", "find_call", "grade", "make_env", "make_env_options",
+           "make_envs", "make_eval_sets", "named_rows", "normalize", "output_text", "parse_tools",
+           "prompt_indices", "read_rows", "rename_fields", "resolve_task", "run_tool",
+           "show_tools", "stepwise_system_prompt", "stop_strings", "to_number", "verify"]
