@@ -36,8 +36,8 @@ import torch
 from common import UsageError, all_reduce_sum, sample_seed
 from common.env import make_envs, prompt_indices, stepwise_system_prompt
 from common.models import (batched_token_logprobs, eos_token_ids, full_state_dict,
-                           load_tokenizer, play_episodes, policy_sampler, reference_policy,
-                           token_logprobs, trained_policy, unsharded)
+                           load_tokenizer, play_episodes, policy_sampler,
+                           reference_policy, token_logprobs, trained_policy, unsharded)
 from common.rl import (discounted_returns, kl_estimate, masked_mean,
                        mismatch_stats)
 from common.run import Run, TrainArgs, every, parse_args

@@ -59,8 +59,8 @@ from common import (UsageError, all_gather_objects, all_reduce_mean,
 from common.env import StepwiseEnvs, make_envs, resolve_task
 from common.models import (ProcessRewardModel, batched_token_logprobs, critic_state,
                            left_pad, load_prm_tokenizer, load_tokenizer, make_critic,
-                           play_segment, single_token_id, token_logprobs, trained_policy,
-                           trim_left_padding)
+                           play_segment, single_token_id, token_logprobs,
+                           trained_policy, trim_left_padding)
 from common.rl import (explained_variance, kl_estimate, masked_mean,
                        masked_whiten, mismatch_stats)
 from common.run import Run, TrainArgs, mean_of, parse_args
