@@ -36,9 +36,10 @@ from common import all_reduce_sum, sample_seed
 from common.env import make_envs, prompt_indices
 from common.models import (Rollout, batched_token_logprobs, encode_prompts,
                            fast_decoding, generate, load_tokenizer, reference_policy,
-                           token_logprobs, trained_policy, critic_state, make_critic)
+                           token_logprobs, trained_policy)
+from common.models import critic_state, make_critic  # new to PPO: the critic
 from common.rl import kl_estimate, masked_mean, mismatch_stats
-from common.rl import explained_variance, masked_whiten, token_gae
+from common.rl import explained_variance, masked_whiten, token_gae  # new to PPO: GAE
 from common.run import Run, TrainArgs, parse_args
 
 

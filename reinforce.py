@@ -33,7 +33,8 @@ from common import UsageError, all_reduce_sum, sample_seed
 from common.env import make_envs, prompt_indices
 from common.models import (Rollout, batched_token_logprobs, encode_prompts,
                            fast_decoding, generate, load_tokenizer, reference_policy,
-                           token_logprobs, trained_policy, full_state_dict)
+                           token_logprobs, trained_policy)
+from common.models import full_state_dict  # new to REINFORCE: the reference's refresh
 from common.rl import kl_estimate, masked_mean, mismatch_stats
 from common.run import Run, TrainArgs, every, parse_args
 
