@@ -50,8 +50,10 @@ def model(tmp_path_factory):
 OFFLOADED = ["grpo", "ppo"]
 
 
-@pytest.mark.parametrize("algo,offload", [(a, False) for a in ALGORITHMS]
-                         + [(a, True) for a in OFFLOADED],
+# grpo.py's, and the offloaded pair, in the first tier; the other files' in the second
+@pytest.mark.parametrize("algo,offload", [
+    (a, False) if a == "grpo" else pytest.param(a, False, marks=pytest.mark.slow)
+    for a in ALGORITHMS] + [(a, True) for a in OFFLOADED],
                          ids=[*ALGORITHMS, *(f"{a}-offload_optimizer" for a in OFFLOADED)])
 def test_one_bf16_update(algo, offload, model, tmp_path):
     cmd = [sys.executable, "tests/run_with_test_reward.py", algo, "--model_name_or_path", model,

@@ -112,6 +112,7 @@ def test_the_import_count_the_reading_page_quotes_is_current():
     assert int(m.group(1)) == names_imported_from_common("grpo.py")
 
 
+@pytest.mark.slow  # the second tier: three traced runs
 def test_the_reading_page_quotes_the_lines_a_student_reads_and_the_core_diffs():
     # docs/reading.py traces three real runs of grpo.py, --plain and the default, and the whole
     # --plain run; issue 65: the plain path at most 600 lines, with the bound at least 50 above the

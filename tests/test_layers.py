@@ -8,6 +8,7 @@ five faces only (the floor's, common/__init__.py, and the packages' __init__), n
 lists, and each face names only its own package's names."""
 
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -449,12 +450,24 @@ def test_a_planted_second_vocabulary_or_retired_option_fails():
 
 
 # ---- the copies: a helper that several files hold keeps one text ------------------------------
+@functools.lru_cache(maxsize=None)
+def parsed(source):
+    """ast.parse(source), once a source: every unit of every file asks for its file's tree."""
+    return ast.parse(source)
+
+
+@functools.lru_cache(maxsize=None)
+def statements(source):
+    """[(first line, last line)] of every statement of `source`."""
+    return [(n.lineno, n.end_lineno) for n in ast.walk(parsed(source)) if isinstance(n, ast.stmt)]
+
+
 def unit_span(source, name):
     """(first, last) 1-based lines of a shared unit of `source`, or None where it has none: a
     top-level function or class by its name, or `main[a:b]`, main's lines after its `# ---- a`
     banner to the last line before its `# ---- b` banner ("" for a: from `def main`; for b: to
     main's end)."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     top = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     if not name.startswith("main["):
         node = top.get(name)
@@ -489,9 +502,9 @@ def tagged(source, tags):
                 out.add(k)
                 k += 1
             heads.add(k)
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.stmt) and node.lineno in heads:
-            out.update(range(node.lineno, node.end_lineno + 1))
+    for first, last in statements(source):
+        if first in heads:
+            out.update(range(first, last + 1))
     return out
 
 
@@ -501,7 +514,7 @@ def own_words(source):
     section banners (`# ---- rollout: G responses to ...`)."""
     out = {i for i, line in enumerate(source.splitlines(), 1)
            if line.strip().startswith("# ---- ")}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
                 and ast.unparse(node.value.func) == "run.print"):
             out.update(range(node.lineno, node.end_lineno + 1))
@@ -512,7 +525,7 @@ def args_fields(source, span):
     """{field: (its first line, its lines with the default value left out)} of the Args class at
     `span`: the annotation line and the docstring under it."""
     lines = source.splitlines()
-    body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)
+    body = next(n for n in parsed(source).body if isinstance(n, ast.ClassDef)
                 and n.lineno == span[0]).body
     out = {}
     for k, node in enumerate(body):
@@ -532,7 +545,7 @@ def metric_lines(source, span):
     line number): each file logs the metrics of its own method beside the shared ones, so the
     dict is compared key by key."""
     lines, out = source.splitlines(), {}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
                 and [ast.unparse(t) for t in node.targets] == ["metrics"]
                 and span[0] <= node.lineno <= span[1]):
