@@ -40,9 +40,10 @@ from dev.algorithms import ALGORITHMS  # noqa: E402
 from common.run.plot import read_log  # noqa: E402  (reads a run's jsonl logs, resumed runs included)
 
 # a table row each, in this order; tools.py's results are on the task its tool is for, level 6
-# (bench/tool_gain.py, docs/tools.md), and async_grpo.py's in its lab (bench/staleness_lab.py,
-# docs/async_grpo.md): their rows here have not been run
-FILES = [a for a in ALGORITHMS if a not in ("tools", "async_grpo")]
+# (bench/tool_gain.py, docs/tools.md), async_grpo.py's in its lab (bench/staleness_lab.py,
+# docs/async_grpo.md), and reinforce_stepwise.py's with its calculator
+# (bench/stepwise_calculator.py, docs/reinforce_stepwise.md): their rows here have not been run
+FILES = [a for a in ALGORITHMS if a not in ("tools", "async_grpo", "reinforce_stepwise")]
 TASKS = {"default": [], "harder": ["--difficulty", "1-3"]}
 
 

@@ -3,10 +3,12 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # all 16: 10 min on 2 cores another job kept busy
+    python dev/planted_bugs.py                 # all 17, a few minutes on 2 cores
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
 The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
+Each test runs as the suite's first tier does (pytest.ini's `-m "not slow"`): an aimed test in
+the second tier is deselected, and the bug says FAILS CLEAN.
 """
 
 import argparse

@@ -9,8 +9,8 @@ differently; on 2 threads, without xdist, appo's reward collapses to 0 from upda
 online_dpo.py: 20, 16 prompts x 2 samples: at seed 0 its reward reaches 1.0 at update 8;
 async_grpo.py: 30, sampled 1 update behind with TIS and 2 behind with IcePop, where at seed 0 the
 reward reaches 1.0 at updates 13 and 19, against grpo.py's 10: staleness delays the rise,
-bench/staleness_lab.py; reinforce_stepwise.py: 40, episodes of 2 lines each rewarded, whose rise
-starts at update 26 at seed 0).
+bench/staleness_lab.py; reinforce_stepwise.py: episodes of 2 lines, each rewarded, with the
+seed's estimator: the reward is 2.0 from update 13 at seed 0).
 
 This is the test that catches a flipped sign, a detached tensor or a wrong mask in any file: with
 any of them the reward stays at its starting rate or falls. The tiny model's next-token distribution
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, and its updates
     "grpo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30"],
     "reinforce": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30"],
-    # episodes of 2 lines, each rewarded: the reward starts near twice the others' (at seed 0 it
-    # rises from update 26 and is 1.3-1.9 from 28)
-    "reinforce_stepwise": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "40",
-                           "--max_episode_steps", "2"],
+    # episodes of 2 lines, each rewarded, so the reward starts near twice the others'; the seed's
+    # estimator, no baseline (at seed 0 the reward is 2.0 from update 13)
+    "reinforce_stepwise": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
+                           "--max_episode_steps", "2", "--baseline", "none"],
     "ppo": ["--num_prompts", "16", "--max_steps", "40"],
     "appo": ["--max_steps", "40"],
     "tppo": ["--max_steps", "40"],
