@@ -1,12 +1,12 @@
-"""Does reinforce.py's calculator help a model, and does it get used? Greedy stepwise episodes,
+"""Does reinforce_stepwise.py's calculator help a model, and does it get used? Greedy stepwise episodes,
 three ways.
 
 On the same held-out problems, with the same --num_few_shot worked examples in the prompt, play
-greedy stepwise episodes (reinforce.py --stepwise: one line per action) in three settings and print,
+greedy stepwise episodes (reinforce_stepwise.py's: one line per action) in three settings and print,
 per setting, accuracy, calculator values written and refused per episode, lines per episode and
 seconds:
 
-    no calculator          reinforce.py --stepwise
+    no calculator          reinforce_stepwise.py
     calculator, plain      --sym_calc, but the few-shot solutions without their <<expr>> spans (the system prompt
                            alone asks for the syntax; this is how --sym_calc prompted before the
                            spans were kept)
@@ -57,7 +57,7 @@ def play(policy, tokenizer, args, name, sym_calc, calc_annotations):
     env = episodes_env(args, sym_calc, calc_annotations)
     sample = policy_sampler(policy, tokenizer, 0.0, 1.0, None, sym_calc)
     eos_ids = set(eos_token_ids(policy, tokenizer))
-    # the fixed subset that reinforce.py's own evaluation plays, so update 0 of a run is comparable
+    # the fixed subset that reinforce_stepwise.py's own evaluation plays, so update 0 of a run is comparable
     chosen = torch.randperm(len(env),
                             generator=torch.Generator().manual_seed(0))[:args.num_problems]
     indices = sorted(chosen.tolist())
@@ -87,7 +87,7 @@ def parse(argv=None):
     p.add_argument("--eval_dataset_path", default=None,
                    help="held-out file (default: the task's test split)")
     p.add_argument("--difficulty", default="1-2",
-                   help="arithmetic only: levels, as reinforce.py's --difficulty")
+                   help="arithmetic only: levels, as reinforce_stepwise.py's --difficulty")
     p.add_argument("--num_problems", type=int, default=200)
     p.add_argument("--num_few_shot", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64, help="tokens per line")
