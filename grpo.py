@@ -177,8 +177,7 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)  # [b, R]
     if args.importance_sampling_level == "sequence":  # GSPO: one ratio a response
-        seq_log_ratio = (log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1)
-        ratio = torch.exp(seq_log_ratio)[:, None].expand_as(logprobs)
+        ratio = torch.exp(masked_mean(log_ratio, mask, dim=1))[:, None].expand_as(ratio)
     low, high = 1 - args.epsilon, 1 + args.epsilon
     advantages = advantages[:, None]  # [b, 1]: a response's tokens share it
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(low, high))
