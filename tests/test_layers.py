@@ -715,3 +715,18 @@ def test_a_docstring_that_names_a_missing_option_fails():
     assert docstring_violations("x", source, {"beta", "eval"}, set()) == [
         "x.py's docstring: eps_high is not an option or a name here",
         "x.py's docstring: --epsilon_high is not an option of the file"]
+
+
+def test_every_file_holds_at_most_five_lines_of_a_named_variant():
+    # a named method is a sibling file; what stays tagged is one option of the file's own method
+    from dev.algorithms import VARIANTS
+
+    sources = {a: (ROOT / f"{a}.py").read_text() for a in ALGORITHMS}
+    lines = sources["grpo"].splitlines()
+    gspo = [lines[i - 1].strip() for i in sorted(tagged(sources["grpo"], VARIANTS))]
+    assert [line.split("#")[0].strip()[:40] for line in gspo] == [
+        'importance_sampling_level: Literal["toke',
+        'if args.importance_sampling_level == "se',
+        "ratio = torch.exp(masked_mean(log_ratio,"]
+    counts = {a: len(tagged(source, VARIANTS)) for a, source in sources.items()}
+    assert max(counts.values()) <= 5, counts
