@@ -342,7 +342,8 @@ def main(args):
     start_step, resume_from = run.resume_point()
 
     # ---- models
-    tokenizer = load_tokenizer(args.model_name_or_path)
+    tokenizer = load_tokenizer(args.model_name_or_path,
+                               template_kwargs=args.chat_template_kwargs)
     run.check_prompts(tokenizer, env, eval_env)
     policy = trained_policy(args, resume_from, run.device)
     critic = make_critic(args, policy, run.device, run.state)

@@ -84,6 +84,9 @@ class Args(TrainArgs):
     """sampling temperature (also applied to the training log-probs)"""
     top_p: float = 1.0
     """nucleus sampling mass"""
+    max_thinking_tokens: Optional[int] = None
+    """thinking budget: past this many tokens in a <think> block the sampler
+    closes it (s1's budget forcing; those tokens out of the loss)"""
     # ---- the algorithm
     num_prompts: int = 4
     """prompts per update, over all ranks"""
@@ -148,7 +151,9 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
     prompts = [p for p in prompts for _ in range(G)]  # a group's rows in a row
     with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens,
-                       args.temperature, args.top_p, seeds=seeds, decoder=decoder)
+                       args.temperature, args.top_p, seeds=seeds, decoder=decoder,
+                       reasoning=env.reasoning,
+                       max_thinking_tokens=args.max_thinking_tokens)
     texts = gen.texts(tokenizer)
     graded = env.score_all(texts, [p for p in problems for _ in range(G)],
                            gen.completion_ids())
@@ -283,7 +288,8 @@ def main(args):
     queue = saved_queue(run.state, args, start_step, len(env), resume_from)
 
     # ---- models
-    tokenizer = load_tokenizer(args.model_name_or_path)
+    tokenizer = load_tokenizer(args.model_name_or_path,
+                               template_kwargs=args.chat_template_kwargs)
     run.check_prompts(tokenizer, env, eval_env)
     policy = trained_policy(args, resume_from, run.device)
     # new to async: the next k updates' batches, sampled ahead (under torchrun by
@@ -343,7 +349,7 @@ def main(args):
         rewards = kl_penalised(scores, kl, response_mask, args.beta)  # [N]
         advantages = group_advantages(rewards, G, args.loss_type != "dr_grpo")
         zero_std = (rewards.view(-1, G).std(dim=1) == 0).repeat_interleave(G)
-        loss_mask = response_mask  # [N, R] the tokens that count in the loss
+        loss_mask = response_mask * (1 - gen.forced)  # [N, R] the model's own tokens
 
         # ---- update: epochs of minibatches, an optimizer step each
         lr = run.set_lr(optimizer, step)

@@ -92,6 +92,9 @@ class Args(TrainArgs):
     """sampling temperature (also applied to both models' training log-probs)"""
     top_p: float = 1.0
     """nucleus sampling mass"""
+    max_thinking_tokens: Optional[int] = None
+    """thinking budget: past this many tokens in a <think> block the sampler
+    closes it (s1's budget forcing; those tokens out of the loss)"""
     # ---- the algorithm
     num_prompts: int = 8
     """prompts per update, over all ranks"""
@@ -142,7 +145,9 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
     prompts = [p for p in prompts for _ in range(G)]  # a group's rows in a row
     with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens,
-                       args.temperature, args.top_p, seeds=seeds, decoder=decoder)
+                       args.temperature, args.top_p, seeds=seeds, decoder=decoder,
+                       reasoning=env.reasoning,
+                       max_thinking_tokens=args.max_thinking_tokens)
     texts = gen.texts(tokenizer)
     graded = env.score_all(texts, [p for p in problems for _ in range(G)],
                            gen.completion_ids())
@@ -284,7 +289,8 @@ def main(args):
     start_step, resume_from = run.resume_point()
 
     # ---- models
-    tokenizer = load_tokenizer(args.model_name_or_path)
+    tokenizer = load_tokenizer(args.model_name_or_path,
+                               template_kwargs=args.chat_template_kwargs)
     run.check_prompts(tokenizer, env, eval_env)
     # new to distill: the teacher reads the student's token ids
     teacher_tokenizer = load_tokenizer(args.teacher_model_name_or_path,
@@ -335,7 +341,7 @@ def main(args):
         if args.reward_weight:  # GRPO's group advantage, times w
             reward_advantages = args.reward_weight * group_advantages(scores, G)
         zero_std = (scores.view(-1, G).std(dim=1) == 0).repeat_interleave(G)
-        loss_mask = response_mask  # [N, R] the tokens that count in the loss
+        loss_mask = response_mask * (1 - gen.forced)  # [N, R] the model's own tokens
 
         # ---- update: epochs of minibatches, an optimizer step each
         lr = run.set_lr(optimizer, step)

@@ -56,11 +56,11 @@ import torch
 from tqdm.auto import tqdm
 
 from common import PathError, UsageError, all_gather_objects, init_distributed, print0, set_seed
-from common.env import (MATH_SUBJECTS, TASKS, eval_set_env, eval_set_name, filter_math,
-                        grade as task_grade, make_env, make_env_options, named_rows, rename_fields,
-                        resolve_task)
+from common.env import (MATH_SUBJECTS, TASKS, Reasoning, eval_set_env, eval_set_name,
+                        filter_math, grade_after_thinking, make_env, make_env_options, named_rows,
+                        rename_fields, resolve_task)
 from common.models import (capture_decoding, check_model_name, encode_prompts, load_policy,
-                           load_tokenizer, max_positions)
+                           load_tokenizer, max_positions, read_reasoning, read_template_kwargs)
 from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges, chosen_problems,
                         parse_args, problem_metrics, replace_file, sample_problems)
 
@@ -132,6 +132,7 @@ def check_args(args):
         raise UsageError(f"--split must be 'train' or 'test', got {args.split!r}")
     # the ranges training has (sizes >= 1 and within what memory holds, every real number finite)
     check_ranges(args)
+    read_template_kwargs(args.chat_template_kwargs, args.template)  # a JSON object, for chat
     if args.num_generations > 1 and args.temperature == 0:
         raise UsageError(f"--n {args.num_generations} with --temperature 0 gives "
                          f"{args.num_generations} copies of the greedy answer; "
@@ -235,7 +236,8 @@ def summarize(records, ks):
 def grade(task, response, gold):
     """The task's verifier on one response: what env.score gives, for rows that are not in an
     env."""
-    reward, pred, format_ok = task_grade(TASKS[task], response, gold)
+    final = Reasoning().split(response)[1]  # graded after a <think> block (data/README.md)
+    reward, pred, format_ok = grade_after_thinking(TASKS[task], final, gold)
     return {"response": response, "reward": reward, "correct": reward == 1.0, "pred": pred,
             "format_ok": format_ok}
 
@@ -395,7 +397,9 @@ def main(args):
     sets = {name: data_set(args, given) for name, given in
             (zip(outputs(args), args.eval_datasets) if args.eval_datasets else [(None, None)])}
     ks = sorted(set(args.k or [1, args.num_generations]))
-    tokenizer = load_tokenizer(args.model_name_or_path)
+    tokenizer = load_tokenizer(args.model_name_or_path, template_kwargs=args.chat_template_kwargs)
+    for s in sets.values():  # graded past a reasoning block, where the prompts leave one open
+        read_reasoning(tokenizer, s["env"])
     # every evaluated prompt, with the answer's tokens, fits the model's positions (its config's,
     # read before the weights load)
     positions = max_positions(args.model_name_or_path)

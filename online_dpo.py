@@ -76,6 +76,9 @@ class Args(TrainArgs):
     """sampling temperature (also applied to the training log-probs)"""
     top_p: float = 1.0
     """nucleus sampling mass"""
+    max_thinking_tokens: Optional[int] = None
+    """thinking budget: past this many tokens in a <think> block the sampler
+    closes it (s1's budget forcing; those tokens out of the loss)"""
     # ---- the algorithm
     num_prompts: int = 16
     """prompts per update, over all ranks"""
@@ -114,7 +117,9 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
     prompts = [p for p in prompts for _ in range(G)]  # a group's rows in a row
     with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens,
-                       args.temperature, args.top_p, seeds=seeds, decoder=decoder)
+                       args.temperature, args.top_p, seeds=seeds, decoder=decoder,
+                       reasoning=env.reasoning,
+                       max_thinking_tokens=args.max_thinking_tokens)
     texts = gen.texts(tokenizer)
     graded = env.score_all(texts, [p for p in problems for _ in range(G)],
                            gen.completion_ids())
@@ -224,7 +229,8 @@ def main(args):
     start_step, resume_from = run.resume_point()
 
     # ---- models
-    tokenizer = load_tokenizer(args.model_name_or_path)
+    tokenizer = load_tokenizer(args.model_name_or_path,
+                               template_kwargs=args.chat_template_kwargs)
     run.check_prompts(tokenizer, env, eval_env)
     policy = trained_policy(args, resume_from, run.device)
     # new to online DPO: a reference always, the implicit reward's
@@ -256,7 +262,7 @@ def main(args):
         rows_of_pairs, weights = rows_in_step(chosen, rejected)  # [2 P'], [P']
         pairs = gen.rows(rows_of_pairs)  # w, l, w, l...
         input_ids, attention_mask = pairs.sequences()  # [2 P', P + R]
-        loss_mask = pairs.response_mask  # [2 P', R] the pairs' tokens
+        loss_mask = pairs.response_mask * (1 - pairs.forced)  # [2 P', R] the pairs' own
         # the statistics count the tokens of the pairs of weight 1 only
         mask = loss_mask.float() * weights.repeat_interleave(2)[:, None]
         R = loss_mask.shape[1]

@@ -22,6 +22,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from common.errors import UsageError
+from common.env.reasoning import Reasoning
 from common.env.rewards import call_reward_fn, load_reward_fn, weighted_sum
 from common.env.tasks import (TASKS, Arithmetic, Task, detect_task, grade, is_hub_id, load_few_shot,
                           load_hub_rows, read_rows, rename_fields)
@@ -50,6 +51,9 @@ class MathEnv:
         self.index, self.steps, self.done = None, [], True
         # (--dataset_name, --dataset_path) as the run reads them, for args.json: `make_envs` sets it
         self.source = None
+        # the reasoning block's tags, and where thinking is expected a token counter for its
+        # metrics: `read_reasoning` sets them once the tokenizer is known
+        self.reasoning, self.count_tokens, self.think_log = Reasoning(), None, []
 
     def __len__(self):
         return len(self.examples)
@@ -126,10 +130,21 @@ class MathEnv:
         self._prompt = self.prompt(self.index)
         return self._prompt
 
+    def read_reasoning(self, reasoning, count_tokens=None):
+        """Grade by `reasoning`'s tags (common/env/reasoning.py); with count_tokens(text) -> its
+        tokens, also log what the thinking took (`reward_metrics`' think/ keys)."""
+        self.reasoning, self.count_tokens = reasoning, count_tokens
+
     def verify(self, response: str, index: int) -> tuple[float, dict]:
-        """The task's verifier on a full response to problem `index`: (reward, info)."""
+        """The task's verifier on what follows a full response's reasoning block, if it has one
+        (a block that never closed holds no answer): (reward, info)."""
         answer = self.examples[index]["answer"]
-        reward, pred, format_ok = grade(self.task, response, answer)
+        thinking, final = self.reasoning.split(response)
+        reward, pred, format_ok = grade_after_thinking(self.task, final, answer)
+        if self.count_tokens is not None:
+            inside = self.reasoning.thinking_text(thinking or "")
+            self.think_log.append((self.count_tokens(inside) if inside else 0, final is None,
+                                   self.count_tokens(final) if final else 0))
         return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
                         "answer": answer, "steps": 1}
 
@@ -165,8 +180,22 @@ class MathEnv:
     def reward_metrics(self) -> dict:
         """{"rewards/<name>/mean": ...} of the verifier and each --reward_fn over the responses
         graded since the last call (None values left out; NaN where none was graded, so that every
-        update and every rank logs the same keys); {} without a --reward_fn."""
-        return self._reward_means() if self.reward_funcs else {}
+        update and every rank logs the same keys); {} without a --reward_fn. Where thinking is
+        expected (`read_reasoning`), the thinking's too (`_think_means`)."""
+        means = self._reward_means() if self.reward_funcs else {}
+        return {**means, **self._think_means()} if self.count_tokens else means
+
+    def _think_means(self) -> dict:
+        """Over the responses graded since the last call: the tokens inside the reasoning block
+        (think/len_mean), the share whose block never closed (think/unclosed_frac) and the tokens
+        of the answer after it (think/answer_len_mean); a response without a block thought 0
+        tokens and answered with all of its own."""
+        log, n = self.think_log, max(1, len(self.think_log))
+        out = {"think/len_mean": sum(t for t, _, _ in log) / n,
+               "think/unclosed_frac": sum(u for _, u, _ in log) / n,
+               "think/answer_len_mean": sum(a for _, _, a in log) / n}
+        log.clear()  # in place: the stepwise episodes' copies of this env share it
+        return out
 
     def _reward_means(self) -> dict:
         """reward_metrics where there is a --reward_fn: each reward's mean, and the log emptied."""
@@ -262,10 +291,16 @@ def _unknown_task(name):
                       f"evaluated only: {_names(True)}.")
 
 
-def verify(task: str, response: str, answer: str) -> float:
-    """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0).
-    Pure."""
-    return grade(_task(task), response, answer)[0]
+def grade_after_thinking(task, final, answer) -> tuple:
+    """The task's (reward, extracted answer, format_ok) of `final`, what follows a response's
+    reasoning block (`Reasoning.split`); None, a block that never closed, has no answer."""
+    return (0.0, None, False) if final is None else grade(task, final, answer)
+
+
+def verify(task: str, response: str, answer: str, reasoning=Reasoning()) -> float:
+    """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0),
+    graded after its reasoning block. Pure."""
+    return grade_after_thinking(_task(task), reasoning.split(response)[1], answer)[0]
 
 
 def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=print,

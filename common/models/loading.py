@@ -31,12 +31,13 @@ from pathlib import Path
 
 import torch
 
-from common.distributed import broadcast_parameters
+from common.distributed import broadcast_parameters, print0
 from common.errors import PathError, UsageError
 from common.models.fast.compile import compile_decoding
 from common.models.fast.graphs import capture_decoding
 from common.models.hf import decoder_layers, position_ids_from_mask
 from common.models.fast.prompts import shared_prompt_forward
+from common.models.templates import check_template_kwargs, read_template_kwargs
 from common.models.sharding import (AdapterOff, AdapterOffBody, add_lora, full_state_dict,
                                     is_sharded, shard)
 
@@ -303,9 +304,12 @@ def _hub_error(name, err, flag="--model_name_or_path"):
                      f"the Hugging Face hub, use {offline}.")
 
 
-def load_tokenizer(name, flag="--model_name_or_path"):
+def load_tokenizer(name, flag="--model_name_or_path", template_kwargs=None):
     """Tokenizer with a pad token and left padding (generation appends on the right). flag: the
-    option that named it, for the messages."""
+    option that named it, for the messages. template_kwargs: --chat_template_kwargs (JSON),
+    checked against its chat template and kept on it for every prompt
+    (common/models/templates.py)."""
+    kwargs = read_template_kwargs(template_kwargs)  # a malformed one fails before any loading
     from transformers import AutoTokenizer
 
     check_model_name(name, flag)
@@ -321,6 +325,7 @@ def load_tokenizer(name, flag="--model_name_or_path"):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    tok.chat_template_kwargs = check_template_kwargs(tok, kwargs, name, say=print0)
     return tok
 
 

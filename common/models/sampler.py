@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from common.env.reasoning import Reasoning, declared_tags
 from common.models.hf import KV_CACHE, position_ids_from_mask
 from common.models.sharding import unsharded
+from common.models.templates import template_kwargs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -26,10 +28,13 @@ def render_prompt(tokenizer, obs):
     strip or close a final message, and the step boundary (a newline) must survive exactly."""
     if isinstance(obs, str):
         return obs
+    options = template_kwargs(tokenizer)  # --chat_template_kwargs, e.g. enable_thinking
     if obs and obs[-1]["role"] == "assistant":
-        head = tokenizer.apply_chat_template(obs[:-1], add_generation_prompt=True, tokenize=False)
+        head = tokenizer.apply_chat_template(obs[:-1], add_generation_prompt=True, tokenize=False,
+                                             **options)
         return head + obs[-1]["content"]
-    return tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=False,
+                                         **options)
 
 
 def encode_prompts(tokenizer, observations):
@@ -41,6 +46,24 @@ def encode_prompts(tokenizer, observations):
         # it has one.
         ids.append(tokenizer(text, add_special_tokens=isinstance(obs, str))["input_ids"])
     return ids
+
+
+def read_reasoning(tokenizer, env, thinking=False):
+    """Tell `env` where its responses' reasoning block opens and closes, as this tokenizer's
+    template puts its prompts (common/env/reasoning.py): the tokenizer's own tags, else <think> and
+    </think>, and whether the prompt opens the block. Where thinking is expected (the template or
+    a prompt names the open tag, or `thinking`: a thinking budget) the env also counts what the
+    thinking took, in tokens. -> the Reasoning"""
+    tags = declared_tags(tokenizer)
+    prompt = render_prompt(tokenizer, env.prompt(0))
+    reasoning = Reasoning(*tags, opened=Reasoning.opens_in(prompt, tags))
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    if thinking or tags[0] in prompt or tags[0] in (template or ""):
+        env.read_reasoning(reasoning, lambda text: len(tokenizer(
+            text, add_special_tokens=False)["input_ids"]))
+    else:
+        env.read_reasoning(reasoning)
+    return reasoning
 
 
 def left_pad(sequences, pad_id):
@@ -76,6 +99,13 @@ class Generation:
     logprobs: torch.Tensor  # [B, R] the sampler's log-prob of each token (temperature, pre-top-p)
     finished: torch.Tensor  # [B] bool: ended with EOS or a stop string
     truncated: torch.Tensor  # [B] bool: hit max_new_tokens first
+    # [B, R] 1 on the tokens the sampler wrote, not the model (a thinking budget's close): they
+    # stay in the sequence, out of the loss. None: zeros
+    forced: torch.Tensor = None
+
+    def __post_init__(self):
+        if self.forced is None:
+            self.forced = torch.zeros_like(self.response_mask)
 
     def sequences(self):
         """[prompt ; response] ids and attention mask, [B, P + R]: the input of training
@@ -113,7 +143,8 @@ class Generation:
             torch.cat([pad(g.response_ids, R, False, pad_id) for g in gens]),
             torch.cat([pad(g.response_mask, R, False) for g in gens]),
             torch.cat([pad(g.logprobs, R, False) for g in gens]),
-            torch.cat([g.finished for g in gens]), torch.cat([g.truncated for g in gens]))
+            torch.cat([g.finished for g in gens]), torch.cat([g.truncated for g in gens]),
+            torch.cat([pad(g.forced, R, False) for g in gens]))
 
 
 @dataclass
@@ -133,7 +164,7 @@ class Rollout:
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
-             seeds=None, decoder=None):
+             seeds=None, decoder=None, reasoning=None, max_thinking_tokens=None):
     """Sample one response per prompt, a token at a time, each step reading the keys and values of
     the tokens before it from a KV cache.
 
@@ -141,7 +172,9 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     sampling stream (None: torch's global RNG). stop_strings: e.g. ("\\n",) ends a row at a step
     boundary; the token that completes a stop string, or the EOS, is kept in the response.
     decoder: what runs the model, `Decoder(model)` by default; the algorithm files pass
-    common.models.fast.decoding's FastDecoder, which draws the same tokens faster. Returns a
+    common.models.fast.decoding's FastDecoder, which draws the same tokens faster.
+    max_thinking_tokens: a row that has thought this many tokens inside its reasoning block
+    (`reasoning`'s tags) gets the block's close from the sampler (`ThinkingBudget`). Returns a
     `Generation` on the model's device. """
     decoder = Decoder(model) if decoder is None else decoder
     device = next(model.parameters()).device
@@ -158,6 +191,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     done = torch.zeros(B, dtype=torch.bool, device=device)  # the row has stopped
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # ... by EOS or a stop string
     rows = torch.arange(B, device=device)  # the rows in the forward batch: finished ones leave it
+    budget = None if max_thinking_tokens is None else ThinkingBudget(
+        tokenizer, reasoning, max_thinking_tokens, B, device)
     # FSDP2: the whole weights for the rollout, as ranks stop at different tokens
     with unsharded(model):
         logits = decoder.prefill(prompt_ids, prompt_mask, max_new_tokens)  # [B, V]
@@ -171,6 +206,9 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             logprobs.append(torch.zeros(B, device=device).index_put(
                 (rows,), logprob.masked_fill(stopped, 0.0)))
             alive.append(~done)
+            if budget is not None:  # a spent budget: the close tag's next token, not the draw
+                tokens[-1], logprobs[-1] = budget.step(tokens, logprobs[-1], alive[-1], logits,
+                                                       rows, temperature)
             hit = torch.isin(tokens[-1], eos)
             if stop_strings:
                 hit |= stop_string_hit(tokenizer, tokens, stop_strings, alive[-1])
@@ -194,7 +232,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
                       response_ids=torch.stack(tokens[:R], dim=1),
                       response_mask=response_mask[:, :R],
                       logprobs=torch.stack(logprobs[:R], dim=1), finished=finished,
-                      truncated=~finished)
+                      truncated=~finished,
+                      forced=None if budget is None else budget.forced_mask(R))
 
 
 class Decoder:
@@ -241,6 +280,68 @@ class Decoder:
     def remember(self, gen):
         """Nothing: the plain decoder reads every prompt whole, while FastDecoder keeps what a
         stepwise episode's next prompt shares with this one."""
+
+
+class ThinkingBudget:
+    """Budget forcing (s1, Muennighoff et al. 2025): once a row has thought `max_tokens` tokens
+    inside its reasoning block without closing it, the sampler writes the close tag's tokens in
+    place of the next draws, and the model goes on to answer after them. Those tokens are the
+    sampler's, marked in `Generation.forced`, out of the loss (as a tool's are in tools.py); their
+    log-probs are still the model's, so the sampler/trainer mismatch stays measured on every token.
+
+    A tag is matched as the token ids the tokenizer gives it alone: exact where it is one token
+    (Qwen3's, DeepSeek-R1's, SmolLM3's <think>), and where a model spells it in other pieces, the
+    budget does not see it. Each step is a few tensor ops over every row, so the plain and the fast
+    decoder write the same tokens."""
+
+    def __init__(self, tokenizer, reasoning, max_tokens, rows, device):
+        def ids(tag):
+            return torch.tensor(tokenizer(tag, add_special_tokens=False)["input_ids"],
+                                device=device)
+        self.open, self.close = ids(reasoning.open), ids(reasoning.close)
+        self.max_tokens = max_tokens
+        # a prompt that opens the block starts every row inside it
+        self.inside = torch.full((rows,), reasoning.opened, dtype=torch.bool, device=device)
+        self.thought = torch.zeros(rows, dtype=torch.long, device=device)  # tokens in the block
+        self.next = torch.full((rows,), -1, dtype=torch.long, device=device)  # close's next, or -1
+        self.forced = []  # [B] per step: the sampler wrote it
+
+    def step(self, tokens, logprob, alive, logits, rows, temperature):
+        """This step's tokens (the last of `tokens`, [B]) with the close's next token where a row
+        writes it, their log-probs [B] under the model (logits [b, V] of the batch rows `rows`),
+        and each row's count of thought tokens moved on. -> (tokens [B], log-probs [B])"""
+        writing = (self.next >= 0) & alive
+        token = torch.where(writing, self.close[self.next.clamp(min=0)], tokens[-1])
+        scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+        model_logprob = torch.zeros_like(logprob).index_put(
+            (rows,), torch.log_softmax(scaled, -1).gather(-1, token[rows, None])[:, 0])
+        logprob = torch.where(writing, model_logprob, logprob)
+        self.forced.append(writing)
+        done_writing = writing & (self.next == len(self.close) - 1)
+        self.next = torch.where(writing, self.next + 1, self.next).masked_fill(done_writing, -1)
+        history = tokens[-max(len(self.open), len(self.close)):-1] + [token]  # the tail
+        opened = ~writing & self._ends_with(history, self.open) & alive
+        closed = (~writing & self._ends_with(history, self.close) & alive) | done_writing
+        self.thought = torch.where(opened, 0, self.thought + (self.inside & ~closed & alive))
+        self.inside = (self.inside | opened) & ~closed
+        spent = self.inside & (self.next < 0) & (self.thought >= self.max_tokens) & alive
+        # a row that has begun the close itself goes on from its first piece not yet written
+        start = torch.zeros_like(self.next)
+        for k in range(len(self.close) - 1, 0, -1):
+            start = torch.where((start == 0) & self._ends_with(history, self.close[:k]), k, start)
+        self.next = torch.where(spent, start, self.next)
+        return token, logprob
+
+    @staticmethod
+    def _ends_with(tokens, tag):
+        """[B] whether each row's tokens so far end with the ids `tag`."""
+        if len(tokens) < len(tag) or not len(tag):
+            return torch.zeros_like(tokens[-1], dtype=torch.bool)
+        return (torch.stack(tokens[-len(tag):], dim=1) == tag).all(1)
+
+    def forced_mask(self, steps):
+        """[B, steps] 1 where the sampler wrote the token."""
+        return torch.stack(self.forced[:steps], dim=1).long()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class DataArgs:
     """math: keep these MATH levels only, e.g. '1-3' or '4,5' (default: all)"""
     template: Literal["chat", "plain"] = "chat"
     """'chat' for instruct models, 'plain' for base models"""
+    chat_template_kwargs: Optional[str] = None
+    """options the chat template reads, a JSON object (TRL's name), e.g. '{"enable_thinking":
+    true}' for Qwen3 (docs/thinking.md)"""
     system_prompt: Optional[str] = None
     """system prompt text (default: the task's own)"""
     num_few_shot: int = 1
@@ -156,7 +159,7 @@ POSITIVE = ("max_steps", "max_new_tokens", "max_turns", "micro_batch_size", "eva
             "log_interval",
             "num_prompts", "num_generations", "num_ppo_epochs", "num_mini_batches", "num_envs",
             "num_steps", "max_episode_steps", "eval_max_new_tokens", "max_sampling_rounds",
-            "critic_hidden_size")
+            "critic_hidden_size", "max_thinking_tokens")
 NON_NEGATIVE = ("num_eval_problems", "eval_samples", "eval_interval", "save_interval",
                 "warmup_steps",
                 "num_few_shot", "lora_r", "critic_num_layers", "ref_model_sync_steps",

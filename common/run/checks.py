@@ -24,6 +24,7 @@ from common.distributed import collective_device, collective_group, print0, worl
 from common.run.logger import kind_of
 from common.errors import NonFiniteError, PackageError, PathError, UsageError
 from common.models.loading import check_model_name
+from common.models.templates import read_template_kwargs
 
 
 # The checks every algorithm file shares, in the order they run, before any model loads. A row:
@@ -81,6 +82,15 @@ COMMON_CHECKS = [
      "requirements-extra.txt (wandb and tensorboard), or drop --track (metrics.jsonl is written "
      "anyway, TensorBoard logs when installed)."),
     (None, lambda a, w: check_model_name(a.model_name_or_path), None, None),
+    # raises its own error where --chat_template_kwargs is no JSON object (else a dict: not None)
+    (None, lambda a, w: read_template_kwargs(a.chat_template_kwargs, a.template) is None, None,
+     None),
+    ("max_thinking_tokens", lambda a, w: (a.max_thinking_tokens or 0) >= a.max_new_tokens,
+     UsageError,
+     lambda a, w: f"--max_thinking_tokens {a.max_thinking_tokens} must be below --max_new_tokens "
+                  f"{a.max_new_tokens}, which holds the thinking, its close and the answer "
+                  f"after it: raise --max_new_tokens (e.g. to {a.max_thinking_tokens + 256}) or "
+                  "lower the budget."),
 ]
 # --eval_datasets and --eval_samples where the evaluation can do them: held-out problems to
 # evaluate, and whole responses sampled by `generate` (a stepwise evaluation plays episodes, and

@@ -15,8 +15,8 @@ it changes what an update computes:
     run = Run(args, check_args)                     # ranks, checks, seed
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     start_step, resume_from = run.resume_point()
-    tokenizer = load_tokenizer(args.model_name_or_path)
-    run.check_prompts(tokenizer, env, eval_env)     # each prompt within the model's positions
+    tokenizer = load_tokenizer(args.model_name_or_path, template_kwargs=...)
+    run.check_prompts(tokenizer, env, eval_env)     # within the model's positions; thinking
     ...                                             # the models, the optimizers
     run.start(policy, tokenizer, eval_env, {"policy": (policy, optimizer)})
     for step in range(start_step, args.max_steps):
@@ -44,7 +44,7 @@ from common.env import eval_set_name, make_eval_sets
 from common.env.grader import grader_counts
 from common.models.loading import max_positions
 from common.models.offload import offload_optimizer
-from common.models.sampler import encode_prompts
+from common.models.sampler import encode_prompts, read_reasoning
 from common.models.sharding import clip_grad_norm, load_optimizer_state
 from common.run.args import algorithm_of, lr_at, schedule
 from common.run.checkpoints import resume_point, save_checkpoint
@@ -232,7 +232,11 @@ class Run:
     def check_prompts(self, tokenizer, *envs):
         """Stop, naming the row and the fix, before the weights load, if a prompt with
         --max_new_tokens passes the model's positions (its config's): past them the model reads
-        positions it never learned, and the run would train on what it makes of them."""
+        positions it never learned, and the run would train on what it makes of them. Then tell
+        each env where the prompts leave a reasoning block (`read_reasoning`: graded past it)."""
+        for env in filter(None, envs):
+            if hasattr(env, "read_reasoning"):  # stepwise episodes grade by their own MathEnv
+                read_reasoning(tokenizer, env, getattr(self.args, "max_thinking_tokens", None))
         positions = max_positions(self.args.model_name_or_path)
         if positions is None:  # no config to read here: the loading says why
             return

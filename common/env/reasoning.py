@@ -1,0 +1,69 @@
+"""The reasoning block of a thinking model's response, and the rule that grades only what follows it
+(data/README.md, "Thinking models").
+
+    tags = Reasoning()                                    # <think> ... </think>
+    tags.split("<think>36? no, 38</think> The answer is 36.")  # ("<think>36? no, 38", " The ...")
+    Reasoning(opened=True).split("still thinking")        # ("still thinking", None): no answer
+
+The rule, as text (what the verifier reads), in order:
+- no tag at all: no block, and the whole response is the answer, graded as it always was;
+- the answer is what follows the LAST close tag: the scratch work before it, a first guess and a
+  second block included, is never graded, so a model that reconsiders is paid for where it ends;
+- an open tag after the last close (or, where the prompt opened the block, no close at all) is a
+  block that never closed: the response has no answer (reward 0), and the run counts it.
+"""
+
+from dataclasses import dataclass
+
+THINK_TAGS = ("<think>", "</think>")  # Qwen3's, DeepSeek-R1's and SmolLM3's, and R1-zero's prompts
+# the names transformers' response templates give a reasoning field (a tokenizer's own tags)
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Where a response's reasoning block opens and closes. opened: the prompt ends inside an open
+    block (a DeepSeek-R1 distill's template, or Qwen3's thinking ones, write `<think>` after the
+    generation prompt), so the response starts in it."""
+    open: str = THINK_TAGS[0]
+    close: str = THINK_TAGS[1]
+    opened: bool = False
+
+    def split(self, response: str) -> tuple:
+        """-> (thinking, answer): thinking None where the response holds no block; answer None
+        where the block never closed."""
+        end = response.rfind(self.close)
+        if end >= 0:
+            answer = response[end + len(self.close):]
+            if self.open in answer:  # a block opened after the last close, and left open
+                return response, None
+            return response[:end], answer
+        start = response.find(self.open)
+        if start >= 0:
+            return response[start:], None
+        return (response, None) if self.opened else (None, response)
+
+    def thinking_text(self, thinking: str) -> str:
+        """The block's contents: its tags dropped (for counting its tokens)."""
+        return thinking.replace(self.open, "").replace(self.close, "")
+
+    @staticmethod
+    def opens_in(prompt: str, tags=THINK_TAGS) -> bool:
+        """Whether a rendered prompt ends inside an open block: its last open tag has no close
+        after it (Qwen3 with enable_thinking=False writes an empty, closed block: not opened)."""
+        start = prompt.rfind(tags[0])
+        return start >= 0 and tags[1] not in prompt[start:]
+
+
+def declared_tags(tokenizer) -> tuple:
+    """The reasoning tags a tokenizer declares in its response template (transformers'
+    `response_template`, a field named reasoning_content, thinking or reasoning with literal
+    `open` and `close`), else `<think>` and `</think>`."""
+    fields = (getattr(tokenizer, "response_template", None) or {}).get("fields", {})
+    for name in REASONING_FIELDS:
+        field = fields.get(name) if isinstance(fields, dict) else None
+        tags = [field.get(k) if isinstance(field, dict) else None for k in ("open", "close")]
+        tags = [t[0] if isinstance(t, list) and t else t for t in tags]
+        if all(isinstance(t, str) and t.strip() for t in tags):
+            return tags[0].strip(), tags[1].strip()
+    return THINK_TAGS
