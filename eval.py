@@ -92,6 +92,9 @@ class Args(DataArgs):
     """sampling temperature; 0 is greedy (then --num_generations must be 1)"""
     top_p: float = 1.0
     """nucleus sampling mass"""
+    max_thinking_tokens: Optional[int] = None
+    """thinking budget: past this many tokens in a <think> block the sampler closes it (s1's
+    budget forcing, as training's option; docs/thinking.md)"""
     bf16: bool = False
     """bfloat16 autocast for forwards"""
     cuda_graphs: bool = True
@@ -399,7 +402,7 @@ def main(args):
     ks = sorted(set(args.k or [1, args.num_generations]))
     tokenizer = load_tokenizer(args.model_name_or_path, template_kwargs=args.chat_template_kwargs)
     for s in sets.values():  # graded past a reasoning block, where the prompts leave one open
-        read_reasoning(tokenizer, s["env"])
+        read_reasoning(tokenizer, s["env"], args.max_thinking_tokens)
     # every evaluated prompt, with the answer's tokens, fits the model's positions (its config's,
     # read before the weights load)
     positions = max_positions(args.model_name_or_path)
@@ -450,8 +453,12 @@ def data_set(args, given):
         task, what = env.task.name, f"{given} ({env.task.name})"
     # all problems, or the fixed random subset that training's evaluation reads
     indices = chosen_problems(len(env), args.num_eval_problems or len(env))
-    return {"task": task, "env": env, "indices": indices,
-            "max_new_tokens": args.max_new_tokens or default_budget(task), "what": what,
+    budget = args.max_new_tokens or default_budget(task)
+    if (args.max_thinking_tokens or 0) >= budget:
+        raise UsageError(f"--max_thinking_tokens {args.max_thinking_tokens} must be below the "
+                         f"{what} set's --max_new_tokens {budget}, which holds the thinking, its "
+                         "close and the answer: raise --max_new_tokens or lower the budget.")
+    return {"task": task, "env": env, "indices": indices, "max_new_tokens": budget, "what": what,
             "given": given}
 
 

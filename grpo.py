@@ -72,7 +72,7 @@ class Args(TrainArgs):
     """nucleus sampling mass"""
     max_thinking_tokens: Optional[int] = None
     """thinking budget: past this many tokens in a <think> block the sampler
-    closes it (s1's budget forcing; those tokens out of the loss)"""
+    closes it (s1's budget forcing; those tokens out of the loss; docs/thinking.md)"""
     # ---- the algorithm
     num_prompts: int = 4
     """prompts per update, over all ranks"""
@@ -117,8 +117,7 @@ def rollout(policy, tokenizer, env, position, first_prompt, local_prompts, args,
     with autocast, fast_decoding(policy, enabled=not args.plain) as decoder:
         gen = generate(policy, tokenizer, prompts, args.max_new_tokens,
                        args.temperature, args.top_p, seeds=seeds, decoder=decoder,
-                       reasoning=env.reasoning,
-                       max_thinking_tokens=args.max_thinking_tokens)
+                       reasoning=env.reasoning)
     texts = gen.texts(tokenizer)
     graded = env.score_all(texts, [p for p in problems for _ in range(G)],
                            gen.completion_ids())

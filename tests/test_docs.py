@@ -280,4 +280,4 @@ def test_docs_holds_the_pages_a_reader_uses_and_no_others():
     algorithm_pages = {f"{a}.md" for a in ALGORITHMS}
     assert algorithm_pages <= pages
     assert pages - algorithm_pages == {"README.md", "reading.md", "course.md", "your_own_task.md",
-                                       "results.md", "gpu.md"}
+                                       "results.md", "gpu.md", "thinking.md"}

@@ -87,7 +87,7 @@ def test_the_budget_closes_a_block_after_its_tokens_and_only_then():
     # over the next two draws. Row 1 closes its block itself after 2: nothing is forced. Row 2
     # never opens one. Row 3 starts inside (a prompt that opens it) and is forced at once after 3.
     # Row 4 has written the close's first piece as its 3rd token: the sampler writes the rest.
-    budget = ThinkingBudget(Ids(), Reasoning(), 3, 5, "cpu")
+    budget = ThinkingBudget(Ids(), Reasoning(budget=3), 5, "cpu")
     budget.inside[3] = True
     draws = [[5, 1, 7, 7, 7, 9, 9, 8],
              [1, 7, 2, 3, 9, 9, 9, 9],
@@ -113,10 +113,10 @@ def test_the_budget_closes_a_block_after_its_tokens_and_only_then():
 def test_the_plain_and_the_fast_sampler_force_the_same_tokens(tiny, models):
     tok = load_tokenizer(models["r1_distill"])
     env = make_env("arithmetic", split="test")
-    reasoning = read_reasoning(tok, env)
+    reasoning = read_reasoning(tok, env, budget=5)
     prompts = encode_prompts(tok, [env.prompt(i) for i in (0, 0, 1)])
     close = tok("</think>", add_special_tokens=False)["input_ids"]
-    kw = dict(temperature=1.0, seeds=[1, 2, 3], reasoning=reasoning, max_thinking_tokens=5)
+    kw = dict(temperature=1.0, seeds=[1, 2, 3], reasoning=reasoning)
     plain = generate(tiny, tok, prompts, 16, **kw)
     fast = fast_generate(tiny, tok, prompts, 16, **kw)
     assert fast.response_ids.tolist() == plain.response_ids.tolist()
@@ -189,3 +189,56 @@ def test_each_template_trains_two_updates_and_evaluates(tmp_path, models, style,
                                 *(["--chat_template_kwargs", *kwargs] if kwargs else [])],
                                cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+
+
+# ---- bad input: one line, before the weights load ------------------------------------------------
+def test_a_budget_not_below_the_response_budget_is_refused_before_any_model_loads(tmp_path):
+    from common.run.checks import check_options
+    args = replace(grpo.Args(), model_name_or_path="tiny-random", max_new_tokens=64,
+                   max_thinking_tokens=64, output_dir=str(tmp_path / "run"))
+    with pytest.raises(UsageError, match=r"--max_thinking_tokens 64 must be below "
+                                         r"--max_new_tokens 64.*\(e\.g\. to 320\)"):
+        check_options(args, grpo.check_args)
+    check_options(replace(args, max_thinking_tokens=63), grpo.check_args)
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--chat_template_kwargs", "{enable_thinking: true}"], "error: --chat_template_kwargs "
+     "'{enable_thinking: true}': not JSON (Expecting property name enclosed in double quotes, at "
+     "character 1); pass a JSON object"),
+    (["--max_thinking_tokens", "64"], "error: --max_thinking_tokens 64 must be below "
+                                      "--max_new_tokens 64"),
+])
+def test_bad_thinking_options_are_one_line(flags, says):
+    out = subprocess.run([sys.executable, "grpo.py", "--model_name_or_path", "tiny-random",
+                          *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    said = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode != 0 and len(said) == 1 and said[0].startswith(says), said
+
+
+class Template:
+    """A tokenizer's chat template alone: `source`, which may raise when rendered."""
+
+    def __init__(self, source, fails=None):
+        self.chat_template, self.fails = source, fails
+
+    def apply_chat_template(self, messages, **kwargs):
+        if self.fails:
+            raise self.fails
+        return "rendered"
+
+
+def test_a_template_that_cannot_take_the_options_is_refused(capsys):
+    from common.models.templates import check_template_kwargs
+    wanted = {"enable_thinking": True}
+    with pytest.raises(UsageError, match="m's tokenizer has no chat template to pass them to"):
+        check_template_kwargs(Template(None), wanted, "m")
+    with pytest.raises(UsageError, match=r"m's chat template fails with them \(TemplateError: "
+                                         r"thinking must be a string\)"):
+        from jinja2 import TemplateError
+        check_template_kwargs(Template("{{ enable_thinking }}",
+                                       TemplateError("thinking must be a string")), wanted, "m")
+    assert check_template_kwargs(Template("{% if enable_thinking %}x{% endif %}"), wanted,
+                                 "m") == wanted
+    assert capsys.readouterr().out == ""  # a template that reads the option: no warning
+    assert check_template_kwargs(Template(None), {}, "m") == {}  # nothing given, nothing checked

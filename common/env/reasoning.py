@@ -24,10 +24,13 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 class Reasoning:
     """Where a response's reasoning block opens and closes. opened: the prompt ends inside an open
     block (a DeepSeek-R1 distill's template, or Qwen3's thinking ones, write `<think>` after the
-    generation prompt), so the response starts in it."""
+    generation prompt), so the response starts in it. budget: --max_thinking_tokens, the tokens a
+    block may run before the sampler closes it (None: no limit; common/models/sampler.py's
+    `ThinkingBudget`)."""
     open: str = THINK_TAGS[0]
     close: str = THINK_TAGS[1]
     opened: bool = False
+    budget: int | None = None
 
     def split(self, response: str) -> tuple:
         """-> (thinking, answer): thinking None where the response holds no block; answer None

@@ -48,17 +48,18 @@ def encode_prompts(tokenizer, observations):
     return ids
 
 
-def read_reasoning(tokenizer, env, thinking=False):
+def read_reasoning(tokenizer, env, budget=None):
     """Tell `env` where its responses' reasoning block opens and closes, as this tokenizer's
     template puts its prompts (common/env/reasoning.py): the tokenizer's own tags, else <think> and
-    </think>, and whether the prompt opens the block. Where thinking is expected (the template or
-    a prompt names the open tag, or `thinking`: a thinking budget) the env also counts what the
-    thinking took, in tokens. -> the Reasoning"""
+    </think>, whether the prompt opens the block, and the thinking budget (--max_thinking_tokens),
+    which `generate` reads from `env.reasoning`. Where thinking is expected (the template or a
+    prompt names the open tag, or a budget is set) the env also counts what the thinking took, in
+    tokens. -> the Reasoning"""
     tags = declared_tags(tokenizer)
     prompt = render_prompt(tokenizer, env.prompt(0))
-    reasoning = Reasoning(*tags, opened=Reasoning.opens_in(prompt, tags))
+    reasoning = Reasoning(*tags, opened=Reasoning.opens_in(prompt, tags), budget=budget)
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-    if thinking or tags[0] in prompt or tags[0] in (template or ""):
+    if budget is not None or tags[0] in prompt or tags[0] in (template or ""):
         env.read_reasoning(reasoning, lambda text: len(tokenizer(
             text, add_special_tokens=False)["input_ids"]))
     else:
@@ -164,7 +165,7 @@ class Rollout:
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(),
-             seeds=None, decoder=None, reasoning=None, max_thinking_tokens=None):
+             seeds=None, decoder=None, reasoning=None):
     """Sample one response per prompt, a token at a time, each step reading the keys and values of
     the tokens before it from a KV cache.
 
@@ -173,9 +174,9 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     boundary; the token that completes a stop string, or the EOS, is kept in the response.
     decoder: what runs the model, `Decoder(model)` by default; the algorithm files pass
     common.models.fast.decoding's FastDecoder, which draws the same tokens faster.
-    max_thinking_tokens: a row that has thought this many tokens inside its reasoning block
-    (`reasoning`'s tags) gets the block's close from the sampler (`ThinkingBudget`). Returns a
-    `Generation` on the model's device. """
+    reasoning: the env's (`read_reasoning`); where it has a budget, a row that has thought that
+    many tokens inside its reasoning block gets the block's close from the sampler
+    (`ThinkingBudget`). Returns a `Generation` on the model's device. """
     decoder = Decoder(model) if decoder is None else decoder
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
@@ -191,8 +192,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     done = torch.zeros(B, dtype=torch.bool, device=device)  # the row has stopped
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # ... by EOS or a stop string
     rows = torch.arange(B, device=device)  # the rows in the forward batch: finished ones leave it
-    budget = None if max_thinking_tokens is None else ThinkingBudget(
-        tokenizer, reasoning, max_thinking_tokens, B, device)
+    budget = None if reasoning is None or reasoning.budget is None else ThinkingBudget(
+        tokenizer, reasoning, B, device)
     # FSDP2: the whole weights for the rollout, as ranks stop at different tokens
     with unsharded(model):
         logits = decoder.prefill(prompt_ids, prompt_mask, max_new_tokens)  # [B, V]
@@ -283,23 +284,24 @@ class Decoder:
 
 
 class ThinkingBudget:
-    """Budget forcing (s1, Muennighoff et al. 2025): once a row has thought `max_tokens` tokens
-    inside its reasoning block without closing it, the sampler writes the close tag's tokens in
-    place of the next draws, and the model goes on to answer after them. Those tokens are the
-    sampler's, marked in `Generation.forced`, out of the loss (as a tool's are in tools.py); their
-    log-probs are still the model's, so the sampler/trainer mismatch stays measured on every token.
+    """Budget forcing (s1, Muennighoff et al. 2025): once a row has thought `reasoning.budget`
+    tokens inside its reasoning block without closing it, the sampler writes the close tag's
+    tokens in place of the next draws, and the model goes on to answer after them. Those tokens
+    are the sampler's, marked in `Generation.forced`, out of the loss (as a tool's are in
+    tools.py); their log-probs are still the model's, so the sampler/trainer mismatch stays
+    measured on every token.
 
     A tag is matched as the token ids the tokenizer gives it alone: exact where it is one token
     (Qwen3's, DeepSeek-R1's, SmolLM3's <think>), and where a model spells it in other pieces, the
     budget does not see it. Each step is a few tensor ops over every row, so the plain and the fast
     decoder write the same tokens."""
 
-    def __init__(self, tokenizer, reasoning, max_tokens, rows, device):
+    def __init__(self, tokenizer, reasoning, rows, device):
         def ids(tag):
             return torch.tensor(tokenizer(tag, add_special_tokens=False)["input_ids"],
                                 device=device)
         self.open, self.close = ids(reasoning.open), ids(reasoning.close)
-        self.max_tokens = max_tokens
+        self.max_tokens = reasoning.budget
         # a prompt that opens the block starts every row inside it
         self.inside = torch.full((rows,), reasoning.opened, dtype=torch.bool, device=device)
         self.thought = torch.zeros(rows, dtype=torch.long, device=device)  # tokens in the block

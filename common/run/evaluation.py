@@ -81,7 +81,7 @@ def _grade_greedy(model, tokenizer, env, indices, max_new_tokens, batch_size, au
         else:
             with autocast, fast_decoding(model, enabled=fast) as decoder:
                 gen = generate(model, tokenizer, prompts, max_new_tokens, temperature=0.0,
-                               decoder=decoder)
+                               decoder=decoder, reasoning=env.reasoning)
             texts, truncated = gen.texts(tokenizer), gen.truncated.tolist()
         for i, text, truncated in zip(chunk, texts, truncated):
             reward, info = env.score(text, i)
@@ -161,7 +161,7 @@ def sample_problems(model, tokenizer, env, chunk, samples, max_new_tokens, tempe
     seeds = [sample_seed(seed, i, j) for i in chunk for j in range(samples)]
     with autocast, fast_decoding(model, enabled=fast) as decoder:
         gen = generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, seeds=seeds,
-                       decoder=decoder)
+                       decoder=decoder, reasoning=env.reasoning)
     texts = gen.texts(tokenizer)
     problems = [i for i in chunk for _ in range(samples)]
     return gen, texts, env.score_all(texts, problems, gen.completion_ids())
