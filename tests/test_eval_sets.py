@@ -54,7 +54,7 @@ class Scripted:
                         for j, text in enumerate(texts)}
 
     def __call__(self, model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0,
-                 stop_strings=(), seeds=None, decoder=None):
+                 stop_strings=(), seeds=None, decoder=None, reasoning=None):
         if seeds is None:
             assert temperature == 0.0
             written = [self.greedy[tuple(p)] for p in prompts]
