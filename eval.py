@@ -64,6 +64,9 @@ from common.models import (capture_decoding, check_model_name, encode_prompts, l
 from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges, chosen_problems,
                         parse_args, problem_metrics, replace_file, sample_problems)
 
+# what each response's record says of its thinking, where thinking is expected: tokens inside the
+# block, whether it never closed, tokens of the answer after it (the run's think/ metrics)
+THINK_FIELDS = ("think_tokens", "unclosed", "answer_tokens")
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl. A benchmark's is its task's
 # `budget` (common/env/tasks.py), the one its usual evaluation gives.
@@ -228,6 +231,9 @@ def summarize(records, ks):
         summary["response_len/mean"] = sum(s["length"] for s in samples) / len(samples)
     if all("truncated" in s for s in samples):
         summary["truncated_frac"] = sum(bool(s["truncated"]) for s in samples) / len(samples)
+    if all("think_tokens" in s for s in samples):  # a thinking model's (docs/thinking.md)
+        for field, key in zip(THINK_FIELDS, ("len_mean", "unclosed_frac", "answer_len_mean")):
+            summary[f"think/{key}"] = sum(s[field] for s in samples) / len(samples)
     if all("level" in r for r in records):  # where a mix gains or loses (docs/grpo.md#results)
         for level in sorted({r["level"] for r in records}, key=str):
             rows = [r for r in records if r["level"] == level]
@@ -335,6 +341,10 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
                                              args.top_p, autocast)
         lengths = gen.response_mask.sum(1).tolist()  # [B]
         truncated = gen.truncated.tolist()  # [B]
+        # where thinking is expected the env counted each response's thinking as it graded it
+        thought = [dict(zip(THINK_FIELDS, row)) for row in env.think_log[-len(texts):]
+                   ] if env.tokenizer else []
+        env.think_log.clear()
         for p, i in enumerate(chunk):
             samples = []
             for row in range(p * args.num_generations, (p + 1) * args.num_generations):
@@ -343,6 +353,7 @@ def sample_and_grade(policy, tokenizer, env, indices, args, max_new_tokens, show
                                 "correct": bool(info["correct"]),
                                 "pred": info["pred"], "format_ok": bool(info["format_ok"]),
                                 "length": lengths[row], "truncated": truncated[row],
+                                **(thought[row] if thought else {}),
                                 **({"rewards": info["rewards"]} if "rewards" in info else {})})
             example = env.examples[i]
             level = example.get("row", {}).get("level")  # arithmetic and MATH rows carry one

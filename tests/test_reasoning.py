@@ -1,6 +1,8 @@
 """The reasoning block's grading rule (data/README.md, "Thinking models"), case by case, with each
 case's reason; how a prompt is seen to open the block; and the tags a tokenizer declares."""
 
+import math
+
 import pytest
 
 from common.env import Reasoning, declared_tags, make_env, verify
@@ -89,9 +91,28 @@ def test_a_tokenizer_declares_its_own_tags():
     assert declared_tags(object()) == ("<think>", "</think>")
 
 
+class Words:
+    """A tokenizer whose tokens are the words of a text."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": text.split(" ")}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(ids)
+
+
+def test_the_thinking_ends_with_the_token_that_completes_the_last_close():
+    tags = Reasoning()
+    # "</" and "think>" are two tokens: the block ends with the second
+    ids = ["a", "<think>b", "c</", "think>", "d</", "think>", " The", " answer"]
+    assert tags.token_split("".join(ids), ids, "".join) == (6, False, 2)
+    assert tags.token_split("no block", ["no", " block"], "".join) == (0, False, 2)
+    assert tags.token_split("<think> on", ["<think>", " on"], "".join) == (2, True, 0)
+
+
 def test_the_env_grades_after_the_block_and_counts_what_the_thinking_took():
     env = make_env("arithmetic", split="test")
-    env.read_reasoning(OPENED, count_tokens=lambda text: len(text.split()))
+    env.read_reasoning(OPENED, Words())
     gold = env.examples[0]["answer"]
     graded = env.score_all([f"one two three</think> The answer is {gold}.",
                             "one two three four five", f"The answer is {gold}."], [0, 0, 0])
@@ -99,4 +120,4 @@ def test_the_env_grades_after_the_block_and_counts_what_the_thinking_took():
     # thinking 3, 5 and 4 words; two never closed; the first answer's 4 words, none after
     assert env.reward_metrics() == {"think/len_mean": 4.0, "think/unclosed_frac": 2 / 3,
                                     "think/answer_len_mean": 4 / 3}
-    assert env.reward_metrics()["think/len_mean"] == 0.0  # read once, then emptied
+    assert math.isnan(env.reward_metrics()["think/len_mean"])  # read once, then emptied

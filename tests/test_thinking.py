@@ -156,8 +156,9 @@ def test_the_forced_tokens_are_out_of_the_loss_and_the_run_logs_the_thinking(tmp
     assert gen.forced[:, 4:4 + close].all() and gen.forced.sum() == 4 * close
     assert loss_mask.tolist() == (gen.response_mask * (1 - gen.forced)).tolist()
     (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert line["think/unclosed_frac"] == 0.0 and line["think/len_mean"] >= 4
-    assert line["think/answer_len_mean"] > 0
+    # every response thought 4 tokens, then the forced close; the rest of its 12 is its answer
+    assert line["think/unclosed_frac"] == 0.0 and line["think/len_mean"] == 4 + close
+    assert line["think/answer_len_mean"] == 12 - 4 - close
 
 
 # ---- the three templates end to end --------------------------------------------------------------

@@ -51,9 +51,9 @@ class MathEnv:
         self.index, self.steps, self.done = None, [], True
         # (--dataset_name, --dataset_path) as the run reads them, for args.json: `make_envs` sets it
         self.source = None
-        # the reasoning block's tags, and where thinking is expected a token counter for its
-        # metrics: `read_reasoning` sets them once the tokenizer is known
-        self.reasoning, self.count_tokens, self.think_log = Reasoning(), None, []
+        # the reasoning block's tags, and where thinking is expected the tokenizer that counts its
+        # tokens for the think/ metrics: `read_reasoning` sets them once the tokenizer is known
+        self.reasoning, self.tokenizer, self.think_log = Reasoning(), None, []
 
     def __len__(self):
         return len(self.examples)
@@ -130,21 +130,17 @@ class MathEnv:
         self._prompt = self.prompt(self.index)
         return self._prompt
 
-    def read_reasoning(self, reasoning, count_tokens=None):
-        """Grade by `reasoning`'s tags (common/env/reasoning.py); with count_tokens(text) -> its
-        tokens, also log what the thinking took (`reward_metrics`' think/ keys)."""
-        self.reasoning, self.count_tokens = reasoning, count_tokens
+    def read_reasoning(self, reasoning, tokenizer=None):
+        """Grade by `reasoning`'s tags (common/env/reasoning.py); with the tokenizer, also log what
+        the thinking took, in tokens (`reward_metrics`' think/ keys)."""
+        self.reasoning, self.tokenizer = reasoning, tokenizer
 
     def verify(self, response: str, index: int) -> tuple[float, dict]:
         """The task's verifier on what follows a full response's reasoning block, if it has one
         (a block that never closed holds no answer): (reward, info)."""
         answer = self.examples[index]["answer"]
-        thinking, final = self.reasoning.split(response)
+        final = self.reasoning.split(response)[1]
         reward, pred, format_ok = grade_after_thinking(self.task, final, answer)
-        if self.count_tokens is not None:
-            inside = self.reasoning.thinking_text(thinking or "")
-            self.think_log.append((self.count_tokens(inside) if inside else 0, final is None,
-                                   self.count_tokens(final) if final else 0))
         return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
                         "answer": answer, "steps": 1}
 
@@ -156,6 +152,13 @@ class MathEnv:
         """Grade responses (response k answers problem indices[k]): [(reward, info)]. The reward is
         the task's verifier, plus each --reward_fn called once on the whole batch, weighted."""
         graded = [self.verify(response, index) for response, index in zip(responses, indices)]
+        if self.tokenizer is not None:  # what the thinking took: from the sampled ids, if given
+            tok = self.tokenizer
+            for k, response in enumerate(responses):
+                ids = (completion_ids[k] if completion_ids is not None else
+                       tok(response, add_special_tokens=False)["input_ids"])
+                self.think_log.append(self.reasoning.token_split(
+                    response, ids, lambda x: tok.decode(x, skip_special_tokens=True)))
         if not self.reward_funcs:
             return graded
         return self._with_reward_funcs(graded, responses, indices, completion_ids)
@@ -183,17 +186,16 @@ class MathEnv:
         update and every rank logs the same keys); {} without a --reward_fn. Where thinking is
         expected (`read_reasoning`), the thinking's too (`_think_means`)."""
         means = self._reward_means() if self.reward_funcs else {}
-        return {**means, **self._think_means()} if self.count_tokens else means
+        return {**means, **self._think_means()} if self.tokenizer else means
 
     def _think_means(self) -> dict:
-        """Over the responses graded since the last call: the tokens inside the reasoning block
-        (think/len_mean), the share whose block never closed (think/unclosed_frac) and the tokens
-        of the answer after it (think/answer_len_mean); a response without a block thought 0
-        tokens and answered with all of its own."""
-        log, n = self.think_log, max(1, len(self.think_log))
-        out = {"think/len_mean": sum(t for t, _, _ in log) / n,
-               "think/unclosed_frac": sum(u for _, u, _ in log) / n,
-               "think/answer_len_mean": sum(a for _, _, a in log) / n}
+        """Over the responses graded since the last call: the tokens the thinking took, up to the
+        block's close (think/len_mean), the share whose block never closed (think/unclosed_frac)
+        and the tokens of the answer after it (think/answer_len_mean); `Reasoning.token_split`
+        counts them. NaN where none was graded, as `_reward_means`."""
+        log, n = self.think_log, len(self.think_log)
+        out = {key: sum(row[k] for row in log) / n if n else math.nan for k, key in
+               enumerate(("think/len_mean", "think/unclosed_frac", "think/answer_len_mean"))}
         log.clear()  # in place: the stepwise episodes' copies of this env share it
         return out
 

@@ -46,9 +46,25 @@ class Reasoning:
             return response[start:], None
         return (response, None) if self.opened else (None, response)
 
-    def thinking_text(self, thinking: str) -> str:
-        """The block's contents: its tags dropped (for counting its tokens)."""
-        return thinking.replace(self.open, "").replace(self.close, "")
+    def token_split(self, response: str, ids: list, decode) -> tuple:
+        """(tokens the thinking took, whether its block never closed, tokens of the answer) of a
+        response and its token ids, decode(ids) -> its text: the thinking is every token up to
+        the end of the last close tag (all of them where the block never closed, none where there
+        is no block), so the two counts sum to the response's length. The end is the first prefix
+        of the ids whose text holds every close tag of the response: a tag may span tokens."""
+        thinking, answer = self.split(response)
+        if thinking is None:
+            return 0, False, len(ids)
+        if answer is None:
+            return len(ids), True, 0
+        closes, low, high = response.count(self.close), 0, len(ids)
+        while low < high:  # the shortest prefix that holds them all
+            mid = (low + high) // 2
+            if decode(ids[:mid]).count(self.close) >= closes:
+                high = mid
+            else:
+                low = mid + 1
+        return low, False, len(ids) - low
 
     @staticmethod
     def opens_in(prompt: str, tags=THINK_TAGS) -> bool:

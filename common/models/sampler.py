@@ -59,11 +59,8 @@ def read_reasoning(tokenizer, env, budget=None):
     prompt = render_prompt(tokenizer, env.prompt(0))
     reasoning = Reasoning(*tags, opened=Reasoning.opens_in(prompt, tags), budget=budget)
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-    if budget is not None or tags[0] in prompt or tags[0] in (template or ""):
-        env.read_reasoning(reasoning, lambda text: len(tokenizer(
-            text, add_special_tokens=False)["input_ids"]))
-    else:
-        env.read_reasoning(reasoning)
+    expected = budget is not None or tags[0] in prompt or tags[0] in (template or "")
+    env.read_reasoning(reasoning, tokenizer if expected else None)
     return reasoning
 
 
