@@ -24,9 +24,13 @@ Two details make or break it:
 The reward grades the model's own text only: a tool's output is not its
 answer.
 
+--tool_format template: the chat template shows the tools, a call is JSON in
+`<tool_call>` tags, and the answer is the template's tool message, as ids.
+
 Simplified versus the papers and TRL:
 - a few whitelisted tools (a calculator, sympy's solve, simplify, factor),
-  called with a tag of their own, not JSON in the chat template's tool format;
+  called with a tag of their own by default, or one option away (--tool_format
+  template) as JSON in the chat template's tool format;
 - one process samples and learns, with the HF model (no vLLM);
 - each turn is sampled again from its whole context (no cache across a call).
 
@@ -35,6 +39,8 @@ Launch:
     python tools.py --difficulty 6 --tools none   # the same without a tool
     python tools.py --tools calc,solve,factor --dataset_name math --max_new_tokens 256
     torchrun --nproc_per_node 8 tools.py --bf16 --num_prompts 64 \\
+        --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset_name gsm8k
+    python tools.py --tool_format template \\
         --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset_name gsm8k
 """
 
@@ -45,12 +51,12 @@ from typing import Literal, Optional
 import torch
 
 from common import UsageError, all_reduce_sum, sample_seed
-from common.env import (find_call, make_envs, output_text, parse_tools, prompt_indices,
-                        run_tool, show_tools, stop_strings)
+from common.env import (answer_call, make_envs, output_text, parse_tools,
+                        prompt_indices, show_tools, stop_strings, tool_schema)
 from common.models import (Generation, Rollout, batched_token_logprobs, encode_prompts,
                            eos_token_ids, fast_decoding, generate, left_pad,
-                           load_tokenizer, reference_policy, right_pad, token_logprobs,
-                           trained_policy, unsharded)
+                           load_tokenizer, offer_tools, reference_policy, right_pad,
+                           token_logprobs, tool_message, trained_policy, unsharded)
 from common.rl import kl_estimate, masked_mean, mismatch_stats
 from common.run import Run, TrainArgs, check_unused, parse_args
 
@@ -108,6 +114,9 @@ class Args(TrainArgs):
     (common/env/toolbox.py), or none"""
     max_turns: int = 3  # new to tools: TRL's max_tool_calling_iterations + 1
     """the model's turns in a response at most: max_turns - 1 calls are answered"""
+    tool_format: Literal["tags", "template"] = "tags"  # new to tools: how calls read
+    """tags: <calc>2 * 3</calc>, answered <output>6</output>; template: the
+    chat template's tools and JSON calls, answered as its tool message"""
 
 
 def check_args(args, world_size):
@@ -119,8 +128,14 @@ def check_args(args, world_size):
         parse_tools(args.tools)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_unused(args, [("max_turns", args.tools.strip() != "none",
-                         "--tools naming a tool")])
+    if args.tool_format == "template" and args.template == "plain":  # new to tools
+        raise UsageError("--tool_format template needs a chat template: drop "
+                         "--template plain, or use --tool_format tags.")
+    called = args.tools.strip() != "none"
+    check_unused(args, [("max_turns", called, "--tools naming a tool"),
+                        ("tool_format", called, "--tools naming a tool"),
+                        ("num_few_shot", args.tool_format == "tags",
+                         "--tool_format tags")])
 
 
 # ---- Rollout: turns of the model, with the tools' answers between them
@@ -152,7 +167,9 @@ def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
     active = list(range(n))  # the rows still writing
     for turn in range(args.max_turns):
         # the last turn samples on, as its call would go unanswered
-        stops = stop_strings(tools) if turn < args.max_turns - 1 else ()
+        stops = ()
+        if turn < args.max_turns - 1:
+            stops = stop_strings(tools, args.tool_format)
         room = [budget - len(ids[i]) for i in active]
         # CRUCIAL: token in, token out: the ids, never re-tokenised text
         contexts = [prompts[i] + ids[i] for i in active]
@@ -170,16 +187,18 @@ def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
             ended[i] = bool(new) and new[-1] in eos
             # closed if the stop string, not EOS or the budget, ended the turn
             closed = bool(stops) and bool(gen.finished[j]) and not ended[i]
-            call = None
-            if closed and new == sampled:
-                call = find_call(tokenizer.decode(new), tools)
-            if call is None:  # done at EOS, the budget or the last turn
+            said, answer = tokenizer.decode(new), None
+            if closed and new == sampled:  # an error is an answer too
+                answer = answer_call(said, tools, args.tool_format)
+            if answer is None:  # done at EOS, the budget or the last turn
                 continue
-            answer = run_tool(*call)  # an error is a text the model reads
             calls[i] += 1
             failures[i] += answer.startswith("error:")
+            reply = output_text(answer)  # <output>2629</output>
+            if args.tool_format == "template":  # the template's tool message
+                reply = tool_message(tokenizer, said, answer)
             # CRUCIAL: the tool's ids go in with mask 0: the model did not pick them
-            out = tokenizer.encode(output_text(answer), add_special_tokens=False)
+            out = tokenizer.encode(reply, add_special_tokens=False)
             out = out[:budget - len(ids[i])]
             ids[i] += out
             own[i] += [0] * len(out)
@@ -315,7 +334,7 @@ def main(args):
     tools = parse_tools(args.tools)  # new to tools: ("calc",) by default
     # new to tools: the prompts name the tools and show one call
     for e in (env, eval_env):
-        show_tools(e, tools, args.num_few_shot)
+        show_tools(e, tools, args.num_few_shot, args.tool_format)
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     args.micro_batch_size = args.micro_batch_size or run.default_micro_batch
 
@@ -331,6 +350,9 @@ def main(args):
     # ---- models
     tokenizer = load_tokenizer(args.model_name_or_path,
                                template_kwargs=args.chat_template_kwargs)
+    if args.tool_format == "template":  # new to tools: the template's tools
+        offer_tools(tokenizer, [tool_schema(t) for t in tools],
+                    args.model_name_or_path)
     run.check_prompts(tokenizer, env, eval_env)
     policy = trained_policy(args, resume_from, run.device)
     ref_policy = None

@@ -22,12 +22,13 @@ from common.env.math_env import (MATH_SUBJECTS, MathEnv, eval_set_env, eval_set_
 from common.env.reasoning import THINK_TAGS, Reasoning, declared_tags
 from common.env.stepwise import StepwiseEnvs, calculator, stepwise_system_prompt
 from common.env.tasks import TASKS, grade, named_rows, read_rows, rename_fields
-from common.env.toolbox import (find_call, output_text, parse_tools, run_tool, show_tools,
-                                stop_strings)
+from common.env.toolbox import (answer_call, find_call, output_text, parse_tools, run_tool,
+                                show_tools, stop_strings, tool_schema)
 
 __all__ = ["MATH_SUBJECTS", "MathEnv", "Reasoning", "StepwiseEnvs", "TASKS", "THINK_TAGS",
-           "calculator", "declared_tags", "eval_set_env", "eval_set_name", "filter_math",
-           "find_call", "grade", "grade_after_thinking", "make_env", "make_env_options",
-           "make_envs", "make_eval_sets", "named_rows", "normalize", "output_text", "parse_tools",
-           "prompt_indices", "read_rows", "rename_fields", "resolve_task", "run_tool",
-           "show_tools", "stepwise_system_prompt", "stop_strings", "to_number", "verify"]
+           "answer_call", "calculator", "declared_tags", "eval_set_env", "eval_set_name",
+           "filter_math", "find_call", "grade", "grade_after_thinking", "make_env",
+           "make_env_options", "make_envs", "make_eval_sets", "named_rows", "normalize",
+           "output_text", "parse_tools", "prompt_indices", "read_rows", "rename_fields",
+           "resolve_task", "run_tool", "show_tools", "stepwise_system_prompt", "stop_strings",
+           "to_number", "tool_schema", "verify"]

@@ -11,7 +11,8 @@ in this order:
 
     hf, sharding                  transformers' models; LoRA, FSDP2
     offload                       --offload_optimizer: the optimizer's step on the CPU
-    templates                     --chat_template_kwargs, read and checked
+    templates                     --chat_template_kwargs, read and checked; the tools a
+                                  chat template shows, and its answer to a call
     sampler                       prompts to ids, `generate`, `Decoder`, the seeded draw, Rollout
     fast/                         the same samples and log-probs, faster (fast/decoding.py first)
     logprobs                      token_logprobs: one forward, the one-token shift, log-softmax,
@@ -29,7 +30,7 @@ from common.models.loading import (check_model_name, check_teacher, critic_state
 from common.models.sampler import (Decoder, Generation, Rollout, ThinkingBudget, encode_prompts,
                                    eos_token_ids, generate, left_pad, read_reasoning, right_pad)
 from common.models.sharding import full_state_dict, unsharded
-from common.models.templates import read_template_kwargs
+from common.models.templates import offer_tools, read_template_kwargs, tool_message
 from common.models.stepwise import (Episodes, ProcessRewardModel, load_prm_tokenizer, play_episodes,
                                     play_segment, policy_sampler, single_token_id,
                                     trim_left_padding)
@@ -39,7 +40,7 @@ __all__ = ["Decoder", "Episodes", "Generation", "ProcessRewardModel", "Rollout",
            "check_teacher", "critic_state", "encode_prompts", "eos_token_ids", "fast_decoding",
            "full_state_dict", "generate", "left_pad", "load_policy", "load_prm_tokenizer",
            "load_reference", "load_tokenizer", "logprobs_from_logits", "make_critic",
-           "max_positions", "play_episodes", "play_segment", "policy_sampler", "read_reasoning",
-           "read_template_kwargs", "reference_policy", "right_pad", "single_token_id",
-           "token_logprobs", "trained_policy", "trim_left_padding",
-           "unsharded"]
+           "max_positions", "offer_tools", "play_episodes", "play_segment", "policy_sampler",
+           "read_reasoning", "read_template_kwargs", "reference_policy", "right_pad",
+           "single_token_id", "token_logprobs", "tool_message", "trained_policy",
+           "trim_left_padding", "unsharded"]

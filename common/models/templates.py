@@ -4,6 +4,9 @@ load, and passed to every `apply_chat_template` that builds a prompt (`template_
 
     kwargs = read_template_kwargs('{"enable_thinking": false}')   # {"enable_thinking": False}
     tokenizer.chat_template_kwargs = check_template_kwargs(tokenizer, kwargs, name)
+
+tools.py --tool_format template: the tools the template shows in every prompt (`offer_tools`), and
+the template's answer to a call (`tool_message`), the text that goes after the model's tokens.
 """
 
 import json
@@ -82,5 +85,70 @@ def check_template_kwargs(tokenizer, kwargs: dict, name: str, say=print) -> dict
 
 
 def template_kwargs(tokenizer) -> dict:
-    """The run's --chat_template_kwargs, which `load_tokenizer` keeps on the tokenizer."""
-    return getattr(tokenizer, "chat_template_kwargs", None) or {}
+    """apply_chat_template's options for every prompt: the run's --chat_template_kwargs, which
+    `load_tokenizer` keeps on the tokenizer, and the tools that `offer_tools` keeps there."""
+    kwargs = getattr(tokenizer, "chat_template_kwargs", None) or {}
+    tools = getattr(tokenizer, "chat_template_tools", None)
+    return {**kwargs, "tools": tools} if tools else kwargs
+
+
+TOOLS_FLAG = "--tool_format template"
+# a call to try the template's answer on, before any weights load
+EXAMPLE_CALL = ('<tool_call>\n{"name": "calc", "arguments": {"expression": "214 + 23 * 105"}}\n'
+                '</tool_call>')
+MARK = "<<mathrl: the model's text ends here>>"
+
+
+def offer_tools(tokenizer, schemas: list, name: str):
+    """Have the chat template show the tools `schemas` (JSON schemas, as transformers'
+    get_json_schema writes them) in every prompt, as apply_chat_template's `tools`; refused in one
+    line where the template never reads `tools`, or does not answer a call with a tool message
+    right after the model's text (`tool_message`)."""
+    source = template_source(tokenizer)
+    if source is None or "tools" not in template_variables(source):
+        raise UsageError(f"{TOOLS_FLAG}: {name}'s chat template takes no tools (it never reads "
+                         "`tools`); use --tool_format tags, or a model whose template does, such "
+                         "as Qwen/Qwen2.5-1.5B-Instruct or Qwen3.")
+    tokenizer.chat_template_tools = list(schemas)
+    # the closing tag's last token may carry a newline: a template that trims it fails here, not
+    # at the first such call of a run
+    for said in (EXAMPLE_CALL, EXAMPLE_CALL + "\n"):
+        if "2629" not in tool_message(tokenizer, said, "2629"):
+            raise UsageError(f"{TOOLS_FLAG}: {name}'s chat template writes no tool message (the "
+                             "role \"tool\"); use --tool_format tags.")
+
+
+def tool_message(tokenizer, said: str, result: str) -> str:
+    r"""What the chat template writes after the model's turn `said`, which ends in a tool call, to
+    answer it with `result`: the end of the model's turn, the tool message and the next generation
+    prompt, such as Qwen's "<|im_end|>\n<|im_start|>user\n<tool_response>\n2629\n</tool_response>
+    <|im_end|>\n<|im_start|>assistant\n". Token in, token out: the model's ids stay as sampled,
+    and only this text is encoded, to go after them.
+
+    The conversation (a question, the assistant's `said`, the tool's `result`) is rendered twice,
+    once with a mark at the end of `said`. The mark cuts that text into head + tail, and the
+    unmarked text must be head + tail exactly: then the template wrote the end of `said` verbatim
+    where the tail begins, and the tail is its answer to the call (`offer_tools` checks that the
+    result is in it; a template may escape it, as JSON). Taking what the rendering of the whole
+    conversation adds to the one that ends at `said` would not do: Qwen3's template writes the
+    last assistant turn with an empty <think></think> and an earlier one without. The question is
+    a stand-in: what a template writes after a call depends on the call and its result, not on
+    the question, and the evaluation's prompts reach tools.py as token ids."""
+    def render(text):
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": text},
+                    {"role": "tool", "content": result}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **template_kwargs(tokenizer))
+
+    try:
+        full, marked = render(said), render(said + MARK)
+    except Exception as err:  # a template's own raise_exception, e.g. for the role "tool"
+        raise UsageError(f"{TOOLS_FLAG}: the chat template fails on a tool message "
+                         f"({type(err).__name__}: {' '.join(str(err).split())}); use "
+                         "--tool_format tags.") from None
+    head, _, tail = marked.partition(MARK)
+    if marked.count(MARK) != 1 or full != head + tail:
+        raise UsageError(f"{TOOLS_FLAG}: the chat template does not answer a call with a tool "
+                         "message right after the model's text, so its tokens cannot be added "
+                         "to the sampled ones; use --tool_format tags.")
+    return tail
