@@ -794,8 +794,8 @@ def _tool_oracle(said, answers, budget):
             int(t) for t in text.removeprefix("<output>").removesuffix("</output>").split()])
     args = replace(tools.Args(), max_new_tokens=budget, max_turns=len(said), tools="calc",
                    plain=True)
-    with mock.patch.multiple(tools, generate=generate, find_call=lambda text, names: ("calc", ""),
-                             run_tool=lambda name, argument: " ".join(
+    # every closed turn is a call, answered with the scripted ids' text
+    with mock.patch.multiple(tools, generate=generate, answer_call=lambda text, names, fmt: " ".join(
                                  map(str, answers[now["turn"]]))):
         gen, tool_mask, _, _, _ = tools_play(torch.nn.Linear(1, 1), tokenizer, [[1]], [0], args,
                                              1.0, contextlib.nullcontext())
