@@ -795,8 +795,8 @@ def _tool_oracle(said, answers, budget):
     args = replace(tools.Args(), max_new_tokens=budget, max_turns=len(said), tools="calc",
                    plain=True)
     # every closed turn is a call, answered with the scripted ids' text
-    with mock.patch.multiple(tools, generate=generate, answer_call=lambda text, names, fmt: " ".join(
-                                 map(str, answers[now["turn"]]))):
+    answer = lambda text, names, tool_format: " ".join(map(str, answers[now["turn"]]))  # noqa: E731
+    with mock.patch.multiple(tools, generate=generate, answer_call=answer):
         gen, tool_mask, _, _, _ = tools_play(torch.nn.Linear(1, 1), tokenizer, [[1]], [0], args,
                                              1.0, contextlib.nullcontext())
     return gen.response_ids[0], tool_mask[0]
