@@ -794,8 +794,10 @@ def _tool_oracle(said, answers, budget):
             int(t) for t in text.removeprefix("<output>").removesuffix("</output>").split()])
     args = replace(tools.Args(), max_new_tokens=budget, max_turns=len(said), tools="calc",
                    plain=True)
-    # every closed turn is a call, answered with the scripted ids' text
-    answer = lambda text, names, tool_format: " ".join(map(str, answers[now["turn"]]))  # noqa: E731
+    def answer(text, names, tool_format):
+        """Every closed turn is a call, answered with the scripted ids' text."""
+        return " ".join(map(str, answers[now["turn"]]))
+
     with mock.patch.multiple(tools, generate=generate, answer_call=answer):
         gen, tool_mask, _, _, _ = tools_play(torch.nn.Linear(1, 1), tokenizer, [[1]], [0], args,
                                              1.0, contextlib.nullcontext())
