@@ -94,11 +94,11 @@ def test_the_budget_closes_a_block_after_its_tokens_and_only_then():
              [7, 7, 7, 7, 7, 7, 7, 7],
              [6, 6, 6, 9, 9, 4, 4, 4],
              [1, 7, 7, 2, 9, 9, 9, 9]]
-    tokens, alive = [], torch.ones(5, dtype=torch.bool)
+    tokens, logprobs, alive = [], [], torch.ones(5, dtype=torch.bool)
     for t in range(8):
         tokens.append(torch.tensor([row[t] for row in draws]))
-        tokens[-1], _ = budget.step(tokens, torch.zeros(5), alive, torch.zeros(5, 10),
-                                    torch.arange(5), 1.0)
+        logprobs.append(torch.zeros(5))
+        budget.step(tokens, logprobs, alive, torch.zeros(5, 10), torch.arange(5), 1.0)
     got = torch.stack(tokens, 1).tolist()
     assert got[0] == [5, 1, 7, 7, 7, 2, 3, 8]
     assert got[1] == draws[1] and got[2] == draws[2]

@@ -136,11 +136,10 @@ class MathEnv:
         self.reasoning, self.tokenizer = reasoning, tokenizer
 
     def verify(self, response: str, index: int) -> tuple[float, dict]:
-        """The task's verifier on what follows a full response's reasoning block, if it has one
-        (a block that never closed holds no answer): (reward, info)."""
+        """The task's verifier on what follows a full response's reasoning block: (reward, info)."""
         answer = self.examples[index]["answer"]
-        final = self.reasoning.split(response)[1]
-        reward, pred, format_ok = grade_after_thinking(self.task, final, answer)
+        final = self.reasoning.split(response)[1]  # None: the block never closed, no answer
+        reward, pred, format_ok = grade(self.task, final, answer) if final else (0.0, None, False)
         return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
                         "answer": answer, "steps": 1}
 
@@ -152,16 +151,21 @@ class MathEnv:
         """Grade responses (response k answers problem indices[k]): [(reward, info)]. The reward is
         the task's verifier, plus each --reward_fn called once on the whole batch, weighted."""
         graded = [self.verify(response, index) for response, index in zip(responses, indices)]
-        if self.tokenizer is not None:  # what the thinking took: from the sampled ids, if given
-            tok = self.tokenizer
-            for k, response in enumerate(responses):
-                ids = (completion_ids[k] if completion_ids is not None else
-                       tok(response, add_special_tokens=False)["input_ids"])
-                self.think_log.append(self.reasoning.token_split(
-                    response, ids, lambda x: tok.decode(x, skip_special_tokens=True)))
+        if self.tokenizer is not None:
+            self._log_thinking(responses, completion_ids)
         if not self.reward_funcs:
             return graded
         return self._with_reward_funcs(graded, responses, indices, completion_ids)
+
+    def _log_thinking(self, responses, completion_ids):
+        """What each response's thinking took (`Reasoning.token_split`), for `_think_means`: from
+        the sampled ids where they are given, else from the text encoded again."""
+        tok = self.tokenizer
+        for k, response in enumerate(responses):
+            ids = (completion_ids[k] if completion_ids is not None else
+                   tok(response, add_special_tokens=False)["input_ids"])
+            self.think_log.append(self.reasoning.token_split(
+                response, ids, lambda x: tok.decode(x, skip_special_tokens=True)))
 
     def _with_reward_funcs(self, graded, responses, indices, completion_ids):
         """The verifier's (reward, info) of each response, with each --reward_fn's reward added,

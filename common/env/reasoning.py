@@ -22,29 +22,21 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 @dataclass(frozen=True)
 class Reasoning:
-    """Where a response's reasoning block opens and closes. opened: the prompt ends inside an open
-    block (a DeepSeek-R1 distill's template, or Qwen3's thinking ones, write `<think>` after the
-    generation prompt), so the response starts in it. budget: --max_thinking_tokens, the tokens a
-    block may run before the sampler closes it (None: no limit; common/models/sampler.py's
-    `ThinkingBudget`)."""
+    """A response's reasoning block: its tags; opened, the prompt ends inside it (an R1 distill's
+    template), so the response starts there; budget, --max_thinking_tokens (`ThinkingBudget`)."""
     open: str = THINK_TAGS[0]
     close: str = THINK_TAGS[1]
     opened: bool = False
     budget: int | None = None
 
     def split(self, response: str) -> tuple:
-        """-> (thinking, answer): thinking None where the response holds no block; answer None
-        where the block never closed."""
+        """-> (thinking, answer): thinking None with no block, answer None where it never closed."""
         end = response.rfind(self.close)
-        if end >= 0:
-            answer = response[end + len(self.close):]
-            if self.open in answer:  # a block opened after the last close, and left open
-                return response, None
-            return response[:end], answer
-        start = response.find(self.open)
-        if start >= 0:
-            return response[start:], None
-        return (response, None) if self.opened else (None, response)
+        if end >= 0 and self.open not in response[end:]:
+            return response[:end], response[end + len(self.close):]
+        if end >= 0 or self.opened or self.open in response:  # a block left open
+            return response, None
+        return None, response
 
     def token_split(self, response: str, ids: list, decode) -> tuple:
         """(tokens the thinking took, whether its block never closed, tokens of the answer) of a

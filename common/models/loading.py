@@ -309,7 +309,8 @@ def load_tokenizer(name, flag="--model_name_or_path", template_kwargs=None):
     option that named it, for the messages. template_kwargs: --chat_template_kwargs (JSON),
     checked against its chat template and kept on it for every prompt
     (common/models/templates.py)."""
-    kwargs = read_template_kwargs(template_kwargs)  # a malformed one fails before any loading
+    # a malformed --chat_template_kwargs fails before any loading
+    kwargs = read_template_kwargs(template_kwargs) if template_kwargs is not None else {}
     from transformers import AutoTokenizer
 
     check_model_name(name, flag)
@@ -325,7 +326,7 @@ def load_tokenizer(name, flag="--model_name_or_path", template_kwargs=None):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    tok.chat_template_kwargs = check_template_kwargs(tok, kwargs, name, say=print0)
+    tok.chat_template_kwargs = kwargs and check_template_kwargs(tok, kwargs, name, say=print0)
     return tok
 
 

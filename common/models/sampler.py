@@ -16,7 +16,6 @@ import torch
 from common.env.reasoning import Reasoning, declared_tags
 from common.models.hf import KV_CACHE, position_ids_from_mask
 from common.models.sharding import unsharded
-from common.models.templates import template_kwargs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -28,13 +27,12 @@ def render_prompt(tokenizer, obs):
     strip or close a final message, and the step boundary (a newline) must survive exactly."""
     if isinstance(obs, str):
         return obs
-    options = template_kwargs(tokenizer)  # --chat_template_kwargs, e.g. enable_thinking
+    # --chat_template_kwargs (e.g. enable_thinking) and tools.py's tools, kept by load_tokenizer
+    options = {**getattr(tokenizer, "chat_template_kwargs", {}), "add_generation_prompt": True}
     if obs and obs[-1]["role"] == "assistant":
-        head = tokenizer.apply_chat_template(obs[:-1], add_generation_prompt=True, tokenize=False,
-                                             **options)
+        head = tokenizer.apply_chat_template(obs[:-1], tokenize=False, **options)
         return head + obs[-1]["content"]
-    return tokenizer.apply_chat_template(obs, add_generation_prompt=True, tokenize=False,
-                                         **options)
+    return tokenizer.apply_chat_template(obs, tokenize=False, **options)
 
 
 def encode_prompts(tokenizer, observations):
@@ -97,9 +95,7 @@ class Generation:
     logprobs: torch.Tensor  # [B, R] the sampler's log-prob of each token (temperature, pre-top-p)
     finished: torch.Tensor  # [B] bool: ended with EOS or a stop string
     truncated: torch.Tensor  # [B] bool: hit max_new_tokens first
-    # [B, R] 1 on the tokens the sampler wrote, not the model (a thinking budget's close): they
-    # stay in the sequence, out of the loss. None: zeros
-    forced: torch.Tensor = None
+    forced: torch.Tensor = None  # [B, R] 1 where the sampler wrote the token: out of the loss
 
     def __post_init__(self):
         if self.forced is None:
@@ -189,8 +185,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
     done = torch.zeros(B, dtype=torch.bool, device=device)  # the row has stopped
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # ... by EOS or a stop string
     rows = torch.arange(B, device=device)  # the rows in the forward batch: finished ones leave it
-    budget = None if reasoning is None or reasoning.budget is None else ThinkingBudget(
-        tokenizer, reasoning, B, device)
+    budget = getattr(reasoning, "budget", None) and ThinkingBudget(tokenizer, reasoning, B, device)
     # FSDP2: the whole weights for the rollout, as ranks stop at different tokens
     with unsharded(model):
         logits = decoder.prefill(prompt_ids, prompt_mask, max_new_tokens)  # [B, V]
@@ -204,9 +199,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
             logprobs.append(torch.zeros(B, device=device).index_put(
                 (rows,), logprob.masked_fill(stopped, 0.0)))
             alive.append(~done)
-            if budget is not None:  # a spent budget: the close tag's next token, not the draw
-                tokens[-1], logprobs[-1] = budget.step(tokens, logprobs[-1], alive[-1], logits,
-                                                       rows, temperature)
+            if budget:  # a spent budget: the close tag's next token, not the draw
+                budget.step(tokens, logprobs, alive[-1], logits, rows, temperature)
             hit = torch.isin(tokens[-1], eos)
             if stop_strings:
                 hit |= stop_string_hit(tokenizer, tokens, stop_strings, alive[-1])
@@ -230,8 +224,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1
                       response_ids=torch.stack(tokens[:R], dim=1),
                       response_mask=response_mask[:, :R],
                       logprobs=torch.stack(logprobs[:R], dim=1), finished=finished,
-                      truncated=~finished,
-                      forced=None if budget is None else budget.forced_mask(R))
+                      truncated=~finished, forced=budget and budget.forced_mask(R))
 
 
 class Decoder:
@@ -305,10 +298,12 @@ class ThinkingBudget:
         self.next = torch.full((rows,), -1, dtype=torch.long, device=device)  # close's next, or -1
         self.forced = []  # [B] per step: the sampler wrote it
 
-    def step(self, tokens, logprob, alive, logits, rows, temperature):
-        """This step's tokens (the last of `tokens`, [B]) with the close's next token where a row
-        writes it, their log-probs [B] under the model (logits [b, V] of the batch rows `rows`),
-        and each row's count of thought tokens moved on. -> (tokens [B], log-probs [B])"""
+    def step(self, tokens, logprobs, alive, logits, rows, temperature):
+        """This step's tokens and log-probs (the last [B] of the lists `tokens` and `logprobs`),
+        rewritten in place with the close's next token where a row writes it, and its log-prob
+        under the model (logits [b, V] of the batch rows `rows`); each row's thought tokens
+        counted on."""
+        logprob = logprobs[-1]
         writing = (self.next >= 0) & alive
         token = torch.where(writing, self.close[self.next.clamp(min=0)], tokens[-1])
         scaled = logits.float() / (temperature if temperature > 0 else 1.0)
@@ -329,7 +324,7 @@ class ThinkingBudget:
         for k in range(len(self.close) - 1, 0, -1):
             start = torch.where((start == 0) & self._ends_with(history, self.close[:k]), k, start)
         self.next = torch.where(spent, start, self.next)
-        return token, logprob
+        tokens[-1], logprobs[-1] = token, logprob
 
     @staticmethod
     def _ends_with(tokens, tag):

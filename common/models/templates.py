@@ -86,10 +86,8 @@ def check_template_kwargs(tokenizer, kwargs: dict, name: str, say=print) -> dict
 
 def template_kwargs(tokenizer) -> dict:
     """apply_chat_template's options for every prompt: the run's --chat_template_kwargs, which
-    `load_tokenizer` keeps on the tokenizer, and the tools that `offer_tools` keeps there."""
-    kwargs = getattr(tokenizer, "chat_template_kwargs", None) or {}
-    tools = getattr(tokenizer, "chat_template_tools", None)
-    return {**kwargs, "tools": tools} if tools else kwargs
+    `load_tokenizer` keeps on the tokenizer, and the tools that `offer_tools` adds to them."""
+    return getattr(tokenizer, "chat_template_kwargs", None) or {}
 
 
 TOOLS_FLAG = "--tool_format template"
@@ -109,7 +107,7 @@ def offer_tools(tokenizer, schemas: list, name: str):
         raise UsageError(f"{TOOLS_FLAG}: {name}'s chat template takes no tools (it never reads "
                          "`tools`); use --tool_format tags, or a model whose template does, such "
                          "as Qwen/Qwen2.5-1.5B-Instruct or Qwen3.")
-    tokenizer.chat_template_tools = list(schemas)
+    tokenizer.chat_template_kwargs = {**template_kwargs(tokenizer), "tools": list(schemas)}
     # the closing tag's last token may carry a newline: a template that trims it fails here, not
     # at the first such call of a run
     for said in (EXAMPLE_CALL, EXAMPLE_CALL + "\n"):

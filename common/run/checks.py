@@ -83,8 +83,8 @@ COMMON_CHECKS = [
      "anyway, TensorBoard logs when installed)."),
     (None, lambda a, w: check_model_name(a.model_name_or_path), None, None),
     # raises its own error where --chat_template_kwargs is no JSON object (else a dict: not None)
-    (None, lambda a, w: read_template_kwargs(a.chat_template_kwargs, a.template) is None, None,
-     None),
+    (None, lambda a, w: a.chat_template_kwargs is not None
+     and read_template_kwargs(a.chat_template_kwargs, a.template) is None, None, None),
     ("max_thinking_tokens", lambda a, w: (a.max_thinking_tokens or 0) >= a.max_new_tokens,
      UsageError,
      lambda a, w: f"--max_thinking_tokens {a.max_thinking_tokens} must be below --max_new_tokens "
