@@ -314,6 +314,11 @@ def test_an_update_trains_on_the_model_s_tokens_only(tmp_path, monkeypatch, qwen
     assert line["reward/mean"] == pytest.approx(rewards.mean().item())
     assert line["pg_loss"] == pytest.approx((-(advantages * n).sum() / n.sum()).item(), abs=1e-6)
     assert abs(line["pg_loss"]) > 0.01
+    # the run's samples show each transcript: the three calls, each with the template's answer
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 and sum("<tool_call>" in s["response"] for s in samples) == 3
+    assert [f"<tool_response>\n{3 * k}\n</tool_response>" in samples[k]["response"]
+            for k in range(8)] == [k in (0, 3, 5) for k in range(8)]
 
 
 # ---- the command line --------------------------------------------------------------------------
