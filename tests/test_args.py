@@ -293,3 +293,27 @@ def test_an_option_that_left_for_its_recipe_s_file_names_the_new_form(algo, flag
     with pytest.raises(SystemExit) as e:
         parse_args(importlib.import_module(algo).Args, [flag, "2"] if "cap" in flag else [flag])
     assert str(e.value).startswith(says), str(e.value)
+
+
+# ---- --help ---------------------------------------------------------------------------------------------
+def help_entries(args_class):
+    """{option: its help text, one line} of `python X.py --help`."""
+    from common.run.args import make_parser
+    parser = make_parser(args_class)
+    formatter = parser._get_formatter()
+    return {action.option_strings[0]: " ".join(formatter._expand_help(action).split())
+            for action in parser._actions if action.option_strings and action.help}
+
+
+@pytest.mark.parametrize("algo", [*ALGORITHMS, "eval"])
+def test_help_says_each_default_once_and_a_no_switch_only_what_it_turns_off(algo):
+    entries = help_entries(importlib.import_module(algo).Args)
+    for flag, text in entries.items():
+        assert text.count("default:") <= 1, (flag, text)
+        if flag.startswith("--no_"):
+            assert text == f"turn --{flag[5:]} off", (flag, text)
+    # a default the docstring does not state is given with the range; one it states, alone
+    assert entries["--num_eval_problems"].endswith(
+        "(default: all): the fixed random subset training evaluates; with --responses, the first "
+        "N rows (>= 0)" if algo == "eval" else "(default: 200; >= 0)")
+    assert entries["--levels"].endswith("e.g. '1-3' or '4,5' (default: all)")

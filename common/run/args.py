@@ -6,6 +6,7 @@ One hyperparameter has one name here (docs/README.md, "Vocabulary"). Where a see
 else, that name is an alias (common/run/seed_flags.py), never a second field.
 """
 
+import argparse
 import ast
 import inspect
 import math
@@ -245,15 +246,28 @@ def field_docs(cls):
 
 
 def make_parser(args_class):
-    """HfArgumentParser over args_class, with each field's docstring as its help."""
+    """HfArgumentParser over args_class, with each field's docstring as its help, its default said
+    once (a docstring that says its own default, "(default: all)", is not given a second) and its
+    range; the --no_X switch of an option whose default is on says only what it turns off."""
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(args_class)
+    # HfArgumentParser's formatter appends "(default: ...)" to a help that has none: here the
+    # loop below says each default, once
+    parser.formatter_class = argparse.HelpFormatter
     docs = field_docs(args_class)
     for action in parser._actions:
-        if action.dest in docs:
-            bounds = f"; {range_text(*RANGES[action.dest])}" if action.dest in RANGES else ""
-            action.help = docs[action.dest].replace("%", "%%") + f" (default: %(default)s{bounds})"
+        if action.dest not in docs:
+            continue
+        if action.option_strings[0] == f"--no_{action.dest}":
+            action.help = f"turn --{action.dest} off"
+            continue
+        said = [] if "default:" in docs[action.dest] else ["default: %(default)s"]
+        if action.dest in RANGES:
+            said.append(range_text(*RANGES[action.dest]))
+        action.help = docs[action.dest].replace("%", "%%")
+        if said:
+            action.help += f" ({'; '.join(said)})"
     return parser
 
 
