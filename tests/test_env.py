@@ -8,7 +8,7 @@ import pytest
 
 from common.env.answers import safe_arith
 from common.env.math_env import make_env, make_envs, verify
-from common.errors import PathError
+from common.errors import PathError, UsageError
 from common.env.tasks import DATA_DIR, TASKS, detect_task, load_few_shot
 from grpo import Args  # the options of a file: TrainArgs's and the file's own (the seed)
 
@@ -389,3 +389,16 @@ def test_math_filters_say_what_they_cannot_do(tmp_path):
                   say=lambda _: None)
     with pytest.raises(ValueError, match="--dataset_name 'algebre': not a task"):
         make_envs(Args(dataset_name="algebre", num_eval_problems=0), say=lambda _: None)
+
+
+
+def test_a_question_with_a_lone_surrogate_is_one_line_not_a_traceback(tmp_path):
+    # JSON may hold "\ud800", which no tokenizer encodes: the row is named, before any model loads
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"question": "What is 1 + 2?", "answer": "3"}) + "\n"
+                    + json.dumps({"question": "Tom has \ud800 apples and 3 more?", "answer": "3"}))
+    with pytest.raises(UsageError) as e:
+        make_env("gsm8k", path=str(path))
+    assert str(e.value) == (f"{path}: row 2: the question holds a lone surrogate (\\ud800 at "
+                            "character 8), half of a UTF-16 pair and no text: write the whole "
+                            "character (or its pair of escapes) in the file, or drop the row.")

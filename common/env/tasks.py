@@ -71,6 +71,12 @@ def _question(row: dict, names: tuple, task: str, where: str) -> str:
     question = _field(row, names, task, where)
     if not isinstance(question, str) or len(question) > MAX_QUESTION_CHARS:
         raise _bad_question(question, names, where)
+    # JSON's "\ud800" escapes half of a UTF-16 pair, which no tokenizer can encode
+    lone = re.search("[\ud800-\udfff]", question)
+    if lone:
+        raise UsageError(f"{where}: the question holds a lone surrogate ({ascii(lone[0])[1:-1]} at "
+                         f"character {lone.start()}), half of a UTF-16 pair and no text: write the "
+                         "whole character (or its pair of escapes) in the file, or drop the row.")
     return question
 
 
