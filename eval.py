@@ -57,8 +57,8 @@ from tqdm.auto import tqdm
 
 from common import PathError, UsageError, all_gather_objects, init_distributed, print0, set_seed
 from common.env import (MATH_SUBJECTS, TASKS, Reasoning, eval_set_env, eval_set_name,
-                        filter_math, grade_after_thinking, make_env, make_env_options, named_rows,
-                        rename_fields, resolve_task)
+                        filter_math, grade as task_grade, make_env, make_env_options,
+                        named_rows, rename_fields, resolve_task)
 from common.models import (capture_decoding, check_model_name, encode_prompts, load_policy,
                            load_tokenizer, max_positions, read_reasoning, read_template_kwargs)
 from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges, chosen_problems,
@@ -245,8 +245,8 @@ def summarize(records, ks):
 def grade(task, response, gold):
     """The task's verifier on one response: what env.score gives, for rows that are not in an
     env."""
-    final = Reasoning().split(response)[1]  # graded after a <think> block (data/README.md)
-    reward, pred, format_ok = grade_after_thinking(TASKS[task], final, gold)
+    final = Reasoning().split(response)[1] or ""  # graded after a <think> block (data/README.md)
+    reward, pred, format_ok = task_grade(TASKS[task], final, gold)
     return {"response": response, "reward": reward, "correct": reward == 1.0, "pred": pred,
             "format_ok": format_ok}
 

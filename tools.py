@@ -187,8 +187,9 @@ def play(policy, tokenizer, prompts, seeds, args, temperature, autocast):
             ended[i] = bool(new) and new[-1] in eos
             # closed if the stop string, not EOS or the budget, ended the turn
             closed = bool(stops) and bool(gen.finished[j]) and not ended[i]
-            said, answer = tokenizer.decode(new), None
+            said, answer = None, None
             if closed and new == sampled:  # an error is an answer too
+                said = tokenizer.decode(new)
                 answer = answer_call(said, tools, args.tool_format)
             if answer is None:  # done at EOS, the budget or the last turn
                 continue

@@ -17,8 +17,8 @@ algorithm file may import; the modules below it read in this order:
 from common.env.answers import to_number
 from common.env.grader import normalize
 from common.env.math_env import (MATH_SUBJECTS, MathEnv, eval_set_env, eval_set_name,
-                                 filter_math, grade_after_thinking, make_env, make_env_options,
-                                 make_envs, make_eval_sets, prompt_indices, resolve_task, verify)
+                                 filter_math, make_env, make_env_options, make_envs,
+                                 make_eval_sets, prompt_indices, resolve_task, verify)
 from common.env.reasoning import THINK_TAGS, Reasoning, declared_tags
 from common.env.stepwise import StepwiseEnvs, calculator, stepwise_system_prompt
 from common.env.tasks import TASKS, grade, named_rows, read_rows, rename_fields
@@ -27,7 +27,7 @@ from common.env.toolbox import (answer_call, find_call, output_text, parse_tools
 
 __all__ = ["MATH_SUBJECTS", "MathEnv", "Reasoning", "StepwiseEnvs", "TASKS", "THINK_TAGS",
            "answer_call", "calculator", "declared_tags", "eval_set_env", "eval_set_name",
-           "filter_math", "find_call", "grade", "grade_after_thinking", "make_env",
+           "filter_math", "find_call", "grade", "make_env",
            "make_env_options", "make_envs", "make_eval_sets", "named_rows", "normalize",
            "output_text", "parse_tools", "prompt_indices", "read_rows", "rename_fields",
            "resolve_task", "run_tool", "show_tools", "stepwise_system_prompt", "stop_strings",

@@ -138,8 +138,8 @@ class MathEnv:
     def verify(self, response: str, index: int) -> tuple[float, dict]:
         """The task's verifier on what follows a full response's reasoning block: (reward, info)."""
         answer = self.examples[index]["answer"]
-        final = self.reasoning.split(response)[1]  # None: the block never closed, no answer
-        reward, pred, format_ok = grade(self.task, final, answer) if final else (0.0, None, False)
+        # a block that never closed leaves no text to grade: no answer, reward 0
+        reward, pred, format_ok = grade(self.task, self.reasoning.split(response)[1] or "", answer)
         return reward, {"correct": reward == 1.0, "format_ok": format_ok, "pred": pred,
                         "answer": answer, "steps": 1}
 
@@ -297,16 +297,10 @@ def _unknown_task(name):
                       f"evaluated only: {_names(True)}.")
 
 
-def grade_after_thinking(task, final, answer) -> tuple:
-    """The task's (reward, extracted answer, format_ok) of `final`, what follows a response's
-    reasoning block (`Reasoning.split`); None, a block that never closed, has no answer."""
-    return (0.0, None, False) if final is None else grade(task, final, answer)
-
-
 def verify(task: str, response: str, answer: str, reasoning=Reasoning()) -> float:
     """Reward in [0, 1] for a full response against a gold answer (countdown: 1.0 / 0.1 / 0.0),
-    graded after its reasoning block. Pure."""
-    return grade_after_thinking(_task(task), reasoning.split(response)[1], answer)[0]
+    graded after its reasoning block (one that never closed leaves no text: 0). Pure."""
+    return grade(_task(task), reasoning.split(response)[1] or "", answer)[0]
 
 
 def make_env(task: str, split: str = "train", path=None, seed: int = 0, say=print,

@@ -16,6 +16,7 @@ import torch
 from common.env.reasoning import Reasoning, declared_tags
 from common.models.hf import KV_CACHE, position_ids_from_mask
 from common.models.sharding import unsharded
+from common.models.templates import template_source
 
 
 # ------------------------------------------------------------------------------------------------
@@ -56,8 +57,8 @@ def read_reasoning(tokenizer, env, budget=None):
     tags = declared_tags(tokenizer)
     prompt = render_prompt(tokenizer, env.prompt(0))
     reasoning = Reasoning(*tags, opened=Reasoning.opens_in(prompt, tags), budget=budget)
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-    expected = budget is not None or tags[0] in prompt or tags[0] in (template or "")
+    template = template_source(tokenizer) or ""
+    expected = budget is not None or tags[0] in prompt or tags[0] in template
     env.read_reasoning(reasoning, tokenizer if expected else None)
     return reasoning
 
