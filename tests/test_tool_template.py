@@ -182,33 +182,33 @@ def test_the_prompt_shows_the_schemas_and_no_tags(qwen3):
 
 
 def test_a_template_without_tools_or_tool_messages_is_refused_in_one_line():
-    tok = load_tokenizer("tiny-random")  # SmolLM2's template never reads `tools`
-    with pytest.raises(UsageError) as err:
-        offer_tools(tok, [toolbox.tool_schema("calc")], "tiny-random")
-    assert str(err.value) == (
+    tok = load_tokenizer("tiny-random")
+
+    def refusal(template):
+        """offer_tools' one line for a tokenizer with this chat template."""
+        tok.chat_template = template
+        with pytest.raises(UsageError) as err:
+            offer_tools(tok, [toolbox.tool_schema("calc")], "tiny-random")
+        return str(err.value)
+
+    assert refusal(tok.chat_template) == (  # SmolLM2's template never reads `tools`
         "--tool_format template: tiny-random's chat template takes no tools (it never reads "
         "`tools`); use --tool_format tags, or a model whose template does, such as "
         "Qwen/Qwen2.5-1.5B-Instruct or Qwen3.")
     # a template that shows the tools but drops the tool's message
-    tok.chat_template = ("{{ tools | tojson }}{% for m in messages %}{% if m.role != 'tool' %}"
-                         "{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}")
-    with pytest.raises(UsageError) as err:
-        offer_tools(tok, [toolbox.tool_schema("calc")], "tiny-random")
-    assert str(err.value) == ("--tool_format template: tiny-random's chat template writes no tool "
-                              'message (the role "tool"); use --tool_format tags.')
+    assert refusal("{{ tools | tojson }}{% for m in messages %}{% if m.role != 'tool' %}"
+                   "{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}") == (
+        "--tool_format template: tiny-random's chat template writes no tool message (the role "
+        '"tool"); use --tool_format tags.')
     # one that trims the model's text: its tokens and the template's text would not meet
-    tok.chat_template = ("{{ tools | tojson }}{% for m in messages %}"
-                         "{{ m.role }}: {{ m.content | trim }}\n{% endfor %}")
-    with pytest.raises(UsageError) as err:
-        offer_tools(tok, [toolbox.tool_schema("calc")], "tiny-random")
-    assert str(err.value) == (
+    assert refusal("{{ tools | tojson }}{% for m in messages %}"
+                   "{{ m.role }}: {{ m.content | trim }}\n{% endfor %}") == (
         "--tool_format template: the chat template does not answer a call with a tool message "
         "right after the model's text, so its tokens cannot be added to the sampled ones; use "
         "--tool_format tags.")
-    tok.chat_template = ("{{ tools | tojson }}{% for m in messages %}{% if m.role == 'tool' %}"
-                         "{{ raise_exception('no tool role') }}{% endif %}{% endfor %}")
-    with pytest.raises(UsageError, match=r"fails on a tool message \(TemplateError: no tool "):
-        offer_tools(tok, [toolbox.tool_schema("calc")], "tiny-random")
+    assert "fails on a tool message (TemplateError: no tool " in refusal(
+        "{{ tools | tojson }}{% for m in messages %}{% if m.role == 'tool' %}"
+        "{{ raise_exception('no tool role') }}{% endif %}{% endfor %}")
 
 
 # ---- the loop, with a scripted sampler: token in, token out ------------------------------------
