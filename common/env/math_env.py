@@ -30,6 +30,9 @@ from common.env.tasks import (TASKS, Arithmetic, Task, detect_task, grade, is_hu
 # ------------------------------------------------------------------------------------------------
 # The environment
 
+# what a task's verifier reads at a response's end, for the error of a solution it cannot read
+FORMATS = {"arithmetic": "'The answer is N.'", "gsm8k": "'The answer is N.'",
+           "countdown": "'<answer> EXPRESSION </answer>'", "math": "'\\boxed{ANSWER}'"}
 # a GSM8K-style calculator span in a few-shot solution
 CALC_ANNOTATION = re.compile(r"<<[^<>\n]*>>")
 
@@ -72,6 +75,29 @@ class MathEnv:
         if not self.stepwise:
             return text
         return "".join(line + self.step_tag for line in text.split("\n"))
+
+    def solutions(self, say=print) -> list[str]:
+        """Every problem's worked solution as a response the verifier pays for (sft.py's targets):
+        the task's own form of it (`Task.worked`: GSM8K's '#### N' said 'The answer is N.'), its
+        calculator spans dropped as the few-shot examples' are. Refused in one line, naming the
+        row, where a solution is missing or empty, or the verifier does not read the gold answer
+        in it."""
+        say(f"reading the worked solutions of {len(self.examples):,} problems")
+        texts = []
+        for i, example in enumerate(self.examples):
+            text = self._solution({"solution": self.task.worked(example)}).strip()
+            where = example.get("where", f"problem {i + 1}")
+            if not text:
+                raise UsageError(f"{where}: no worked solution (an empty or missing 'solution' "
+                                 "field): give the rows one, or name their field with "
+                                 "--solution_key.")
+            if self.verify(text, i)[0] != 1.0:
+                raise UsageError(
+                    f"{where}: the verifier does not read the gold answer "
+                    f"{example['answer']!r} in the solution's end ({text[-60:]!r}): end it as "
+                    f"the task asks ({FORMATS.get(self.task.name, FORMATS['math'])}).")
+            texts.append(text)
+        return texts
 
     def prompt(self, index: int):
         """The prompt for problem `index`: chat messages or, for template="plain", one string."""
@@ -428,7 +454,9 @@ def make_env_options(args, task: str) -> dict:
     functions and their weights, and the arithmetic task's difficulty."""
     options = dict(template=args.template, num_few_shot=args.num_few_shot,
                    system_prompt=args.system_prompt,
-                   keys={"question": args.question_key, "answer": args.answer_key},
+                   keys={"question": args.question_key, "answer": args.answer_key,
+                         # sft.py's: the field of the worked solutions
+                         "solution": getattr(args, "solution_key", None)},
                    reward_funcs=[load_reward_fn(spec) for spec in args.reward_fn or ()],
                    reward_weights=args.reward_weights)
     if task == "arithmetic":

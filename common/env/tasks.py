@@ -210,6 +210,12 @@ class Task:
         raise NotImplementedError
 
     @classmethod
+    def worked(cls, example: dict) -> str:
+        """The example's worked solution, written as a response this task's verifier pays for
+        (sft.py's targets): its "solution" field as the data has it; "" where it has none."""
+        return str(example.get("solution") or "").strip()
+
+    @classmethod
     def extract(cls, response: str) -> tuple[str | None, bool]:
         """(extracted answer or None, whether the answer was in the asked-for format)."""
         return extract_number(response)
@@ -304,7 +310,7 @@ class Arithmetic(_Generated):
             if level == 6:  # the same word problems, with numbers a calculator is for
                 a, b, c = rng.randint(100, 999), rng.randint(100, 999), rng.randint(11, 99)
             if level >= 5:
-                question, answer = cls.word_problem(rng, a, b, c)
+                question, answer, worked = cls.word_problem(rng, a, b, c)
             else:
                 expr = rng.choice({
                     1: [f"{a} + {b}"],
@@ -314,25 +320,31 @@ class Arithmetic(_Generated):
                         f"({a} - {b}) * {c}"],
                 }[level])
                 question, answer = f"What is {expr}?", int(safe_arith(expr))
-            if answer >= 0:
-                return {"question": question, "answer": str(answer), "level": level}
+                worked = f"{expr} = {answer}."
+            if answer >= 0:  # the worked line, as the few-shot examples end theirs
+                return {"question": question, "answer": str(answer), "level": level,
+                        "solution": f"{worked}\nThe answer is {answer}."}
 
 
     @staticmethod
     def word_problem(rng, a, b, c):
+        """(question, answer, the worked line) of one of five word problems."""
         name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
         k, bill = rng.randint(2, 12), rng.choice([50, 100, 200])
         return rng.choice([
             (f"{name} has {a} {items} and buys {c} bags with {b} {items} in each bag. How many "
-             f"{items} does {name} have now?", a + c * b),
+             f"{items} does {name} have now?", a + c * b,
+             f"{c} * {b} = {c * b} {items} in the bags, and {a} + {c * b} = {a + c * b}."),
             (f"A shop had {a + b} {items}. It sold {b} in the morning and {c} in the afternoon. "
-             f"How many {items} are left?", a - c),
+             f"How many {items} are left?", a - c, f"{a + b} - {b} - {c} = {a - c}."),
             (f"{name} reads {b} pages a day for {c} days and then {a} more pages. How many pages "
-             f"does {name} read in total?", b * c + a),
+             f"does {name} read in total?", b * c + a,
+             f"{b} * {c} = {b * c} pages, and {b * c} + {a} = {b * c + a}."),
             (f"{c * k} {items} are shared equally among {c} friends. How many {items} does each "
-             "friend get?", k),
+             "friend get?", k, f"{c * k} / {c} = {k}."),
             (f"{name} buys {c} notebooks that cost {k} dollars each and pays with a {bill} dollar "
-             f"bill. How much change does {name} get, in dollars?", bill - c * k),
+             f"bill. How much change does {name} get, in dollars?", bill - c * k,
+             f"{c} * {k} = {c * k} dollars, and {bill} - {c * k} = {bill - c * k}."),
         ])
 
     @classmethod
@@ -377,6 +389,12 @@ class Countdown(_Generated):
             if 1 <= target <= 100:
                 return cls.from_row({"numbers": numbers, "target": target,
                                      "solution": solution[1:-1]}, "generated")
+
+    @classmethod
+    def worked(cls, example):
+        """A generated problem's expression in the answer tags; a file's solution as it is."""
+        text = super().worked(example)
+        return text if not text or "<answer>" in text else f"<answer> {text} </answer>"
 
     @classmethod
     def from_row(cls, row, where):
@@ -485,6 +503,15 @@ class GSM8K(Task):
         answer = answer.replace(",", "")
         solution = text if "####" in text else row.get("solution", "")
         return {"question": question, "answer": answer, "solution": solution}
+
+    @classmethod
+    def worked(cls, example):
+        """openai/gsm8k's solution with its last line, '#### N', written as the system prompt asks:
+        'The answer is N.' (the calculator spans stay: MathEnv.solution drops them)."""
+        text = super().worked(example)
+        if "####" in text:
+            text = f"{text.rsplit('####', 1)[0].rstrip()}\nThe answer is {example['answer']}."
+        return text.strip()
 
 
 def _whole(value) -> bool:

@@ -439,7 +439,9 @@ def _merged_adapter(name, dtype):
                         f"machine: set base_model_name_or_path in {name}/adapter_config.json "
                         "to the base model's folder or hub id.")
     with refuse_code(f"the adapter in {name}", WEIGHTS_FIX):
-        return PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
+        model = PeftModel.from_pretrained(load_policy(base, dtype), name).merge_and_unload()
+    # peft loads an adapter for inference, its base frozen: merged, the whole model trains on
+    return model.requires_grad_(True)
 
 
 def load_reference(name, dtype=torch.float32, device="cpu"):

@@ -35,7 +35,7 @@ from common.models.templates import read_template_kwargs
 COMMON_CHECKS = [
     (None, lambda a, w: check_ranges(a), None, None),
     (None, lambda a, w: check_rollout_size(a, w), None, None),
-    (None, lambda a, w: not a.temperature > 0 or not 0 < a.top_p <= 1, UsageError,
+    ("temperature", lambda a, w: not a.temperature > 0 or not 0 < a.top_p <= 1, UsageError,
      "--temperature {a.temperature} --top_p {a.top_p}: training samples need a temperature > 0 "
      "(log-probs are divided by it) and top_p in (0, 1]."),
     ("num_prompts", lambda a, w: a.num_prompts % w, UsageError,
@@ -131,7 +131,7 @@ def check_eval_sets(args):
 def rows_a_rank(args, world_size):
     """The sequences one rank samples in an update: its share of the prompts, num_generations
     each."""
-    return args.num_prompts // world_size * args.num_generations
+    return args.num_prompts // world_size * getattr(args, "num_generations", 1)  # sft: 1
 
 
 def evaluates_alone(args):
@@ -210,8 +210,9 @@ def check_rollout_size(args, world_size):
     sampled tokens), or the fix, before any memory is taken: each size may be within its own
     bound and their product still far beyond any memory."""
     if hasattr(args, "num_prompts"):
-        rows = -(-args.num_prompts // world_size) * args.num_generations
-        sizes = f"--num_prompts {args.num_prompts} x --num_generations {args.num_generations}"
+        G = getattr(args, "num_generations", 1)  # sft.py: one solution a problem
+        rows = -(-args.num_prompts // world_size) * G
+        sizes = f"--num_prompts {args.num_prompts} x --num_generations {G}"
     else:  # appo, tppo: every episode's steps of an update
         rows = -(-args.num_envs // world_size) * args.num_steps
         sizes = f"--num_envs {args.num_envs} x --num_steps {args.num_steps}"

@@ -344,8 +344,8 @@ class Logger:
                 self.samples_file.write(json_line({"step": step, **s}) + "\n")
             self.samples_file.flush()
         for s in samples[:show]:
-            self.bar.write(f"[step {step}] reward={s.get('reward')}  "
-                           f"{s.get('response', '')[:300]!r}")
+            said = f" reward={s['reward']} " if "reward" in s else " "  # sft.py's: a solution
+            self.bar.write(f"[step {step}]{said} {s.get('response', '')[:300]!r}")
 
     def close(self):
         if not self.enabled:
