@@ -98,11 +98,11 @@ def encode_solutions(tokenizer, solutions, max_new_tokens):
 def solution_batch(tokenizer, env, problems, targets, device):
     """Prompts and worked solutions of `problems` as a Generation: prompts left-padded, solutions
     right-padded, their mask the tokens of the loss."""
-    prompt_ids, prompt_mask = left_pad(encode_prompts(tokenizer, [env.prompt(p)
-                                                                  for p in problems]),
-                                       tokenizer.pad_token_id)
-    response_ids, response_mask = right_pad([targets[p] for p in problems],
-                                            tokenizer.pad_token_id)
+    prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
+    # CRUCIAL: the solution alone is the target: the prompt is given, not learned
+    rows = [targets[p] for p in problems]
+    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
+    response_ids, response_mask = right_pad(rows, tokenizer.pad_token_id)
     n = len(problems)
     return Generation(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device),
                       response_mask.to(device), logprobs=torch.zeros(response_ids.shape,
@@ -121,9 +121,7 @@ def loss_normaliser(loss_mask, world_size):
 
 def sft_loss(logprobs, loss_mask, normaliser):
     """The negative log-likelihood of the solutions' tokens: logprobs, loss_mask [b, R]."""
-    mask = loss_mask.float()
-    # CRUCIAL: only the solution's tokens: the prompt is given, not learned
-    return -(logprobs * mask).sum() / normaliser
+    return -(logprobs * loss_mask.float()).sum() / normaliser
 
 
 # ---- Main: setup, models, then each update's batch, loss, update, logs

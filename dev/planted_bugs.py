@@ -106,6 +106,12 @@ BUGS = {
         "            loss_mask = loss_mask * gen.truncated[:, None]",
         "tests/test_dapo.py::"
         "test_every_cut_response_is_out_of_the_loss_and_pays_the_whole_penalty"),
+    "prompt_in_the_loss": (
+        "sft.py",
+        "    rows = [targets[p] for p in problems]",
+        "    rows = [prompt + targets[p] for prompt, p in zip(prompts, problems)]",
+        "tests/test_sft.py::"
+        "test_an_update_s_loss_is_transformers_own_with_the_prompt_labelled_minus_100"),
     "grads_summed": (
         "common/distributed.py",
         "    flat.div_(world_size())\n",

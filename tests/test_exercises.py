@@ -276,8 +276,16 @@ def _overlong_penalty(lengths, max_new_tokens, buffer_len, factor):
                          for n in lengths.tolist()])
 
 
+def _sft_loss(logprobs, loss_mask, normaliser):
+    total = torch.zeros(())
+    for lp, m in zip(logprobs.flatten(), loss_mask.flatten()):
+        if m:
+            total = total - lp
+    return total / normaliser
+
+
 OTHER_WAYS = [("1.16", _training_ids), ("1.17", _off_policy_weights), ("1.18", _distill_advantages),
-              ("1.19", _divergence), ("1.20", _overlong_penalty)]
+              ("1.19", _divergence), ("1.20", _overlong_penalty), ("1.21", _sft_loss)]
 
 
 @pytest.mark.parametrize("id,fn", OTHER_WAYS, ids=[id for id, _ in OTHER_WAYS])

@@ -228,3 +228,44 @@ def test_grpo_trains_from_sft_s_checkpoint(tmp_path, lora):
     assert moved > 0
     args = json.loads((rl_out / "args.json").read_text())
     assert args["model_name_or_path"] == str(checkpoint)
+
+
+# ---- against TRL's own code -------------------------------------------------------------------
+@pytest.mark.slow  # the second tier: TRL's code
+def test_the_loss_and_gradient_equal_trls_sft_trainer_on_the_same_batch(tmp_path):
+    # sft.py's loss on a fixed batch (two prompts x 4 solutions of 1 to 5 tokens) against
+    # SFTTrainer's training_step with completion_only_loss, from the same weights: TRL builds its
+    # labels from the completion mask (-100 on the prompt), pads on the right, and takes the mean
+    # over the labelled tokens, as sft.py's token mean does.
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+    from trl_steps import a_batch, moved_policy
+
+    from common.models import token_logprobs
+
+    batch = a_batch()
+    gen, policy = batch.gen(), moved_policy()
+    input_ids, attention_mask = gen.sequences()
+    mask = gen.response_mask
+    logprobs, _ = token_logprobs(policy, input_ids, attention_mask, mask.shape[1])
+    loss = sft.sft_loss(logprobs, mask, sft.loss_normaliser(mask, world_size=1))
+    loss.backward()
+
+    rows = [(p.tolist(), c[m.bool()].tolist())
+            for p, c, m in zip(batch.prompt_ids, batch.completion_ids, batch.completion_mask)]
+    data = Dataset.from_dict({"input_ids": [p + c for p, c in rows],
+                              "completion_mask": [[0] * len(p) + [1] * len(c) for p, c in rows]})
+    config = SFTConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                       per_device_train_batch_size=len(rows), completion_only_loss=True,
+                       max_length=None, gradient_checkpointing=False)
+    trainer = SFTTrainer(model=moved_policy(), args=config, train_dataset=data,
+                         processing_class=load_tokenizer("tiny-random"))
+    inputs = next(iter(trainer.get_train_dataloader()))  # all 8 rows, in TRL's order
+    assert (inputs["labels"] != -100).sum().item() == mask.sum().item() == 27
+    trainer.current_gradient_accumulation_steps = 1
+    trl_loss = trainer.training_step(trainer.model, inputs)
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5)
+    for (name, ours), theirs in zip(policy.named_parameters(), trainer.model.parameters()):
+        # fp32 rounding, and TRL's chunked log-softmax: under 1e-6 of the gradient's norm
+        assert ((ours.grad - theirs.grad).norm() / theirs.grad.norm()).item() < 2e-6, name

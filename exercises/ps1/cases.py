@@ -23,6 +23,7 @@ import grpo
 import online_dpo
 import ppo
 import reinforce
+import sft
 import tools
 import tppo
 from common.rl import numerics
@@ -44,6 +45,7 @@ async_off_policy_weights = async_grpo.off_policy_weights
 distill_advantages = distill.distill_advantages
 distill_divergence = distill.divergence
 dapo_overlong_penalty = dapo.overlong_penalty
+sft_sft_loss = sft.sft_loss
 
 
 # The grader's inputs for one student (python -m exercises.check --seed, exercises/grade.py): each
@@ -1120,6 +1122,54 @@ OVERLONG = Exercise(
     ])
 
 
+# ------------------------------------------------------------------------------------------------
+# 1.21 the supervised loss on worked solutions (sft.py)
+
+
+def _sft_cases():
+    g = _gen(121)
+    logprobs = -3 * torch.rand(3, 6, generator=g)
+    mask = _padded_mask([6, 2, 0], 6)  # the third row: a micro-batch row with no solution token
+    return [("logprobs [3, 6] with solutions of 6, 2 and 0 tokens, normaliser 8 (all of them)",
+             dict(logprobs=logprobs, loss_mask=mask, normaliser=8.0)),
+            ("the same rows as one micro-batch of a batch of 20 solution tokens",
+             dict(logprobs=logprobs, loss_mask=mask, normaliser=20.0)),
+            ("one row of 1 token", dict(logprobs=logprobs[:1, :1], loss_mask=mask[:1, :1],
+                                        normaliser=1.0))]
+
+
+def _sft_sequence_mean(logprobs, loss_mask, normaliser):
+    per_row = (logprobs * loss_mask).sum(1) / loss_mask.sum(1).clamp(min=1)
+    return -per_row.sum() / (loss_mask.sum(1) > 0).sum().clamp(min=1)
+
+
+SFT_LOSS = Exercise(
+    "1.21", "the supervised loss on worked solutions", "exercises.ps1.e21_sft_loss", "sft_loss",
+    oracle=sft_sft_loss, cases=_sft_cases, differentiable=("logprobs",),
+    worked=[("logprobs [[-1, -2, -9], [-0.5, -9, -9]], mask [[1, 1, 0], [1, 0, 0]], normaliser 3",
+             dict(logprobs=torch.tensor([[-1.0, -2, -9], [-0.5, -9, -9]]),
+                  loss_mask=torch.tensor([[1.0, 1, 0], [1, 0, 0]]), normaliser=3.0),
+             torch.tensor(3.5 / 3)),
+            ("the same rows as one micro-batch of a batch of 7 tokens (normaliser 7)",
+             dict(logprobs=torch.tensor([[-1.0, -2, -9], [-0.5, -9, -9]]),
+                  loss_mask=torch.tensor([[1.0, 1, 0], [1, 0, 0]]), normaliser=7.0),
+             torch.tensor(0.5))],
+    mistakes=[
+        ("that is the mean over every entry: the padding was counted (multiply by the mask, then "
+         "divide the sum by the normaliser)",
+         lambda logprobs, loss_mask, normaliser: -logprobs.mean()),
+        ("the sum was divided by this micro-batch's own solution tokens; the batch's normaliser "
+         "is given, so that micro-batches add up to the batch's mean",
+         lambda logprobs, loss_mask, normaliser: -(logprobs * loss_mask).sum()
+         / loss_mask.sum().clamp(min=1)),
+        ("the sign is wrong: that is the log-likelihood, which training raises; the loss is its "
+         "negative", lambda logprobs, loss_mask, normaliser: (logprobs * loss_mask).sum()
+         / normaliser),
+        ("that is a mean per solution, then over solutions (grpo.py's aggregation): a token mean "
+         "weighs each token alike, so a long solution counts for more", _sft_sequence_mean),
+    ])
+
+
 EXERCISES = [MASKED_MEAN, MASKED_WHITEN, KL, LOGPROBS, GROUP, AGGREGATE, RLOO, GAE, SURROGATE,
              VALUE, PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF, TOOL_IDS, OFF_POLICY,
-             DISTILL_ADVANTAGES, DIVERGENCE, OVERLONG]
+             DISTILL_ADVANTAGES, DIVERGENCE, OVERLONG, SFT_LOSS]
