@@ -9,7 +9,7 @@ policy to write each one's worked solution y_i, which ends in the answer format 
 reads (GSM8K's '#### N' said 'The answer is N.'), after its prompt x_i, the same prompt the RL
 files give:
     L = - sum_it log pi(y_it | x_i, y_i<t) / sum_i |y_i|
-a token mean over the global batch (TRL's, and --loss_type dapo's in grpo.py): each solution
+a token mean over the global batch (TRL's, and grpo.py's "dapo" loss type): each solution
 weighs as many tokens as it has. The end-of-sequence token closes each y_i, so that the model
 learns to stop.
 
@@ -54,19 +54,19 @@ class Args(TrainArgs):
     """when given, warmup_steps = this fraction of max_steps"""
     max_grad_norm: float = 1.0
     """gradient-norm clip (0: none)"""
-    max_steps: int = 20
-    """updates (one batch of solutions each)"""
+    max_steps: int = 20  # new to SFT: a batch of solutions, not a rollout
+    """policy updates (one batch of worked solutions each)"""
     num_train_epochs: Optional[float] = None
     """when given, max_steps covers this many passes over the problems"""
     micro_batch_size: Optional[int] = None
     """sequences per forward and backward (8; on a GPU, what fits)"""
-    seed: int = 0
-    """seeds problem order and model init"""
+    seed: int = 0  # new to SFT: nothing is sampled in training
+    """seeds prompt order, and model init"""
     # ---- the data
     max_new_tokens: int = 64
     """response length limit, in tokens"""
-    num_prompts: int = 8  # new to SFT: solutions, not groups of samples
-    """problems per update, over all ranks, each with its worked solution"""
+    num_prompts: int = 8  # new to SFT: the default batch
+    """prompts per update, over all ranks (each with its worked solution)"""
     solution_key: Optional[str] = None  # new to SFT: the targets
     """field of the data rows that holds the worked solution (default: the task's usual
     names: 'solution'; GSM8K's 'answer')"""

@@ -6,7 +6,7 @@ algorithm file at the root."""
 # grpo.py first, as the reading order has it (docs/reading.md), then its siblings; distill.py last,
 # as its teacher is a run of another (bench/learning.py trains grpo.py's first)
 ALGORITHMS = ("grpo", "ppo", "reinforce", "appo", "tppo", "online_dpo", "tools", "async_grpo",
-              "dapo", "reinforce_stepwise", "distill")
+              "dapo", "reinforce_stepwise", "sft", "distill")
 # the files whose action is one line of an episode (a reasoning step), not a whole response, and
 # whose envs run side by side (OpenR's)
 STEPWISE = ("appo", "tppo")
@@ -19,6 +19,7 @@ FAMILIES = {
     "ppo": ("ppo", "appo", "tppo"),
     "reinforce": ("reinforce", "reinforce_stepwise"),
     "online_dpo": ("online_dpo",),
+    "sft": ("sft",),
 }
 SIBLINGS = (("grpo", "dapo"), ("grpo", "tools"), ("grpo", "async_grpo"), ("grpo", "distill"),
             ("grpo", "ppo"), ("grpo", "reinforce"), ("grpo", "online_dpo"), ("appo", "tppo"),
@@ -61,7 +62,7 @@ SHARED = (
 TAGS = {"dapo": "new to DAPO", "tools": "new to tools", "async_grpo": "new to async",
         "distill": "new to distill", "reinforce_stepwise": "new to stepwise", "ppo": "new to PPO",
         "reinforce": "new to REINFORCE", "appo": "new to APPO", "tppo": "new to TPPO",
-        "online_dpo": "new to online DPO"}
+        "online_dpo": "new to online DPO", "sft": "new to SFT"}
 # A line that only a variant of a file's own method needs starts its comment with the variant's
 # name and a colon (docs/reading.md, "Variants"): GSPO's sequence ratio in grpo.py, IPO's loss in
 # online_dpo.py

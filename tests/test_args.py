@@ -277,6 +277,8 @@ def test_every_metric_key_is_in_the_vocabulary(algo):
     keys = logged_keys(algo)
     # the parser finds them (a DPO step has no ratio to a sampling policy: no approx_kl)
     expected = {"reward/mean", "accuracy", "entropy", "approx_kl", "grad_norm", "lr"}
+    if algo == "sft":  # no rollout, no reward: the loss of the solutions
+        expected = {"loss", "entropy", "grad_norm", "lr"}
     assert expected - ({"approx_kl"} if algo == "online_dpo" else set()) <= keys
     for key in keys:
         assert key in names, f"{algo}.py logs {key!r}, which docs/README.md's vocabulary does not define"

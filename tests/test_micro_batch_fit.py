@@ -89,6 +89,8 @@ FILES = {"grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "appo": ["--num_envs", "2", "--num_steps", "4"],
          "tppo": ["--num_envs", "2", "--num_steps", "4"],
          # a teacher equal to the student teaches nothing: the length reward moves the weights
+         # tiny-random's tokens of arithmetic's worked lines: up to 22
+         "sft": ["--num_prompts", "8", "--max_new_tokens", "24"],
          "distill": ["--num_prompts", "2", "--num_generations", "4", "--teacher_model_name_or_path",
                      "tiny-random", "--reward_weight", "1"]}
 

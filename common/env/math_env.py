@@ -91,7 +91,8 @@ class MathEnv:
                 raise UsageError(f"{where}: no worked solution (an empty or missing 'solution' "
                                  "field): give the rows one, or name their field with "
                                  "--solution_key.")
-            if self.verify(text, i)[0] != 1.0:
+            # the task's verifier itself, as the reward reads it: past a reasoning block
+            if grade(self.task, self.reasoning.split(text)[1] or "", example["answer"])[0] != 1.0:
                 raise UsageError(
                     f"{where}: the verifier does not read the gold answer "
                     f"{example['answer']!r} in the solution's end ({text[-60:]!r}): end it as "
