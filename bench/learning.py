@@ -110,6 +110,8 @@ def work_per_update(run_dir):
     if "num_envs" in args:  # appo, tppo: episodes of one line per step
         return (f"{args['num_envs']} episodes × {args['num_steps']} steps, "
                 f"≤ {args['max_new_tokens']} tokens a step")
+    if "num_generations" not in args:  # sft.py: worked solutions, nothing sampled
+        return f"{args['num_prompts']} worked solutions, ≤ {args['max_new_tokens']} tokens"
     samples = "sample" if args["num_generations"] == 1 else "samples"
     return (f"{args['num_prompts']} prompts × {args['num_generations']} {samples}, "
             f"≤ {args['max_new_tokens']} tokens")

@@ -226,6 +226,15 @@ EXERCISES = [
         hint="The calculator's value is context the policy reads, not a token it chose "
              "(docs/reinforce_stepwise.md, item 5). Which mask does the update's loss take, and "
              "which one keeps the calculator's tokens out?"),
+    BugExercise(
+        "4.16", "prompt_in_the_loss",
+        symptom="response_len/mean is 109.75, 110.75 and 110.0 tokens in the 3 updates, with "
+                "--max_new_tokens 24, and the worked lines it trains on ('47 + 38 = 85.\\nThe "
+                "answer is 85.') are about 21 tokens each; the loss is 10.82-10.83 (the real "
+                "file: 20.75, 21.75 and 21.0 tokens, loss 10.79-10.81).",
+        flags=f"{TINY} --max_steps 3 --max_new_tokens 24",
+        hint="A cold start learns to write the solution after its prompt, not the prompt "
+             "(docs/sft.md). What does solution_batch put in the rows the loss counts?"),
 ]
 BY_ID = {e.id: e for e in EXERCISES}
 
