@@ -1,27 +1,26 @@
-"""SFT: supervised fine-tuning on worked solutions, the cold start before RL. Docs: docs/sft.md
+"""SFT: supervised fine-tuning on worked solutions, the cold start. Docs: docs/sft.md
 
-Paper: the supervised stage before RL of InstructGPT (Ouyang et al. 2022), DeepSeek-R1's cold
-start (DeepSeek-AI 2025, arXiv:2501.12948); the loss is TRL's SFTTrainer's with
-completion_only_loss (the prompt out of the loss).
+Paper: the supervised stage before RL of InstructGPT (Ouyang et al. 2022) and
+DeepSeek-R1's cold start (DeepSeek-AI 2025, arXiv:2501.12948); the loss is TRL's
+SFTTrainer's with completion_only_loss (the prompt out of the loss).
 
-Each update takes num_prompts problems from the stream the RL files draw from and trains the
-policy to write each one's worked solution y_i, which ends in the answer format the verifier
-reads (GSM8K's '#### N' said 'The answer is N.'), after its prompt x_i, the same prompt the RL
-files give:
+Each update takes num_prompts problems of the stream the RL files draw from, and
+trains the policy to write each one's worked solution y_i after its prompt x_i
+(the RL files' prompt). y_i ends in the answer format the verifier reads (GSM8K's
+'#### N' said 'The answer is N.'), and its end-of-sequence token, to learn to stop:
     L = - sum_it log pi(y_it | x_i, y_i<t) / sum_i |y_i|
-a token mean over the global batch (TRL's, and grpo.py's "dapo" loss type): each solution
-weighs as many tokens as it has. The end-of-sequence token closes each y_i, so that the model
-learns to stop.
+a token mean over the global batch (TRL's; grpo.py's "dapo" loss type): each
+solution weighs as many tokens as it has.
 
-Simplified versus TRL's SFTTrainer: no packing; the batch is num_prompts whole solutions, one
-optimizer step an update, as the RL files' updates; a solution longer than max_new_tokens is
-refused before any weights load, not cut.
+Simplified versus TRL's SFTTrainer: no packing; an update is num_prompts whole
+solutions and one optimizer step, as the RL files' updates; a solution longer
+than max_new_tokens is refused before any weights load, not cut.
 
 Launch:
-    python sft.py                       # CPU, offline: SmolLM2-135M, arithmetic's worked lines
+    python sft.py                       # CPU, offline: SmolLM2-135M, arithmetic
+    python grpo.py --model_name_or_path runs/sft/checkpoint-20   # then RL
     python sft.py --dataset_name gsm8k --dataset_path gsm8k_train.jsonl \\
-        --max_new_tokens 400 --output_dir runs/sft_gsm8k
-    python grpo.py --model_name_or_path runs/sft/checkpoint-20   # then RL from the checkpoint
+        --max_new_tokens 346 --output_dir runs/sft_gsm8k
     torchrun --nproc_per_node 8 sft.py --bf16 --num_prompts 64 \\
         --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --dataset_name math \\
         --max_new_tokens 2048
@@ -35,8 +34,8 @@ import torch
 
 from common import UsageError, all_reduce_sum
 from common.env import make_envs, prompt_indices
-from common.models import (Generation, encode_prompts, left_pad, load_tokenizer, right_pad,
-                           token_logprobs, trained_policy)
+from common.models import (Generation, encode_prompts, left_pad, load_tokenizer,
+                           right_pad, token_logprobs, trained_policy)
 from common.rl import masked_mean
 from common.run import Run, TrainArgs, parse_args
 
@@ -68,59 +67,62 @@ class Args(TrainArgs):
     num_prompts: int = 8  # new to SFT: the default batch
     """prompts per update, over all ranks (each with its worked solution)"""
     solution_key: Optional[str] = None  # new to SFT: the targets
-    """field of the data rows that holds the worked solution (default: the task's usual
-    names: 'solution'; GSM8K's 'answer')"""
+    """field of the data rows that holds the worked solution (default: the
+    task's usual names: 'solution'; GSM8K's 'answer')"""
 
 
 def check_args(args, world_size):
     """This file's own option errors, each with its fix, before any model loads."""
     if args.reward_fn or args.reward_weights:
-        raise UsageError("sft.py trains on worked solutions, not on rewards: drop --reward_fn "
-                         "and --reward_weights (an RL file reads them).")
+        raise UsageError("sft.py trains on worked solutions, not on rewards: drop "
+                         "--reward_fn and --reward_weights (an RL file reads them).")
 
 
 # ---- Data
 def encode_solutions(tokenizer, solutions, max_new_tokens):
-    """Every worked solution's token ids, the end-of-sequence token last: the model learns to
-    stop. A budget that would cut some is refused, with how many, before any weights load."""
+    """Every worked solution's token ids, the end-of-sequence token last: the model
+    learns to stop. A budget that would cut some is refused, with how many, before
+    any weights load."""
     ids = [x + [tokenizer.eos_token_id]
            for x in tokenizer(solutions, add_special_tokens=False)["input_ids"]]
     longest = max(len(x) for x in ids)
     if longest > max_new_tokens:
         cut = sum(len(x) > max_new_tokens for x in ids)
         raise UsageError(f"--max_new_tokens {max_new_tokens} would cut {cut:,} of the "
-                         f"{len(ids):,} worked solutions (the longest is {longest} tokens with "
-                         f"its end token): pass --max_new_tokens {longest}, or train on rows "
-                         "whose solutions fit.")
+                         f"{len(ids):,} worked solutions (the longest is {longest} "
+                         f"tokens with its end token): pass --max_new_tokens {longest},"
+                         " or train on rows whose solutions fit.")
     return ids
 
 
 def solution_batch(tokenizer, env, problems, targets, device):
-    """Prompts and worked solutions of `problems` as a Generation: prompts left-padded, solutions
-    right-padded, their mask the tokens of the loss."""
+    """Prompts and worked solutions of `problems` as a Generation: prompts
+    left-padded, solutions right-padded, their mask the tokens of the loss."""
     prompts = encode_prompts(tokenizer, [env.prompt(p) for p in problems])
     # CRUCIAL: the solution alone is the target: the prompt is given, not learned
     rows = [targets[p] for p in problems]
     prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
     response_ids, response_mask = right_pad(rows, tokenizer.pad_token_id)
     n = len(problems)
-    return Generation(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device),
-                      response_mask.to(device), logprobs=torch.zeros(response_ids.shape,
-                                                                     device=device),
+    return Generation(prompt_ids.to(device), prompt_mask.to(device),
+                      response_ids.to(device), response_mask.to(device),
+                      logprobs=torch.zeros(response_ids.shape, device=device),
                       finished=torch.ones(n, dtype=torch.bool, device=device),
                       truncated=torch.zeros(n, dtype=torch.bool, device=device))
 
 
 # ---- Loss
 def loss_normaliser(loss_mask, world_size):
-    """The batch's denominator, fixed before micro-batching, so that 1 x 8 and 8 x 1 give the
-    same gradient: once DDP averages the gradients over ranks, a mean over every rank's tokens."""
+    """The batch's denominator, fixed before micro-batching, so that 1 x 8 and 8 x 1
+    give the same gradient: once DDP averages the gradients over ranks, a mean over
+    every rank's tokens."""
     tokens = all_reduce_sum(loss_mask.sum().float())
     return (tokens / world_size).clamp(min=1).item()
 
 
 def sft_loss(logprobs, loss_mask, normaliser):
-    """The negative log-likelihood of the solutions' tokens: logprobs, loss_mask [b, R]."""
+    """The negative log-likelihood of the solutions' tokens. logprobs, loss_mask:
+    [b, R]."""
     return -(logprobs * loss_mask.float()).sum() / normaliser
 
 
@@ -137,8 +139,9 @@ def main(args):
 
     solutions = env.solutions(say=run.print)  # every row's, read and checked now
     local_prompts = args.num_prompts // run.world
-    run.print(f"SFT | {run.world} process(es) on {run.device} | {args.num_prompts} "
-              f"solutions an update | {len(env)} problems | {args.max_steps} updates")
+    run.print(f"SFT | {run.world} process(es) on {run.device} | "
+              f"{args.num_prompts} solutions an update | {len(env)} problems | "
+              f"{args.max_steps} updates")
     start_step, resume_from = run.resume_point()
 
     # ---- models
