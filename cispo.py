@@ -101,7 +101,7 @@ class Args(TrainArgs):
     """per-token estimate of the KL (k3: the GRPO paper's)"""
     kl_penalty: Literal["loss", "reward"] = "loss"
     """where the KL enters: a loss term per token, or a cost in the reward"""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"  # new to CISPO
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"  # new to CISPO: TRL's
     """how per-token losses are aggregated, by TRL's names (see the docstring)"""
 
 

@@ -110,8 +110,9 @@ def check_args(args, world_size):
     """This file's own option errors, each with its fix, before any model loads."""
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: a group needs two.")
-    for name in ("sapo_temperature_pos", "sapo_temperature_neg"):  # new to SAPO
-        if getattr(args, name) <= 0:  # new to SAPO: the gate divides by tau
+    # new to SAPO: the gate divides by its temperature
+    for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+        if getattr(args, name) <= 0:
             raise UsageError(f"--{name} {getattr(args, name)}: the gate divides by it; "
                              f"pass a temperature > 0 (TRL's are 1.0 and 1.05).")
 
@@ -213,7 +214,7 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, normaliser, args,
     with torch.no_grad():
         # new to SAPO: tokens whose gate passes under half of GRPO's gradient
         s = torch.sigmoid(tau * (ratio - 1))
-        clipped = 4 * s * (1 - s) < 0.5
+        clipped = 4 * s * (1 - s) < 0.5  # new to SAPO: the gate's slope in rho
         # approx_kl is how far the policy moved from the one that sampled
         approx_kl = kl_estimate(old_logprobs, logprobs, "k3")
         stats = {"clipfrac": masked_mean(clipped.float(), mask).item(),
