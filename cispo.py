@@ -101,7 +101,8 @@ class Args(TrainArgs):
     """per-token estimate of the KL (k3: the GRPO paper's)"""
     kl_penalty: Literal["loss", "reward"] = "loss"
     """where the KL enters: a loss term per token, or a cost in the reward"""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"  # new to CISPO: TRL's
+    # new to CISPO: TRL's cispo is a token mean over the global batch
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     """how per-token losses are aggregated, by TRL's names (see the docstring)"""
 
 
@@ -111,9 +112,9 @@ def check_args(args, world_size):
         raise UsageError("--num_generations must be >= 2: a group needs two.")
     if args.epsilon_high <= 1:  # new to CISPO: a cap below 1 shrinks on-policy tokens
         raise UsageError(
-            f"--epsilon_high {args.epsilon_high} caps the weight rho itself, not rho - 1: "
-            f"at most 1 it scales down every on-policy token; pass more than 1 (5.0, "
-            f"TRL's advice; 1.28 is DAPO's 1 + 0.28).")
+            f"--epsilon_high {args.epsilon_high} caps the weight rho, not rho - 1: at "
+            f"most 1 it shrinks every on-policy token; pass more than 1 (5.0, TRL's "
+            f"advice; 1.28 is DAPO's 1 + 0.28).")
 
 
 # ---- Rollout
