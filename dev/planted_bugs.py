@@ -3,7 +3,7 @@ realistic one-line mistake in the way an update loop wires its helpers together 
 each, this copies the tree to a temporary folder, plants the bug there, and runs the test aimed at
 it: the test must fail with the bug and pass without it.
 
-    python dev/planted_bugs.py                 # all 17, a few minutes on 2 cores
+    python dev/planted_bugs.py                 # all 18, a few minutes on 2 cores
     python dev/planted_bugs.py --bugs kl_swapped grads_summed
 
 The working tree is never changed. PS4's exercises (exercises/bug.py) are made of these bugs.
@@ -106,6 +106,16 @@ BUGS = {
         "            loss_mask = loss_mask * gen.truncated[:, None]",
         "tests/test_dapo.py::"
         "test_every_cut_response_is_out_of_the_loss_and_pays_the_whole_penalty"),
+    "cispo_weight_not_detached": (
+        "cispo.py",
+        "    pg_loss = -ratio.clamp(max=high).detach() * advantages * logprobs",
+        "    pg_loss = -ratio.clamp(max=high) * advantages * logprobs",
+        "tests/test_cispo.py::test_the_weight_is_detached"),
+    "sapo_temperatures_swapped": (
+        "sapo.py",
+        "    tau = torch.where(advantages > 0, args.sapo_temperature_pos,",
+        "    tau = torch.where(advantages < 0, args.sapo_temperature_pos,",
+        "tests/test_sapo.py::test_each_sign_of_the_advantage_takes_its_own_temperature"),
     "prompt_in_the_loss": (
         "sft.py",
         "    rows = [targets[p] for p in problems]",

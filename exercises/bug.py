@@ -227,6 +227,28 @@ EXERCISES = [
              "(docs/reinforce_stepwise.md, item 5). Which mask does the update's loss take, and "
              "which one keeps the calculator's tokens out?"),
     BugExercise(
+        "4.14", "cispo_weight_not_detached",
+        symptom="grad_norm is 7.56, 0.0 and 5.42 in the 3 updates. With one epoch of one minibatch "
+                "the ratio is 1, every weight 1, and CISPO's gradient is that of grpo.py "
+                "--loss_type dapo on the same flags: 0.765, 0.0 and 0.539. Ten times more, and "
+                "ten is about -log pi of a token of the tiny model (entropy 10.8) (the real "
+                "file: 0.765, 0.0 and 0.539).",
+        flags=f"{TINY} --max_steps 3 {CAPITAL}",
+        hint="CISPO's gradient is REINFORCE's, each token's times its capped ratio "
+             "(docs/cispo.md): the weight scales the gradient and takes none itself. Does "
+             "policy_loss let a gradient flow through the weight?"),
+    BugExercise(
+        "4.15", "sapo_temperatures_swapped",
+        symptom="grad_norm is the real file's (0.765, 0.0, 0.539: at ratio 1 the gate's slope is "
+                "1 whatever the temperature), but pg_loss is +0.155, 0.0 and +0.077. At ratio 1 "
+                "the gate is 2 / tau, a token's loss -2 A / tau, and with --sapo_temperature_neg "
+                "2 the tokens of negative advantage should weigh half as much as the others: the "
+                "mean should be negative (the real file: -0.155, 0.0 and -0.077).",
+        flags=f"{TINY} --max_steps 3 --sapo_temperature_neg 2 {CAPITAL}",
+        hint="A positive advantage takes sapo_temperature_pos, a negative one the larger "
+             "sapo_temperature_neg (docs/sapo.md), and at ratio 1 the gate is 2 / tau. Which "
+             "temperature does policy_loss give which sign?"),
+    BugExercise(
         "4.16", "prompt_in_the_loss",
         symptom="response_len/mean is 109.75, 110.75 and 110.0 tokens in the 3 updates, with "
                 "--max_new_tokens 24, and the worked lines it trains on ('47 + 38 = 85.\\nThe "

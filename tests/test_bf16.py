@@ -34,6 +34,8 @@ BATCH = {"grpo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch
          "tools": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
          "async_grpo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
          "dapo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
+         "cispo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
+         "sapo": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2"],
          # the full form, with the model as its own teacher (its divergence is 0) and the test
          # reward's group advantage, so that the update has something to learn
          "distill": ["--num_prompts", "2", "--num_generations", "4", "--micro_batch_size", "2",

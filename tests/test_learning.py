@@ -48,6 +48,12 @@ SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, an
     # 4 tokens cut nearly every response: overlong filtering would leave nothing to learn from
     "dapo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
              "--max_sampling_rounds", "2", "--no_mask_truncated_completions"],
+    # on policy, grpo.py --loss_type dapo's update: at this learning rate (5e-2) a second,
+    # off-policy minibatch drove CISPO's reward to 0 by update 10 (no trust region, only a cap)
+    "cispo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30"],
+    # two minibatches an update, so that the second is off policy and the gate acts
+    "sapo": ["--num_prompts", "4", "--num_generations", "8", "--max_steps", "30",
+             "--num_mini_batches", "2"],
 }
 
 

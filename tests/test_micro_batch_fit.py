@@ -86,6 +86,8 @@ FILES = {"grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "tools": ["--num_prompts", "2", "--num_generations", "4"],
          "async_grpo": ["--num_prompts", "2", "--num_generations", "4"],
          "dapo": ["--num_prompts", "2", "--num_generations", "4", "--no_mask_truncated_completions"],
+         "cispo": ["--num_prompts", "2", "--num_generations", "4"],
+         "sapo": ["--num_prompts", "2", "--num_generations", "4"],
          "appo": ["--num_envs", "2", "--num_steps", "4"],
          "tppo": ["--num_envs", "2", "--num_steps", "4"],
          # a teacher equal to the student teaches nothing: the length reward moves the weights

@@ -90,3 +90,24 @@ def trl_training_step(trainer_class, config_class, tmp_path, batch, beta, **conf
     advantages = torch.zeros(n)
     advantages[order] = inputs["advantages"].reshape(n, -1)[:, 0].float()
     return loss, trainer.model, advantages
+
+
+def file_step(module, batch, args):
+    """A GRPO-family file's (`module`: grpo, cispo, sapo) advantages, normaliser and loss on
+    `batch`, one micro-batch, as its update runs them (pi_old is the policy itself, detached: one
+    epoch of one minibatch), from `moved_policy`'s weights with tiny-random as the reference.
+    -> (the loss, the policy, whose .grad hold the gradient)"""
+    from common.models.logprobs import batched_token_logprobs, token_logprobs
+
+    gen, policy = batch.gen(), moved_policy()
+    ref_logprobs = batched_token_logprobs(load_policy("tiny-random"), gen, args.temperature, 8)
+    advantages = module.group_advantages(batch.scores, args.num_generations,
+                                         scale=args.loss_type != "dr_grpo")
+    mask = gen.response_mask
+    norm = module.loss_normaliser(mask, args, world_size=1)
+    input_ids, attention_mask = gen.sequences()
+    logprobs, _ = token_logprobs(policy, input_ids, attention_mask, mask.shape[1], args.temperature)
+    loss, _ = module.policy_loss(logprobs, logprobs.detach(), advantages, mask, norm, args,
+                                 ref_logprobs)
+    loss.backward()
+    return loss, policy
