@@ -771,7 +771,7 @@ def test_ps4_errors_are_one_line_naming_the_fix(copies, capsys):
                + os.path.relpath(copies.BY_ID["4.7"].copy))
     for argv, said in [
             (["4.99"], ("no exercise 4.99; the exercises are 4.1, 4.2, 4.3, 4.4, 4.5, 4.6, "
-                        "4.7, 4.8, 4.9, 4.10, 4.11, 4.12, 4.13, 4.14, 4.15")),
+                        "4.7, 4.8, 4.9, 4.10, 4.11, 4.12, 4.13, 4.14, 4.15, 4.16")),
             (["4.7", "--check"], no_copy),
             (["4.7", "--run", "--", "--max_steps", "1"], no_copy),
             (["4.7", "--max_steps", "1"], "--max_steps 1: a file's flags go after --run --"),
