@@ -48,6 +48,9 @@ whichever is first; a stage that fails or runs out of time does not stop the nex
 - gsm8k_curve: bench/gsm8k_curve.py at a GPU's batch (16 prompts x 8 samples, 40 updates), all
   1,319 GSM8K test problems at updates 0, 20 and 40, greedy and avg@4; GSM8K's files travel with
   the model's second piece (dev/carry.py), found by --data_dir;
+- cold_start: bench/cold_start.py at a GPU's batch: sft.py for 60 updates of 64 worked solutions,
+  then grpo.py from its checkpoint for 40 updates of 16 prompts x 8 samples, all 1,319 test
+  problems at the start, after SFT and after RL;
 - fused_projections, roofline, roofline_grow, update_mfu: dev/lab/fused_projections.py (64 and 256
   rows), dev/lab/roofline.py, the same with a static cache that grows, and dev/lab/update_mfu.py, at
   the Qwen2.5-1.5B shape on random weights (no model file needed).
@@ -100,7 +103,7 @@ COMPARED = {"fsdp_rollout": ("time/rollout_s", "fsdp", "without"),
 # at the sizes people train, on random weights (no model file): before the model's stage
 SIZES = ["roofline_shapes", "trl_pair_1.5B", "memory_table"]
 STAGES = ["env", *SIZES, "cuda_graphs", "model", "trl_pair", "grpo", *COMPARED, *TRL_PAIRS[1:3],
-          *WAYS, "grpo_compile", "grpo_big", *FILES, "eval", "gsm8k_curve",
+          *WAYS, "grpo_compile", "grpo_big", *FILES, "eval", "gsm8k_curve", "cold_start",
           *(b for b in BENCHES if b not in ("cuda_graphs", "roofline_shapes"))]
 # GSM8K's train and test files for the gsm8k_curve stage: ../shared/data here, and on a lent GPU
 # the copy dev/carry.py puts beside the model's second piece (--data_dir)
@@ -127,6 +130,16 @@ def _stage_plan(name, tiny, work, data_dir=None):
         # 1,319 problems, greedy and 4 samples, in 256-row batches: about 4.5 min
         return py + [str(ROOT / "bench" / "gsm8k_curve.py"), "--out", str(work / name),
                      *sizes], 360
+    if name == "cold_start":  # bench/cold_start.py at a GPU's batch, all 1,319 test problems
+        sizes = (["--tiny"] if tiny else
+                 ["--sft_updates", "60", "--sft_batch", "64", "--rl_updates", "40",
+                  "--test_problems", "1319", "--num_prompts", "16", "--num_generations", "8",
+                  "--eval_samples", "4", *(["--data_dir", str(data_dir)] if data_dir else []),
+                  "--", "--bf16", "--eval_batch_size", "256"])
+        # estimated from gsm8k_curve's: three evaluations of ~60 s, 40 RL updates of ~1.5 s,
+        # and 60 SFT updates of 64 solutions at well under a second each: about 5 min
+        return py + [str(ROOT / "bench" / "cold_start.py"), "--out", str(work / name),
+                     *sizes], 420
     if name in ("env", "model"):
         return None, 120
     if name in TRL_PAIRS:  # bench/trl_vs_mathrl.py, both sides in bf16 on the GPU
@@ -215,6 +228,8 @@ def _stage_plan(name, tiny, work, data_dir=None):
         run += ["--model_name_or_path", "tiny-random", "--num_eval_problems", "8",
                 "--max_new_tokens", "8"]
         run += (["--num_envs", "2"] if name in ("appo", "tppo") else
+                # sft.py samples nothing; tiny-random spells a worked line in up to 22 tokens
+                ["--num_prompts", "2", "--max_new_tokens", "24"] if name == "sft" else
                 ["--num_prompts", "2", "--num_generations", "2"])
     if name in WAYS:
         run += ["--max_steps", "1" if tiny else "3", "--no_eval_on_start"]
@@ -435,6 +450,9 @@ def figures_of(name, lines, work):
         return {"lines": [line for line in lines if line.startswith(("accuracy", "pass@"))]}
     if name == "gsm8k_curve":  # the curve's table and the reading of its samples
         path = work / name / "curve.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+    if name == "cold_start":  # the three stages' evaluations and the reading of the samples
+        path = work / name / "cold_start.json"
         return json.loads(path.read_text()) if path.exists() else {}
     figures = read_run(work / name, work / f"{name}.child.json")
     if name in ("two_processes", "fsdp") and "updates" in figures:  # no child to load it

@@ -295,3 +295,25 @@ def test_the_memory_table_computes_which_runs_cannot_fit_their_cap():
     # every configuration's flags are grpo.py's options
     assert all(has_option(flag) for flags in CONFIGS.values() for flag in flags
                if flag.startswith("--"))
+
+
+def test_the_cold_start_runs_sft_then_grpo_from_its_checkpoint_on_the_same_problems(tmp_path):
+    # bench/cold_start.py --tiny: sft.py for 2 updates on the prompts' worked examples (all 8 fit
+    # its budget), then grpo.py for 1 from sft.py's last checkpoint; the three stages are
+    # evaluated on the same 3 problems, the start and after SFT by sft.py, after RL by grpo.py
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "cold"
+    done = subprocess.run([sys.executable, "bench/cold_start.py", "--tiny", "--out", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "8 of 8 train solutions fit 256 tokens" in done.stdout
+    rl_args = json.loads((out / "grpo" / "args.json").read_text())
+    assert rl_args["model_name_or_path"] == str(out / "sft" / "checkpoint-2")
+    stages = json.loads((out / "cold_start.json").read_text())["stages"]
+    assert [row["step"] for row in stages.values()] == [0, 2, 1]
+    assert all(row["eval/gsm8k/num_problems"] == 3 for row in stages.values())
+    text = (out / "cold_start.md").read_text()
+    assert "| after SFT (2 updates) |" in text and "| after RL (1 more updates) |" in text

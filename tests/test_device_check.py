@@ -134,6 +134,9 @@ def test_the_device_check_runs_on_a_cpu_and_reads_each_run(tmp_path):
     assert set(curve["reading"]) == {"first updates", "last updates"}
     gpu, _ = stage_plan("gsm8k_curve", False, tmp_path, "/data")
     assert gpu[gpu.index("--test_problems") + 1] == "1319" and "/data" in gpu
+    # the cold start at a GPU's batch (its tiny run: tests/test_bench.py)
+    gpu, cap = stage_plan("cold_start", False, tmp_path, "/data")
+    assert gpu[gpu.index("--sft_batch") + 1] == "64" and "/data" in gpu and cap == 420
     assert "| grpo | ok |" in stdout
     logs = (tmp_path / "out" / "logs.txt").read_text()
     assert logs.count("=====") == len(stages) and "\r" not in logs
