@@ -269,3 +269,16 @@ def test_the_loss_and_gradient_equal_trls_sft_trainer_on_the_same_batch(tmp_path
     for (name, ours), theirs in zip(policy.named_parameters(), trainer.model.parameters()):
         # fp32 rounding, and TRL's chunked log-softmax: under 1e-6 of the gradient's norm
         assert ((ours.grad - theirs.grad).norm() / theirs.grad.norm()).item() < 2e-6, name
+
+
+def test_a_bad_solution_is_one_line_on_the_command_line(tmp_path):
+    data = write(tmp_path / "d.jsonl", [{"question": "Tom has 3 apples and buys 4. How many?",
+                                         "answer": "7", "solution": "3 + 4 = 7 apples."}])
+    done = warm.run([sys.executable, "sft.py", "--dataset_name", "gsm8k", "--dataset_path",
+                     str(data), "--output_dir", str(tmp_path / "out")], cwd=ROOT,
+                    capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {data}: row 1: the verifier does not read the gold answer '7' in the solution's "
+        "end ('3 + 4 = 7 apples.'): end it as the task asks ('The answer is N.').")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
