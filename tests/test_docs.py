@@ -138,9 +138,10 @@ def test_the_reading_page_quotes_the_lines_a_student_reads_and_the_core_diffs():
     for a, b, plain, core in figures["diffs"]:
         assert re.search(rf"^\| {a}\.py → {b}\.py \| {plain} \| {core} \|$", text, re.M), (a, b)
     # issue 76: the lines the files share with grpo.py word for word that no copy test holds, at
-    # most 400
+    # most 400 for the RL files; sft.py's (its Args fields, imports and setup lines, ~50) are
+    # counted too, as it holds no copy of grpo.py's helpers
     unheld = sum(figures["unheld"].values())
-    assert unheld <= 400 and f"no copy test holds, {unheld} in all" in " ".join(text.split())
+    assert unheld <= 460 and f"no copy test holds, {unheld} in all" in " ".join(text.split())
 
 
 def test_the_diff_counts_the_docs_quote_are_current():
