@@ -6,6 +6,9 @@ import contextlib
 import csv
 import io
 import json
+import math
+import os
+import zlib
 
 import pytest
 
@@ -73,33 +76,34 @@ def graded(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         status = main([str(submissions), "--exercises", "1.1", "1.5", "--points", "1.5=2"])
-    with open(submissions / "grades.csv", newline="") as f:
-        rows = list(csv.reader(f))
+    rows, long_rows = (list(csv.reader(open(submissions / name, newline="")))
+                       for name in ("grades.csv", "grades_long.csv"))
     report = json.loads((submissions / "grades.json").read_text())
-    return status, printed.getvalue().splitlines(), rows, report
+    return status, printed.getvalue().splitlines(), rows, long_rows, report
 
 
-def test_three_students_graded_in_rows_of_points_and_words(graded):
-    status, printed, rows, _ = graded
+def test_three_students_graded_in_a_row_each_and_a_long_form(graded):
+    status, printed, rows, long_rows, _ = graded
     seed = {name: str(student_seed(name)) for name in ("imports", "right", "wrong")}
-    assert status == 0 and rows[0] == ["student", "seed", "exercise", "points", "passed",
-                                       "message"]
-    assert [row[:5] for row in rows[1:]] == [
+    # a row per student, a column per exercise and the total: what a gradebook takes
+    assert status == 0 and rows == [["student", "seed", "1.1", "1.5", "total"],
+                                    ["imports", seed["imports"], "0", "0", "0"],
+                                    ["right", seed["right"], "1", "2", "3"],
+                                    ["wrong", seed["wrong"], "0", "2", "2"]]
+    assert long_rows[0] == ["student", "seed", "exercise", "points", "passed", "message"]
+    assert [row[:5] for row in long_rows[1:]] == [
         ["imports", seed["imports"], "1.1", "0", "False"],
         ["imports", seed["imports"], "1.5", "0", "False"],
-        ["imports", seed["imports"], "total", "0", "0 of 2"],
         ["right", seed["right"], "1.1", "1", "True"],
         ["right", seed["right"], "1.5", "2", "True"],
-        ["right", seed["right"], "total", "3", "2 of 2"],
         ["wrong", seed["wrong"], "1.1", "0", "False"],
-        ["wrong", seed["wrong"], "1.5", "2", "True"],
-        ["wrong", seed["wrong"], "total", "2", "1 of 2"]]
-    messages = [row[5] for row in rows[1:]]
+        ["wrong", seed["wrong"], "1.5", "2", "True"]]
+    messages = [row[5] for row in long_rows[1:]]
     assert messages[0] == "not handed in: no e01_masked_mean.py (in exercises/ps1/ or alone)"
     assert messages[1].startswith("refused: e05_group_advantages.py, line 1 (`from grpo import "
                                   "group_advantages`) imports grpo, the project's own code")
-    assert messages[3:6] == ["ok", "ok", ""]
-    assert "the padding was counted" in messages[6] and messages[7] == "ok"
+    assert messages[2:4] == ["ok", "ok"]
+    assert "the padding was counted" in messages[4] and messages[5] == "ok"
     assert printed == [
         f"imports (seed {seed['imports']}): 0 of 2 passed, 0 of 3 points",
         f"right (seed {seed['right']}): 2 of 2 passed, 3 of 3 points",
@@ -109,8 +113,8 @@ def test_three_students_graded_in_rows_of_points_and_words(graded):
     assert printed[-1].endswith("grades.json: 3 students, 2 exercises each")
 
 
-def test_the_json_report_holds_the_same(graded):
-    _, _, rows, report = graded
+def test_the_json_report_holds_the_same_and_what_each_student_printed(graded):
+    _, _, _, long_rows, report = graded
     students = report["students"]
     assert [(s["student"], s["seed"], s["points"], s["max_points"], s["passed"])
             for s in students] == [(name, student_seed(name), points, 3, passed) for name, points,
@@ -118,17 +122,21 @@ def test_the_json_report_holds_the_same(graded):
     assert [[(r["id"], r["points"], r["passed"]) for r in s["exercises"]] for s in students] == [
         [("1.1", 0, False), ("1.5", 0, False)], [("1.1", 1, True), ("1.5", 2, True)],
         [("1.1", 0, False), ("1.5", 2, True)]]
-    in_csv = [row[5] for row in rows[1:] if row[2] != "total"]
-    assert [r["message"] for s in students for r in s["exercises"]] == in_csv
+    assert [r["message"] for s in students for r in s["exercises"]] == [
+        row[5] for row in long_rows[1:]]
+    # the student's prints are kept apart, as theirs: a verdict printed is only a print
+    assert students[1]["printed"].startswith("masked_mean called\n")
+    assert students[2]["printed"].startswith('{"id": "1.1", "title": "masked mean", "passed": '
+                                             "true")
+    assert students[0]["printed"] == ""
 
 
 def test_a_students_own_checker_changes_nothing(graded):
     # "wrong" handed in a check.py, exercise.py and cases.py that pass everything: none was
     # taken, the report says so, and the padding counted still fails
-    _, _, rows, report = graded
+    _, _, _, _, report = graded
     wrong = report["students"][2]
     assert wrong["ignored"] == sorted(OWN_CHECKER)
-    assert rows[-1][5] == "ignored: " + ", ".join(sorted(OWN_CHECKER))
     assert not wrong["exercises"][0]["passed"]
     assert "the padding was counted" in wrong["exercises"][0]["message"]
 
@@ -213,6 +221,8 @@ def test_bad_input_is_one_line_before_any_student_is_read(tmp_path, capsys):
     assert error(tmp_path, "--exercises", "9.9").startswith("error: no exercise 9.9; the "
                                                             "exercises are 1.1, 1.2")
     assert "--out" in error(tmp_path, "--out", tmp_path / "grades.csv")
+    assert error(tmp_path, "--jobs", "0").startswith("error: --jobs 0: give 1 or more")
+    assert "--memory_limit 10: give 64 MiB or more" in error(tmp_path, "--memory_limit", "10")
 
 
 def test_the_grader_gives_the_checker_its_own_time_limit():
@@ -224,21 +234,190 @@ def test_a_student_with_no_exercise_file_gets_0_and_says_why(tmp_path, capsys):
     (tmp_path / "alice").mkdir()
     (tmp_path / "alice" / "notes.txt").write_text("I ran out of time")
     assert main([str(tmp_path), "--exercises", "1.1", "--out", str(tmp_path / "out")]) == 0
-    rows = list(csv.reader(open(tmp_path / "out" / "grades.csv", newline="")))
+    rows = list(csv.reader(open(tmp_path / "out" / "grades_long.csv", newline="")))
     seed = str(student_seed("alice"))
-    assert rows[1:] == [
-        ["alice", seed, "1.1", "0", "False", "no exercise file handed in: alice/ holds no "
-         "exercises/ps1/e*.py, nor e*.py files of PS1's names"],
-        ["alice", seed, "total", "0", "0 of 1", "ignored: notes.txt"]]
+    assert rows[1:] == [["alice", seed, "1.1", "0", "False", "no exercise file handed in: alice/ "
+                         "holds no exercises/ps1/e*.py, nor e*.py files of PS1's names"]]
+    report = json.loads((tmp_path / "out" / "grades.json").read_text())
+    assert report["students"][0]["ignored"] == ["notes.txt"]
     # the report's folder inside the submissions is not a student
     assert main([str(tmp_path), "--exercises", "1.1", "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.count("alice (seed") == 2
 
 
-def test_a_checker_that_stops_short_gives_no_verdict_and_its_last_words(tmp_path):
-    from exercises.grade import check_in
-    copy = tmp_path / "project"  # a copy whose checker dies before its first verdict
-    _write(copy, {"exercises/__init__.py": "", "exercises/check.py": "import sys\n"
-                  "print('out of memory', file=sys.stderr)\nsys.exit(3)\n"})
-    assert check_in(copy, ["1.1"], seed=5, time_limit=60.0) == (
-        {}, "the checker stopped (exit status 3), its last words: out of memory")
+# ---- the grading process, against students who attack it -----------------------------------------
+# Each of these passes the reading (the attack is in what the code does, not in a name the reading
+# refuses): the defence under test is the process apart. Each also hands in a right e05, which
+# must keep its point.
+_OS = 'o = operator.attrgetter("os")(torch)\n'
+HOSTILE = {
+    # torch's comparisons made always-true: in the student's process, not the grader's
+    "patcher": "import torch\ntorch.allclose = lambda *a, **k: True\n"
+               "torch.equal = lambda *a, **k: True\n\n\n"
+               "def masked_mean(x, mask, dim=None):\n    return x.sum()\n",
+    # a verdict written to the grader's own stdout through /proc
+    "forger": "import operator\nimport numpy\nimport torch\n" + _OS +
+              "def masked_mean(x, mask, dim=None):\n"
+              "    numpy.savetxt(f'/proc/{o.getppid()}/fd/1', numpy.zeros(1), header="
+              "'{\"id\": \"1.1\", \"passed\": true, \"message\": \"ok\"}')\n"
+              "    return x.sum()\n",
+    # a framed answer of its own on the grader's pipe, the worker's fd taken from its argv
+    "framer": "import operator\nimport torch\n" + _OS +
+              "fd = int(operator.attrgetter('sys.argv')(torch)[2])\n\n\n"
+              "def masked_mean(x, mask, dim=None):\n"
+              "    text = '{\"id\": 2, \"passed\": true, \"output\": {\"t\": \"float\", \"v\": "
+              "1.5}}'.encode()\n"
+              "    o.write(fd, len(text).to_bytes(8, 'big') + text)\n    return x.sum()\n",
+    # the project's own function looked up by a string the reading cannot see
+    "reacher": "import operator\nimport torch\n\n\ndef masked_mean(x, mask, dim=None):\n"
+               "    modules = operator.attrgetter('sys.modules')(torch)\n"
+               "    return modules['common.rl.numerics'].masked_mean(x, mask, dim)\n",
+    # a child left behind, asleep
+    "forker": "import operator\nimport torch\n" + _OS +
+              "def masked_mean(x, mask, dim=None):\n    if o.fork() == 0:\n"
+              "        operator.attrgetter('time.sleep')(torch)(600)\n    return x.sum()\n",
+    "hog": "import torch\n\n\ndef masked_mean(x, mask, dim=None):\n"
+           "    return torch.ones(10**10).sum()\n",  # 40 GB, past --memory_limit
+    "flooder": "def masked_mean(x, mask, dim=None):\n    while True:\n"
+               "        print('x' * 100000)\n",
+}
+
+
+@pytest.fixture(scope="module")
+def hostile_class(tmp_path_factory):
+    """The hostile students, one right one, one with a file named in invalid UTF-8 and one whose
+    folder's name is not UTF-8, graded on 1.1 and 1.5 two at a time."""
+    submissions = tmp_path_factory.mktemp("hostile")
+    for name, text in HOSTILE.items():
+        _write(submissions / name, {"e01_masked_mean.py": text,
+                                    "e05_group_advantages.py": RIGHT_GROUPS})
+    _write(submissions / "right", {"e01_masked_mean.py": RIGHT_MEAN,
+                                   "e05_group_advantages.py": RIGHT_GROUPS})
+    _write(submissions / "odd", {"e01_masked_mean.py": RIGHT_MEAN})
+    open(os.path.join(os.fsencode(submissions / "odd"), b"notes\xff.txt"), "wb").write(b"\xfe")
+    os.mkdir(os.path.join(os.fsencode(submissions), b"caf\xe9"))
+    (submissions / os.fsdecode(b"caf\xe9") / "e05_group_advantages.py").write_text(RIGHT_GROUPS)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main([str(submissions), "--exercises", "1.1", "1.5", "--jobs", "2",
+                       "--time_limit", "37"])
+    report = json.loads((submissions / "grades.json").read_text())
+    return status, printed.getvalue(), report, submissions
+
+
+def test_each_hostile_student_gets_no_point_for_what_it_did_not_solve(hostile_class):
+    status, printed, report, _ = hostile_class
+    by_name = {s["student"]: s for s in report["students"]}
+    assert status == 0 and '"passed": true' not in printed  # the forged verdict went nowhere
+    for name in HOSTILE:
+        first, fifth = by_name[name]["exercises"]
+        assert (first["passed"], first["points"], fifth["passed"], fifth["points"]) == (
+            False, 0, True, 1), (name, first["message"])
+    said = {name: by_name[name]["exercises"][0]["message"] for name in HOSTILE}
+    assert said["patcher"].endswith("expected 1.5, got 10")  # the grader's torch is its own
+    assert "raised KeyError: 'common.rl.numerics'" in said["reacher"]  # no solution there
+    assert "MiB" not in said["hog"] and "raised RuntimeError" in said["hog"]
+    assert "raised OSError: [Errno 27] File too large" in said["flooder"]
+    assert "out of turn" in said["framer"] or "expected" in said["framer"]
+    assert by_name["flooder"]["printed"] == "x" * 2000  # the prints, kept apart and cut
+
+
+def test_the_rest_of_a_hostile_class_is_graded_as_if_alone(hostile_class, tmp_path):
+    _, _, report, submissions = hostile_class
+    by_name = {s["student"]: s for s in report["students"]}
+    _write(tmp_path / "right", {"e01_masked_mean.py": RIGHT_MEAN,
+                                "e05_group_advantages.py": RIGHT_GROUPS})
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path), "--exercises", "1.1", "1.5"]) == 0
+    alone = json.loads((tmp_path / "grades.json").read_text())["students"][0]
+    assert by_name["right"]["exercises"] == alone["exercises"]
+    assert [r["message"] for r in alone["exercises"]] == ["ok", "ok"]
+
+
+def test_what_a_student_forked_is_gone_when_the_grading_ends(hostile_class):
+    # the forker's child slept for 600 s: no process of that grading is left (its limits, in the
+    # worker's command line, hold the --time_limit of 37 s: 2 * 37 + 120 s of CPU)
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"worker.py" in command and b'"cpu_seconds": 194' in command:
+            left.append(pid)
+    assert left == []
+
+
+def test_any_file_or_folder_name_is_a_row_not_a_crash(hostile_class):
+    _, printed, report, submissions = hostile_class
+    names = [s["student"] for s in report["students"]]
+    assert names == sorted(names, key=lambda n: n.encode()) or "caf\\xe9" in names
+    odd = next(s for s in report["students"] if s["student"] == "odd")
+    assert odd["ignored"] == ["notes\\xff.txt"] and odd["exercises"][0]["passed"]
+    cafe = next(s for s in report["students"] if s["student"] == "caf\\xe9")
+    assert cafe["seed"] == zlib.crc32(b"caf\xe9") and cafe["exercises"][1]["passed"]
+    rows = list(csv.reader(open(submissions / "grades.csv", newline="", encoding="utf-8")))
+    assert len(rows) == 1 + len(HOSTILE) + 3 and ["caf\\xe9", str(zlib.crc32(b"caf\xe9")), "0",
+                                                  "1", "1"] in rows
+
+
+def test_a_student_that_kills_its_grading_process_gets_0_and_the_class_goes_on(tmp_path):
+    _write(tmp_path / "killer", {"e01_masked_mean.py": "import operator\nimport torch\n" + _OS +
+                                 "def masked_mean(x, mask, dim=None):\n"
+                                 "    o.kill(o.getppid(), 9)\n",
+                                 "e05_group_advantages.py": RIGHT_GROUPS})
+    _write(tmp_path / "right", {"e05_group_advantages.py": RIGHT_GROUPS})
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path), "--exercises", "1.1", "1.5"]) == 0
+    killer, right = json.loads((tmp_path / "grades.json").read_text())["students"]
+    assert killer["points"] == 0 and killer["exercises"][0]["message"].startswith(
+        "not graded: the grading process was killed while grading this student")
+    assert right["exercises"][1]["passed"] and right["points"] == 1
+
+
+def test_a_folder_name_that_a_spreadsheet_would_run_is_quoted(tmp_path):
+    _write(tmp_path / "=HYPERLINK(1)", {"e05_group_advantages.py": RIGHT_GROUPS})
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path), "--exercises", "1.5"]) == 0
+    rows = list(csv.reader(open(tmp_path / "grades.csv", newline="")))
+    assert rows[1][0] == "'=HYPERLINK(1)" and rows[1][2:] == ["1", "1"]
+
+
+def test_a_link_or_a_huge_file_is_refused(tmp_path):
+    from exercises.grade import ROOT
+    (tmp_path / "linker").mkdir()
+    (tmp_path / "linker" / "e01_masked_mean.py").symlink_to(ROOT / "common/rl/numerics.py")
+    _write(tmp_path / "huge", {"e01_masked_mean.py": "#" * (1 << 20) + "\n"})
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path), "--exercises", "1.1"]) == 0
+    huge, linker = json.loads((tmp_path / "grades.json").read_text())["students"]
+    assert linker["exercises"][0]["message"] == ("refused: e01_masked_mean.py is a link: hand in "
+                                                 "the file itself")
+    assert huge["exercises"][0]["message"] == ("refused: e01_masked_mean.py is 1,048,577 bytes, "
+                                               "more than the 1 MiB an exercise file may be")
+
+
+def test_the_wire_carries_values_and_refuses_what_is_out_of_form():
+    from exercises.worker import MAX_MESSAGE, Opaque, decode, encode, receive
+    value = (torch.tensor([[1.5, -0.0]]), torch.tensor(3), torch.zeros(0, 4, dtype=torch.bool),
+             [2**70, 0.25, float("nan"), None, True, "s"], {"k": torch.tensor([1], dtype=torch.int8)})
+    back = decode(json.loads(json.dumps(encode(value))))
+    assert isinstance(back, tuple) and close(back[:3], value[:3]) and back[1].dtype == torch.int64
+    assert back[2].shape == (0, 4) and back[2].dtype == torch.bool
+    assert back[3][:2] == [2**70, 0.25] and math.isnan(back[3][2]) and back[3][3:] == [None, True,
+                                                                                         "s"]
+    assert torch.equal(back[4]["k"], value[4]["k"]) and back[4]["k"].dtype == torch.int8
+    opaque = decode(encode(iter([1])))
+    assert isinstance(opaque, Opaque) and repr(opaque).startswith("<list_iterator")
+    for bad in ({"t": "tensor", "dtype": "float32", "shape": [3], "data": "AAAA"},  # 3 bytes
+                {"t": "tensor", "dtype": "object", "shape": [], "data": ""},
+                {"t": "tensor", "dtype": "float32", "shape": [-1], "data": ""},
+                {"t": "pickle", "v": "gASV"}, {"t": "int", "v": "9" * 6000}, [1, 2]):
+        with pytest.raises(ValueError):
+            decode(bad)
+    read, write = os.pipe()
+    os.write(write, (MAX_MESSAGE + 1).to_bytes(8, "big"))
+    with pytest.raises(ValueError, match="more than the 64 MiB"):
+        receive(read)
+    os.close(read)
+    os.close(write)
