@@ -523,6 +523,7 @@ def _serve(connection, ids, points, limits):
     everything = all_exercises()
     chosen = [everything[i] for i in ids]
     all_names = [Path(e.path).name for e in everything.values()]
+    connection.send("ready")
     while True:
         try:
             index, folder, seed = connection.recv()
@@ -543,7 +544,8 @@ class _Slot:
                                        daemon=True)
         self.process.start()
         theirs.close()
-        self.job = None  # (index, folder) of the student it grades
+        self.job = None  # the index of the student it grades
+        self.ready = False  # it says so once it has imported the checks
 
 
 def _stopped_student(folder, seed, exercises, points):
@@ -582,12 +584,18 @@ def grade_class(folders, seeds, exercises, points, limits, jobs, done):
                     message = slot.connection.recv() if slot.connection.poll() else None
                 except (EOFError, OSError):  # its end closed: it died
                     message = None
-                if message is not None:
+                if message == "ready":
+                    slot.ready = True
+                elif message is not None:
                     index, student, failed = message
                     if failed:
                         raise RuntimeError(failed)
                     slot.job = None
                     done(index, student)
+                elif not slot.process.is_alive() and not slot.ready:
+                    raise RuntimeError(f"a grading process stopped before its first student (exit "
+                                       f"status {slot.process.exitcode}): python -m "
+                                       "exercises.check --solution shows why")
                 elif not slot.process.is_alive():  # died mid-student: a fresh one in its place
                     index, slot.job = slot.job, None
                     slot.connection.close()
