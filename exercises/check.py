@@ -18,7 +18,7 @@ Each exercise is checked in a process of its own, which the checker waits on for
 --time_limit seconds: a function that loops forever is stopped and said to, and one that ends the
 process (sys.exit, os._exit) fails, since a check passes only when the checker reaches its verdict.
 The exit status is 0 only when every exercise checked passed. A class is graded with
-exercises/grade.py, which runs this in a fresh copy of the project for each student.
+exercises/grade.py, which runs the same checks with each student's functions in a process apart.
 """
 
 import argparse

@@ -97,7 +97,7 @@ def refusal(source: bytes) -> str | None:
     parsed, never run. One that does not parse is not refused here: the checker says where."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     project, found = project_modules(), []
     for node in ast.walk(tree):
@@ -534,6 +534,10 @@ def _serve(connection, ids, points, limits):
         except RuntimeError as e:  # the students' process could not start: the grader's fault
             connection.send((index, None, str(e)))
             continue
+        except Exception as e:  # the grader's own bug on this student's files: said, not hidden
+            student = _stopped_student(Path(folder), seed, chosen, points,
+                                       f"not graded: the grader failed on this student "
+                                       f"({type(e).__name__}: {e}); please report it")
         connection.send((index, student, None))
 
 
@@ -548,9 +552,9 @@ class _Slot:
         self.ready = False  # it says so once it has imported the checks
 
 
-def _stopped_student(folder, seed, exercises, points):
-    why = ("not graded: the grading process was killed while grading this student (by the "
-           "student's code, or from outside)")
+def _stopped_student(folder, seed, exercises, points, why=None):
+    why = why or ("not graded: the grading process was killed while grading this student (by "
+                  "the student's code, or from outside)")
     return dict(student=shown(folder.name), seed=seed, points=0,
                 max_points=sum(points[e.id] for e in exercises), passed=0,
                 exercises=[dict(id=e.id, title=e.title, points=0, passed=False, message=why)

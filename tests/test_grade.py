@@ -1,6 +1,7 @@
-"""The grading mode (exercises/grade.py, docs/course.md "For a teacher"): each student's files in a
-fresh copy of the project, on inputs of the student's own seed, with a file that imports the
-solution refused before it runs, and the class's grades in grades.csv and grades.json."""
+"""The grading mode (exercises/grade.py, docs/course.md "For a teacher"): each student's functions in
+a process apart (exercises/worker.py), on inputs of the student's own seed, with a file that imports
+the solution refused before it runs; students who attack the grader get nothing for it; and the
+class's grades in grades.csv (a row per student), grades_long.csv and grades.json."""
 
 import contextlib
 import csv
