@@ -429,19 +429,45 @@ def test_the_wire_carries_values_and_refuses_what_is_out_of_form():
 
 def test_a_class_of_right_students_gets_full_marks_and_the_same_grades_at_any_jobs(tmp_path):
     # tests/data/right_answers: a right answer to each exercise, written as a student would;
-    # three students, each on inputs of their own seed
+    # four students, each on inputs of their own seed
     answers = Path(__file__).parent / "data" / "right_answers"
-    for name in ("ada", "bo", "cy"):
+    for name in ("ada", "bo", "cy", "di"):
         shutil.copytree(answers, tmp_path / "class" / name)
     reports = []
-    for jobs in ("1", "3"):
+    for jobs in ("1", "4"):
         with contextlib.redirect_stdout(io.StringIO()):
             assert main([str(tmp_path / "class"), "--jobs", jobs, "--out",
                          str(tmp_path / jobs)]) == 0
         reports.append(json.loads((tmp_path / jobs / "grades.json").read_text())["students"])
     assert reports[0] == reports[1]
     assert [(s["student"], s["points"], s["passed"]) for s in reports[0]] == [
-        (name, len(PS1), len(PS1)) for name in ("ada", "bo", "cy")]
+        (name, len(PS1), len(PS1)) for name in ("ada", "bo", "cy", "di")]
     rows = list(csv.reader(open(tmp_path / "1" / "grades.csv", newline="")))
     assert rows[0] == ["student", "seed", *[e.id for e in PS1], "total"]
     assert rows[1] == ["ada", str(student_seed("ada")), *["1"] * len(PS1), str(len(PS1))]
+
+
+def test_a_loop_an_exit_and_a_crash_fail_their_exercise_and_the_next_gets_a_fresh_process(
+        tmp_path):
+    exiter = "import operator\nimport torch\n" + _OS + "\n\ndef masked_mean(x, mask, dim=None):\n" \
+             "    o._exit(0)\n"
+    for name, first in (("looper", "def masked_mean(x, mask, dim=None):\n    while True:\n"
+                                   "        pass\n"),
+                        ("exiter", exiter),
+                        ("importer", "raise SystemExit(0)\n"),
+                        ("typo", "def masked_mean(x, mask, dim=None)\n    return x\n")):
+        _write(tmp_path / name, {"e01_masked_mean.py": first,
+                                 "e05_group_advantages.py": RIGHT_GROUPS})
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(tmp_path), "--exercises", "1.1", "1.5", "--time_limit", "3"]) == 0
+    said = {s["student"]: [(r["passed"], r["message"]) for r in s["exercises"]]
+            for s in json.loads((tmp_path / "grades.json").read_text())["students"]}
+    assert {name: rows[1] for name, rows in said.items()} == dict.fromkeys(said, (True, "ok"))
+    assert said["looper"][0] == (False, "took more than 3 s, and was stopped: look for a loop "
+                                        "that never ends (or give it longer with --time_limit)")
+    assert said["exiter"][0][1].startswith("the check ended before its verdict (exit status 0): "
+                                           "your masked_mean or its file ends the process")
+    assert said["importer"][0][1] == ("exercises/ps1/e01_masked_mean.py, line 1: importing it "
+                                      "raised SystemExit: 0")
+    assert said["typo"][0][1] == ("exercises/ps1/e01_masked_mean.py, line 1: SyntaxError: "
+                                  "expected ':'; fix that line, then check again")
