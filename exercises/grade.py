@@ -16,9 +16,9 @@ a module other than torch, numpy and a few of the standard library's, or reaches
 machinery of imports, code and files (importlib, __import__, sys, exec, eval, compile, open,
 getattr, a __dunder__ attribute) is refused with 0 points and its line named. That reading is a
 friendly first refusal, not the defence. The defence is that the student's code and the verdict
-never share a process: the student's files are copied into a fresh folder, with nothing of the
-project's, and run there by exercises/worker.py, which imports only them (and torch and numpy),
-takes each exercise's inputs through a pipe, and sends back the outputs and gradients alone. The
+never share a process: the student's files are run by exercises/worker.py, in a fresh empty
+folder with nothing of the project's on its path, which takes their text and then each exercise's
+inputs through a pipe, and sends back the outputs and gradients alone. The
 oracle, the comparison and the verdict run here, in a process the student's cannot read
 (exercises/exercise.py's checks, the same as `python -m exercises.check`'s).
 
@@ -39,11 +39,13 @@ message); and grades.json, all of it with the files ignored and what each studen
 What this does not guard against: it is not a container. The student's process runs as your user
 (root without its capabilities, under root), so it can read any file you can, the project's
 included, if it searches the disk for them; it can stop the grading (its 0 points are its own);
-and a fork bomb under root is not held. Grade in a container to close those.
+a fork bomb under root is not held; and with --jobs above 1, one student's code can stop another's
+process at the same time (use --jobs 1 when in doubt). Grade in a container to close those.
 """
 
 import argparse
 import ast
+import base64
 import csv
 import ctypes
 import json
@@ -65,6 +67,8 @@ TIME_LIMIT = 60.0  # as exercises/check.py's (not imported: that needs torch, an
 MEMORY_LIMIT = 2048  # MiB a student's process may take beyond torch's own
 FILE_BYTES = 16 << 20  # what a student's process may write to one file, its prints included
 LARGEST_FILE = 1 << 20  # a handed-in exercise file larger than this is refused
+# The students' process's code, read once: it runs from this text, not from a file on the way.
+WORKER = (Path(__file__).parent / "worker.py").read_text()
 # What a student's file may import: what PS1's functions need, and nothing that reads files or
 # finds the project's code.
 ALLOWED_IMPORTS = ("torch", "numpy", "math", "itertools", "functools", "operator", "typing",
@@ -197,12 +201,8 @@ class StudentProcess:
         self.printed = b""
 
     def start(self):
-        runner, work = self.folder / "runner", self.folder / f"work-{self.count}"
-        runner.mkdir(exist_ok=True)
+        work = self.folder / f"work-{self.count}"
         work.mkdir()  # a fresh one at each start: what a killed run left there is not read
-        shutil.copyfile(Path(__file__).with_name("worker.py"), runner / "worker.py")
-        for name, text in self.files.items():
-            (work / name).write_bytes(text)
         requests_in, self.requests = os.pipe()
         self.answers, answers_out = os.pipe()
         os.set_blocking(self.requests, False)
@@ -213,7 +213,7 @@ class StudentProcess:
                       cpu_seconds=int(self.limits["cpu_seconds"]))
         self.out = open(self.folder / "printed.txt", "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(runner / "worker.py"), str(requests_in),
+            [sys.executable, "-I", "-B", "-c", WORKER, str(requests_in),
              str(answers_out), json.dumps(limits)], cwd=work, env=env, stdin=subprocess.DEVNULL,
             stdout=self.out, stderr=subprocess.STDOUT, pass_fds=(requests_in, answers_out),
             start_new_session=True)
@@ -437,8 +437,9 @@ def loaded(student: StudentProcess, exercise, deadline: float) -> Remote:
     from exercises.exercise import Wrong
 
     module = Path(exercise.path).stem
-    answer = student.ask(dict(op="load", module=module, name=exercise.name), deadline,
-                         exercise.name)
+    answer = student.ask(dict(op="load", module=module, name=exercise.name,
+                              source=base64.b64encode(student.files[Path(exercise.path).name])
+                              .decode()), deadline, exercise.name)
     error, path = answer.get("error"), exercise.path
     if error == "syntax":
         raise Wrong(f"{path}, line {answer.get('line')}: {answer.get('type')}: "

@@ -2,13 +2,13 @@
 functions on the inputs it is sent, and sends back their outputs. It holds no solution and no
 checker: the oracle, the comparison and the verdict stay in the grader's process.
 
-    python -I -B worker.py REQUESTS RESPONSES LIMITS    # started by the grader, never by hand
+    python -I -B -c "$(cat worker.py)" REQUESTS RESPONSES LIMITS    # by the grader, not by hand
 
-The grader copies this file alone into a fresh folder and starts it there, with the student's
-files in a folder beside it as the working directory. Before it imports any of them, this file's
-own code takes the two pipes it was given (the grader's requests in, its answers out), sets the
-limits (memory, file size, processes, CPU time), gives up root's capabilities where it runs as root,
-and leaves the project off its path. Each message is a length-prefixed JSON object, and a tensor
+The grader starts it from this file's text, in a fresh empty folder. Before any of the student's
+code runs, this file's own code takes the two pipes it was given (the grader's requests in, its
+answers out), sets the limits (memory, file size, processes, CPU time), gives up root's
+capabilities where it runs as root, and leaves the project off its path; the student's files then
+come as text through the pipe, one exercise at a time. Each message is a length-prefixed JSON object, and a tensor
 travels as its dtype, shape and bytes: nothing the grader reads back is run or unpickled.
 
 It imports only the standard library and torch (and numpy, for students who use it).
@@ -16,13 +16,13 @@ It imports only the standard library and torch (and numpy, for students who use 
 
 import base64
 import ctypes
-import importlib
 import json
 import os
 import signal
 import struct
 import sys
 import traceback
+import types
 
 import torch
 
@@ -205,6 +205,7 @@ def confine(limits: dict) -> None:
     # Linux does not hold root to it: under root the grader kills what is left after each student.
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: nothing exec'd gains rights
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: another student's process cannot read this one
     if os.geteuid() == 0:  # root without its capabilities: no reading other processes' files
         for cap in range(64):  # the bounding set, so that an exec'd program regains none
             libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
@@ -213,17 +214,24 @@ def confine(limits: dict) -> None:
             raise OSError(ctypes.get_errno(), "capset failed")
 
 
-def load(module, name):
-    """The student's function, or why not, as the grader words it (exercises/grade.py)."""
+def load(module, name, source):
+    """The student's function from its file's text, or why not, as the grader words it
+    (exercises/grade.py). The text comes through the pipe, not from a file another process could
+    change before it is read."""
     try:
-        sys.modules.pop(module, None)
-        loaded = importlib.import_module(module)
-    except SyntaxError as e:  # IndentationError too
-        return None, {"error": "syntax", "type": type(e).__name__, "message": str(e.msg),
-                      "line": e.lineno}
+        code = compile(source, f"{module}.py", "exec")
+    except (SyntaxError, ValueError) as e:  # IndentationError too; ValueError: a NUL byte
+        return None, {"error": "syntax", "type": "SyntaxError" if isinstance(e, ValueError)
+                      else type(e).__name__, "message": str(getattr(e, "msg", e)),
+                      "line": getattr(e, "lineno", None) or 1}
+    loaded = types.ModuleType(module)
+    loaded.__file__ = f"{module}.py"
+    sys.modules[module] = loaded
+    try:
+        exec(code, loaded.__dict__)  # the student's own file: what this process is for
     except BaseException as e:
         lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
-                 if os.path.basename(f.filename) == f"{module}.py"]
+                 if f.filename == f"{module}.py"]
         return None, {"error": "raised", "type": type(e).__name__, "message": str(e)[:500],
                       "line": lines[-1] if lines else None}
     fn = getattr(loaded, name, None)
@@ -270,7 +278,8 @@ def main(argv) -> None:
             return
         answer = {"id": request.get("id")}
         if request["op"] == "load":
-            fn, said = load(request["module"], request["name"])
+            fn, said = load(request["module"], request["name"],
+                            base64.b64decode(request["source"]))
             functions[request["module"]] = fn
             answer.update(said)
         else:
