@@ -346,9 +346,9 @@ def _dtype_cause(got, expected) -> str:
         return ("a wrong dtype: a mask of True and False is a bool tensor, as a comparison gives "
                 "it; .float(), .long() or arithmetic made it numbers")
     if got.is_floating_point():
-        return (f"a wrong dtype: indices, rows and ids are {_dtype(expected)} (torch.long); a float "
-                "tensor (torch.Tensor(list), torch.tensor([]) of an empty list, a division) cannot "
-                f"index; build it with dtype=torch.{_dtype(expected)}")
+        return (f"a wrong dtype: indices, rows and ids are {_dtype(expected)} (torch.long); a "
+                "float tensor (torch.Tensor(list), torch.tensor([]) of an empty list, a division) "
+                f"cannot index; build it with dtype=torch.{_dtype(expected)}")
     return (f"a wrong dtype: {_dtype(got)} where {_dtype(expected)} is asked (searchsorted's "
             f"out_int32, .int(), a bool mask); convert with .to(torch.{_dtype(expected)})")
 
@@ -390,13 +390,15 @@ def _wrong_dimension(g, e, kwargs):
                 "asked: a sum or a mean over them is missing, or a broadcast made them")
     if len(g) == len(e):
         differ = [k for k in range(len(e)) if g[k] != e[k]]
-        if all(g[k] == 1 for k in differ):
+        one_off = len(differ) == 1 and abs(g[differ[0]] - e[differ[0]]) == 1
+        if all(g[k] == 1 for k in differ) and not (one_off and e[differ[0]] == 2):
             return (f"the wrong dimension: size 1 where the expected has {e[differ[0]]} "
                     f"(dimension {differ[0]}): a value per row was not expanded across it")
-        if len(differ) == 1 and abs(g[differ[0]] - e[differ[0]]) == 1:
+        if one_off:
             k = differ[0]
-            return (f"an off-by-one: dimension {k} has {g[k]} entries where {e[k]} are asked: a "
-                    "bound, a slice or a count one off (< for <=, [:n - 1], range(n - 1))")
+            return (f"an off-by-one: dimension {k} has {g[k]} where {e[k]} entries are asked: a "
+                    "bound, a slice or a count one off (< for <=, [:n - 1], range(n - 1))"
+                    + (", or a value per row not expanded across it" if g[k] == 1 else ""))
         if sorted(g) == sorted(e):
             return ("the wrong dimension: the output's dimensions are in another order: a "
                     "transpose or permute is missing or extra")
@@ -475,7 +477,7 @@ def _likely(got, expected, kwargs):
         return None
     if not expected.is_floating_point():
         step = (a - b)[differ]
-        if (step == 1).all() or (step == -1).all():
+        if expected.dtype != torch.bool and ((step == 1).all() or (step == -1).all()):
             return (f"an off-by-one: every entry that differs is the expected {int(step[0]):+d}: "
                     "a bound taken or not (<= for <, searchsorted's right=), or a +1 or -1 "
                     "missing or extra")
