@@ -1511,3 +1511,398 @@ EXERCISES = [MASKED_MEAN, MASKED_WHITEN, KL, LOGPROBS, GROUP, AGGREGATE, RLOO, G
              VALUE, PREFERENCE, PAIRS, STEP, BAD, INVERSE_CDF, TOOL_IDS, OFF_POLICY,
              DISTILL_ADVANTAGES, DIVERGENCE, OVERLONG, SFT_LOSS]
 
+
+# ------------------------------------------------------------------------------------------------
+# The rules each stub states about its output, quoted from its docstring, and the cases that try
+# each one. tests/test_exercise_rules.py holds the table to the stubs and the cases: every rule's
+# text is in its stub, every case named exists, a function right but for that one rule fails on
+# the cases named, and every sentence of a stub that reads as a rule (must, never, gives, a dtype,
+# a shape, NaN, ...) is here or in NOT_RULES.
+
+_GRADIENTS = "keep them (no .detach(), .item() or torch.no_grad() on the way)"
+_BAD_SHORT = BAD.worked[1][0]  # the step of 1 token and padding, then one of 2
+
+RULES = {
+    "1.1": [
+        ("A statistic over tokens must ignore the padding",
+         ["x = [[1, 2, 3, 4]], mask = [[1, 1, 0, 0]]"]),
+        ("masked_mean(x, mask, dim=d) = sum(x * mask, d) / max(1, sum(mask, d))",
+         ["the same along dim=1 (the third row is all padding)", "x [2, 4] along dim=0"]),
+        ("each row (each slice along the other dimensions) is divided by its own count of real "
+         "tokens, not by the count of the whole batch",
+         ["x = [[1, 2], [3, 4]], mask = [[1, 1], [1, 0]], dim=1: rows of 2 and 1 real tokens, "
+          "each divided by its own count"]),
+        ("An all-zero mask gives 0, not NaN",
+         ["x [2, 3] with an all-zero mask, dim=None: a micro-batch of padding only"]),
+        ("An all-zero mask gives 0, not NaN (a micro-batch may hold only padding)",
+         ["x = [[1, 2], [3, 4]], mask = [[1, 1], [0, 0]], dim=1: the second row is all padding"]),
+        (_GRADIENTS, ["x = [[1, 2, 3, 4]], mask = [[1, 1, 0, 0]]"]),
+    ],
+    "1.2": [
+        ("mean = masked mean of x",
+         ["x = [[1, 3, 9]], mask = [[1, 1, 0]]: mean 2, unbiased var 2"]),
+        ("n = sum(mask)", ["x = [[1, 3], [5, 0]], mask = [[1, 1], [1, 0]]: mean 3 and var 4 over "
+                           "the three real entries of both rows"]),
+        ("The variance is the unbiased one (n - 1)",
+         ["x = [[1, 3, 9]], mask = [[1, 1, 0]]: mean 2, unbiased var 2"]),
+        ("whiten(x) = (x - mean) / sqrt(var + eps) (shift_mean=True)", ["the same, eps 0.5"]),
+        ("whiten(x) = (x - mean) / sqrt(var + eps) + mean (shift_mean=False",
+         ["the same, shift_mean=False"]),
+        ("and 0 on the padding", ["x = [[1, 3, 9]], mask = [[1, 1, 0]]: mean 2, unbiased var 2"]),
+        ("with a single real entry (n = 1) divide by 1",
+         ["x [2, 3] with a single real entry (n = 1)"]),
+    ],
+    "1.3": [
+        ("k1 = log pi(x) / pi_ref(x)", ["k1 on log-probs [2, 5]"]),
+        ("k2 = (log pi(x) / pi_ref(x))^2 / 2 biased, never negative", ["k2 on log-probs [2, 5]"]),
+        ("k3 = pi_ref(x) / pi(x) - 1 - log(pi_ref(x) / pi(x)) unbiased, never negative",
+         ["k3 with pi = 0.5, pi_ref = 0.25: 0.5 - 1 - log 0.5", "k3 on log-probs [2, 5]"]),
+        ("every ratio is an exp of a difference of log-probs",
+         [f"{k} on log-probs near -110, whose exp is 0 in float32" for k in ("k1", "k2", "k3")]),
+        (_GRADIENTS, ["k3 with pi = 0.5, pi_ref = 0.25: 0.5 - 1 - log 0.5"]),
+    ],
+    "1.4": [
+        ("A causal model's logits at position t predict the token at position t + 1",
+         ["logits [1, 3, 2] with rows [log 3, 0], [log 3, 0], [0, 5]; input_ids [[0, 1, 0]], a "
+          "response of 2 tokens: log 1/4 and log 3/4"]),
+        ("the R response tokens are scored by the R positions just before them",
+         ["logits [1, 3, 2] with rows [log 3, 0], [log 3, 0], [0, 5]; input_ids [[0, 1, 0]], a "
+          "response of 2 tokens: log 1/4 and log 3/4",
+          "logits [2, 7, 11], a response of 3 tokens"]),
+        ("log softmax(logits[b, T-R-1+j] / temperature)",
+         ["the same at temperature 0.5: the logits doubled, log 1/10 and log 9/10",
+          "the same at temperature 0.7"]),
+        ("over which axis is a distribution normalised?",
+         ["logits [1, 3, 2] with rows [log 3, 0], [log 3, 0], [0, 5]; input_ids [[0, 1, 0]], a "
+          "response of 2 tokens: log 1/4 and log 3/4"]),
+        ("a token of probability e^-200, 0 in float32, still has its log-prob, -200, never -inf",
+         ["logits [1, 3, 3] with rows [0, 200, 0]: the tokens scored have probability e^-200, 0 "
+          "in float32"]),
+        ("-> logprobs [B, R] of the last R = response_len tokens",
+         ["logits [1, 3, 2] with rows [log 3, 0], [log 3, 0], [0, 5]; input_ids [[0, 1, 0]], a "
+          "response of 2 tokens: log 1/4 and log 3/4"]),
+        (_GRADIENTS, ["logits [2, 7, 11], a response of 3 tokens"]),
+    ],
+    "1.5": [
+        ("rewards holds N groups of G = group_size responses to the same prompt, one group after "
+         "another (rows 0..G-1 are group 0)",
+         ["two groups [1, 0 | 1, 1]: std 0.707 in the first; the second is all equal, so 0"]),
+        ("A_i = (r_i - mean(group)) / (std(group) + 1e-4) scale=True: GRPO",
+         ["one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577"]),
+        ("A_i = r_i - mean(group) scale=False: Dr.GRPO",
+         ["the same two groups, scale=False (Dr.GRPO): r - mean, not divided by the std",
+          "the same, scale=False (Dr.GRPO)"]),
+        ("std is the unbiased one (torch.std's default)",
+         ["one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577"]),
+        ("A group whose rewards are all equal gets 0",
+         ["two groups [1, 0 | 1, 1]: std 0.707 in the first; the second is all equal, so 0"]),
+        ("[N * G] rewards -> [N * G] advantages",
+         ["one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577"]),
+    ],
+    "1.6": [
+        ('"grpo": sum_i [ sum_t mask * loss / sum_t mask ] / normaliser',
+         ["grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2",
+          "loss_type 'grpo', rows of 5, 1 and 3 tokens, normaliser 3.0"]),
+        ("sum_{i,t} mask * loss / normaliser",
+         ["bnpo: the same rows, normaliser 3: (1 + 3 + 6) / 3",
+          "loss_type 'bnpo', rows of 5, 1 and 3 tokens, normaliser 9.0",
+          "loss_type 'dr_grpo', rows of 5, 1 and 3 tokens, normaliser 15.0"]),
+        ('"bnpo", "dapo", "dr_grpo":',
+         ["dapo: the same rows, normaliser 3: a token sum, as bnpo's",
+          "loss_type 'dapo', rows of 5, 1 and 3 tokens, normaliser 9.0"]),
+        ("mask [b, R] (1 on the tokens that count)",
+         ["grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2"]),
+        ("normaliser is a number fixed for the whole minibatch",
+         ["grpo: rows [1, 3], [pad, pad] and [6, pad], normaliser 2 (the rows with a token): the "
+          "empty row adds 0, (2 + 0 + 6) / 2"]),
+        ("A row with no counted token adds 0",
+         ["grpo: rows [1, 3], [pad, pad] and [6, pad], normaliser 2 (the rows with a token): the "
+          "empty row adds 0, (2 + 0 + 6) / 2",
+          "loss_type 'grpo', rows of 4, 0 and 2 tokens (the second row adds 0), normaliser 2.0"]),
+        (_GRADIENTS, ["loss_type 'grpo', rows of 5, 1 and 3 tokens, normaliser 3.0"]),
+    ],
+    "1.7": [
+        ("groups of k = group_size consecutive samples of the same prompt",
+         ["two groups [1, 0 | 3, 3]: each sample's baseline is the other one of its group"]),
+        ("Sample i's baseline is the mean of the OTHER k - 1 samples of its group",
+         ["one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3"]),
+        ("b_i = (sum_j r_j - r_i) / (k - 1)", ["one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3"]),
+        ("[N] returns -> [N] baselines", ["one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3"]),
+    ],
+    "1.8": [
+        ("delta_t = r_t + gamma * V_{t+1} * (1 - done_t) - V_t",
+         ["one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1",
+          "the same row, gamma = 0.5, lam = 1: delta_0 = 0.5 x 0.25 - 0.5, A_0 = delta_0 + 0.5 x "
+          "0.75 = 0"]),
+        ("A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}",
+         ["r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends "
+          "at its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75"]),
+        ("returns = A + V", ["one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1"]),
+        ("Each row's episode ends at its last real token, whose successor has value 0",
+         ["r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends "
+          "at its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75"]),
+        ("done_t = 1 at the last real token of a row",
+         ["r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends "
+          "at its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75"]),
+        ("Padding gets advantage and return 0",
+         ["r = [0, 1, pad], V = [0.5, 0.25, 9 on the padding], gamma = 1, lam = 0.5: the row ends "
+          "at its second token, so the 9 never comes back: A_0 = -0.25 + 0.5 x 0.75"]),
+        ("A_t needs A_{t+1}: which direction must the loop over t go?",
+         ["one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1"]),
+        ("-> (advantages [B, R], returns [B, R])",
+         ["one row of 2 tokens, r = [0, 1], V = [0.5, 0.25], gamma = lam = 1"]),
+    ],
+    "1.9": [
+        ("With ratio = exp(logprobs - old_logprobs)",
+         ["ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)"]),
+        ("loss = max( -A * ratio, -A * clip(ratio, 1 - epsilon, 1 + epsilon) )",
+         ["ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)",
+          "ratios 0.61, 0.90, 1.11, 1.65 with advantages +1, -1, +0.5, epsilon 0.2"]),
+        ("A token whose ratio has left the clip range in the direction its advantage pushes gets "
+         "no gradient",
+         ["ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)",
+          "ratios 0.61, 0.90, 1.11, 1.65 with advantages +1, -1, +0.5, epsilon 0.2"]),
+        ("Log-probs may lie far below 0 (near -110, whose exp is 0 in float32): the ratio and the "
+         "loss stay finite", ["the same ratios of log-probs near -110, whose exp is 0 in float32"]),
+        ("advantages is [b, R] here, one per token.",
+         ["ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)"]),
+        ("All inputs [b, R] -> per-token losses [b, R]",
+         ["ratios 1.5 and 0.5, A = 1, epsilon 0.2: max(-1.5, -1.2) and max(-0.5, -0.8)"]),
+        (_GRADIENTS, ["ratios 0.61, 0.90, 1.11, 1.65 with advantages +1, -1, +0.5, epsilon 0.2"]),
+    ],
+    "1.10": [
+        ("values_clipped = old_values + clip(values - old_values, -clip, clip)",
+         ["V = 0.5 from 0, return 1, clip 0.2: 0.5 max(0.25, 0.64)"]),
+        ("loss = 0.5 * max( (values - returns)^2, (values_clipped - returns)^2 )",
+         ["V = 0.5 from 0, return 1, clip 0.2: 0.5 max(0.25, 0.64)",
+          "values moved 0.05 to 0.5 from old values, towards their returns and away, clip 0.2"]),
+        ("loss = 0.5 *", ["V = 0.5 from 0, return 1, clip 0.2: 0.5 max(0.25, 0.64)"]),
+        ("All inputs [b, R] -> per-token losses [b, R]",
+         ["V = 0.5 from 0, return 1, clip 0.2: 0.5 max(0.25, 0.64)"]),
+        (_GRADIENTS, ["values moved 0.05 to 0.5 from old values, towards their returns and away, "
+                      "clip 0.2"]),
+    ],
+    "1.11": [
+        ("h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))",
+         ["4 pairs, sigmoid, beta 0.1", "4 pairs, ipo, beta 0.5"]),
+        ('"sigmoid" (DPO): loss = -log sigmoid(beta * h)', ["4 pairs, sigmoid, beta 0.1"]),
+        ('"ipo" (IPO): loss = (h - 1 / (2 * beta))^2',
+         ["the same pair, IPO, beta 0.5: (h - 1 / (2 x 0.5))^2 = (2 - 1)^2",
+          "4 pairs, ipo, beta 0.5"]),
+        ("y_w is the chosen response, y_l the rejected one",
+         ["chosen -3, rejected -5, both -4 under the reference, beta 1, DPO: h = 1 - (-1) = 2, "
+          "-log sigmoid(2) = log(1 + e^-2)"]),
+        ("-log sigmoid(z) = log(1 + exp(-z)) overflows for very negative z if written as it reads",
+         ["2 pairs with beta h = -200 and 200, DPO: exp(200) overflows float32, the loss is 200 "
+          "and 0"]),
+        ("Four [P] tensors of sequence log-probs -> [P] losses",
+         ["h = 0 (policy = reference), DPO: -log sigmoid(0) = log 2"]),
+        (_GRADIENTS, ["4 pairs, sigmoid, beta 0.1"]),
+    ],
+    "1.12": [
+        ("Each prompt gives one pair: its best response (chosen) against its worst (rejected)",
+         ["[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none"]),
+        ("the first of equal scores in both cases",
+         ["[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none"]),
+        ("A prompt whose responses all score the same gives no pair",
+         ["[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none",
+          "2 prompts of 2, both tied: no pair at all"]),
+        ("Returns (chosen rows [P], rejected rows [P]): row numbers into scores (int64)",
+         ["[0, 1, 0, 1 | 1, 1, 1, 1]: rows 1 over 0; the tied prompt gives none",
+          "2 prompts of 2, both tied: no pair at all"]),
+        ("in prompt order", ["3 prompts of 4 responses, the second all tied"]),
+        ("The rows returned are rows of scores, not positions inside a group",
+         ["[1, 1 | 0, 1]: the first prompt ties; the second gives rows 3 over 2"]),
+    ],
+    "1.13": [
+        ("dones[:, t] = 1 where an episode ended at step t",
+         ["one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], V_next = 2, "
+          "gamma = lam = 1"]),
+        ("delta_t = r_t + gamma * V_{t+1} * (1 - done_t) - V_t (V_T = next_values)",
+         ["one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], V_next = 2, "
+          "gamma = lam = 1"]),
+        ("A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}",
+         ["one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], V_next = 2, "
+          "gamma = lam = 1"]),
+        ("returns = A + V", ["one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, "
+                             "0.5], V_next = 2, gamma = lam = 1"]),
+        ("At an episode's end nothing comes back from the next step: that is a new problem",
+         ["one env, one step that ends the episode: r = [1], V = [0.5], V_next = 2, gamma = lam "
+          "= 1: nothing comes back from V_next",
+          "the same, the first env's episode ending at the segment's last step too"]),
+        ("-> (advantages [E, T], returns [E, T])",
+         ["one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], V_next = 2, "
+          "gamma = lam = 1"]),
+    ],
+    "1.14": [
+        ("at a step's last real token: delta = r_t + gamma * V_next * (1 - done_t) - V[t, j]",
+         ["one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the step "
+          "ends the episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]"]),
+        ("at any other real token: delta = V[t, j+1] - V[t, j]",
+         ["one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the step "
+          "ends the episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]"]),
+        ("A = delta + lam * A_after", [_BAD_SHORT]),
+        ("a step may be shorter than R", [_BAD_SHORT]),
+        ("V_next is V of the next step's first token (next_values after the last step)",
+         [_BAD_SHORT, "2 envs, 2 steps of 3, 2, 1 and 3 tokens, the first env's episode ends at "
+                      "step 0"]),
+        ("Inside a step there is no reward and no discount",
+         ["one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the step "
+          "ends the episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]"]),
+        ("Padding gets 0 and passes A_after through", [_BAD_SHORT]),
+        ("returns = (A + V) * mask",
+         [_BAD_SHORT, "the same with values on the padding too, which no return may keep"]),
+        ("-> (advantages [E, T, R], returns [E, T, R])",
+         ["one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the step "
+          "ends the episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]"]),
+    ],
+    "1.15": [
+        ("token = min{ i : cdf[i] > u * cdf[V-1] }",
+         ["the same probs, u = 0.5, exactly on a step of the cdf: 0.5 is not more than 0.5, so 2"]),
+        ("probs [B, V] need not sum to 1 (top-p zeroes some)",
+         ["probs [0.2, 0, 0.2], a mass of 0.4 (top-p zeroed the rest), u = 0.25: 0.25 x 0.4 = "
+          "0.1, so 0"]),
+        ("the first token whose cumulative probability EXCEEDS u times the row's mass",
+         ["rows [0.2, 0.2] and [0.5, 0.5], u = 0.4 each: each row's own mass, 0.4 and 1, so the "
+          "thresholds are 0.16 and 0.4"]),
+        ("computed in float64, so that a token of probability 0 is never drawn",
+         ["probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, "
+          "whose probability is 0"]),
+        ("Try u = 1 - 2^-32 in float32 and in float64",
+         ["probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, "
+          "whose probability is 0"]),
+        ("-> tokens [B] (int64)",
+         ["probs [0.25, 0.25, 0.5], u = 0.6: cdf [0.25, 0.5, 1] first exceeds 0.6 at 2"]),
+    ],
+    "1.16": [
+        ("ids = said[0] + answers[0] + said[1] + answers[1] + ... + said[-1]",
+         ["said [[5, 6], [7, 8]], answers [[90, 91]], budget 10"]),
+        ("tool_mask = [1] * len(said[0]) + [0] * len(answers[0]) + [1] * len(said[1]) + ...",
+         ["said [[5, 6], [7, 8]], answers [[90, 91]], budget 10"]),
+        ("The tool's ids stay in the sequence (the model reads them) with mask 0",
+         ["said [[5, 6], [7, 8]], answers [[90, 91]], budget 10"]),
+        ("The budget counts every id, the model's and the tools'",
+         ["the same in a budget of 5: the first answer is cut",
+          "a long answer, then a turn cut by a budget of 12"]),
+        ("a turn or an answer that would run past it is cut there",
+         ["the same in a budget of 3: the answer is cut after one id"]),
+        ("(ids [L] int64, tool_mask [L] int64)",
+         ["said [[5, 6], [7, 8]], answers [[90, 91]], budget 10"]),
+        ("L <= budget", ["the same in a budget of 3: the answer is cut after one id"]),
+    ],
+    "1.17": [
+        ("r_t = pi_prox(o_t) / mu(o_t) = exp(old_logprobs - sampler_logprobs)",
+         ["r = [[0.5, 1.5, 3.0]], tis with cap 2"]),
+        ("on the real tokens (a padding token counts as r = 1)",
+         ["r = [[2, 3]] with the second token padding, seq_mis, cap 2.5: the padding counts as "
+          "r = 1, so R = 2"]),
+        ('"none" w_t = 1', ["none on [4, 6] with rows of 6, 4, 3 and 1 tokens, ratios from 0.18 "
+                            "to 3.6"]),
+        ('"tis" w_t = min(r_t, cap) truncated: never above cap',
+         ["r = [[0.5, 1.5, 3.0]], tis with cap 2"]),
+        ('"icepop" w_t = r_t if low <= r_t <= high, else 0 a token far off is masked',
+         ["r = [[0.5, 1.5, 3.0]], icepop with low 0.6, high 2"]),
+        ("low <= r_t <= high",
+         ["r = [[1, 1]], icepop with low = high = 1: a ratio on a bound is kept, not cut"]),
+        ('"seq_mis" w_t = R if R <= cap, else 0, R = prod_t r_t one weight per response, masked',
+         ["r = [[0.5, 1.5, 3.0]], seq_mis with cap 2"]),
+        ("R if R <= cap",
+         ["r = [[1, 1]], seq_mis with cap 1: a ratio on a bound is kept, not cut"]),
+        ("cut is True where a bound changed the weight: r_t > cap (tis)",
+         ["r = [[1, 1]], tis with cap 1: a ratio on a bound is kept, not cut"]),
+        ("R > cap on every token of the response (seq_mis)",
+         ["seq_mis on [4, 6] with rows of 6, 4, 3 and 1 tokens, ratios from 0.18 to 3.6"]),
+        ("nowhere (none)", ["none on [4, 6] with rows of 6, 4, 3 and 1 tokens, ratios from 0.18 "
+                            "to 3.6"]),
+        ("(weights [b, R] float, cut [b, R] bool)", ["r = [[0.5, 1.5, 3.0]], tis with cap 2"]),
+    ],
+    "1.18": [
+        ('"sampled": A_it = A_i - (log pi_old(o_t) - log pi_T(o_t))',
+         ["pi_old [0.5, 0.25], pi_T [0.25, 0.5], A_i = 1, sampled"]),
+        ('"full": A_it = A_i', ["pi_old [0.5, 0.25], pi_T [0.25, 0.5], A_i = 1, full"]),
+        ("is added to every token of response i",
+         ["pi_old [0.5, 0.25], pi_T [0.25, 0.5], A_i = 1, sampled"]),
+        ("A token the teacher likes more than the student scores above 0",
+         ["sampled, without a verifier's share"]),
+        ("The advantage is a number, not a function of the weights",
+         ["pi_old [0.5, 0.25], pi_T [0.25, 0.5], A_i = 1, sampled"]),
+        ("reward_advantages [b] -> advantages [b, R]",
+         ["pi_old [0.5, 0.25], pi_T [0.25, 0.5], A_i = 1, full"]),
+    ],
+    "1.19": [
+        ("beta = 1: KL(pi || pi_T) = sum_v pi(v) (log pi(v) - log pi_T(v)) reverse",
+         ["pi = [0.5, 0.5], pi_T = [0.25, 0.75], beta 1.0"]),
+        ("beta = 0: KL(pi_T || pi) = sum_v pi_T(v) (log pi_T(v) - log pi(v)) forward",
+         ["pi = [0.5, 0.5], pi_T = [0.25, 0.75], beta 0.0"]),
+        ("0 < beta < 1: beta KL(pi_T || m) + (1 - beta) KL(pi || m), m = beta pi_T + (1 - beta) pi",
+         ["pi = [0.5, 0.5], pi_T = [0.25, 0.75], beta 0.25"]),
+        ("compared over the whole vocabulary", ["pi = [0.5, 0.5], pi_T = [0.25, 0.75], beta 1.0"]),
+        ("which stays finite where a probability underflows",
+         ["student and teacher logits [0, -1000]: neither puts any mass on the second word, so 0 "
+          "at beta 0.5"]),
+        ("[..., V] logits each -> [...] divergences",
+         ["two positions [2, 2], each pi = [0.5, 0.5] and pi_T = [0.25, 0.75], beta 1.0: one "
+          "divergence per position, over the vocabulary (the last dimension)"]),
+        ("divergences (float32)", ["bfloat16 logits [2, 3, 7], beta 1.0: the divergence in "
+                                   "float32"]),
+        (_GRADIENTS, ["logits [2, 3, 7], beta 0.5"]),
+    ],
+    "1.20": [
+        ("loses reward linearly, down to -factor at the budget",
+         ["lengths [10, 18, 20], max_new_tokens 20, buffer_len 4, factor 1: the buffer starts "
+          "after 16 tokens"]),
+        ("penalty = 0 L <= max_new_tokens - buffer_len",
+         ["lengths [10, 18, 20], max_new_tokens 20, buffer_len 4, factor 1: the buffer starts "
+          "after 16 tokens"]),
+        ("penalty = -factor * (L - (max_new_tokens - buffer_len)) / buffer_len inside the buffer",
+         ["lengths [10, 18, 20], max_new_tokens 20, buffer_len 4, factor 1: the buffer starts "
+          "after 16 tokens"]),
+        ("L <= max_new_tokens - buffer_len",
+         ["lengths [10, 18, 20], max_new_tokens 20, buffer_len 4, factor 1: the buffer starts "
+          "after 16 tokens"]),
+        ("With buffer_len 0 there is no buffer and no penalty",
+         ["lengths [20], max_new_tokens 20, buffer_len 0: no buffer, and no penalty"]),
+        ("-> [N] float penalties",
+         ["lengths [20], max_new_tokens 20, buffer_len 0: no buffer, and no penalty"]),
+    ],
+    "1.21": [
+        ("only the solution's tokens count, and padding never does",
+         ["logprobs [[-1, -2, -9], [-0.5, -9, -9]], mask [[1, 1, 0], [1, 0, 0]], normaliser 3"]),
+        ("loss = - sum_{i,t} mask_it * logprobs_it / normaliser",
+         ["logprobs [[-1, -2, -9], [-0.5, -9, -9]], mask [[1, 1, 0], [1, 0, 0]], normaliser 3"]),
+        ("divided by `normaliser`, the number of solution tokens in the whole batch",
+         ["the same rows as one micro-batch of a batch of 7 tokens (normaliser 7)"]),
+        ("(TRL's token mean)",
+         ["logprobs [[-1, -2, -9], [-0.5, -9, -9]], mask [[1, 1, 0], [1, 0, 0]], normaliser 3"]),
+        ("-> the scalar loss",
+         ["logprobs [[-1, -2, -9], [-0.5, -9, -9]], mask [[1, 1, 0], [1, 0, 0]], normaliser 3"]),
+        (_GRADIENTS, ["logprobs [3, 6] with solutions of 6, 2 and 0 tokens, normaliser 8 (all of "
+                      "them)"]),
+    ],
+}
+
+# The sentences of the stubs that read as rules (tests/test_exercise_rules.py's words) and are
+# not rules on the output, with why.
+NOT_RULES = {
+    "1.3": [("never negative (GRPO's)", "a property of k3's formula, tried with it")],
+    "1.5": [("a shape that puts each group on a row of its own lets every statistic be taken per "
+             "group at once", "a hint on how, not a rule")],
+    "1.6": [("so no length bias enters through it", "why Dr.GRPO's normaliser is a constant")],
+    "1.7": [("no loop over samples is needed", "a hint on how, not a rule")],
+    "1.12": [("online_dpo.py's function takes a `ties` argument; yours has none",
+              "the signature, not the output")],
+    "1.16": [("The training ids are exactly these ids, in order",
+              "said by the two equations after it, tried with them"),
+             ("never the transcript decoded and tokenised again",
+              "the ids are the equation's; the checker gives ids, no text"),
+             ("so their log-probs must not move", "why the mask is 0")],
+    "1.19": [("The training differentiates this through the student's logits: the teacher is "
+              "frozen", "the teacher's logits come from a forward without gradients; the checker "
+                        "compares the student's gradient")],
+    "1.20": [("lengths [N] (int64, tokens of each response)", "the input, not the output"),
+             ("what should that number be for a response that never reaches it?",
+              "a hint towards the rule penalty = 0, tried with it")],
+    "1.21": [("The prompt is given, not learned", "why only the solution's tokens count"),
+             ("logprobs [B, R] (float), loss_mask [B, R] (1 on a solution token), normaliser (a "
+              "float)", "the inputs, not the output")],
+}
