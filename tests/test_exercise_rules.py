@@ -3,6 +3,7 @@ it (exercises/ps1/cases.py RULES), outputs are compared with their dtype, and th
 students write (tests/data/wrong_answers.py) fail, most of them with their mistake named."""
 
 import ast
+import functools
 import importlib.util
 import re
 from collections import Counter
@@ -272,17 +273,18 @@ def test_the_catalogue_spans_every_exercise_and_every_class():
     assert {cls for rows in WRONG.values() for _, cls, _ in rows} == CLASSES
 
 
-def _verdicts(catalogue):
+@functools.cache
+def _verdicts(name):
     """{(id, label): the checker's message, or None where the wrong answer passed}, and the
-    classes of those named and not."""
+    classes of those named and not, for the catalogue WRONG or HELD_OUT; once each."""
     said, by_class = {}, Counter()
-    for id, rows in catalogue.items():
+    for exercise, rows in {"WRONG": WRONG, "HELD_OUT": HELD_OUT}[name].items():
         for label, cls, fn in rows:
             try:
-                run_checks(BY_ID[id], fn)
-                said[id, label] = None
+                run_checks(BY_ID[exercise], fn)
+                said[exercise, label] = None
             except Wrong as e:
-                said[id, label] = str(e)
+                said[exercise, label] = str(e)
                 by_class[cls, names_the_mistake(str(e))] += 1
     return said, by_class
 
@@ -296,7 +298,7 @@ def _figures(said, by_class):
 
 
 def test_every_wrong_answer_fails_and_at_least_4_in_5_are_named():
-    said, by_class = _verdicts(WRONG)
+    said, by_class = _verdicts("WRONG")
     figures, named = _figures(said, by_class)
     print("\n" + figures)
     assert [key for key, message in said.items() if message is None] == []
@@ -306,6 +308,17 @@ def test_every_wrong_answer_fails_and_at_least_4_in_5_are_named():
 def test_every_held_out_wrong_answer_fails():
     # written after the checker was shaped on WRONG; how many it names is printed, not bounded:
     # the figure for wrong answers the checker was not tuned on
-    said, by_class = _verdicts(HELD_OUT)
+    said, by_class = _verdicts("HELD_OUT")
     print("\nheld out: " + _figures(said, by_class)[0])
     assert [key for key, message in said.items() if message is None] == []
+
+
+def test_the_course_page_quotes_the_catalogues_figures():
+    said, held = _verdicts("WRONG")[0], _verdicts("HELD_OUT")[0]
+    figures = [len(said), sum(map(names_the_mistake, filter(None, said.values()))), len(held),
+               sum(map(names_the_mistake, filter(None, held.values())))]
+    page = _flat((ROOT / "docs" / "course.md").read_text())
+    assert (f"runs {figures[0]} wrong answers written as students write them "
+            f"(`tests/data/wrong_answers.py`): every one fails, {figures[1]} of them with the "
+            f"mistake named; of {figures[2]} more written after the checker was shaped on those, "
+            f"every one fails and {figures[3]} are named") in page
