@@ -20,6 +20,8 @@ Worked cases (the checker tries these first, and says the first one your functio
 - x = [[1, 2, 3, 4]], mask = [[1, 1, 0, 0]]  ->  1.5
 - x = [[1, 2], [3, 4]], mask = [[1, 1], [0, 0]], dim=1: the second row is all padding  ->  [1.5,
   0]
+- x = [[1, 2], [3, 4]], mask = [[1, 1], [1, 0]], dim=1: rows of 2 and 1 real tokens, each divided by
+  its own count  ->  [1.5, 3]
 
 Hint: what should a padding entry add to the sum, and to the count? And what is 0 / 0 in torch?
 Check: python -m exercises.check 1.1

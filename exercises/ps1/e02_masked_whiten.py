@@ -11,6 +11,8 @@ a single real entry (n = 1) divide by 1.
 Worked cases (the checker tries these first, and says the first one your function gets wrong):
 
 - x = [[1, 3, 9]], mask = [[1, 1, 0]]: mean 2, unbiased var 2  ->  [[-0.7071, 0.7071, 0]]
+- x = [[1, 3], [5, 0]], mask = [[1, 1], [1, 0]]: mean 3 and var 4 over the three real entries of
+  both rows  ->  [[-1, 0], [1, 0]]
 
 Hint: which entries may the mean and the variance see, and what should the padding be afterwards?
 Check: python -m exercises.check 1.2

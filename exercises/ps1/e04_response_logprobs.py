@@ -6,7 +6,9 @@ every position [B, T, V] of sequences input_ids [B, T] whose last R tokens are t
 
     logprobs[b, j] = log softmax(logits[b, T-R-1+j] / temperature)[input_ids[b, T-R+j]]
 
-for j = 0..R-1: the R response tokens are scored by the R positions just before them.
+for j = 0..R-1: the R response tokens are scored by the R positions just before them. Logits may
+lie far apart: a token of probability e^-200, 0 in float32, still has its log-prob, -200, never
+-inf.
 
 The loss is differentiated through `logits`, so the checker compares gradients too: keep them (no
 .detach(), .item() or torch.no_grad() on the way).

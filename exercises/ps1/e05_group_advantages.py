@@ -13,6 +13,8 @@ Worked cases (the checker tries these first, and says the first one your functio
 - one group [1, 0, 0, 1]: mean 0.5, unbiased std 0.577  ->  [0.8659, -0.8659, -0.8659, 0.8659]
 - two groups [1, 0 | 1, 1]: std 0.707 in the first; the second is all equal, so 0  ->  [0.707,
   -0.707, 0, 0]
+- the same two groups, scale=False (Dr.GRPO): r - mean, not divided by the std  ->  [0.5, -0.5, 0,
+  0]
 
 Hint: the groups are consecutive rows; a shape that puts each group on a row of its own lets
 every statistic be taken per group at once.

@@ -18,6 +18,9 @@ Worked cases (the checker tries these first, and says the first one your functio
 
 - grpo: rows [1, 3] (2 tokens) and [6, pad], normaliser 2: (2 + 6) / 2  ->  4
 - bnpo: the same rows, normaliser 3: (1 + 3 + 6) / 3  ->  3.333
+- dapo: the same rows, normaliser 3: a token sum, as bnpo's  ->  3.333
+- grpo: rows [1, 3], [pad, pad] and [6, pad], normaliser 2 (the rows with a token): the empty row
+  adds 0, (2 + 0 + 6) / 2  ->  4
 
 Check: python -m exercises.check 1.6
 """

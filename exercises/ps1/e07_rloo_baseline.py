@@ -10,6 +10,7 @@ so that b_i does not depend on sample i itself and the gradient estimate stays u
 Worked cases (the checker tries these first, and says the first one your function gets wrong):
 
 - one group [1, 0, 0, 1]: b_0 = (0 + 0 + 1) / 3  ->  [0.3333, 0.6667, 0.6667, 0.3333]
+- two groups [1, 0 | 3, 3]: each sample's baseline is the other one of its group  ->  [0, 1, 3, 3]
 
 Hint: the sum of the others is the group's sum minus the sample itself; no loop over samples is
 needed.

@@ -6,6 +6,8 @@ With ratio = exp(logprobs - old_logprobs), per token:
 
 The max of the two negated terms is the min of the two objectives: the pessimistic bound. A token
 whose ratio has left the clip range in the direction its advantage pushes gets no gradient.
+Log-probs may lie far below 0 (near -110, whose exp is 0 in float32): the ratio and the loss stay
+finite.
 
 The loss is differentiated through `logprobs`, so the checker compares gradients too: keep them
 (no .detach(), .item() or torch.no_grad() on the way).

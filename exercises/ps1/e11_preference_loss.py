@@ -16,6 +16,7 @@ Worked cases (the checker tries these first, and says the first one your functio
 - h = 0 (policy = reference), DPO: -log sigmoid(0) = log 2  ->  [0.6931]
 - chosen -3, rejected -5, both -4 under the reference, beta 1, DPO: h = 1 - (-1) = 2, -log
   sigmoid(2) = log(1 + e^-2)  ->  [0.1269]
+- the same pair, IPO, beta 0.5: (h - 1 / (2 x 0.5))^2 = (2 - 1)^2  ->  [1]
 
 Hint: -log sigmoid(z) = log(1 + exp(-z)) overflows for very negative z if written as it reads;
 torch has a stable form of log sigmoid.

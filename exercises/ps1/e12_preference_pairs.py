@@ -5,7 +5,7 @@ pair: its best response (chosen) against its worst (rejected), the first of equa
 cases. A prompt whose responses all score the same gives no pair (online_dpo.py's function
 takes a `ties` argument; yours has none and always skips such a prompt, as ties="skip" does).
 
-Returns (chosen rows [P], rejected rows [P]): row numbers into scores, in prompt order.
+Returns (chosen rows [P], rejected rows [P]): row numbers into scores (int64), in prompt order.
 
 Worked cases (the checker tries these first, and says the first one your function gets wrong):
 

@@ -14,6 +14,8 @@ Worked cases (the checker tries these first, and says the first one your functio
 
 - one env, 2 steps, the first ends an episode: r = [1, 0], V = [0, 0.5], V_next = 2, gamma = lam
   = 1  ->  ([[1, 1.5]], [[1, 2]])
+- one env, one step that ends the episode: r = [1], V = [0.5], V_next = 2, gamma = lam = 1: nothing
+  comes back from V_next  ->  ([[0.5]], [[1]])
 
 Check: python -m exercises.check 1.13
 """

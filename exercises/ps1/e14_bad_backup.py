@@ -18,6 +18,10 @@ Worked cases (the checker tries these first, and says the first one your functio
 
 - one env, one step of 2 tokens, r = 1, V = [0.5, 0.25], V_next = 2 (not used: the step ends the
   episode), gamma = 0.9, lam = 1: A = [0.5, 0.75]  ->  ([[[0.5, 0.75]]], [[[1, 1]]])
+- one env, R = 2: a step of 1 token and padding (V 9), then a step of 2 tokens that ends the
+  episode; r = [0, 1], V = [[0.5, 9], [0.25, 0.75]], gamma = 1, lam = 0.5: A = [[0.0625, 0], [0.625,
+  0.25]], the padding passing 0.625 through  ->  ([[[0.0625, 0], [0.625, 0.25]]], [[[0.5625, 0],
+  [0.875, 1]]])
 
 Check: python -m exercises.check 1.14
 """

@@ -16,6 +16,8 @@ Worked cases (the checker tries these first, and says the first one your functio
   ->  [0]
 - probs [0.5, 0.5, 0], u = 1 - 2^-32, the sampler's largest: 1, never the last token, whose
   probability is 0  ->  [1]
+- rows [0.2, 0.2] and [0.5, 0.5], u = 0.4 each: each row's own mass, 0.4 and 1, so the thresholds
+  are 0.16 and 0.4  ->  [0, 0]
 
 Hint: the cdf is sorted, so the first index above a threshold is a binary search (torch has
 one; read what its `right` argument does). Try u = 1 - 2^-32 in float32 and in float64.

@@ -23,6 +23,12 @@ Worked cases (the checker tries these first, and says the first one your functio
 - r = [[0.5, 1.5, 3.0]], seq_mis with cap 2  ->  ([[0, 0, 0]], [[True, True, True]])
 - r = [[2, 3]] with the second token padding, seq_mis, cap 2.5: the padding counts as r = 1, so
   R = 2  ->  ([[2, 2]], [[False, False]])
+- r = [[1, 1]], tis with cap 1: a ratio on a bound is kept, not cut  ->  ([[1, 1]], [[False,
+  False]])
+- r = [[1, 1]], icepop with low = high = 1: a ratio on a bound is kept, not cut  ->  ([[1, 1]],
+  [[False, False]])
+- r = [[1, 1]], seq_mis with cap 1: a ratio on a bound is kept, not cut  ->  ([[1, 1]], [[False,
+  False]])
 
 Hint: work with the log-ratio, zeroed on padding: a product of ratios is an exp of a sum.
 Check: python -m exercises.check 1.17

@@ -22,6 +22,8 @@ Worked cases (the checker tries these first, and says the first one your functio
 - pi = [0.5, 0.5], pi_T = [0.25, 0.75], beta 0.25  ->  0.02487
 - student and teacher logits [0, -1000]: neither puts any mass on the second word, so 0 at beta
   0.5  ->  0
+- two positions [2, 2], each pi = [0.5, 0.5] and pi_T = [0.25, 0.75], beta 1.0: one divergence per
+  position, over the vocabulary (the last dimension)  ->  [0.1438, 0.1438]
 
 Hint: stay in log space: log m can be formed from the two log-probs and log beta, log(1 - beta)
 without ever taking a probability (torch has log(e^a + e^b)), which stays finite where a
