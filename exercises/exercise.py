@@ -441,6 +441,22 @@ def _likely(got, expected, kwargs):
 
     if b.any() and same(a, -b):
         return "the sign is flipped: your output is the expected's negative everywhere"
+    if (b < 0).any() and same(a, b.abs()):
+        return ("the sign is lost: your output is the expected's absolute value: an abs, a "
+                "square or its root, or a clamp at 0 where the value may be negative")
+    if b.any() and not a.any():
+        return ("all zeros: your output is 0 everywhere, where the expected is not: a term "
+                "multiplied by a zero (a mask or a weight of zeros, a value minus itself), or an "
+                "output that was never filled in")
+    if expected.dtype == torch.bool and same(a, 1 - b):
+        return ("the condition is inverted: your output is True exactly where the expected is "
+                "False: a comparison the wrong way round (< for >=) or a not (~) missing or extra")
+    if b.numel() >= 2:
+        offset = (a - b).flatten()[0]
+        if abs(float(offset)) > 1e-6 and same(a - b, offset.expand_as(b)):
+            return (f"a constant offset: your output is the expected {float(offset):+.4g} "
+                    "everywhere: a term added or left out (a 1, a mean not subtracted, the log of "
+                    "a constant)")
     if b.dim() >= 2 and b.shape[-1] == b.shape[-2] and same(a, b.transpose(-1, -2)) \
             and not same(b, b.transpose(-1, -2)):
         return ("the wrong dimension: your output is the expected transposed: the two last "
