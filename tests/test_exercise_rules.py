@@ -31,6 +31,7 @@ def _load(name):
 
 BREAKERS = _load("rule_breakers")
 WRONG, HELD_OUT = _load("wrong_answers").WRONG, _load("wrong_answers").HELD_OUT
+BLIND = _load("blind_wrong_answers").BLIND
 
 
 def _docstrings(exercise):
@@ -278,7 +279,7 @@ def _verdicts(name):
     """{(id, label): the checker's message, or None where the wrong answer passed}, and the
     classes of those named and not, for the catalogue WRONG or HELD_OUT; once each."""
     said, by_class = {}, Counter()
-    for exercise, rows in {"WRONG": WRONG, "HELD_OUT": HELD_OUT}[name].items():
+    for exercise, rows in {"WRONG": WRONG, "HELD_OUT": HELD_OUT, "BLIND": BLIND}[name].items():
         for label, cls, fn in rows:
             try:
                 run_checks(BY_ID[exercise], fn)
@@ -311,6 +312,17 @@ def test_every_held_out_wrong_answer_fails():
     said, by_class = _verdicts("HELD_OUT")
     print("\nheld out: " + _figures(said, by_class)[0])
     assert [key for key, message in said.items() if message is None] == []
+
+
+def test_every_blind_wrong_answer_fails_and_the_page_says_how_many_are_named():
+    # written from the stubs alone, by a hand that never saw the checker: the honest figure
+    said, by_class = _verdicts("BLIND")
+    print("\nblind: " + _figures(said, by_class)[0])
+    assert set(BLIND) == set(BY_ID) and [key for key, m in said.items() if m is None] == []
+    named = sum(map(names_the_mistake, said.values()))
+    assert (f"{len(said)} more written blind, from the stubs alone, by a hand that never saw the "
+            f"checker: every one fails and {named} are named") in _flat(
+        (ROOT / "docs" / "course.md").read_text())
 
 
 def test_the_course_page_quotes_the_catalogues_figures():
