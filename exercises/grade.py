@@ -704,6 +704,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     # Each mistake of the command line in one line, before a student's folder is read.
+    if not sys.platform.startswith("linux"):
+        return _error(f"the grading mode runs on Linux (it holds students' processes apart with "
+                      f"Linux's prctl and /proc), not {sys.platform}: grade in a Linux container "
+                      "or machine; python -m exercises.check works here")
     submissions = Path(args.submissions)
     if not submissions.is_dir():
         return _error(f"{submissions} is not a folder: give the folder that holds one folder per "

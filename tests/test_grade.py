@@ -8,13 +8,15 @@ import csv
 import io
 import json
 import math
-import shutil
-import tempfile
 import os
+import shutil
+import sys
+import tempfile
 import zlib
+from pathlib import Path
+from unittest import mock
 
 import pytest
-from pathlib import Path
 
 import torch
 
@@ -217,6 +219,8 @@ def test_bad_input_is_one_line_before_any_student_is_read(tmp_path, capsys):
         return lines[0]
 
     assert "is not a folder" in error(tmp_path / "nowhere")
+    with mock.patch.object(sys, "platform", "darwin"):
+        assert error(tmp_path).startswith("error: the grading mode runs on Linux (it holds")
     (tmp_path / "grades.csv").write_text("")
     assert "holds no student folders" in error(tmp_path)
     (tmp_path / "alice").mkdir()
@@ -395,9 +399,13 @@ def test_a_link_or_a_huge_file_is_refused(tmp_path):
     (tmp_path / "linker").mkdir()
     (tmp_path / "linker" / "e01_masked_mean.py").symlink_to(ROOT / "common/rl/numerics.py")
     _write(tmp_path / "huge", {"e01_masked_mean.py": "#" * (1 << 20) + "\n"})
+    (tmp_path / "binary").mkdir()  # any byte in a file: a row that says where, never a crash
+    (tmp_path / "binary" / "e01_masked_mean.py").write_bytes(b"def f():\n    \x00\xff\xfe\n")
     with contextlib.redirect_stdout(io.StringIO()):
         assert main([str(tmp_path), "--exercises", "1.1"]) == 0
-    huge, linker = json.loads((tmp_path / "grades.json").read_text())["students"]
+    binary, huge, linker = json.loads((tmp_path / "grades.json").read_text())["students"]
+    assert binary["exercises"][0]["message"].startswith("exercises/ps1/e01_masked_mean.py, line ")
+    assert "SyntaxError" in binary["exercises"][0]["message"]
     assert linker["exercises"][0]["message"] == ("refused: e01_masked_mean.py is a link: hand in "
                                                  "the file itself")
     assert huge["exercises"][0]["message"] == ("refused: e01_masked_mean.py is 1,048,577 bytes, "
