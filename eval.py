@@ -165,6 +165,8 @@ def check_args(args):
                         f"rows with 'response' and 'answer' fields.")
     if args.eval_datasets is not None:
         check_sets(args)
+    if args.eval_datasets:  # --output is then a folder: one that is a file is said first
+        check_output_dir(table_path_of(args).parent, "--output")
     # checked now: generations must not be lost at the end. Every file eval.py writes, each
     # absent or (with --overwrite) a file, never a link, a folder or a pipe (check_new_file)
     for output in outputs(args).values():
@@ -189,10 +191,23 @@ def check_sets(args):
                          f"{'it' if len(one_set) == 1 else 'them'}, or evaluate that one set "
                          "without --eval_datasets.")
     names = [eval_set_name(given) for given in args.eval_datasets]
+    for given, name in zip(args.eval_datasets, names):
+        # a set's name is a file name in the --output folder (NAME.jsonl): nothing that leaves it
+        if not name or name in (".", "..") or name.startswith(".") or any(
+                c in name for c in "/\\") or not name.isprintable():
+            raise UsageError(f"--eval_datasets {given}: the set's name {name!r} is the name of "
+                             "its files in the --output folder, so it may not be empty, start "
+                             "with a dot or hold a / or \\: name it with letters, digits, - and _ "
+                             f"(NAME=FILE, such as {_safe_name(name)}={given.split('=', 1)[-1]}).")
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise UsageError(f"--eval_datasets names the set {twice[0]!r} twice: give each once (a "
                          "file goes by its stem, so rename one of two files of one name).")
+
+
+def _safe_name(name: str) -> str:
+    """A name like `name` that check_sets takes: its letters, digits, - and _."""
+    return "".join(c for c in name if c.isalnum() or c in "-_") or "set"
 
 
 def outputs(args):

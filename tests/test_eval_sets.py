@@ -13,7 +13,7 @@ import torch
 
 import common.run.evaluation as evaluation
 import eval as ev
-from common.errors import UsageError
+from common.errors import PathError, UsageError
 from common.env.math_env import eval_set_env, eval_set_name, make_env, make_eval_sets
 from common.distributed import sample_seed
 from common.models.loading import load_policy, load_tokenizer
@@ -265,8 +265,22 @@ def test_eval_py_gives_each_set_its_tasks_budget(gsm8k_file, tmp_path):
     (["--eval_datasets", "gsm8k", "--dataset_name", "math"], "--dataset_name describe"),
     (["--eval_datasets", "gsm8k", "--levels", "1-2"], "--levels describe"),
     (["--eval_datasets", "a.jsonl", "b/a.jsonl"], "the set 'a' twice"),
+    # a set's name is a file name in the --output folder: nothing written outside it
+    (["--eval_datasets", "../escape=a.jsonl"], r"the set's name '../escape' is the name of its "
+                                               r"files .* \(NAME=FILE, such as escape=a.jsonl\)"),
+    (["--eval_datasets", "a\\b=a.jsonl"], "the set's name 'a\\\\\\\\b'"),
+    (["--eval_datasets", ".hidden=a.jsonl"], "start with a dot"),
+    (["--eval_datasets", "=a.jsonl"], "may not be empty"),
 ])
 def test_eval_py_refuses_one_set_options_beside_several_sets(argv, message, tmp_path):
     args = parse_args(ev.Args, argv + ["--output", str(tmp_path / "o")])
     with pytest.raises(UsageError, match=message):
+        ev.check_args(args)
+
+
+def test_an_output_that_is_a_file_is_one_line_when_several_sets_are_asked(tmp_path):
+    (tmp_path / "afile").write_text("")
+    args = parse_args(ev.Args, ["--eval_datasets", "arithmetic", "gsm8k", "--output",
+                                str(tmp_path / "afile")])
+    with pytest.raises(PathError, match=r"--output .*afile: .*afile is a file, not a folder"):
         ev.check_args(args)
