@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common.run.plot import plot_runs, read_log  # noqa: E402
+from common.run.plot import plot_runs  # noqa: E402
 
 # Every lab run: 10 updates on arithmetic levels 1-3 (where about half the groups of 8 are all right
 # or all wrong), a held-out evaluation of 200 problems at updates 5 and 10 (before training every
@@ -124,8 +124,8 @@ def run_all(out, runs, extra=()):
     for label, file, flags in runs:
         folder = run_dir(out, label)
         record_path = folder / "run.json"
-        if record_path.is_file() and json.loads(record_path.read_text())["returncode"] == 0:
-            records[label] = json.loads(record_path.read_text())
+        if record_path.is_file() and read_record(folder)["returncode"] == 0:
+            records[label] = read_record(folder)
             continue
         if folder.exists():  # a run cut short: start it again from nothing
             shutil.rmtree(folder)
@@ -168,27 +168,106 @@ class Logs:
         return statistics.fmean(values) if values else None
 
 
+class Damaged(Exception):
+    """A run's file the labs cannot read, in one line: the file, the line and what it lacks."""
+
+
+AGAIN = "remove that run's folder and run the lab again to make it afresh"
+
+
+def _text(path):
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Damaged(f"{path}: byte {e.start} is not text (binary bytes in a log): {AGAIN}") \
+            from None
+
+
+def _object(path, text, where=""):
+    """The JSON object of a file (or of one of its lines, `where` saying which)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Damaged(f"{path}{where}: not JSON ({e.msg}, cut short?): {AGAIN}") from None
+    if not isinstance(value, dict):
+        raise Damaged(f"{path}{where}: a JSON {type(value).__name__}, where an object is "
+                      f"expected: {AGAIN}")
+    return value
+
+
+def _number(path, where, row, key, kinds=(int, float)):
+    value = row.get(key)
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        said = "no" if key not in row else f"{value!r} as its"
+        raise Damaged(f"{path}{where}: {said} {key!r}, where a number is expected: {AGAIN}")
+    return value
+
+
+NUMBERS = ("time", "eval/accuracy", "reward", "advantage", "learning_rate", "beta",
+           "max_grad_norm", "num_prompts", "num_generations")  # where a key reads a number
+TEXTS = ("response", "answer", "loss_type", "dataset_name")  # where it reads text
+
+
+def _check_fields(path, where, row):
+    for key in NUMBERS:
+        if key in row and row[key] is not None:
+            _number(path, where, row, key)
+    for key in TEXTS:
+        if key in row and not isinstance(row[key], str):
+            raise Damaged(f"{path}{where}: {row[key]!r} as its {key!r}, where text is expected: "
+                          f"{AGAIN}")
+
+
+def read_rows(path, one_per_step=True):
+    """A run's jsonl log, checked: each line an object with an integer step (and numbers where
+    the labs read numbers), in step order, the last line of a step kept (a resumed run replays
+    some). A last line cut short by a crash is skipped, as the runs themselves skip it."""
+    if not path.is_file():
+        return []
+    lines = _text(path).splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if n == len(lines):  # the last: cut short by a crash if it does not parse
+            try:
+                json.loads(line)
+            except json.JSONDecodeError:
+                break
+        row = _object(path, line, f", line {n}")
+        _number(path, f", line {n}", row, "step", int)
+        _check_fields(path, f", line {n}", row)
+        rows.append(row)
+    if not one_per_step:
+        return rows
+    by_step = {row["step"]: row for row in rows}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def read_record(folder, key="returncode"):
+    """run.json, checked for `key`: the run's exit status, or its wall time (wall_s)."""
+    path = folder / "run.json"
+    record = _object(path, _text(path))
+    _number(path, "", record, key, int if key == "returncode" else (int, float))
+    return record
+
+
 def read_run(out, label):
-    """The logs of a lab's run `label` under `out` (Logs)."""
+    """The logs of a lab's run `label` under `out` (Logs), each file checked (read_rows)."""
     folder = run_dir(out, label)
-    samples = []
-    path = folder / "samples.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            samples.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a crash
-            continue
+    samples = read_rows(folder / "samples.jsonl", one_per_step=False)
     args_path = folder / "args.json"
-    return Logs(label, read_log(folder / "metrics.jsonl"),
-                [r for r in read_log(folder / "eval.jsonl") if "eval/accuracy" in r], samples,
-                json.loads(args_path.read_text()) if args_path.is_file() else {})
+    args = _object(args_path, _text(args_path)) if args_path.is_file() else {}
+    _check_fields(args_path, "", args)
+    return Logs(label, read_rows(folder / "metrics.jsonl"),
+                [r for r in read_rows(folder / "eval.jsonl") if "eval/accuracy" in r], samples,
+                args)
 
 
 def numbers_per_response(samples):
     """{update: mean count of numbers per logged response} from samples.jsonl's rows."""
     texts = {}
     for row in samples:
-        texts.setdefault(row["step"], []).append(row["response"])
+        if isinstance(row.get("response"), str):
+            texts.setdefault(row["step"], []).append(row["response"])
     return {step: statistics.fmean(len(re.findall(r"\d+", t)) for t in group)
             for step, group in texts.items()}
 
@@ -206,7 +285,7 @@ def summary(lab, out):
             mean = (statistics.fmean(numbers) if numbers else None) if key == "numbers/mean" \
                 else run.mean(key)
             cells.append(f"{mean:.3g}" if mean is not None else "-")
-        wall = json.loads((run_dir(out, label) / "run.json").read_text())["wall_s"]
+        wall = read_record(run_dir(out, label), "wall_s")["wall_s"]
         cells.append(f"{int(wall // 60)} min {int(wall % 60)} s")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -353,8 +432,8 @@ def key_loose(runs):
                      f"{num(right)}: {extra} of {per_update} responses paid more than right")
     lines.append(f"  the two agree in {agree} of {len(verifier)} updates")
     task = run.args.get("dataset_name", "arithmetic")
-    wrong_paid = [s for s in run.samples if s.get("reward", 0) > 0
-                  and verify(task, s["response"], s["answer"]) == 0]
+    wrong_paid = [s for s in run.samples if (s.get("reward") or 0) > 0 and "response" in s
+                  and "answer" in s and verify(task, s["response"], s["answer"]) == 0]
     counts = {}
     for s in wrong_paid:
         counts[s["step"]] = counts.get(s["step"], 0) + 1
@@ -415,6 +494,13 @@ def main(argv=None):
                   f"  question: {lab.question}")
         return
     out = variant_dir(Path(args.out).expanduser(), extra)
+    try:
+        run_labs(args, out, extra)
+    except Damaged as e:  # a run's file that cannot be read: one line, the file and the fix
+        sys.exit(f"error: {e}")
+
+
+def run_labs(args, out, extra):
     for name in args.labs:
         lab = BY_NAME[name]
         print(f"lab {name}: {lab.title}", flush=True)

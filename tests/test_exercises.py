@@ -812,3 +812,46 @@ def test_check_fails_on_the_buggy_copy_and_passes_on_the_real_files_text(copies,
     assert copies.main(["4.7", "--check"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"PS4.7: fixed: {ex.test} passes"
     assert (ROOT / "tppo.py").read_text() == real
+
+
+@pytest.mark.parametrize("file,text,said", [
+    ("metrics.jsonl", '{"step": 1, "reward/me\n{"step": 2}\n', "line 1: not JSON"),
+    ("metrics.jsonl", '{"reward/mean": 0.5}\n', "line 1: no 'step', where a number is"),
+    ("metrics.jsonl", '[1, 2]\n', "line 1: a JSON list, where an object is expected"),
+    ("metrics.jsonl", '{"step": "1"}\n', "line 1: '1' as its 'step', where a number is"),
+    ("samples.jsonl", b'\x80\xff{"step": 1}\n', "byte 0 is not text (binary bytes in a log)"),
+    ("samples.jsonl", '{"step": 1, "response": 7}\n', "7 as its 'response', where text is"),
+    ("eval.jsonl", '{"step": 2, "eval/accuracy": "0.3"}\n', "'0.3' as its 'eval/accuracy'"),
+    ("args.json", '["learning_rate"]', "a JSON list, where an object is expected"),
+    ("args.json", '{"learning_rate": "5e-6"}', "'5e-6' as its 'learning_rate', where a number"),
+    ("run.json", '{"returncode": 0, "wall', "not JSON"),
+    ("run.json", '{"returncode": 0}', "no 'wall_s', where a number is expected"),
+])
+def test_a_damaged_run_file_is_one_line_naming_the_file_and_what_it_lacks(tmp_path, capsys, file,
+                                                                          text, said):
+    import json
+
+    from exercises import labs
+    for label, _, _ in labs.BY_NAME["lr"].runs:
+        fabricate(tmp_path, label, [{"reward/mean": 0.5, "zero_std_frac": 0.5}] * 2, {2: 0.3},
+                  [{"step": 1, "response": "5", "answer": "5", "reward": 1.0}],
+                  args={"learning_rate": 5e-6})
+        (labs.run_dir(tmp_path, label) / "run.json").write_text(json.dumps(
+            {"returncode": 0, "wall_s": 60.0}))
+    damaged = labs.run_dir(tmp_path, labs.BY_NAME["lr"].runs[1][0]) / file
+    damaged.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SystemExit) as stopped:
+        labs.main(["lr", "--key", "--out", str(tmp_path)])
+    message = str(stopped.value.code)
+    assert message.startswith(f"error: {damaged}") and said in message, message
+    assert message.endswith("remove that run's folder and run the lab again to make it afresh")
+    assert "\n" not in message
+
+
+def test_a_last_line_cut_by_a_crash_is_skipped_as_the_runs_skip_it(tmp_path):
+    from exercises import labs
+    (base, _, _), _ = labs.BY_NAME["lr"].runs
+    fabricate(tmp_path, base, [{"reward/mean": 0.25}] * 2, {2: 0.3})
+    with open(labs.run_dir(tmp_path, base) / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "reward/me')
+    assert [r["step"] for r in labs.read_run(tmp_path, base).metrics] == [1, 2]
