@@ -181,15 +181,35 @@ def report(out, args, wall_s=None):
 
 
 def read_log_lines(path):
-    """Every line of a jsonl log (samples.jsonl has many lines per step)."""
+    """Every line of a jsonl log (samples.jsonl has many lines per step), each an object with an
+    integer step. A last line cut short by a crash is skipped; any other damaged line stops the
+    report in one line that names it."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_bytes().decode("utf-8", "replace").splitlines()
+             if line.strip()]
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            sys.exit(f"error: {path}, line {n}: not JSON (cut short?): remove the line, or the "
+                     "run's folder to run it again")
+        if not isinstance(row, dict) or type(row.get("step")) is not int:
+            sys.exit(f"error: {path}, line {n}: not an object with an integer step: remove the "
+                     "line, or the run's folder to run it again")
+        rows.append(row)
+    return rows
 
 
 def main():
     args = parse()
-    out = Path(args.out)
+    # grpo.py runs from the project's root: paths the user gave are theirs, from where they stand
+    out = Path(args.out).expanduser().resolve()
+    if args.data_dir:
+        args.data_dir = str(Path(args.data_dir).expanduser().resolve())
     wall = None
     if not args.report_only:
         for name in ("gsm8k_train.jsonl", "gsm8k_test.jsonl"):

@@ -317,3 +317,18 @@ def test_the_cold_start_runs_sft_then_grpo_from_its_checkpoint_on_the_same_probl
     assert all(row["eval/gsm8k/num_problems"] == 3 for row in stages.values())
     text = (out / "cold_start.md").read_text()
     assert "| after SFT (2 updates) |" in text and "| after RL (1 more updates) |" in text
+
+
+def test_the_gsm8k_curve_skips_a_last_line_cut_by_a_crash_and_names_a_damaged_one(tmp_path):
+    from gsm8k_curve import read_log_lines
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"step": 1, "response": "a"}\n{"step": 2, "response": "b"}\n{"step": 2, "re')
+    assert [row["response"] for row in read_log_lines(path)] == ["a", "b"]
+    path.write_text('{"step": 1, "resp\n{"step": 2, "response": "b"}\n')
+    with pytest.raises(SystemExit) as stopped:
+        read_log_lines(path)
+    assert str(stopped.value.code) == (f"error: {path}, line 1: not JSON (cut short?): remove the "
+                                       "line, or the run's folder to run it again")
+    path.write_text('["step", 1]\n{"step": 2}\n')
+    with pytest.raises(SystemExit, match="line 1: not an object with an integer step"):
+        read_log_lines(path)
