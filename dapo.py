@@ -41,7 +41,7 @@ from common.models import (Generation, Rollout, batched_token_logprobs, encode_p
                            fast_decoding, generate, load_tokenizer, reference_policy,
                            token_logprobs, trained_policy)
 from common.rl import kl_estimate, masked_mean, mismatch_stats
-from common.run import Run, TrainArgs, parse_args
+from common.run import Run, TrainArgs, check_unused, parse_args
 
 
 @dataclass
@@ -116,6 +116,16 @@ def check_args(args, world_size):
     if args.num_generations < 2:
         raise UsageError("--num_generations must be >= 2: the group baseline needs "
                          "two samples.")
+    # new to DAPO: options that another option turns off, and clip-higher's order
+    check_unused(args, [
+        ("overlong_penalty_factor", args.overlong_buffer_len != 0,
+         "--overlong_buffer_len above 0 (its default is a fifth of the budget)"),
+        ("max_sampling_rounds", args.dynamic_sampling,
+         "dynamic sampling (on unless --no_dynamic_sampling)")])
+    if args.epsilon_high < args.epsilon:
+        raise UsageError(f"--epsilon_high {args.epsilon_high} is below --epsilon "
+                         f"{args.epsilon}: clip-higher widens the upper clip; pass at least "
+                         f"{args.epsilon} (equal is PPO's symmetric clip).")
     # new to DAPO: the buffer is part of the budget
     if (args.overlong_buffer_len or 0) > args.max_new_tokens:
         raise UsageError(

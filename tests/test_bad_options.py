@@ -14,6 +14,7 @@ import torch
 import warm  # tests/warm.py: `python X.py` runs forked from a warm process
 
 import async_grpo
+import dapo
 import distill
 import grpo
 import reinforce
@@ -25,7 +26,7 @@ from common.run.checks import check_options
 from common.run.pair import Sampled, rollout_state, saved_queue
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = {"async_grpo": async_grpo, "distill": distill, "grpo": grpo, "reinforce": reinforce,
+FILES = {"async_grpo": async_grpo, "dapo": dapo, "distill": distill, "grpo": grpo, "reinforce": reinforce,
          "reinforce_stepwise": reinforce_stepwise, "tools": tools}
 
 
@@ -52,6 +53,15 @@ def options(name, tmp_path, **given):
     ("grpo", {"kl_estimator": "k1"}, "--kl_estimator k1 changes nothing in this run: it is read only with "
                                      "--beta > 0."),
     ("grpo", {"kl_penalty": "reward"}, "--kl_penalty reward changes nothing in this run"),
+    ("dapo", {"overlong_buffer_len": 0, "overlong_penalty_factor": 0.5},
+     "--overlong_penalty_factor 0.5 changes nothing in this run: it is read only with "
+     "--overlong_buffer_len above 0"),
+    ("dapo", {"dynamic_sampling": False, "max_sampling_rounds": 2},
+     "--max_sampling_rounds 2 changes nothing in this run: it is read only with dynamic sampling"),
+    ("grpo", {"eval_temperature": 0.8}, "--eval_temperature 0.8 changes nothing in this run: it is "
+                                        "read only with --eval_samples above 0"),
+    ("dapo", {"epsilon_high": 0.1}, "--epsilon_high 0.1 is below --epsilon 0.2: clip-higher widens "
+                                    "the upper clip; pass at least 0.2"),
 ])
 def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path):
     args, check_args = options(name, tmp_path, **given)
@@ -68,6 +78,11 @@ def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path
     ("grpo", {"kl_estimator": "k1", "kl_penalty": "reward", "beta": 0.1}),
     ("reinforce_stepwise", {"gamma": 0.5, "max_episode_steps": 3}),
     ("distill", {"jsd_beta": 1.0}),  # the default, given: it changes nothing and says nothing
+    ("dapo", {"overlong_buffer_len": 8, "overlong_penalty_factor": 0.5}),
+    ("dapo", {"max_sampling_rounds": 2}),
+    ("dapo", {"epsilon_high": 0.2}),  # equal: the symmetric clip
+    ("grpo", {"eval_temperature": 0.8, "eval_samples": 2}),
+    ("grpo", {"eval_temperature": 0.0}),  # greedy asked for, and greedy is what runs
 ])
 def test_the_same_option_with_what_reads_it_passes(name, given, tmp_path):
     args, check_args = options(name, tmp_path, **given)

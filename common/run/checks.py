@@ -97,6 +97,11 @@ COMMON_CHECKS = [
 # tools.py's answers with its tools, greedily, on prompts that show the tools). The last of the
 # shared checks.
 EVAL_CHECKS = [
+    # --eval_temperature 0 asks for the greedy evaluation, which is what runs without samples
+    ("eval_samples", lambda a, w: check_unused(a, [("eval_temperature", a.eval_samples > 0
+                                                    or a.eval_temperature == 0,
+                                                    "--eval_samples above 0 (a sampled "
+                                                    "evaluation)")]), None, None),
     (None, lambda a, w: a.eval_samples and a.eval_temperature == 0, UsageError,
      "--eval_samples {a.eval_samples} with --eval_temperature 0 draws {a.eval_samples} copies of "
      "the greedy response: sample with e.g. --eval_temperature 0.6, or drop --eval_samples."),
