@@ -402,3 +402,29 @@ def test_a_question_with_a_lone_surrogate_is_one_line_not_a_traceback(tmp_path):
     assert str(e.value) == (f"{path}: row 2: the question holds a lone surrogate (\\ud800 at "
                             "character 8), half of a UTF-16 pair and no text: write the whole "
                             "character (or its pair of escapes) in the file, or drop the row.")
+
+
+def test_a_data_file_is_parsed_once_for_its_fields_and_both_splits_and_again_when_changed(
+        tmp_path, monkeypatch, capsys):
+    import os
+
+    from common.env import tasks
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"question": "What is {i} + 1?", "answer": "{i + 1}"}}\n'
+                            for i in range(40)))
+    parsed = []
+    real = tasks._jsonl_rows
+    monkeypatch.setattr(tasks, "_jsonl_rows", lambda p: parsed.append(p) or real(p))
+    monkeypatch.setattr(tasks, "SAY_READING_BYTES", 100)  # this file counts as large
+    monkeypatch.setattr(tasks, "_LAST_READ", {})
+    monkeypatch.setattr(tasks, "_LAST_LOADED", {})
+    train = make_env("gsm8k", "train", path=str(path), num_few_shot=0)
+    test = make_env("gsm8k", "test", path=str(path), num_few_shot=0)
+    assert len(parsed) == 1 and [train.examples[k]["answer"] for k in (0, 39)] == ["1", "40"]
+    assert test.examples[0]["answer"] == "1"
+    assert capsys.readouterr().out.splitlines()[0] == f"reading {path} (0 MB)..."
+    path.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')  # changed: read again
+    os.utime(path, ns=(1, 1))
+    assert [e["answer"] for e in make_env("gsm8k", "train", path=str(path),
+                                          num_few_shot=0).examples] == ["2"]
+    assert len(parsed) == 2

@@ -176,9 +176,15 @@ class Task:
         if path is None or is_hub_id(path):
             return cls._load_hub(split, path, keys)
         # "row": the row as the file has it, whose fields a --reward_fn receives; "where": the
-        # words that name it, for messages after loading (common/env/math_env.py)
-        return [{**cls.from_row(rename_fields(row, keys), where), "row": row, "where": where}
-                for where, row in named_rows(path, cls.name)]
+        # words that name it, for messages after loading (common/env/math_env.py). The training
+        # and the held-out split of one file read it once (_LAST_LOADED).
+        key = (cls.name, file_key(path) if Path(path).is_file() else str(path),
+               tuple(sorted((keys or {}).items(), key=str)))
+        if key not in _LAST_LOADED:
+            _keep(_LAST_LOADED, key, [
+                {**cls.from_row(rename_fields(row, keys), where), "row": row, "where": where}
+                for where, row in named_rows(path, cls.name)])
+        return list(_LAST_LOADED[key])  # the examples are read, never changed, downstream
 
     @classmethod
     def _load_hub(cls, split, path, keys):
@@ -494,11 +500,12 @@ class GSM8K(Task):
             answer = said.group(1)
         answer = ascii_lookalikes(answer).strip()
         # to_number reads a comma as a thousands separator only (1,234): "5,5" may be 5.5 or 55
-        if to_number(answer) is None and re.fullmatch(r"-?[\d,]+(?:\.\d*)?", answer):
+        number = to_number(answer)
+        if number is None and re.fullmatch(r"-?[\d,]+(?:\.\d*)?", answer):
             raise UsageError(f"{where}: the gold answer {answer!r} is ambiguous (a decimal comma, "
                              "or thousands in groups of other than 3 digits): write it as "
                              "'#### 5.5' or '#### 1,234'.")
-        if to_number(answer) is None:
+        if number is None:
             raise UsageError(f"{where}: no number after '####' in {text[-80:]!r}")
         answer = answer.replace(",", "")
         solution = text if "####" in text else row.get("solution", "")
@@ -838,11 +845,26 @@ def named_rows(path, task: str) -> list[tuple[str, dict]]:
             for i, (row, line) in enumerate(zip(rows, lines), 1)]
 
 
+# The last files read, kept: a run reads its data file for its task's fields, its training split
+# and its held-out split (with its few-shot file between), and a file of a million rows takes
+# seconds each time. A few files only, keyed by size and time, so that a changed file is read.
+_LAST_READ = {}
+_LAST_LOADED = {}  # Task.load's examples of the files in _LAST_READ
+KEPT_FILES = 3
+SAY_READING_BYTES = 16 * 2**20  # a file this large says that it is being read, before it is
+
+
 def _read(path, task):
     """(rows, the line of each row in a .jsonl file, else None each)."""
     path = Path(path)
     if not path.is_file():
         raise _not_found(path, task)
+    key = file_key(path)
+    if key in _LAST_READ:
+        rows, lines = _LAST_READ[key]
+        return list(rows), list(lines)
+    if key[1] >= SAY_READING_BYTES:
+        print(f"reading {path} ({key[1] / 2**20:,.0f} MB)...", flush=True)
     lines = None
     try:
         if path.suffix == ".jsonl":
@@ -854,7 +876,22 @@ def _read(path, task):
                         "read.") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not rows:
         raise UsageError(f"{path}: expected a non-empty list of objects with {TASKS[task].fields}")
-    return rows, lines or [None] * len(rows)
+    lines = lines or [None] * len(rows)
+    _keep(_LAST_READ, key, (rows, lines))
+    return list(rows), list(lines)
+
+
+def _keep(kept: dict, key, value) -> None:
+    """kept[key] = value, the oldest of KEPT_FILES entries let go."""
+    kept[key] = value
+    while len(kept) > KEPT_FILES:
+        kept.pop(next(iter(kept)))
+
+
+def file_key(path) -> tuple:
+    """A file's identity while it is unchanged: its path, size and modification time."""
+    stat = Path(path).stat()
+    return str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns
 
 
 def _not_found(path, task):
