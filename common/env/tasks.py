@@ -859,7 +859,7 @@ def _read(path, task):
     path = Path(path)
     if not path.is_file():
         raise _not_found(path, task)
-    key = file_key(path)
+    key = (*file_key(path), MAX_LINE_BYTES, MAX_JSON_BYTES)  # read under the same limits
     if key in _LAST_READ:
         rows, lines = _LAST_READ[key]
         return list(rows), list(lines)
