@@ -164,8 +164,7 @@ def handed_in(folder: Path, names) -> tuple[dict, dict, list]:
             if name in taken or name in refused or not os.path.lexists(path):
                 continue
             used.add(path)
-            if any(p.is_symlink() for p in (path, *list(path.parents)[:len(path.relative_to(
-                    folder).parents) - 1])):
+            if path.resolve() != folder.resolve() / path.relative_to(folder):  # a link on the way
                 refused[name] = f"{name} is a link: hand in the file itself"
             elif not path.is_file():
                 used.discard(path)
@@ -236,9 +235,20 @@ class StudentProcess:
             self.start()
         self.count += 1
         message["id"] = self.count
+        from exercises.worker import send
+
+        def writable():
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self.requests], [], left)[1]:
+                raise Stopped("took more than the time limit to take its inputs, and was stopped")
         try:
-            _send_by(self.requests, message, deadline)
+            send(self.requests, message, writable)
             answer = self._receive(deadline, name)
+        except BrokenPipeError:
+            self.stop()
+            raise Stopped("the check ended before its verdict: your code or its file ends the "
+                          "process (sys.exit, os._exit); a check passes only when it runs to "
+                          "the end") from None
         except Stopped:
             self.stop()
             raise
@@ -301,27 +311,6 @@ class StudentProcess:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _send_by(fd, message, deadline):
-    """A framed message on a non-blocking pipe: a worker that stops reading cannot hold the
-    grader past the deadline."""
-    from exercises.worker import HEADER
-
-    data = json.dumps(message).encode()
-    data = HEADER.pack(len(data)) + data
-    while data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([], [fd], [], left)[1]:
-            raise Stopped("took more than the time limit to take its inputs, and was stopped")
-        try:
-            data = data[os.write(fd, data):]
-        except BlockingIOError:
-            continue
-        except BrokenPipeError:
-            raise Stopped("the check ended before its verdict: your code or its file ends the "
-                          "process (sys.exit, os._exit); a check passes only when it runs to "
-                          "the end") from None
-
-
 REAPER = False  # set in a grading process (_serve), the only one whose children are all students'
 
 
@@ -366,6 +355,8 @@ class Remote:
                                      grad=grad), self.deadline, self.name)
 
     def __call__(self, **kwargs):
+        import torch
+
         from exercises.worker import decode
 
         answer = self._ask(kwargs)
@@ -377,7 +368,7 @@ class Remote:
             raise Stopped(f"the process running your code answered out of form ({e})") from None
         for key, now in changed.items():  # an input changed in place there is changed here too
             value = kwargs.get(key)
-            if isinstance(value, torch_tensor()) and isinstance(now, torch_tensor()):
+            if isinstance(value, torch.Tensor) and isinstance(now, torch.Tensor):
                 if now.shape == value.shape and now.dtype == value.dtype:
                     value.copy_(now)
                 else:
@@ -385,6 +376,8 @@ class Remote:
         return output
 
     def gradients(self, kwargs, names):
+        import torch
+
         from exercises.worker import decode
 
         answer = self._ask(kwargs, grad=list(names))
@@ -392,17 +385,11 @@ class Remote:
         try:
             grads = decode(answer["grads"])
             assert grads is None or (isinstance(grads, dict) and set(grads) == set(names) and all(
-                isinstance(g, torch_tensor()) and g.shape == kwargs[n].shape
+                isinstance(g, torch.Tensor) and g.shape == kwargs[n].shape
                 for n, g in grads.items()))
         except (KeyError, ValueError, TypeError, RecursionError, AssertionError):
             raise Stopped("the process running your code sent gradients out of form") from None
         return grads if grads is None else {n: g.double() for n, g in grads.items()}
-
-
-def torch_tensor():
-    import torch
-
-    return torch.Tensor
 
 
 _RAISED = {}

@@ -121,11 +121,18 @@ def decode(obj, depth=0):
     raise ValueError("a value out of form")
 
 
-def send(fd, message: dict) -> None:
+def send(fd, message: dict, wait=None) -> None:
+    """A framed message on fd. wait() -> None blocks until fd can be written (the grader's
+    deadline, on a non-blocking pipe, so that a worker that stops reading cannot hold it)."""
     data = json.dumps(message).encode()
     data = HEADER.pack(len(data)) + data
     while data:
-        data = data[os.write(fd, data):]
+        if wait:
+            wait()
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            continue
 
 
 def receive(fd, wait=None) -> dict:
