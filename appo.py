@@ -316,6 +316,7 @@ def main(args):
     # model, so that a bad task or data file fails at once
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing
+    args.output_dir = run.output_dir  # without --output_dir: a new folder each run
     task = resolve_task(args, say=run.print)[0]
     steps, tokens = STEP_LIMITS.get(task, (10, 96))
     args.max_episode_steps = args.max_episode_steps or steps

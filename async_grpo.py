@@ -267,6 +267,7 @@ def main(args):
     # model, so that a bad task or data file fails at once
     run = Run(args, check_args, samplers=1)  # new to async: one sampler
     # ---- derived options: the only lines that change args after parsing
+    args.output_dir = run.output_dir  # without --output_dir: a new folder each run
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)

@@ -33,9 +33,9 @@ Simplified versus the papers and TRL:
 - one process samples and learns, with the HF model (no vLLM).
 
 Launch (the teacher: any checkpoint with the student's tokenizer):
-    python grpo.py --output_dir runs/teacher          # the teacher, 20 updates
-    python distill.py --teacher_model_name_or_path runs/teacher/checkpoint-20
-    python distill.py --teacher_model_name_or_path runs/teacher/checkpoint-20 \\
+    python grpo.py                                    # the teacher, 20 updates
+    python distill.py --teacher_model_name_or_path runs/grpo/latest/checkpoint-20
+    python distill.py --teacher_model_name_or_path runs/grpo/latest/checkpoint-20 \\
         --loss_form full
     torchrun --nproc_per_node 8 distill.py --bf16 --dataset_name gsm8k \\
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
@@ -121,8 +121,8 @@ def check_args(args, world_size):
     if args.teacher_model_name_or_path is None:
         raise UsageError(
             "distill.py needs a teacher: --teacher_model_name_or_path, a model with "
-            "the student's tokenizer (e.g. `python grpo.py --output_dir runs/teacher`, "
-            "then --teacher_model_name_or_path runs/teacher/checkpoint-20).")
+            "the student's tokenizer (e.g. `python grpo.py`, then "
+            "--teacher_model_name_or_path runs/grpo/latest/checkpoint-20).")
     check_teacher(args.teacher_model_name_or_path, args.model_name_or_path)
     check_unused(args, [("jsd_beta", args.loss_form == "full",
                          "--loss_form full")])
@@ -273,6 +273,7 @@ def main(args):
     # model, so that a bad task or data file fails at once
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing
+    args.output_dir = run.output_dir  # without --output_dir: a new folder each run
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)

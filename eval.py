@@ -1,7 +1,8 @@
 """Evaluate a model (a checkpoint folder or a hub id) on a task, or regrade saved completions.
 
-    python eval.py --model_name_or_path runs/grpo/checkpoint-20     # greedy pass@1, arithmetic test
-    python eval.py --model_name_or_path runs/grpo/checkpoint-20 --n 8 --temperature 0.6 --k 1 4 8
+    python eval.py --model_name_or_path runs/grpo/latest/checkpoint-20   # greedy pass@1, arithmetic
+    python eval.py --model_name_or_path runs/grpo/latest/checkpoint-20 --n 8 --temperature 0.6 \\
+        --k 1 4 8
     python eval.py --dataset_name gsm8k --dataset_path data/gsm8k_test.jsonl --bf16 \\
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct
     python eval.py --dataset_name gsm8k --responses runs/eval/grpo_checkpoint-20-gsm8k-test.jsonl
@@ -47,6 +48,8 @@ is graded as the response, which checks the verifier: `python eval.py --dataset_
 """
 
 import json
+import os
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -67,6 +70,8 @@ from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges
 # what each response's record says of its thinking, where thinking is expected: tokens inside the
 # block, whether it never closed, tokens of the answer after it (the run's think/ metrics)
 THINK_FIELDS = ("think_tokens", "unclosed", "answer_tokens")
+# the name of a run folder of runs/<file>/ (common/run/checkpoints.py's run_folder)
+RUN_STAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}(-[0-9]+)?")
 # Long enough for the usual answers of each task; arithmetic keeps the training budget of grpo.py so
 # that the numbers match the held-out accuracy in a run's eval.jsonl. A benchmark's is its task's
 # `budget` (common/env/tasks.py), the one its usual evaluation gives.
@@ -167,6 +172,8 @@ def check_args(args):
         check_sets(args)
     if args.eval_datasets:  # --output is then a folder: one that is a file is said first
         check_output_dir(table_path_of(args).parent, "--output")
+    if args.output is None and not args.overwrite:  # a second evaluation of a model: beside it
+        args.output = str(free_output(Path(default_output(args))))
     # checked now: generations must not be lost at the end. Every file eval.py writes, each
     # absent or (with --overwrite) a file, never a link, a folder or a pipe (check_new_file)
     for output in outputs(args).values():
@@ -386,11 +393,30 @@ def summary_path_of(output):
     return output.with_name(output.name.removesuffix(".jsonl") + ".summary.json")
 
 
+def free_output(path):
+    """The default --output, or, where an earlier evaluation took it, its first free name with -2,
+    -3... added, so that eval.py run twice as written keeps both evaluations."""
+    taken = lambda p: os.path.lexists(p) or os.path.lexists(summary_path_of(p))  # noqa: E731
+    free = path
+    for n in range(2, 10_000):
+        if not taken(free):
+            break
+        free = path.with_name(path.name.removesuffix(".jsonl") + f"-{n}"
+                              + (".jsonl" if path.suffix == ".jsonl" else ""))
+    if free != path:
+        print0(f"{path} holds an earlier evaluation: writing {free}")
+    return free
+
+
 def default_output(args):
     if args.responses is not None:
         return f"runs/eval/{Path(args.responses).stem}-regraded.jsonl"
-    # runs/grpo/checkpoint-20 -> grpo_checkpoint-20
-    model = "_".join(Path(args.model_name_or_path).parts[-2:])
+    # runs/grpo/checkpoint-20 -> grpo_checkpoint-20; runs/grpo/latest/checkpoint-20 -> its run's
+    # date: grpo_2026-12-02_10-30-00_checkpoint-20
+    path = Path(args.model_name_or_path)
+    parts = (path.resolve() if path.is_dir() else path).parts
+    dated = len(parts) > 2 and RUN_STAMP.fullmatch(parts[-2])
+    model = "_".join(parts[-3:] if dated else parts[-2:])
     if args.eval_datasets:  # a folder: one jsonl per set, and the table
         sampled = f"-n{args.num_generations}-t{args.temperature:g}" if args.temperature > 0 else ""
         return f"runs/eval/{model}{sampled}"

@@ -199,6 +199,7 @@ def main(args):
     # model, so that a bad task or data file fails at once
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing
+    args.output_dir = run.output_dir  # without --output_dir: a new folder each run
     # new to stepwise: envs of lines, the prompt showing the calculator
     stepwise = dict(stepwise=True, max_steps=args.max_episode_steps,
                     calc_annotations=args.sym_calc,

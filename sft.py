@@ -18,7 +18,7 @@ than max_new_tokens is refused before any weights load, not cut.
 
 Launch:
     python sft.py                       # CPU, offline: SmolLM2-135M, arithmetic
-    python grpo.py --model_name_or_path runs/sft/checkpoint-20   # then RL
+    python grpo.py --model_name_or_path runs/sft/latest/checkpoint-20   # then RL
     python sft.py --dataset_name gsm8k --dataset_path gsm8k_train.jsonl \\
         --max_new_tokens 346 --output_dir runs/sft_gsm8k
     torchrun --nproc_per_node 8 sft.py --bf16 --num_prompts 64 \\
@@ -132,6 +132,7 @@ def main(args):
     # model, so that a bad task or data file fails at once
     run = Run(args, check_args)
     # ---- derived options: the only lines that change args after parsing
+    args.output_dir = run.output_dir  # without --output_dir: a new folder each run
     env, eval_env = make_envs(args, say=run.print)
     args.dataset_name, args.dataset_path = env.source
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)

@@ -7,7 +7,10 @@ bug in mathrl or a library, and keeps its traceback. Each class is also the buil
 reader expects (a UsageError is a ValueError), so `except ValueError` still catches it.
 """
 
+import contextlib
+import math
 import os
+import signal
 import sys
 import time
 
@@ -37,15 +40,43 @@ def _print_user_errors(kind, error, traceback):
     if not isinstance(error, UserError):
         return sys.__excepthook__(kind, error, traceback)
     rank = os.environ.get("RANK", "0")
+    if "RANK" in os.environ and getattr(error, "every_rank", False):
+        if rank == "0":  # not sys.stderr: under a process group, torch's excepthook buffers it
+            print(f"error: {error}", file=sys.__stderr__, flush=True)
+        leave_together(1)
+    # A rank's own error (a NaN reward in its batch) is said by that rank: the others wait in a
+    # collective for it. torchrun ends them when the first rank exits, which the rest of this
+    # rank's kind meet during this pause, so an error that every rank met is printed once.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(1))  # ended during the pause: still 1
     if rank != "0":
-        # An option error stops every rank at once, and rank 0 says why: torchrun ends the others
-        # during this pause, so the message is printed once. An error of this rank alone (a NaN
-        # reward in its batch) outlives the pause and is printed, naming the rank. 2 s was too
-        # short for rank 0's exit on a busy machine, and the message came twice.
         time.sleep(10.0)
         print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
         return
     print(f"error: {error}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def on_every_rank():
+    """Code that every rank runs alike on the same inputs (the command line, the option checks):
+    a user error raised in it is raised by every rank, so rank 0 alone prints it."""
+    try:
+        yield
+    except UserError as error:
+        error.every_rank = True
+        raise
+
+
+def leave_together(status):
+    """End this rank at the moment every rank that met the same error ends, by the clock they all
+    read: the second whole half-second from now. torchrun ends the ranks still running when the
+    first one exits, with a line of its own for each after the error's; ranks that leave within
+    one of its checks (every 0.1 s) leave none, so the error is the last line before its summary.
+    A rank ended by it anyway exits with the same status."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(status))
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        stream.flush()
+    time.sleep(max(0.0, (math.floor(time.time() / 0.5) + 2) * 0.5 - time.time()))
+    os._exit(status)
 
 
 def report_user_errors():

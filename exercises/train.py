@@ -191,7 +191,7 @@ def main(argv=None):
     given = copy.deepcopy(file_args)  # main derives some options (the micro-batch) in place
     result = module.main(file_args)
     if first:
-        print(verdict(name, given, module.parse_args(module.Args, [])))
+        print(verdict(name, given, module.parse_args(module.Args, []), file_args.output_dir))
     return result
 
 
@@ -218,14 +218,15 @@ def final_accuracy(output_dir):
     return (rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]) if len(rows) >= 2 else None
 
 
-def verdict(name, args, defaults):
-    """One line: did the run reach the file's pass mark, or why no mark applies to it."""
+def verdict(name, args, defaults, folder):
+    """One line: did the run reach the file's pass mark, or why no mark applies to it. folder: the
+    run's, where its eval.jsonl is."""
     changed = [k for k, v in vars(defaults).items()
                if k not in FREE_FLAGS and getattr(args, k, v) != v]
     if name not in PASS_MARK or changed:
         why = f"it was run with --{', --'.join(changed)}" if changed else f"{name}.py has none"
         return f"PS2: no pass mark for this run ({why}); the marks are for the defaults"
-    accuracy = final_accuracy(args.output_dir)
+    accuracy = final_accuracy(folder)
     if accuracy is None:
         return "PS2: no pass mark for this run (its eval.jsonl has no evaluation after training)"
     start, end = accuracy

@@ -473,16 +473,17 @@ def test_the_ps2_verdict_reads_the_last_evaluation_against_the_mark(tmp_path):
     from exercises.train import PASS_MARK, verdict
     defaults = grpo.parse_args(grpo.Args, [])
     run = grpo.parse_args(grpo.Args, ["--seed", "3", "--output_dir", str(tmp_path)])
-    assert verdict("grpo", run, defaults).endswith("(its eval.jsonl has no evaluation after "
-                                                   "training)")
+    assert verdict("grpo", run, defaults, tmp_path).endswith(
+        "(its eval.jsonl has no evaluation after "
+        "training)")
     for end, word in ((0.46, "passes"), (0.44, "does not pass")):
         (tmp_path / "eval.jsonl").write_text(
             '{"step": 0, "eval/accuracy": 0.305}\n' f'{{"step": 20, "eval/accuracy": {end}}}\n')
-        assert verdict("grpo", run, defaults).startswith(
+        assert verdict("grpo", run, defaults, tmp_path).startswith(
             f"PS2 grpo.py: held-out accuracy 0.305 -> {end:.3f}: {word} (the mark is "
             f"{PASS_MARK['grpo']})")
     changed = grpo.parse_args(grpo.Args, ["--max_steps", "5", "--learning_rate", "1e-5"])
-    assert verdict("grpo", changed, defaults) == (
+    assert verdict("grpo", changed, defaults, tmp_path) == (
         "PS2: no pass mark for this run (it was run with --learning_rate, --max_steps); the marks "
         "are for the defaults")
 

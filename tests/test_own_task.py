@@ -290,7 +290,7 @@ def test_every_command_of_the_page_runs(tmp_path):
         quick = ["--model_name_or_path", "tiny-random", "--max_new_tokens", "4"]
         if argv[0] == "eval.py":
             checkpoint = next((tmp_path / "run0").glob("checkpoint-*"))
-            argv = [a if a != "runs/own_task/checkpoint-20" else str(checkpoint) for a in argv]
+            argv = [a if a != "runs/grpo/latest/checkpoint-20" else str(checkpoint) for a in argv]
             quick = ["--max_new_tokens", "4", "--num_eval_problems", "4", "--output",
                      str(tmp_path / "eval.jsonl")]
         else:

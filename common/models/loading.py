@@ -184,8 +184,8 @@ def _check_model_folder(name, flag):
     # a --lora_r checkpoint holds an adapter (adapter_config.json), which load_policy merges
     if not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
         raise PathError(f"{flag} {name!r} has no config.json. Point it at a checkpoint folder "
-                        "(e.g. runs/grpo/checkpoint-100 or runs/grpo/final), not at the run "
-                        "folder itself.")
+                        "(e.g. runs/grpo/latest/checkpoint-100), not at the run folder "
+                        "itself.")
     for weights in sorted(path.glob("*.safetensors")):
         try:
             check_safetensors(weights)

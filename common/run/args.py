@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Literal, Optional
 
-from common.errors import report_user_errors
+from common.errors import leave_together, on_every_rank, report_user_errors
 
 
 @dataclass
@@ -73,7 +73,9 @@ class TrainArgs(DataArgs):
     training file, a held-out fifth of it)"""
     # ---- the run
     output_dir: Optional[str] = None
-    """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: runs/<file>)"""
+    """where metrics.jsonl, eval.jsonl, samples.jsonl and checkpoint-N/ go (default: a new
+    runs/<file>/<date>_<time> each run, which runs/<file>/latest links to; with --resume, the one
+    it links to)"""
     # ---- evaluation, logging, checkpoints
     eval_interval: int = 0
     """evaluate every this many updates (0: only at the start and the end)"""
@@ -141,14 +143,17 @@ class TrainArgs(DataArgs):
     wandb_project: str = "mathrl"
     """wandb project name"""
 
-    def __post_init__(self):
-        if self.output_dir is None:  # runs/grpo for grpo.py, and so on
-            self.output_dir = f"runs/{algorithm_of(self)}"
 
 
 def algorithm_of(args):
     """The file whose Args `args` are, without .py: "grpo" for grpo.py's (run as __main__ too)."""
     return Path(inspect.getfile(type(args))).stem
+
+
+def runs_of(args):
+    """Where a file's runs go when --output_dir is not given, each in a folder of its own:
+    runs/grpo for grpo.py, and so on (common/run/checkpoints.py's run_folder)."""
+    return Path("runs") / algorithm_of(args)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,15 +296,27 @@ def parse_args(args_class, argv=None):
         native += [flag, value] if eq else [flag]
     own = parser._option_string_actions
     flags = {"--" + word[2:].replace("-", "_") for word in native if word.startswith("--")}
-    # a seed's flag, or one option under two of its names (--X and --no_X): the dialect says which
-    if not flags <= own.keys() or len({own[flag].dest for flag in flags}) < len(flags):
-        from common.run.seed_flags import translate
+    if "RANK" in os.environ:  # under torchrun every rank reads the same line and fails alike
+        parser.error = lambda message: _parse_error(parser, message)
+    with on_every_rank():
+        # a seed's flag, or one option under two of its names (--X and --no_X): the dialect says
+        if not flags <= own.keys() or len({own[flag].dest for flag in flags}) < len(flags):
+            from common.run.seed_flags import translate
 
-        native, values, lines = translate(Path(inspect.getfile(args_class)).stem, argv, parser)
-    args = expand_home(replace(parser.parse_args_into_dataclasses(args=native)[0], **values))
+            native, values, lines = translate(Path(inspect.getfile(args_class)).stem, argv,
+                                              parser)
+        args = expand_home(replace(parser.parse_args_into_dataclasses(args=native)[0], **values))
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
     return args
+
+
+def _parse_error(parser, message):
+    """argparse's error (usage, then the message; status 2), said by rank 0 alone."""
+    if os.environ["RANK"] == "0":
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {message}", file=sys.stderr, flush=True)
+    leave_together(2)
 
 
 # Options that name a file or folder, where ~ is the home folder. A shell makes it so for a bare

@@ -2,18 +2,21 @@
 trainer_state.pt for --resume; where a run starts. Saves survive a kill at any moment, and no
 checkpoint holds NaN."""
 
+import atexit
+import contextlib
 import json
 import os
 import re
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from common.run.args import algorithm_of
+from common.run.args import algorithm_of, runs_of
 from common.distributed import all_gather_objects, print0
 from common.errors import NonFiniteError, PathError, UsageError, UserError
 from common.run.logger import LOG_FILES, RUN_FILES, disk_room, kind_of, plain_mode
@@ -151,6 +154,65 @@ def load_trainer_state(path):
     with refuse_code(f"--resume: {path / 'trainer_state.pt'}", "Resume only from checkpoints "
                      "written by mathrl, or start a new --output_dir."):
         return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The run's folder: without --output_dir, a fresh one per run, as Hydra's outputs/<date>/<time> and
+# wandb's run folders do, so that a second `python grpo.py` never meets the first one's logs.
+# ------------------------------------------------------------------------------------------------
+LATEST = "latest"  # runs/<file>/latest: a link to the newest run folder of that file
+
+
+def run_folder(args, is_main):
+    """The folder this run writes to. --output_dir given: that folder, by today's rules (never
+    clobbered, never written through a link). Not given: a new runs/<file>/<date>_<time>, claimed
+    now by rank 0 (a -2, -3... after it when two runs start in one second) and named on every rank;
+    with --resume, the folder runs/<file>/latest names, which must exist."""
+    if args.output_dir is not None:
+        return args.output_dir
+    parent = runs_of(args)
+    if args.resume:
+        link = parent / LATEST
+        if not link.is_symlink() or not (parent / os.readlink(link)).is_dir():
+            raise PathError(f"--resume continues the latest run in {parent}, but {link} names "
+                            "none: pass --output_dir FOLDER, the folder of the run to continue.")
+        return str(parent / os.readlink(link))
+    name = None
+    if is_main:
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            name = stamp if n == 1 else f"{stamp}-{n}"
+            try:
+                (parent / name).mkdir()
+                break
+            except FileExistsError:
+                continue
+        atexit.register(_drop_if_empty, parent / name)
+    folder = str(parent / all_gather_objects(name)[0])  # rank 0's name, on every rank
+    print0(f"run folder: {folder}")
+    return folder
+
+
+def point_latest(folder):
+    """Make runs/<file>/latest name `folder`, once its run has written its first files. The link is
+    made beside and renamed over the old one, so that a reader never finds it missing. Where links
+    cannot be made (some Windows setups) the printed run folder is the only pointer."""
+    folder = Path(folder)
+    link, temporary = folder.parent / LATEST, folder.parent / f".{LATEST}.{os.getpid()}"
+    try:
+        if temporary.is_symlink():
+            temporary.unlink()
+        os.symlink(folder.name, temporary, target_is_directory=True)
+        os.replace(temporary, link)
+    except OSError:
+        pass
+
+
+def _drop_if_empty(folder):
+    """A run that stopped before writing anything (a model that failed to load) leaves no folder."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only an empty folder is removed
 
 
 def resume_point(output_dir, resume, max_steps, args=None):

@@ -19,6 +19,7 @@ from common.run.args import (
     algorithm_of,
     in_range,
     range_text,
+    runs_of,
 )
 from common.distributed import collective_device, collective_group, print0, world_size
 from common.run.logger import kind_of
@@ -46,7 +47,7 @@ COMMON_CHECKS = [
                   f"processes x num_generations), which --num_mini_batches {a.num_mini_batches} "
                   f"must divide; try --num_mini_batches "
                   f"{math.gcd(rows_a_rank(a, w), a.num_mini_batches)}."),
-    (None, lambda a, w: check_output_dir(a.output_dir), None, None),
+    (None, lambda a, w: check_output_dir(a.output_dir or runs_of(a)), None, None),
     # the files with a KL to a reference, which beta > 0 loads
     ("kl_estimator", lambda a, w: check_unused(a, [(name, a.beta > 0, "--beta > 0")
                                                    for name in ("kl_estimator", "kl_penalty")]),

@@ -12,6 +12,7 @@ go to --out (default: the first run folder) and their paths are printed. matplot
 """
 
 import argparse
+import os
 import json
 import sys
 from pathlib import Path
@@ -171,6 +172,15 @@ def plot_runs(run_dirs, out_dir, labels=None, smooth=0.0):
     return paths
 
 
+def newest_run(folder):
+    """A run folder as given, or, for a file's folder of runs (runs/grpo) or its latest link, the
+    run that link names."""
+    folder = Path(folder)
+    if (folder / "latest").is_symlink():
+        return str(folder / os.readlink(folder / "latest"))
+    return str(folder.parent / os.readlink(folder)) if folder.is_symlink() else str(folder)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m common.run.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,12 +194,17 @@ def main(argv=None):
                         help="EMA weight in [0, 1) for the per-update curves, e.g. 0.9 (default 0: "
                              "raw)")
     args = parser.parse_args(argv)
-    for d in args.run_dirs:
+    # runs/grpo (or runs/grpo/latest) stands for the newest run of grpo.py, labelled grpo
+    run_dirs, labels = [newest_run(d) for d in args.run_dirs], args.labels
+    if labels is None and run_dirs != args.run_dirs:
+        labels = [Path(d).parent.name if Path(d).name == "latest" else Path(d).name
+                  for d in args.run_dirs]
+    for d in run_dirs:
         if not (Path(d) / "metrics.jsonl").is_file() and not (Path(d) / "eval.jsonl").is_file():
             parser.error(f"{d} is not a run folder: it has no metrics.jsonl or eval.jsonl (pass "
                          "the --output_dir of a run)")
-    if args.labels is not None and len(args.labels) != len(args.run_dirs):
-        parser.error(f"--labels has {len(args.labels)} names for {len(args.run_dirs)} run folders")
+    if labels is not None and len(labels) != len(run_dirs):
+        parser.error(f"--labels has {len(labels)} names for {len(run_dirs)} run folders")
     if not 0 <= args.smooth < 1:
         parser.error("--smooth must be in [0, 1)")
     try:
@@ -198,7 +213,7 @@ def main(argv=None):
         print("common.run.plot needs matplotlib, an optional dependency: pip install matplotlib",
               file=sys.stderr)
         return 1
-    for path in plot_runs(args.run_dirs, args.out or args.run_dirs[0], args.labels, args.smooth):
+    for path in plot_runs(run_dirs, args.out or run_dirs[0], labels, args.smooth):
         print(path)
     return 0
 

@@ -12,7 +12,7 @@ it changes what an update computes:
   and of --eval_samples sampled responses), the NaN guard on each optimizer step, checkpoints, and
   the run's last line.
 
-    run = Run(args, check_args)                     # ranks, checks, seed
+    run = Run(args, check_args)                     # ranks, checks, run folder, seed
     args.max_steps, args.warmup_steps = run.schedule(len(env), args.num_prompts)
     start_step, resume_from = run.resume_point()
     tokenizer = load_tokenizer(args.model_name_or_path, template_kwargs=...)
@@ -41,13 +41,14 @@ from common.distributed import (all_gather_objects, all_reduce_mean, all_reduce_
                                 average_gradients, init_distributed, print0, sample_seed,
                                 set_seed)
 from common.env import eval_set_name, make_eval_sets
+from common.errors import on_every_rank
 from common.env.grader import grader_counts
 from common.models.loading import max_positions
 from common.models.offload import offload_optimizer
 from common.models.sampler import encode_prompts, read_reasoning
 from common.models.sharding import clip_grad_norm, load_optimizer_state
-from common.run.args import algorithm_of, lr_at, schedule
-from common.run.checkpoints import resume_point, save_checkpoint
+from common.run.args import algorithm_of, lr_at, runs_of, schedule
+from common.run.checkpoints import point_latest, resume_point, run_folder, save_checkpoint
 from common.run.checks import StepGuard, check_options, check_rewards, trainers
 from common.run.evaluation import evaluate, evaluate_sets
 from common.run.logger import Logger, every, report_end
@@ -137,9 +138,12 @@ class Run:
         self.args, self.rank, self.world = args, info.rank, info.world_size
         self.device, self.is_main = info.device, info.is_main
         self.trainers = trainers(self.world, samplers)
-        check_options(args, check_args, self.world, samplers)
-        # --eval_datasets: read now, so that a bad name or file fails before any model loads
-        self.eval_sets = make_eval_sets(args, print0) if args.eval_datasets else {}
+        with on_every_rank():  # each rank checks the same options: rank 0 says what is wrong
+            check_options(args, check_args, self.world, samplers)
+            # --eval_datasets: read now, so that a bad name or file fails before any model loads
+            self.eval_sets = make_eval_sets(args, print0) if args.eval_datasets else {}
+            # the run's folder, which main puts in args.output_dir: --output_dir, or a new one
+            self.output_dir = run_folder(args, self.is_main)
         set_seed(args.seed)
         # --bf16: forwards run under autocast; weights and optimizer states stay fp32
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if args.bf16
@@ -180,6 +184,8 @@ class Run:
                 load_optimizer_state(module, optimizer, self.state["optimizers"][name])
         self.guard = StepGuard()  # a NaN or inf loss or gradient skips the optimizer step
         self.logger = Logger(args, self.start_step, enabled=self.is_main)
+        if self.is_main and args.output_dir.startswith(f"{runs_of(args)}/"):
+            point_latest(args.output_dir)  # runs/<file>/latest: this run, now that it has begun
         self.first_acc = self.evaluate(0) if args.eval_on_start and self.start_step == 0 else None
         self._timeouts = grader_counts()["timeouts"]
 
