@@ -775,7 +775,9 @@ def test_last_boxed_and_normalize():
 
 
 def test_math_only_the_last_box_counts():
-    assert verify("math", "\\boxed{1} \\boxed{2} \\boxed{18}", "18") == 1.0
+    # a spray of boxed candidates is no answer, even when the right one is last (round six)
+    assert verify("math", "\\boxed{1} \\boxed{2} \\boxed{18}", "18") == 0.0
+    assert verify("math", "A draft: \\boxed{2}.\nIt fails, so \\boxed{18}.", "18") == 1.0
     assert verify("math", "\\boxed{18} \\boxed{2}", "18") == 0.0
     assert verify("math", "\\boxed{18} \\boxed{}", "18") == 0.0
     assert verify("math", "\\boxed{1, 2, 3, 18}", "18") == 0.0

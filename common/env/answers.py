@@ -283,6 +283,17 @@ _DRAFT = frozenset("""
     guess guessed guessing draft drafted initially originally tentative tentatively hypothetically
     suppose supposing assume assuming were estimate estimated thought
 """.split())
+# A word right before a box that makes it an estimate: "about $\\boxed{12}$". A sign (`\\approx
+# \\boxed{32,\\!348}`, to the nearest dollar) is a rounding the question asked for, as one MATH-500
+# solution writes, and a bound ("at most $\\boxed{2}$") is the answer to a question of "at most".
+_HEDGE_BEFORE = re.compile(r"(?<![\\a-zA-Z])(?:about|approximately|approx|roughly|around|nearly"
+                           r"|almost|circa)"
+                           r"(?:\s|\$|\\\(|\\\[)*$", re.IGNORECASE)
+# Words right before a box that make it a trial: "Let's try $\\boxed{12}$", "Testing \\boxed{12}"
+_TRIAL_BEFORE = re.compile(r"(?<![\\a-zA-Z])(?:try|trying|tried|test|testing|tested|attempt"
+                           r"|attempting"
+                           r"|plug(?:ging)?\s+in)(?:\s+with)?(?:\s|\$|\\\(|\\\[)*$",
+                           re.IGNORECASE)
 _NUMBER_WORD_AFTER = frozenset("""
     zero one two three four five six seven eight nine ten eleven twelve times
 """.split())
@@ -301,7 +312,10 @@ def box_is_hedged(text: str) -> bool:
     - A draft: its sentence calls it a guess, a draft or a supposition ("My first guess was
       \\boxed{12}", "If it were \\boxed{12}") and a number after it differs from it.
     - Its value changed by the words around it: "the reciprocal of \\boxed{4}", "\\boxed{5}
-      million"."""
+      million", or made a bound or an estimate: "about \\boxed{12}", "at least \\boxed{12}".
+    - A spray: another box with a different value beside it, only punctuation, "and" or "or"
+      between them (`\\boxed{12}, \\boxed{13}`), or three different values boxed in the text.
+    - Retracted: a later sentence takes it back (`retracted`)."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     content = last_boxed(text)
     before = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
@@ -322,17 +336,89 @@ def box_is_hedged(text: str) -> bool:
             word_after[1]):
         return True  # \boxed{5} million, \boxed{5}\text{ thousand}
     near = text[max(0, start - 300) : start]
-    if _CHANGES_BEFORE.search(near):
+    if _CHANGES_BEFORE.search(near) or _HEDGE_BEFORE.search(near):
+        return True
+    if content is not None and (_sprayed(text, start, content)
+                                or retracted(after, lambda n: math_equal(n, content))):
         return True
     if content is not None and _drafted(near, after, content):
         return True
     return doubts(first_sentence(after))
 
 
+# What may stand between two boxes of a spray: punctuation, math delimiters and spaces, "and", "or"
+_BESIDE = re.compile(r"(?:[\s$,;/|&~.:()\[\]]|\\[()\[\],;: ]|\\q?quad(?![a-zA-Z])"
+                     r"|\\text\s*\{\s*(?:and|or)?\s*\}|\b(?:and|or)\b)*")
+MAX_BOXES_READ = 30  # a spray is judged on the last boxes only: 1,000 boxes grade fast
+
+
+def _sprayed(text: str, start: int, content: str) -> bool:
+    """Is the last box (at `start`, holding `content`) one of a spray of candidates: a box of
+    another value right beside it (nothing but punctuation, "and" or "or" between), or three or more
+    different values boxed in the text? A draft box and a final one are two values, and the same
+    value boxed twice is one."""
+    starts = [m.start() for m in re.finditer(r"\\boxed|\\fbox", text[:start])][-MAX_BOXES_READ:]
+    values = [content]  # one of each value, the last box's first
+    for k, other in enumerate(reversed(starts)):
+        end = box_end(text, other)
+        inside = None if end is None else last_boxed(text[other:end])
+        if inside is None:
+            continue
+        new = all(not math_equal(inside, v) for v in values)
+        if new and k == 0 and _BESIDE.fullmatch(text[end:start]):
+            return True  # \boxed{12}, \boxed{13}
+        values += [inside] if new else []
+        if len(values) >= 3:
+            return True
+    return False
+
+
+# Words that take an answer back: a sentence after the answer that holds one and then another
+# number, but not the answer's own, is a correction, which leaves no answer.
+_RETRACT_WORDS = frozenset("""
+    wrong incorrect mistake mistaken error erred oops scratch correction typo miscounted
+    miscalculated actually wait hmm instead rather redo recount recounting recalculate
+    recalculating recompute recomputing forgot dropped missed
+""".split())
+_RETRACT_PHRASE = re.compile(r"\b(?:second thought|i mean|should (?:be|have been)|no,|no wait)",
+                             re.IGNORECASE)
+# A sentence that calls the answer wrong: "That's wrong.", "12 is incorrect."
+_SAID_WRONG = re.compile(r"(?:\b(?:that|this|it)|(?<![0-9.])(-?[0-9]+(?:\.[0-9]+)?))(?:'s| is| was)"
+                         r" (?:wrong|incorrect|a mistake|not right)", re.IGNORECASE)
+_LATER_NUMBER = re.compile(r"(?<![0-9.A-Za-z_^])-?[0-9]+(?:\.[0-9]+)?")
+
+
+def retracted(after: str, same) -> bool:
+    """Does the text after an answer take it back? `same(number)` says whether a number is the
+    answer's value. A retraction is a word of _RETRACT_WORDS (or a phrase: "on second thought", "I
+    mean", "should be") followed, within its sentence and the next, by a number that is not the
+    answer, when that stretch holds no number equal to the answer; or a sentence that calls it
+    wrong ("That's wrong.", "12 is wrong" after 12). So "Wait, let me verify: 3 * 4 = 12" after the
+    answer 12 retracts nothing, nor does "It is a common mistake to count 48, ... the correct
+    answer of 63" after 63 (a MATH-500 solution). Grading policy (data/README.md)."""
+    if not after.strip():
+        return False
+    low = after[:4000].lower()  # a correction comes soon after its answer; a long tail stays cheap
+    if any(m[1] is None or same(m[1]) for m in _SAID_WRONG.finditer(low)):
+        return True
+    cues = [m.start() for m in re.finditer(r"[a-z]+", low) if m[0] in _RETRACT_WORDS]
+    cues += [m.start() for m in _RETRACT_PHRASE.finditer(low)]
+    for at in sorted(cues)[:8]:
+        first = _SENTENCE_END.search(low, at)
+        second = first and _SENTENCE_END.search(low, first.end())
+        stretch = low[at : second.start() if second else len(low)]
+        numbers = list(dict.fromkeys(_LATER_NUMBER.findall(stretch)))[:5]
+        if numbers and not any(same(n) for n in numbers):
+            return True
+    return False
+
+
 def _drafted(before: str, after: str, content: str) -> bool:
-    """Does the box's sentence (`before` it) call it a draft, while a number after it differs?"""
+    """Does the box's sentence (`before` it) call it a draft, or the words right before it a trial
+    ("Let's try"), while a number after it differs?"""
     cut = max([m.end() for m in re.finditer(r"[.!?](?=\s)|\n", before)] + [0])
-    if not _DRAFT.intersection(re.findall(r"[a-z]+", before[cut:].lower())):
+    if not (_DRAFT.intersection(re.findall(r"[a-z]+", before[cut:].lower()))
+            or _TRIAL_BEFORE.search(before)):
         return False
     later = re.findall(r"(?<![0-9.])-?[0-9]+(?:\.[0-9]+)?", after)
     return any(not math_equal(number, content) for number in dict.fromkeys(later[:5]))
@@ -357,12 +443,16 @@ def extract_number(response: str) -> tuple[str | None, bool]:
         return (numbers[0].replace(",", "") if numbers else None), False
     if marker[0] in ("\\boxed", "\\fbox"):  # its content, unless it hedges
         span = None if box_is_hedged(response) else last_boxed(response)
+        after = ""  # box_is_hedged has read what follows a box
     elif marker[0] == "####":  # the rest of its line
-        span = response[marker.end() :].split("\n", 1)[0]
+        span, _, after = response[marker.end() :].partition("\n")
     else:  # "The answer is": the rest of its sentence, unless it is a hypothesis
         rest = response[marker.end() :].lstrip(" \t\n:*")  # "The answer is:\n18"
         span = None if tentative(response, marker.start()) else first_sentence(rest)
+        after = rest[len(span or "") :]
     value = None if span is None else answer_value(span)
+    if value is not None and retracted(after, lambda n: to_number(n) == value):
+        value = None  # "The answer is 12. Actually it should be 13."
     return (None, False) if value is None else (format_number(value), True)
 
 

@@ -148,7 +148,8 @@ def doubts(text: str) -> bool:
     start (`\\boxed{18}, or maybe 19`)?"""
     words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", text).lower())
     return bool(DOUBT_WORDS.intersection(words)) or re.match(r"[\s,;:.(]*or\b",
-                                                            text.lower()) is not None
+                                                            text.lower()) is not None or re.search(
+        r"\bgive or take\b|\bor so\b", text.lower()) is not None
 
 
 def has_hedge(text: str) -> bool:
@@ -245,18 +246,26 @@ VALUE_WORDS = frozenset("""
     dozen dozens half halves quarter quarters third thirds fourth fourths fifth fifths sixth sixths
     seventh sevenths eighth eighths ninth ninths tenth tenths hundredth hundredths thousandth
     thousandths millionth millionths twice double triple thrice times squared
-    cubed factorial plus minus
+    cubed factorial plus minus reciprocal reciprocals inverse inverses logarithm
 """.split())
 # Abbreviated scales: 3k, 2 bn, 5 mn (thousand, billion, million), any case: `3\\text{K}` is no 3
 SCALE_ABBREVIATIONS = frozenset(["k", "bn", "mn", "mln", "bln"])
 
 
+# Capital scale letters: 2M and 2B are two million and two billion (as in finance), never 2 of a
+# unit; MM is a thousand thousand. A letter in brackets, (B), is a choice, not a scale.
+_SCALE_LETTER = re.compile(r"(?<![A-Za-z(])(?:MM|M|B|Bn)(?![A-Za-z)])")
+
+
 def has_value_word(text: str) -> bool:
-    """Does the text hold a word of VALUE_WORDS or SCALE_ABBREVIATIONS, or any "-illion" or
-    "-illionth" (quadrillion, zillion)? LaTeX command names are not words."""
-    words = re.findall(r"[a-z]+", re.sub(r"\\[a-zA-Z]+", " ", text).lower())
-    return any(w in VALUE_WORDS or w in SCALE_ABBREVIATIONS
-               or re.fullmatch(r"[a-z]*illion(?:th)?s?", w) for w in words)
+    """Does the text hold a word of VALUE_WORDS or SCALE_ABBREVIATIONS, a capital scale letter (2M,
+    2B), or any "-illion" or "-illionth" (quadrillion, zillion)? LaTeX command names are not
+    words."""
+    text = re.sub(r"\\[a-zA-Z]+", " ", text)
+    words = re.findall(r"[a-z]+", text.lower())
+    return _SCALE_LETTER.search(text) is not None or any(
+        w in VALUE_WORDS or w in SCALE_ABBREVIATIONS or re.fullmatch(r"[a-z]*illion(?:th)?s?", w)
+        for w in words)
 
 
 def _unit(m: re.Match) -> str:
@@ -566,6 +575,105 @@ def _assigned_tuple(parts: list[str]) -> list[str] | None:
     return [value for _, value in sorted(pairs)]
 
 
+# Units a gold may name: each name's dimension and size in that dimension's base unit, exact. A
+# value with a unit is compared with a gold that names one in the same dimension (5 km is 5000 m).
+_UNIT_TABLE = [
+    ("km kilometer kilometers kilometre kilometres", "m", 1000),
+    ("m meter meters metre metres", "m", 1), ("cm centimeter centimeters centimetre centimetres",
+                                              "m", Fraction(1, 100)),
+    ("mm millimeter millimeters millimetre millimetres", "m", Fraction(1, 1000)),
+    ("nm nanometer nanometers nanometre nanometres", "m", Fraction(1, 10**9)),
+    ("kg kilogram kilograms", "g", 1000), ("g gram grams", "g", 1),
+    ("mg milligram milligrams", "g", Fraction(1, 1000)),
+    ("s sec secs second seconds", "s", 1), ("ms millisecond milliseconds", "s", Fraction(1, 1000)),
+    ("min mins minute minutes", "s", 60), ("h hr hrs hour hours", "s", 3600),
+    ("J joule joules", "J", 1), ("kJ", "J", 1000), ("eV", "eV", 1), ("keV", "eV", 1000),
+    ("MeV", "eV", 10**6), ("GeV", "eV", 10**9), ("W watt watts", "W", 1), ("kW", "W", 1000),
+    ("Hz", "Hz", 1), ("kHz", "Hz", 1000), ("MHz", "Hz", 10**6), ("GHz", "Hz", 10**9),
+    ("N newton newtons", "N", 1), ("Pa", "Pa", 1), ("kPa", "Pa", 1000),
+    ("L liter liters litre litres", "L", 1), ("mL", "L", Fraction(1, 1000)), ("K kelvin", "K", 1),
+]
+UNITS = {name: (dimension, Fraction(size)) for names, dimension, size in _UNIT_TABLE
+         for name in names.split()}
+# A value, then a unit: `4.5 \mathrm{~km}`, `5\text{ km}`, `3 \times 10^{8} \mathrm{~m/s}`, `5 km`
+_MEASURE = re.compile(r"(.*?[0-9}])((?:\s|~|\\[,;:! ]|/"
+                      r"|\\(?:text|mathrm|mbox|textrm|rm)\s*\{[^{}]*\}"
+                      r"|(?<![A-Za-z\\])[A-Za-z]+)+)")
+
+
+def measure(s: str) -> tuple[str, str, Fraction] | None:
+    """(value, dimension, size) of an answer that is one value and a unit of UNITS ("4.5 km" ->
+    ("4.5", "m", 1000); "m/s" is a unit too), else None."""
+    if len(s) > 200:  # a value and its unit are short; the scan stays cheap on a long answer
+        return None
+    m = _MEASURE.fullmatch(ascii_lookalikes(s).strip().rstrip("."))
+    if m is None or "," in m[1] or "=" in m[1]:
+        return None
+    unit = re.sub(r"\\(?:text|mathrm|mbox|textrm|rm)|\\[,;:! ]|[{}~\s]", "", m[2])
+    parts = [UNITS.get(p) for p in unit.split("/")]
+    if not unit or len(parts) > 2 or None in parts:
+        return None
+    dimension = "/".join(d for d, _ in parts)
+    size = parts[0][1] / (parts[1][1] if len(parts) == 2 else 1)
+    return m[1].strip(), dimension, size
+
+
+def _frac_tex(x: Fraction) -> str:
+    return f"\\frac{{{x.numerator}}}{{{x.denominator}}}"
+
+
+def in_gold_units(pred: str, gold: str) -> tuple[str, str] | None:
+    """When the answer and the gold both name a unit of UNITS: (the answer's value in the gold's
+    unit, the gold's value), or ("", gold) for units of two dimensions, which never agree. Else
+    None: a unit on one side only is graded as before (a unit the gold does not name is dropped)."""
+    g = measure(gold)
+    p = None if g is None else measure(pred)
+    if p is None:
+        return None
+    if p[1] != g[1]:
+        return "", gold
+    value = p[0] if p[2] == g[2] else f"({p[0]})\\cdot{_frac_tex(p[2] / g[2])}"
+    return value, g[0]
+
+
+# A multiple-choice letter, (A) to (E), in a text command or bare, at the start of an answer:
+# `\textbf{(C)}\ 27`, `\textbf{(C) }27`, `\text{(C) } 27`, `(C)~27`
+_CHOICE = re.compile(r"\s*(?:\\(?:textbf|text|mathrm|mathbf|textrm|mbox)\s*\{\s*)?\(([A-E])\)"
+                     r"((?:\s|~|:|\\[,;:! ]|\\q?quad(?![a-zA-Z]))*)(.*)", re.DOTALL)
+
+
+def choice(s: str) -> tuple[str, str] | None:
+    """(letter, value) of an answer that starts with a choice letter: `\\textbf{(C)}\\ 27` ->
+    ("C", "27"), `\\textbf{(C) 27}` -> ("C", "27"), `(C)` -> ("C", ""). Else None."""
+    m = _CHOICE.fullmatch(s)
+    if m is None:
+        return None
+    wrapped = re.match(r"\s*\\[a-z]+\s*\{", s) is not None
+    value = m[3].strip()
+    if wrapped:  # the command's brace closes after the letter or after the value
+        if value.startswith("}"):
+            value = value[1:].strip()
+        elif value.endswith("}") and value.count("}") > value.count("{"):
+            value = value[:-1].strip()
+        else:
+            return None
+    return m[1], value
+
+
+def _choice_answer(pred: str, gold: str) -> str | None:
+    """The answer a choice letter stands beside: its value, where the gold is a value (the letter's
+    value is unknown without the choices); the letter, where the gold is a letter."""
+    picked = choice(pred)
+    if picked is None:
+        return None
+    letter, value = picked
+    gold_letter = choice(gold) or (
+        (gold.strip(), "") if re.fullmatch(r"\s*[A-E]\s*", gold) else None)
+    if gold_letter is not None:
+        return letter
+    return value or letter
+
+
 # A hexadecimal, binary or octal literal (0x12 is no 0 * x * 12) and a number with two decimal
 # points (1.5.2, the European 1.000.000): malformed numbers, which no reading makes right
 MALFORMED_NUMBER = re.compile(r"(?<![0-9A-Za-z_.])0[xXbBoO][0-9A-Fa-f]|[0-9]\.[0-9]*\.[0-9]")
@@ -577,6 +685,13 @@ def math_equal(pred: str | None, gold: str) -> bool:
         return False
     if MALFORMED_NUMBER.search(digit_groups(pred)):  # 1.5.2, but 1.234.567 is a million and more
         return False
+    if (picked := _choice_answer(pred, gold)) is not None:  # \textbf{(C)}\ 27: the value decides
+        pred = picked
+        gold = choice(gold)[0] if choice(gold) else gold
+    if (converted := in_gold_units(pred, gold)) is not None:  # 5 km for the gold 5000 m
+        pred, gold = converted
+        if not pred:
+            return False
     a, b = normalize(pred), normalize(gold)
     if a == b:
         return a != ""
@@ -607,7 +722,11 @@ def _equal(a: str, b: str, grade: Grade) -> bool:
     if a == b:
         return True
     (ka, pa), (kb, pb) = _split(a), _split(b)
-    if ka == "set" and kb == "tuple" and (values := _assigned_tuple(pa)) is not None:
+    if ka == "set" and kb == "set" and _assigned_tuple(pb) is not None and not any(
+            _assignment(x) for x in pa):
+        # the values alone of a gold that names them (x=1, y=2) are read in the gold's order: 1, 2
+        ka, pa, kb, pb = "tuple", ("()", pa), "tuple", ("()", [_assignment(y)[1] for y in pb])
+    elif ka == "set" and kb == "tuple" and (values := _assigned_tuple(pa)) is not None:
         ka, pa = "tuple", ("()", values)  # x=1, y=2 is the point (1,2)
     elif ka == "tuple" and kb == "set" and (values := _assigned_tuple(pb)) is not None:
         kb, pb = "tuple", ("()", values)
@@ -719,6 +838,83 @@ def _equal_equation(a: list, b: list, grade: Grade) -> bool:
     except ParseError:
         return False
     return _worker_equal(ta, tb, True, 0, grade)
+
+
+def _plain_value(s: str) -> str:
+    """An answer without the unit of UNITS it ends with, if any."""
+    m = measure(s)
+    return m[0] if m else s
+
+
+# A decimal gold and its exponent: 1.2, 0.050, 1.2\times10^{6}, 3\cdot10^8 (after normalize)
+_FIGURES = re.compile(r"(-?[0-9]+)(?:\.([0-9]+))?"
+                      r"(?:\\(?:times|cdot)10\^(?:\{(-?[0-9]{1,3})\}|([0-9])))?")
+
+
+def within_figures(pred: str, gold: str) -> bool:
+    """Minerva's rule for a gold written as a decimal or in scientific notation: the answer's value
+    is within half a unit of the gold's last written digit, so it rounds to the gold at the gold's
+    significant figures (1.23e6 and 1.24e6 for the gold 1.2e6, not 1.26e6; 1/3 for 0.33). Units
+    as math_equal reads them (5 km for 5000 m). An integer gold without an exponent is exact."""
+    converted = in_gold_units(pred, gold)
+    if converted is not None and not converted[0]:
+        return False
+    pred, gold = converted or (_plain_value(pred), _plain_value(gold))
+    m = _FIGURES.fullmatch(normalize(gold))
+    if m is None or (m[2] is None and m[3] is None and m[4] is None):
+        return False
+    exponent = int(m[3] or m[4] or 0)
+    places = len(m[2] or "")
+    gold_value = Fraction(m[1] + "." + (m[2] or "0")) * Fraction(10) ** exponent
+    half_unit = Fraction(1, 2) * Fraction(10) ** (exponent - places)
+    try:
+        value = _rational_or_none(parse(normalize(pred)))
+    except (ParseError, ZeroDivisionError, OverflowError, ValueError):
+        return False
+    return value is not None and abs(value - gold_value) <= half_unit
+
+
+def float_value(s: str) -> float | None:
+    """The value of a normalised answer as a float, from the whitelisted parser's AST (pi, e,
+    roots, logs, trigonometric functions), or None if it has symbols or no finite real value."""
+    try:
+        value = _float(parse(s))
+    except (ParseError, ValueError, OverflowError, ZeroDivisionError, TypeError):
+        return None
+    return value if isinstance(value, float) and math.isfinite(value) else None
+
+
+_FLOAT_FUNCS = {"sin": math.sin, "cos": math.cos, "tan": math.tan, "ln": math.log, "log": math.log,
+                "exp": math.exp, "arcsin": math.asin, "arccos": math.acos, "arctan": math.atan}
+
+
+def _float(node) -> float:
+    op, args = node[0], node[1:]
+    if op == "num":
+        return float(Fraction(args[0]))
+    if op == "const" and args[0] in ("pi", "E"):
+        return math.pi if args[0] == "pi" else math.e
+    if op == "+":
+        return math.fsum(_float(a) for a in args)
+    if op == "*":
+        return math.prod(_float(a) for a in args)
+    if op == "neg":
+        return -_float(args[0])
+    if op == "inv":
+        return 1 / _float(args[0])
+    if op == "^":
+        return float(math.pow(_float(args[0]), _float(args[1])))
+    if op == "sqrt":
+        n = 2.0 if args[1] is None else _float(args[1])
+        x = _float(args[0])
+        return math.copysign(abs(x) ** (1 / n), x) if n % 2 == 1 else math.sqrt(x) ** (2 / n)
+    if op == "fn" and args[0] in _FLOAT_FUNCS:
+        return _FLOAT_FUNCS[args[0]](_float(args[1]))
+    if op == "log":
+        return math.log(_float(args[0]), _float(args[1]))
+    if op == "abs":
+        return abs(_float(args[0]))
+    raise ValueError(f"no float value for {op}")
 
 
 # ------------------------------------------------------------------------------------------------

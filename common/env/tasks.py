@@ -21,9 +21,10 @@ from pathlib import Path
 
 from common.env.answers import (MARKERS, MATH_MARKERS, MAX_ARITH_LEN, box_is_hedged, extract_number,
                             first_sentence, last_marker, nothing_more, numbers_equal, safe_arith,
-                            tentative, to_number)
+                            retracted, tentative, to_number)
 from common.errors import PathError, UsageError
-from common.env.grader import ascii_lookalikes, has_hedge, last_boxed, math_equal
+from common.env.grader import (ascii_lookalikes, float_value, has_hedge, last_boxed, math_equal,
+                               normalize, within_figures)
 from common.env.grader_worker import count_timeout
 from common.env.timelimit import OutOfTime, cpu_limit
 
@@ -609,6 +610,10 @@ class MATH(Task):
             if not yes_or_no and has_hedge(re.sub(r"\\text\s*\{[^{}]*\}", " ", pred)):
                 return None, False
         pred = pred.strip(" *").rstrip(".").strip()
+        after = rest[len(first_sentence(rest)) :] + "\n" + response[marker.end() :].partition(
+            "\n")[2]
+        if pred and retracted(after, lambda n: math_equal(n, pred)):
+            return None, False  # "The answer is 12. Actually it should be 13."
         return (pred, True) if pred else (None, False)
 
     @classmethod
@@ -650,11 +655,12 @@ class _Benchmark(MATH):
 
 class _AIME(_Benchmark):
     """AIME: every answer is an integer from 0 to 999. A response is right only when its last
-    \\boxed{} holds that integer alone, in digits; leading zeros are allowed, since AIME answers
-    are written with three digits (`\\boxed{033}` is 33). `\\boxed{33.0}`, `\\boxed{\\frac{66}{2}}`
-    and `\\boxed{33 \\text{ ways}}` are wrong however their value reads: the answer sheet takes
-    digits, and nothing the model writes is evaluated. "The answer is 33" without a box is no
-    answer."""
+    \\boxed{} holds that integer alone, in digits or in English words, in a text or bold command
+    or not; leading zeros are allowed, since AIME answers are written with three digits
+    (`\\boxed{033}` and `\\boxed{\\textbf{033}}` are 33, as is `\\boxed{\\text{thirty-three}}`).
+    `\\boxed{33.0}`, `\\boxed{\\frac{66}{2}}` and `\\boxed{33 \\text{ ways}}` are wrong however
+    their value reads: the answer sheet takes an integer, and nothing the model writes is
+    evaluated. "The answer is 33" without a box is no answer."""
 
     fields = "'problem' (or 'question') and 'answer', an integer 0-999 (\"033\", 33 or \"33\")"
 
@@ -683,10 +689,45 @@ class _AIME(_Benchmark):
 
 
 def _aime_integer(text) -> int | None:
-    """The integer 0-999 that text writes in digits alone, leading zeros allowed ("033" -> 33);
-    None for anything else ("33.0", "\\frac{66}{2}", "1000", None)."""
-    digits = re.fullmatch(r"\s*0*(\d{1,3})\s*", text) if isinstance(text, str) else None
-    return int(digits.group(1)) if digits else None
+    """The integer 0-999 that text writes in digits alone, leading zeros allowed ("033" -> 33), or
+    in English words ("thirty-three", "three hundred and five"), in a text or bold command or not
+    (`\\textbf{033}`); None for anything else ("33.0", "\\frac{66}{2}", "1000", "0 3 3", None)."""
+    if not isinstance(text, str):
+        return None
+    text = re.sub(r"^\s*\\(?:text|textbf|mathbf|mathrm|textrm|mbox)\s*\{([^{}]*)\}\s*$", r"\1",
+                  text)
+    digits = re.fullmatch(r"\s*0*(\d{1,3})\s*", text)
+    return int(digits.group(1)) if digits else _number_words(text)
+
+
+_ONES = {w: n for n, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen".split())}
+_TENS = {w: 10 * n for n, w in enumerate(
+    "twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2)}
+
+
+def _number_words(text: str) -> int | None:
+    """An integer 0-999 in English words, in the one way it is written: [ONES hundred [and]] then
+    TENS[-ONES] or ONES ("nine hundred ninety-nine", "three hundred and five", "zero"). Anything
+    else, a scale ("thousand"), a count ("dozen"), a hedge or two numbers, is None."""
+    words = re.sub(r"[\s-]+", " ", text.strip().lower()).split()
+    value = 0
+    if len(words) >= 2 and words[1] == "hundred" and words[0] in _ONES and _ONES[words[0]] > 0:
+        value, words = 100 * _ONES[words[0]], words[2:]
+        if words[:1] == ["and"] and len(words) > 1:
+            words = words[1:]
+    if not words:
+        return value or None
+    rest = None
+    if len(words) == 1 and words[0] in _ONES:
+        rest = _ONES[words[0]]
+    elif words[0] in _TENS and (len(words) == 1 or (len(words) == 2 and words[1] in _ONES
+                                                    and 0 < _ONES[words[1]] < 10)):
+        rest = _TENS[words[0]] + (_ONES[words[1]] if len(words) == 2 else 0)
+    if rest is None or (value and rest == 0):
+        return None
+    return value + rest
 
 
 @register
@@ -738,6 +779,16 @@ class MinervaMath(_Benchmark):
     fields = "'question' (or 'problem') and 'answer'"
     hub = {"test": ("math-ai/minervamath", None, "test")}
 
+    @classmethod
+    def grade(cls, response, answer):
+        """MATH's grade, and for a gold written as a decimal or in scientific notation (a measured
+        quantity) the gold's significant figures: an answer that rounds to it is right
+        (grader.within_figures)."""
+        reward, pred, format_ok = super().grade(response, answer)
+        if reward or not format_ok:
+            return reward, pred, format_ok
+        return float(within_figures(pred, answer)), pred, format_ok
+
 
 @register
 class OlympiadBench(_Benchmark):
@@ -762,6 +813,17 @@ class OlympiadBench(_Benchmark):
         if isinstance(row.get("solution"), list):  # its worked solutions: shown, never graded
             row = {**row, "solution": "\n\n".join(map(str, row["solution"]))}
         return super().from_row(row, where)
+
+    @classmethod
+    def grade(cls, response, answer):
+        """MATH's grade, and OlympiadBench's own tolerance for a decimal answer: within 1e-8 of the
+        gold's value, relative to it (its judger's precision, 1e-8), where MATH asks for 1e-12."""
+        reward, pred, format_ok = super().grade(response, answer)
+        if reward or not format_ok or not re.fullmatch(r"-?[0-9]*\.[0-9]+", normalize(pred)):
+            return reward, pred, format_ok
+        value, gold = float(normalize(pred)), float_value(normalize(answer))
+        close = gold is not None and gold != 0 and abs(value - gold) <= 1e-8 * abs(gold)
+        return float(close), pred, format_ok
 
 
 def grade(task: type[Task], response: str, answer: str) -> tuple[float, str | None, bool]:
