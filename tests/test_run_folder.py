@@ -58,6 +58,7 @@ def test_a_second_evaluation_of_a_model_is_written_beside_the_first(tmp_path):
     assert ev.free_output(folder) == tmp_path / "m-sets-2"
 
 
+@pytest.mark.slow  # the second tier: three starts of grpo.py
 def test_a_failed_start_leaves_no_folder_and_two_runs_leave_two(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     quick = ["--model_name_or_path", "tiny-random", "--max_steps", "1", "--num_eval_problems",
