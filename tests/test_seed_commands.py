@@ -89,7 +89,7 @@ def test_oat_ppo_on_gsm8k(model, tmp_path):
     assert "--pretrain is oat's name for --model_name_or_path" in out
     assert "--collocate: one process" in out
     assert "with --kl_penalty_coef 0, oat's --beta 0.0001 is a KL loss" in out
-    args = one_update(tmp_path / "runs/ppo")
+    args = one_update(tmp_path / "runs/ppo/latest")
     # 64 prompts x 8 samples per rollout, 64 samples per optimizer step
     assert (args["num_prompts"], args["num_generations"], args["num_mini_batches"],
             args["micro_batch_size"]) == (64, 8, 8, 8)
@@ -123,7 +123,7 @@ def test_oat_r1_zero_on_countdown(model, tmp_path):
                "--eval_temperature", "0"], tmp_path)
     assert "--critic_type grpo: oat's name for this file's algorithm" in out
     assert "--gpus: launch with torchrun" in out
-    args = one_update(tmp_path / "runs/grpo")
+    args = one_update(tmp_path / "runs/grpo/latest")
     # 128 x 8 samples, 128 per optimizer step
     assert (args["num_prompts"], args["num_generations"], args["num_mini_batches"],
             args["micro_batch_size"]) == (128, 8, 8, 2)
