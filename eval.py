@@ -64,8 +64,9 @@ from common.env import (MATH_SUBJECTS, TASKS, Reasoning, eval_set_env, eval_set_
                         named_rows, rename_fields, resolve_task)
 from common.models import (capture_decoding, check_model_name, encode_prompts, load_policy,
                            load_tokenizer, max_positions, read_reasoning, read_template_kwargs)
-from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges, chosen_problems,
-                        parse_args, problem_metrics, replace_file, sample_problems)
+from common.run import (DataArgs, check_new_file, check_output_dir, check_ranges, check_unused,
+                        chosen_problems, parse_args, problem_metrics, replace_file,
+                        sample_problems)
 
 # what each response's record says of its thinking, where thinking is expected: tokens inside the
 # block, whether it never closed, tokens of the answer after it (the run's think/ metrics)
@@ -137,6 +138,19 @@ class Args(DataArgs):
     table.md (default: runs/eval/<model>/)"""
 
 
+# The options that another option turns off: (the option; whether this evaluation reads it; the
+# option that would), refused by check_unused when given another value than the default. A regrade
+# (--responses) loads no model and samples nothing.
+READ_ONLY_WITH = [
+    *((name, lambda a: a.responses is None, "a model to sample (--responses regrades saved "
+       "completions)") for name in ("model_name_or_path", "temperature", "top_p", "num_generations",
+                                    "max_new_tokens", "max_thinking_tokens", "eval_batch_size",
+                                    "bf16", "cuda_graphs")),
+    ("top_p", lambda a: a.temperature > 0, "--temperature above 0 (greedy takes the top token)"),
+    ("response_field", lambda a: a.responses is not None, "--responses"),
+]
+
+
 def check_args(args):
     """Every argument error before any data or model loads, each with the fix."""
     if args.split not in ("train", "test"):
@@ -144,6 +158,7 @@ def check_args(args):
     # the ranges training has (sizes >= 1 and within what memory holds, every real number finite)
     check_ranges(args)
     read_template_kwargs(args.chat_template_kwargs, args.template)  # a JSON object, for chat
+    check_unused(args, [(name, read(args), needs) for name, read, needs in READ_ONLY_WITH])
     if args.num_generations > 1 and args.temperature == 0:
         raise UsageError(f"--n {args.num_generations} with --temperature 0 gives "
                          f"{args.num_generations} copies of the greedy answer; "

@@ -1,12 +1,13 @@
 """User errors: what was asked for cannot be done, and the message says what to do instead.
 
-The files print them as one line, `error: <message>`, with no traceback (under torchrun rank 0
-alone, unless another rank is the only one to fail), before any heavy work where they can be found
-that early. Any other exception is a
-bug in mathrl or a library, and keeps its traceback. Each class is also the built-in error a Python
+The files print them as one line, `error: <message>`, with no traceback, before any heavy work
+where they can be found that early. Under torchrun an error that every rank meets is printed by the
+first rank of each node, and one rank's own by that rank. Any other exception is a bug in mathrl or
+a library, and keeps its traceback. Each class is also the built-in error a Python
 reader expects (a UsageError is a ValueError), so `except ValueError` still catches it.
 """
 
+import atexit
 import contextlib
 import math
 import os
@@ -41,8 +42,12 @@ def _print_user_errors(kind, error, traceback):
         return sys.__excepthook__(kind, error, traceback)
     rank = os.environ.get("RANK", "0")
     if "RANK" in os.environ and getattr(error, "every_rank", False):
-        if rank == "0":  # not sys.stderr: under a process group, torch's excepthook buffers it
-            print(f"error: {error}", file=sys.__stderr__, flush=True)
+        # once a node, by its first rank: each node's launcher shows its own ranks' lines, and
+        # another node's files may differ. Not sys.stderr: under a process group, torch's
+        # excepthook buffers it
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error{'' if rank == '0' else f' (rank {rank})'}: {error}", file=sys.__stderr__,
+                  flush=True)
         leave_together(1)
     # A rank's own error (a NaN reward in its batch) is said by that rank: the others wait in a
     # collective for it. torchrun ends them when the first rank exits, which the rest of this
@@ -57,13 +62,23 @@ def _print_user_errors(kind, error, traceback):
 
 @contextlib.contextmanager
 def on_every_rank():
-    """Code that every rank runs alike on the same inputs (the command line, the option checks):
-    a user error raised in it is raised by every rank, so rank 0 alone prints it."""
+    """Code that every rank runs alike on the same inputs (the command line, the option checks,
+    the task's data): a user error raised in it is raised by every rank, so the first rank of each
+    node alone prints it. Also a decorator: @on_every_rank()."""
     try:
         yield
     except UserError as error:
         error.every_rank = True
         raise
+
+
+_AT_EXIT = []  # (function, args) that leave_together runs too, as os._exit skips atexit
+
+
+def at_exit(function, *args):
+    """atexit.register(function, *args), also run by a rank that leaves through leave_together."""
+    atexit.register(function, *args)
+    _AT_EXIT.append((function, args))
 
 
 def leave_together(status):
@@ -73,6 +88,9 @@ def leave_together(status):
     one of its checks (every 0.1 s) leave none, so the error is the last line before its summary.
     A rank ended by it anyway exits with the same status."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(status))
+    for function, args in _AT_EXIT:
+        with contextlib.suppress(Exception):
+            function(*args)
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         stream.flush()
     time.sleep(max(0.0, (math.floor(time.time() / 0.5) + 2) * 0.5 - time.time()))

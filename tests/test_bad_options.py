@@ -3,8 +3,10 @@ sampled batches (issue 69): each is one line, `error: ...`, naming the fix, befo
 In process: each case calls the check a file runs first (check_options, saved_queue), so the suite
 pays milliseconds for it. tests/test_distill.py's runs train with a teacher of more output rows."""
 
+import importlib
 import json
 import os
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,14 +22,15 @@ import grpo
 import reinforce
 import reinforce_stepwise
 import tools
+import common.run.checks as checks
+import eval as ev
 from common.errors import PathError, UsageError
 from dev.algorithms import ALGORITHMS
 from common.run.checks import check_options
 from common.run.pair import Sampled, rollout_state, saved_queue
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = {"async_grpo": async_grpo, "dapo": dapo, "distill": distill, "grpo": grpo, "reinforce": reinforce,
-         "reinforce_stepwise": reinforce_stepwise, "tools": tools}
+FILES = {name: importlib.import_module(name) for name in ALGORITHMS}
 
 
 def options(name, tmp_path, **given):
@@ -39,7 +42,8 @@ def options(name, tmp_path, **given):
 
 
 # ---- an option read only under another's value -----------------------------------------------------------
-@pytest.mark.parametrize("name,given,says", [
+# A case for every row of the one table (tested below): the option set where another turns it off
+REFUSED = [
     ("distill", {"jsd_beta": 0.5}, "--jsd_beta 0.5 changes nothing in this run: it is read only with "
                                    "--loss_form full. Drop it, or pass that."),
     ("async_grpo", {"icepop_low": 0.3}, "--icepop_low 0.3 changes nothing in this run: it is read only "
@@ -62,7 +66,30 @@ def options(name, tmp_path, **given):
                                         "read only with --eval_samples above 0"),
     ("dapo", {"epsilon_high": 0.1}, "--epsilon_high 0.1 is below --epsilon 0.2: clip-higher widens "
                                     "the upper clip; pass at least 0.2"),
-])
+    ("tools", {"tools": "none", "tool_format": "template"},
+     "--tool_format template changes nothing in this run: it is read only with --tools naming a tool"),
+    ("tools", {"tool_format": "template", "num_few_shot": 2},
+     "--num_few_shot 2 changes nothing in this run: it is read only with --tool_format tags."),
+    ("grpo", {"plain": True, "compile": True}, "--compile changes nothing in this run: it is read only "
+                                              "with the default path"),
+    ("ppo", {"plain": True, "cuda_graphs": False}, "--no_cuda_graphs changes nothing in this run"),
+    ("grpo", {"compile": True, "cuda_graphs": False}, "--no_cuda_graphs changes nothing in this run: it "
+                                                     "is read only with the default path without --compile"),
+    ("reinforce", {"lora_target_modules": "q_proj"}, "--lora_target_modules q_proj changes nothing in "
+                                                     "this run: it is read only with --lora_r above 0"),
+    ("sft", {"wandb_project": "mine"}, "--wandb_project mine changes nothing in this run: it is read "
+                                       "only with --track"),
+    ("dapo", {"num_eval_problems": 0, "eval_interval": 5},
+     "--eval_interval 5 changes nothing in this run: it is read only with --num_eval_problems above 0"),
+    ("grpo", {"num_eval_problems": 0, "eval_dataset_path": "held_out.jsonl"},
+     "--eval_dataset_path held_out.jsonl changes nothing in this run: it is read only with "
+     "--num_eval_problems above 0"),
+    ("distill", {"num_eval_problems": 0, "eval_batch_size": 8},
+     "--eval_batch_size 8 changes nothing in this run: it is read only with --num_eval_problems above 0"),
+]
+
+
+@pytest.mark.parametrize("name,given,says", REFUSED)
 def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path):
     args, check_args = options(name, tmp_path, **given)
     with pytest.raises(UsageError) as e:
@@ -83,10 +110,94 @@ def test_an_option_that_another_turns_off_is_refused(name, given, says, tmp_path
     ("dapo", {"epsilon_high": 0.2}),  # equal: the symmetric clip
     ("grpo", {"eval_temperature": 0.8, "eval_samples": 2}),
     ("grpo", {"eval_temperature": 0.0}),  # greedy asked for, and greedy is what runs
+    ("grpo", {"compile": True, "cuda_graphs": True}),  # the default, given
+    ("grpo", {"plain": True}),
+    ("reinforce", {"lora_target_modules": "q_proj", "lora_r": 4}),
+    ("dapo", {"eval_interval": 5}),
 ])
 def test_the_same_option_with_what_reads_it_passes(name, given, tmp_path):
     args, check_args = options(name, tmp_path, **given)
     check_options(args, check_args)
+
+
+# eval.py's: a regrade (--responses) loads no model and samples nothing
+REGRADE = "changes nothing in this run: it is read only with a model to sample"
+EVAL_REFUSED = [
+    ({"model_name_or_path": "tiny-random"}, f"--model_name_or_path tiny-random {REGRADE}"),
+    ({"temperature": 0.6, "num_generations": 4}, f"--temperature 0.6 {REGRADE}"),
+    ({"top_p": 0.9}, f"--top_p 0.9 {REGRADE}"),
+    ({"num_generations": 4}, f"--num_generations 4 {REGRADE}"),
+    ({"max_new_tokens": 64}, f"--max_new_tokens 64 {REGRADE}"),
+    ({"max_thinking_tokens": 32}, f"--max_thinking_tokens 32 {REGRADE}"),
+    ({"eval_batch_size": 8}, f"--eval_batch_size 8 {REGRADE}"),
+    ({"bf16": True}, f"--bf16 {REGRADE}"),
+    ({"cuda_graphs": False}, f"--no_cuda_graphs {REGRADE}"),
+    ({"responses": None, "top_p": 0.9}, "--top_p 0.9 changes nothing in this run: it is read only with "
+                                        "--temperature above 0 (greedy takes the top token)."),
+    ({"responses": None, "response_field": "answer"},
+     "--response_field answer changes nothing in this run: it is read only with --responses."),
+]
+
+
+@pytest.mark.parametrize("given,says", EVAL_REFUSED)
+def test_an_evaluation_option_that_another_turns_off_is_refused(given, says, tmp_path):
+    saved = tmp_path / "saved.jsonl"
+    saved.write_text('{"response": "The answer is 2.", "answer": "2"}\n')
+    args = replace(ev.Args(), **{"responses": str(saved), "output": str(tmp_path / "out.jsonl"),
+                                 **given})
+    with pytest.raises(UsageError) as e:
+        ev.check_args(args)
+    assert str(e.value).startswith(says), str(e.value)
+
+
+@pytest.mark.parametrize("given", [
+    {"responses": None, "top_p": 0.9, "temperature": 0.6},
+    {"response_field": "answer"},
+    {"responses": None, "model_name_or_path": "tiny-random", "max_new_tokens": 64, "bf16": True},
+])
+def test_an_evaluation_option_with_what_reads_it_passes(given, tmp_path):
+    saved = tmp_path / "saved.jsonl"
+    saved.write_text('{"response": "The answer is 2.", "answer": "2"}\n')
+    ev.check_args(replace(ev.Args(), **{"responses": str(saved), "output": str(tmp_path / "o.jsonl"),
+                                        **given}))
+
+
+def read_only_rows(name, tmp_path, monkeypatch):
+    """{(where, option, what reads it)} of every row that `name`'s checks hand check_unused, on its
+    defaults: where is 'all files' for the shared rows (common/run/checks.py), else the file."""
+    seen = set()
+
+    def recorder(where):
+        return lambda args, rules: seen.update((where, option, needs) for option, _, needs in rules)
+
+    if name == "eval":
+        monkeypatch.setitem(ev.check_args.__globals__, "check_unused", recorder("eval.py"))
+        ev.check_args(replace(ev.Args(), model_name_or_path="tiny-random",
+                              output=str(tmp_path / "eval.jsonl")))
+        return seen
+    args, check_args = options(name, tmp_path)
+    monkeypatch.setattr(checks, "check_unused", recorder("all files"))
+    monkeypatch.setitem(check_args.__globals__, "check_unused", recorder(f"{name}.py"))
+    check_options(args, check_args)
+    return seen
+
+
+def test_every_option_another_turns_off_is_in_one_table_with_a_case(tmp_path, monkeypatch):
+    # issue 80: one table of "X is read only with Y" for every file and eval.py, each row refused by
+    # a case above; the table in dev/notes/reliability.md is the rows themselves
+    rows = set()
+    for name in (*ALGORITHMS, "eval"):
+        with monkeypatch.context() as m:
+            rows |= read_only_rows(name, tmp_path / name, m)
+    text = (ROOT / "dev/notes/reliability.md").read_text()
+    section = text.split("## Options that another turns off", 1)[1].split("\n## ", 1)[0]
+    table = set(re.findall(r"^\| (all files|\w+\.py) \| `--(\w+)` \| (.+) \|$", section, re.M))
+    assert table == rows
+    cased = {(name, re.match(r"--(?:no_)?(\w+)", says).group(1)) for name, _, says in REFUSED}
+    cased |= {("eval", re.match(r"--(?:no_)?(\w+)", says).group(1)) for _, says in EVAL_REFUSED}
+    for where, option, _ in rows:
+        assert any(o == option and where in ("all files", f"{name}.py") for name, o in cased), option
+    assert len(rows) >= 25
 
 
 # ---- teachers: their output rows, their weights file ------------------------------------------------------

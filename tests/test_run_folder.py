@@ -88,7 +88,12 @@ LAUNCHER_LINE = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines: W1202 2
 @pytest.mark.parametrize("flags,says,status", [
     (["--max_steps", "0"], "error: --max_steps 0: must be >= 1 (the default is 20).", 1),
     (["--max_steps", "abc"], "grpo.py: error: argument --max_steps/--max-steps: invalid int "
-                             "value: 'abc'", 2)])
+                             "value: 'abc'", 2),
+    # found later, in main, by the task's data (make_envs), which every rank reads alike
+    (["--dataset_name", "no_such_task"], "error: --dataset_name 'no_such_task': not a task "
+     "(arithmetic, countdown, gsm8k, math), a MATH subject (prealgebra, algebra, number_theory, "
+     "counting_and_probability, geometry, intermediate_algebra, precalculus), a benchmark (aime24, "
+     "aime25, amc23, math500, minerva_math, olympiadbench), a data file or a hub dataset id.", 1)])
 def test_under_torchrun_an_option_error_is_said_once_last_and_every_rank_exits_alike(
         flags, says, status, tmp_path):
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

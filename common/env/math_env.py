@@ -21,7 +21,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from common.errors import UsageError
+from common.errors import UsageError, on_every_rank
 from common.env.reasoning import Reasoning
 from common.env.rewards import call_reward_fn, load_reward_fn, weighted_sum
 from common.env.tasks import (TASKS, Arithmetic, Task, detect_task, grade, is_hub_id, load_few_shot,
@@ -468,6 +468,7 @@ def make_env_options(args, task: str) -> dict:
     return options
 
 
+@on_every_rank()  # each rank reads the same options and files
 def make_envs(args, stepwise_options=None, stepwise_eval=False, say=print):
     """(train env, held-out env or None when args.num_eval_problems is 0), from the options every
     algorithm file shares (common/run/args.py): the task and its files (`resolve_task`), keys,

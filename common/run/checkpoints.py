@@ -2,7 +2,6 @@
 trainer_state.pt for --resume; where a run starts. Saves survive a kill at any moment, and no
 checkpoint holds NaN."""
 
-import atexit
 import contextlib
 import json
 import os
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 from common.run.args import algorithm_of, runs_of
 from common.distributed import all_gather_objects, print0
-from common.errors import NonFiniteError, PathError, UsageError, UserError
+from common.errors import NonFiniteError, PathError, UsageError, UserError, at_exit
 from common.run.logger import LOG_FILES, RUN_FILES, disk_room, kind_of, plain_mode
 from common.models.loading import check_safetensors, load_policy, refuse_code
 from common.models.sharding import full_state_dict, optimizer_state, untied
@@ -188,7 +187,7 @@ def run_folder(args, is_main):
                 break
             except FileExistsError:
                 continue
-        atexit.register(_drop_if_empty, parent / name)
+        at_exit(_drop_if_empty, parent / name)
     folder = str(parent / all_gather_objects(name)[0])  # rank 0's name, on every rank
     print0(f"run folder: {folder}")
     return folder

@@ -28,6 +28,27 @@ from common.models.loading import check_model_name
 from common.models.templates import read_template_kwargs
 
 
+# The options that another option turns off, which every file shares: (the option; whether this
+# run reads it, from the args `a`; the option that would). check_unused refuses one given another
+# value than its default where the run does not read it. A file's own (dapo.py's overlong and
+# sampling options, distill.py's, async_grpo.py's, tools.py's) are in its check_args; eval.py's
+# in its own table; dev/notes/reliability.md lists them all.
+READ_ONLY_WITH = [
+    # a KL to a reference, which beta > 0 loads
+    ("kl_estimator", lambda a: a.beta > 0, "--beta > 0"),
+    ("kl_penalty", lambda a: a.beta > 0, "--beta > 0"),
+    # the plain Decoder is never compiled nor captured; --compile's graphs replace the captured step
+    ("compile", lambda a: not a.plain, "the default path (the plain Decoder of --plain is never "
+     "compiled)"),
+    ("cuda_graphs", lambda a: not a.plain and not a.compile, "the default path without --compile "
+     "(--plain decodes eagerly, --compile replays its own graphs)"),
+    ("lora_target_modules", lambda a: a.lora_r > 0, "--lora_r above 0 (LoRA adapters)"),
+    ("wandb_project", lambda a: a.track, "--track (Weights & Biases)"),
+    ("eval_dataset_path", lambda a: a.num_eval_problems > 0, "--num_eval_problems above 0"),
+    ("eval_interval", lambda a: a.num_eval_problems > 0, "--num_eval_problems above 0"),
+    ("eval_batch_size", lambda a: a.num_eval_problems > 0, "--num_eval_problems above 0"),
+]
+
 # The checks every algorithm file shares, in the order they run, before any model loads. A row:
 # (the option a file must have for the row to apply, or None: every file; whether something is
 # wrong, from the args `a` and the number of ranks that train `w`; the error; its message, which
@@ -48,10 +69,8 @@ COMMON_CHECKS = [
                   f"must divide; try --num_mini_batches "
                   f"{math.gcd(rows_a_rank(a, w), a.num_mini_batches)}."),
     (None, lambda a, w: check_output_dir(a.output_dir or runs_of(a)), None, None),
-    # the files with a KL to a reference, which beta > 0 loads
-    ("kl_estimator", lambda a, w: check_unused(a, [(name, a.beta > 0, "--beta > 0")
-                                                   for name in ("kl_estimator", "kl_penalty")]),
-     None, None),
+    (None, lambda a, w: check_unused(a, [(name, read(a), needs) for name, read, needs
+                                         in READ_ONLY_WITH if hasattr(a, name)]), None, None),
     (None, lambda a, w: a.lora_r and importlib.util.find_spec("peft") is None, PackageError,
      "--lora_r needs peft: pip install peft (or --lora_r 0 for full fine-tuning)"),
     (None, lambda a, w: a.lora_alpha is not None and not a.lora_r, UsageError,
@@ -201,8 +220,10 @@ def check_unused(args, rules):
     for name, read, needs in rules:
         value = getattr(args, name)
         if not read and value != defaults[name]:
-            raise UsageError(f"--{name} {value} changes nothing in this run: it is read only "
-                             f"with {needs}. Drop it, or pass that.")
+            given = (f"--{name}" if value else f"--no_{name}") if isinstance(value, bool) \
+                else f"--{name} {value}"
+            raise UsageError(f"{given} changes nothing in this run: it is read only with "
+                             f"{needs}. Drop it, or pass that.")
 
 
 def trainers(world_size, samplers=0):
