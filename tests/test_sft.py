@@ -197,9 +197,8 @@ def test_one_update_lowers_the_loss_of_its_own_batch(tmp_path):
                                          "solution": f"{q} + 1 = {q + 1}.\nThe answer is {q + 1}."}
                                         for q in range(4)])
     out = tmp_path / "run"
-    sft.main(parse_args(sft.Args, [*TINY, "--dataset_path", str(data), "--eval_dataset_path",
-                                   str(data), "--max_steps", "2", "--learning_rate", "1e-3",
-                                   "--output_dir", str(out)]))
+    sft.main(parse_args(sft.Args, [*TINY, "--dataset_path", str(data), "--max_steps", "2",
+                                   "--learning_rate", "1e-3", "--output_dir", str(out)]))
     first, second = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert second["loss"] < first["loss"] - 0.1  # 10.81 -> 10.56 when written
 
