@@ -69,7 +69,7 @@ SIZES = {  # each file's own batch shape, small enough for ~0.5 s per update, an
 def test_reward_rises_to_near_1(algo, tmp_path):
     cmd = [sys.executable, "tests/run_with_test_reward.py", algo.removesuffix("_k2"),
            "--model_name_or_path", "tiny-random",
-           "--learning_rate", "5e-2", *SIZES[algo],
+           "--learning_rate", "5e-2", *SIZES[algo],  # before SIZES: a file's own may replace it
            "--max_new_tokens", "4", "--num_eval_problems", "0", "--num_few_shot", "0", "--temperature", "1.0",
            "--output_dir", str(tmp_path)]
     out = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -30,7 +30,8 @@ from common.models.templates import read_template_kwargs
 
 # The options that another option turns off, which every file shares: (the option; whether this
 # run reads it, from the args `a`; the option that would). check_unused refuses one given another
-# value than its default where the run does not read it. A file's own (dapo.py's overlong and
+# value than its default where the run does not read it. --eval_temperature's row is in
+# EVAL_CHECKS below, which check_eval_sets also runs alone; a file's own (dapo.py's overlong and
 # sampling options, distill.py's, async_grpo.py's, tools.py's) are in its check_args; eval.py's
 # in its own table; dev/notes/reliability.md lists them all.
 READ_ONLY_WITH = [
